@@ -1,0 +1,17 @@
+#pragma once
+// Device-side helpers behind Tensor (copies, fills, conversions). Defined in kbn/tensor_kernels.cu when
+// built with CUDA; without CUDA no CUDA tensor can exist, and these refuse with a clear error.
+#include <cstdint>
+
+#include "kbn/dtype.h"
+
+namespace kbn {
+class Tensor;
+namespace cuda {
+// dst[i] = convert(src[i]) for floating dtypes; both contiguous, on `device`'s current stream.
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n, int device);
+// Same dtype, same device, any strides (rank <= 8).
+void strided_copy(const Tensor& dst, const Tensor& src);
+void fill(void* dst, DType dtype, int64_t n, double value, int device);
+}  // namespace cuda
+}  // namespace kbn

@@ -1,0 +1,95 @@
+#include "kbn/device.h"
+
+#include <cstring>
+#include <string>
+
+#include "kbn/error.h"
+#include "kbn/tensor.h"
+#ifdef KBN_WITH_CUDA
+#include "kbn/cuda_check.h"
+#endif
+
+namespace kbn {
+
+Device parse_device(const std::string& s) {
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.rfind("cuda:", 0) == 0) {
+    std::string idx = s.substr(5);
+    KBN_CHECK(!idx.empty() && idx.find_first_not_of("0123456789") == std::string::npos,
+              "device: expected 'cpu', 'cuda' or 'cuda:N', got '", s, "'");
+    return Device::cuda(std::stoi(idx));
+  }
+  KBN_FAIL("device: expected 'cpu', 'cuda' or 'cuda:N', got '", s, "'");
+}
+
+static thread_local Stream tls_stream = nullptr;
+Stream current_stream() { return tls_stream; }
+void set_current_stream(Stream s) { tls_stream = s; }
+
+#ifdef KBN_WITH_CUDA
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (dst_dev.is_cpu() && src_dev.is_cpu()) {
+    std::memmove(dst, src, nbytes);
+    return;
+  }
+  // Host-side copies are synchronous with respect to the host (pageable memory): the data is valid
+  // after return. Device-to-device copies are ordered on the current stream.
+  Stream s = current_stream();
+  if (dst_dev.is_cuda() && src_dev.is_cuda()) {
+    KBN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  cudaMemcpyKind kind = dst_dev.is_cpu() ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  KBN_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, s));
+  KBN_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  KBN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+}
+
+#else
+
+int cuda_device_count() { return 0; }
+bool cuda_available() { return false; }
+
+void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) {
+  KBN_CHECK(dst_dev.is_cpu() && src_dev.is_cpu(), "copy_bytes: kb-nano was built without CUDA; cannot copy ",
+            src_dev.str(), " -> ", dst_dev.str());
+  if (nbytes) std::memmove(dst, src, nbytes);
+}
+
+void synchronize(Device device) {
+  KBN_CHECK(device.is_cpu(), "synchronize: kb-nano was built without CUDA; no device ", device.str());
+}
+
+namespace cuda {
+void convert(const void*, DType, void*, DType, int64_t, int device) {
+  KBN_FAIL("convert: kb-nano was built without CUDA; no device cuda:", device);
+}
+void strided_copy(const Tensor& dst, const Tensor&) {
+  KBN_FAIL("strided_copy: kb-nano was built without CUDA; no device ", dst.device().str());
+}
+void fill(void*, DType, int64_t, double, int device) {
+  KBN_FAIL("fill: kb-nano was built without CUDA; no device cuda:", device);
+}
+}  // namespace cuda
+
+#endif
+
+}  // namespace kbn

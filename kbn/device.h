@@ -1,0 +1,48 @@
+#pragma once
+#include <string>
+
+// Opaque CUDA stream handle, so CPU-only code and headers need no CUDA include.
+struct CUstream_st;
+
+namespace kbn {
+
+using Stream = CUstream_st*;
+
+enum class DeviceType { CPU, CUDA };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu() { return {DeviceType::CPU, 0}; }
+  static Device cuda(int index = 0) { return {DeviceType::CUDA, index}; }
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool is_cuda() const { return type == DeviceType::CUDA; }
+  bool operator==(const Device& o) const { return type == o.type && (type == DeviceType::CPU || index == o.index); }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  std::string str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_string(index); }
+};
+
+// "cpu", "cuda", "cuda:1"; the error names what was expected.
+Device parse_device(const std::string& s);
+
+// True when this binary was built with CUDA and a GPU is visible.
+bool cuda_available();
+int cuda_device_count();
+
+// The stream that ops launch on for the calling thread (default: the legacy default stream, nullptr).
+Stream current_stream();
+void set_current_stream(Stream s);
+
+class StreamGuard {
+ public:
+  explicit StreamGuard(Stream s) : prev_(current_stream()) { set_current_stream(s); }
+  ~StreamGuard() { set_current_stream(prev_); }
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+
+ private:
+  Stream prev_;
+};
+
+}  // namespace kbn

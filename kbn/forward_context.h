@@ -1,0 +1,61 @@
+#pragma once
+// Per-step attention metadata, set by whoever runs the model (the engine's model runner, a test, the kernel
+// bench) and read by attention layers, as in vLLM's set_forward_context / get_forward_context.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kbn/tensor.h"
+
+namespace kbn {
+
+// Paged KV cache of one attention layer. Layout (vLLM flash layout, one tensor per K and V):
+//   [num_blocks, block_size, num_kv_heads, head_size]; token slot s lives at block s / block_size, row s % block_size.
+struct KVCache {
+  Tensor key;
+  Tensor value;
+};
+
+// Tokens of a step are ordered: all prefill (or chunked-prefill) tokens first, sequence by sequence, then
+// one token per decoding sequence. Sequences are numbered the same way (prefills, then decodes).
+struct AttentionMetadata {
+  int64_t num_prefills = 0;        // sequences with query length >= 1 processed as prefill
+  int64_t num_prefill_tokens = 0;
+  int64_t num_decodes = 0;         // sequences (= tokens) in decode
+  Tensor slot_mapping;             // [num_tokens] i64; -1 = do not store (padding)
+  Tensor query_start_loc;          // [num_prefills + 1] i32: prefix sums of prefill query lengths
+  Tensor seq_lens;                 // [num_prefills + num_decodes] i32: cached + new tokens per sequence
+  Tensor block_tables;             // [num_prefills + num_decodes, max_blocks_per_seq] i32
+  int64_t max_prefill_query_len = 0;
+  int64_t max_prefill_seq_len = 0;
+  int64_t max_decode_seq_len = 0;
+
+  int64_t num_tokens() const { return num_prefill_tokens + num_decodes; }
+};
+
+struct ForwardContext {
+  const AttentionMetadata* attn_metadata = nullptr;
+  std::vector<KVCache>* kv_caches = nullptr;  // indexed by layer
+};
+
+// Throws when no context is set (an attention layer called outside a model step).
+const ForwardContext& get_forward_context();
+bool has_forward_context();
+
+// RAII: installs a context for the calling thread and restores the previous one.
+class ForwardContextGuard {
+ public:
+  explicit ForwardContextGuard(const ForwardContext& ctx);
+  ~ForwardContextGuard();
+  ForwardContextGuard(const ForwardContextGuard&) = delete;
+  ForwardContextGuard& operator=(const ForwardContextGuard&) = delete;
+
+ private:
+  ForwardContext prev_;
+  bool had_prev_;
+};
+
+// "model.layers.12.self_attn.attn" -> 12 (vLLM's extract_layer_index); the error names the prefix.
+int64_t extract_layer_index(const std::string& prefix);
+
+}  // namespace kbn

@@ -1,0 +1,74 @@
+#include "kbn/registry.h"
+
+#include <deque>
+
+namespace kbn {
+
+const char* variant_name(Variant v) { return v == Variant::baseline ? "baseline" : "candidate"; }
+
+double OpArgs::get(const std::string& key) const {
+  auto it = values.find(key);
+  KBN_CHECK(it != values.end(), op, ": missing constructor argument '", key, "'");
+  return it->second;
+}
+
+int64_t OpArgs::get_int(const std::string& key) const {
+  double v = get(key);
+  KBN_CHECK(v == double(int64_t(v)), op, ": constructor argument '", key, "' must be an integer, got ", v);
+  return int64_t(v);
+}
+
+double OpArgs::get(const std::string& key, double fallback) const {
+  auto it = values.find(key);
+  return it == values.end() ? fallback : it->second;
+}
+
+void Registry::add(OpEntry e) {
+  KBN_CHECK(find(e.name) == nullptr, "Registry::add: op '", e.name, "' registered twice");
+  entries_.push_back(std::move(e));
+}
+
+const OpEntry* Registry::find(std::string_view name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+const OpEntry& Registry::get(std::string_view name) const {
+  if (const OpEntry* e = find(name)) return *e;
+  std::string known;
+  for (const auto& e : entries_) known += (known.empty() ? "" : ", ") + e.name;
+  KBN_FAIL("unknown op '", std::string(name), "'; known ops: ", known);
+}
+
+const OpEntry& Registry::model_for(const std::string& architecture) const {
+  std::string known;
+  for (const auto& e : entries_) {
+    for (const auto& a : e.architectures) {
+      if (a == architecture) return e;
+      known += (known.empty() ? "" : ", ") + a;
+    }
+  }
+  KBN_FAIL("no L4 model serves architecture '", architecture, "'; supported: ", known);
+}
+
+std::set<std::string> IncludeGraph::closure(const std::string& root) const {
+  std::set<std::string> seen;
+  std::deque<std::string> todo{root};
+  while (!todo.empty()) {
+    std::string f = todo.front();
+    todo.pop_front();
+    if (!seen.insert(f).second) continue;
+    auto it = edges.find(f);
+    if (it != edges.end())
+      for (const auto& inc : it->second) todo.push_back(inc);
+    // A header's implementation file belongs to it.
+    if (f.size() > 2 && f.substr(f.size() - 2) == ".h") {
+      std::string impl = f.substr(0, f.size() - 2) + ".cu";
+      if (edges.count(impl)) todo.push_back(impl);
+    }
+  }
+  return seen;
+}
+
+}  // namespace kbn

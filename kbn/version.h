@@ -1,0 +1,14 @@
+#pragma once
+// Provenance of this build, stamped into every result.
+#include <string>
+
+namespace kbn {
+struct BuildInfo {
+  std::string git_commit;   // short hash, "+dirty" when the tree had changes at configure time
+  std::string build_type;
+  std::string cuda_version;  // toolkit used to build, empty without CUDA
+  std::string cuda_flags;
+  bool with_cuda = false;
+};
+const BuildInfo& build_info();
+}  // namespace kbn

@@ -1,0 +1,33 @@
+#pragma once
+// RotaryEmbedding (vLLM vllm/model_executor/layers/rotary_embedding: RotaryEmbedding and, with
+// rope_scaling.rope_type == "llama3", Llama3RotaryEmbedding). Holds a cos/sin cache built once at
+// construction (f32 math, stored in the model dtype like vLLM); forward rotates query and key in place.
+#include <utility>
+
+#include "kbn/config.h"
+#include "kbn/variant.h"
+
+namespace kbn::KBN_VARIANT {
+
+class RotaryEmbedding : public Module {
+ public:
+  RotaryEmbedding(int64_t head_size, int64_t rotary_dim, int64_t max_position_embeddings, double base,
+                  bool is_neox_style, const RopeScaling& rope_scaling, const ParamOptions& opts = {});
+
+  // positions: [num_tokens] i64; query: [num_tokens, num_heads * head_size];
+  // key: [num_tokens, num_kv_heads * head_size]. Mutates query and key; returns them.
+  std::pair<Tensor, Tensor> forward(const Tensor& positions, const Tensor& query, const Tensor& key);
+
+  int64_t head_size() const { return head_size_; }
+  int64_t rotary_dim() const { return rotary_dim_; }
+  bool is_neox_style() const { return is_neox_style_; }
+
+  Tensor cos_sin_cache;  // [max_position_embeddings, rotary_dim]: cos | sin; a buffer, not a loaded weight
+
+ private:
+  int64_t head_size_;
+  int64_t rotary_dim_;
+  bool is_neox_style_;
+};
+
+}  // namespace kbn::KBN_VARIANT

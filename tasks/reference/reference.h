@@ -1,0 +1,67 @@
+#pragma once
+// The oracle: plain CPU implementations of every Llama L1 op, written to be obviously correct rather than
+// fast. Inputs may have any floating dtype and any strides; math runs in double; each output element is
+// rounded once to the output's dtype. Baseline L1 ops call these on CPU tensors, which is how the whole
+// L1..L4 stack runs (and is tested) without a GPU.
+#include <cstdint>
+
+#include "kbn/config.h"
+#include "kbn/tensor.h"
+
+namespace kbn::reference {
+
+// out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight.   x, out: [num_tokens, hidden]; weight: [hidden]
+void rms_norm(Tensor& out, const Tensor& x, const Tensor& weight, double eps);
+
+// vLLM fused_add_rms_norm, in place: residual <- x + residual; x <- rms_norm(residual) * weight.
+// x, residual: [num_tokens, hidden]; weight: [hidden]
+void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, double eps);
+
+// out[t, i] = silu(x[t, i]) * x[t, d + i], silu(a) = a / (1 + exp(-a)).   x: [num_tokens, 2d]; out: [num_tokens, d]
+void silu_and_mul(Tensor& out, const Tensor& x);
+
+// cos/sin table [max_position, rotary_dim] (f32): columns [0, rotary_dim/2) hold cos, the rest sin, of
+// position * inv_freq[i], inv_freq[i] = base^(-2i/rotary_dim), rescaled per Llama-3.1 when
+// scaling.rope_type == "llama3" (wavelengths above original_max/low_freq_factor divided by factor, below
+// original_max/high_freq_factor kept, smooth interpolation between).
+Tensor rope_cos_sin_cache(int64_t rotary_dim, int64_t max_position, double base, const RopeScaling& scaling);
+
+// In place rotary embedding on query [num_tokens, num_heads * head_size] and key
+// [num_tokens, num_kv_heads * head_size] at positions [num_tokens] (i64). NeoX style rotates the pairs
+// (i, i + rotary_dim/2); GPT-J style (is_neox = false) rotates (2i, 2i + 1). Only the first rotary_dim
+// (= cos_sin_cache.size(1)) features of each head rotate.
+void rotary_embedding(const Tensor& positions, Tensor& query, Tensor& key, int64_t head_size,
+                      const Tensor& cos_sin_cache, bool is_neox);
+
+// out[t, :] = weight[ids[t], :].   ids: [num_tokens] (i32 or i64), weight: [vocab, hidden]; out: [num_tokens, hidden]
+// An id outside [0, vocab) is an error naming the token.
+void embedding(Tensor& out, const Tensor& ids, const Tensor& weight);
+
+// out = x @ weight^T (+ bias).   x: [num_tokens, in]; weight: [out_features, in]; bias: [out_features] or undefined
+void linear(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias);
+
+// Paged KV store (vLLM reshape_and_cache_flash): for each token t with slot s = slot_mapping[t] >= 0,
+// key_cache[s / block_size, s % block_size] = key[t] (same for value); slot -1 is skipped.
+// key, value: [num_tokens, num_kv_heads, head_size]; caches: [num_blocks, block_size, num_kv_heads, head_size]
+void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor& key_cache, Tensor& value_cache,
+                       const Tensor& slot_mapping);
+
+// Causal varlen attention over a paged cache (prefill and chunked prefill). Sequence b owns query rows
+// [query_start_loc[b], query_start_loc[b+1]) and seq_lens[b] keys (context + its new tokens, which must
+// already be in the cache); query row j of b sits at position seq_lens[b] - q_len + j and sees keys
+// 0..that position. GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+// q, out: [num_tokens, num_heads, head_size]; query_start_loc: [num_seqs + 1] i32; seq_lens: [num_seqs] i32;
+// block_tables: [num_seqs, max_blocks_per_seq] i32
+void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                             const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
+                             double scale);
+
+// One query token per sequence, attending all seq_lens[b] cached keys.
+// q, out: [num_seqs, num_heads, head_size]
+void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                            const Tensor& seq_lens, const Tensor& block_tables, double scale);
+
+// out[t] = argmax_v logits[t, v] (lowest index on ties; NaN entries never win; an all-NaN row gives 0).   logits: [num_tokens, vocab]; out: [num_tokens] i64
+void argmax(Tensor& out, const Tensor& logits);
+
+}  // namespace kbn::reference
