@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""External truth for kb-nano: Hugging Face transformers' Llama on seeded random weights.
+
+Runs on the GPU machine (PyTorch + transformers are there). For a config in models/, it builds
+transformers' LlamaForCausalLM, draws seeded random weights (norm weights too, so a mixed-up norm is
+caught), saves them as safetensors exactly as transformers does (optionally sharded with an index), then
+records for a few seeded prompts: the logits of every prompt position and the greedy continuation with
+the top-2 logit margin at each step. kb-nano's CPU tests load the same files through its own loader and
+must reproduce both.
+
+    python3 tools/hf_reference.py --config models/tiny-llama.json --out tests/fixtures/tiny-llama \
+        --max-shard-size 200KB
+"""
+import argparse
+import json
+import os
+import platform
+
+import torch
+import transformers
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True, help="HF config.json of the model")
+    ap.add_argument("--out", required=True, help="output folder (weights + expected.json)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--prompt-lens", default="5,11,1,23", help="comma-separated prompt lengths")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--max-shard-size", default=None, help="e.g. 200KB: save sharded with an index")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args()
+
+    # Full fp32 everywhere: no TF32 in matmuls or convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(args.seed)
+
+    with open(args.config) as f:
+        cfg_json = json.load(f)
+    config = LlamaConfig(**cfg_json)
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config).to(torch.float32)
+    gen = torch.Generator().manual_seed(args.seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
+            else:
+                p.copy_(torch.empty(p.shape).normal_(0.0, config.initializer_range, generator=gen))
+    model.eval()
+
+    os.makedirs(args.out, exist_ok=True)
+    save_kwargs = {"safe_serialization": True}
+    if args.max_shard_size:
+        save_kwargs["max_shard_size"] = args.max_shard_size
+    model.save_pretrained(args.out, **save_kwargs)
+
+    model = model.to(args.device)
+    vocab = config.vocab_size
+    prompts = []
+    for i, n in enumerate(int(x) for x in args.prompt_lens.split(",")):
+        g = torch.Generator().manual_seed(args.seed + 100 + i)
+        ids = torch.randint(3, vocab, (n,), generator=g).tolist()
+        with torch.no_grad():
+            x = torch.tensor([ids], device=args.device)
+            logits = model(x).logits[0].float().cpu()
+            seq = list(ids)
+            greedy, margins = [], []
+            for _ in range(args.new_tokens):
+                step = model(torch.tensor([seq], device=args.device)).logits[0, -1].float().cpu()
+                top2 = torch.topk(step, 2)
+                tok = int(top2.indices[0])
+                greedy.append(tok)
+                margins.append(float(top2.values[0] - top2.values[1]))
+                seq.append(tok)
+            # Cross-check the manual loop against transformers' own generate().
+            out = model.generate(x, max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0, min_new_tokens=args.new_tokens)
+            assert out[0, n:].tolist() == greedy, "generate() disagrees with the step loop"
+        prompts.append({"prompt_ids": ids, "prompt_logits": logits.tolist(), "greedy_ids": greedy,
+                        "greedy_top2_margin": margins})
+
+    expected = {
+        "generator": "tools/hf_reference.py",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor(),
+        "dtype": "float32",
+        "attn_implementation": "eager",
+        "seed": args.seed,
+        "config": cfg_json,
+        "prompts": prompts,
+    }
+    with open(os.path.join(args.out, "expected.json"), "w") as f:
+        json.dump(expected, f)
+    print(f"wrote {args.out}: {len(prompts)} prompts, min greedy margin "
+          f"{min(min(p['greedy_top2_margin']) for p in prompts):.3e}")
+
+
+if __name__ == "__main__":
+    main()
