@@ -22,6 +22,16 @@ void Module::register_module(std::string name, Module* m) {
   children_.emplace_back(std::move(name), m);
 }
 
+void Module::set_weight_loader(const std::string& name, WeightLoader loader) {
+  for (auto& [n, p] : params_) {
+    if (n == name) {
+      p.loader = std::move(loader);
+      return;
+    }
+  }
+  KBN_FAIL("set_weight_loader: module has no parameter '", name, "'");
+}
+
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Parameter>>& out) const {
   for (auto& [n, p] : params_) out.emplace_back(prefix + n, p);
   for (auto& [n, m] : children_) m->collect(prefix + n + ".", out);

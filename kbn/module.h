@@ -45,6 +45,9 @@ class Module {
  protected:
   void register_parameter(std::string name, Tensor* t, InitKind init = InitKind::normal, WeightLoader loader = {});
   void register_module(std::string name, Module* m);
+  // Replaces the loader of one of this module's own parameters (subclasses that fuse several checkpoint
+  // tensors into one parameter install shard-aware loaders).
+  void set_weight_loader(const std::string& name, WeightLoader loader);
 
  private:
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Parameter>>& out) const;

@@ -18,6 +18,11 @@ int64_t OpArgs::get_int(const std::string& key) const {
   return int64_t(v);
 }
 
+const ModelConfig& OpArgs::model_config() const {
+  KBN_CHECK(config != nullptr, op, ": needs a model config (OpArgs::config) to build");
+  return *config;
+}
+
 double OpArgs::get(const std::string& key, double fallback) const {
   auto it = values.find(key);
   return it == values.end() ? fallback : it->second;

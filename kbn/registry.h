@@ -24,6 +24,9 @@ struct OpArgs {
   std::string op;  // for error messages
   std::map<std::string, double> values;
   ParamOptions opts;
+  const ModelConfig* config = nullptr;  // L2..L4 ops build from a model config
+
+  const ModelConfig& model_config() const;
 
   double get(const std::string& key) const;
   int64_t get_int(const std::string& key) const;

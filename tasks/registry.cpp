@@ -3,6 +3,7 @@
 // message naming the file, the class and the expected signature.
 #include "kbn/registry.h"
 
+#include <cmath>
 #include <type_traits>
 
 #include "kbn/variant.h"
@@ -16,6 +17,13 @@
 #include "L1/rotary_embedding.h"
 #include "L1/silu_and_mul.h"
 #include "L1/store_kvcache.h"
+#include "L2/attention.h"
+#include "L2/llama_attention.h"
+#include "L2/llama_mlp.h"
+#include "L2/parallel_linear.h"
+#include "L2/vocab_parallel_embedding.h"
+#include "L3/llama_decoder_layer.h"
+#include "L4/llama.h"
 
 // Fallback declarations: if a candidate header renames a class, unqualified lookup inside
 // kbn::<variant> finds these instead, and the static_asserts below say which class went missing.
@@ -34,6 +42,18 @@ KBN_FALLBACK(StoreKVCache)
 KBN_FALLBACK(FlashAttnPrefill)
 KBN_FALLBACK(FlashAttnDecode)
 KBN_FALLBACK(Argmax)
+KBN_FALLBACK(ColumnParallelLinear)
+KBN_FALLBACK(MergedColumnParallelLinear)
+KBN_FALLBACK(QKVParallelLinear)
+KBN_FALLBACK(RowParallelLinear)
+KBN_FALLBACK(VocabParallelEmbedding)
+KBN_FALLBACK(ParallelLMHead)
+KBN_FALLBACK(Attention)
+KBN_FALLBACK(LlamaAttention)
+KBN_FALLBACK(LlamaMLP)
+KBN_FALLBACK(LlamaDecoderLayer)
+KBN_FALLBACK(LlamaModel)
+KBN_FALLBACK(LlamaForCausalLM)
 #undef KBN_FALLBACK
 }  // namespace kbn::missing_task_class
 
@@ -111,6 +131,53 @@ KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
 
 KBN_REQUIRE_CLASS(Argmax, "L1/argmax.h");
 KBN_REQUIRE_METHOD(Argmax, Tensor, forward, (const Tensor&), "L1/argmax.h");
+
+KBN_REQUIRE_CLASS(QKVParallelLinear, "L2/parallel_linear.h");
+KBN_REQUIRE_CTOR(QKVParallelLinear, "L2/parallel_linear.h", int64_t, int64_t, int64_t, int64_t, bool, bool,
+                 const ParamOptions&, const std::string&);
+KBN_REQUIRE_METHOD(QKVParallelLinear, TensorPair, forward, (const Tensor&), "L2/parallel_linear.h");
+KBN_REQUIRE_CLASS(MergedColumnParallelLinear, "L2/parallel_linear.h");
+KBN_REQUIRE_CTOR(MergedColumnParallelLinear, "L2/parallel_linear.h", int64_t, const std::vector<int64_t>&, bool, bool,
+                 const ParamOptions&, const std::string&);
+KBN_REQUIRE_METHOD(MergedColumnParallelLinear, TensorPair, forward, (const Tensor&), "L2/parallel_linear.h");
+KBN_REQUIRE_CLASS(RowParallelLinear, "L2/parallel_linear.h");
+KBN_REQUIRE_CTOR(RowParallelLinear, "L2/parallel_linear.h", int64_t, int64_t, bool, bool, bool, bool,
+                 const ParamOptions&, const std::string&);
+KBN_REQUIRE_METHOD(RowParallelLinear, TensorPair, forward, (const Tensor&), "L2/parallel_linear.h");
+
+KBN_REQUIRE_CLASS(VocabParallelEmbedding, "L2/vocab_parallel_embedding.h");
+KBN_REQUIRE_CTOR(VocabParallelEmbedding, "L2/vocab_parallel_embedding.h", int64_t, int64_t, const ParamOptions&,
+                 const std::string&);
+KBN_REQUIRE_METHOD(VocabParallelEmbedding, Tensor, forward, (const Tensor&), "L2/vocab_parallel_embedding.h");
+KBN_REQUIRE_CLASS(ParallelLMHead, "L2/vocab_parallel_embedding.h");
+KBN_REQUIRE_CTOR(ParallelLMHead, "L2/vocab_parallel_embedding.h", int64_t, int64_t, bool, const ParamOptions&,
+                 const std::string&);
+KBN_REQUIRE_METHOD(ParallelLMHead, Tensor, forward, (const Tensor&), "L2/vocab_parallel_embedding.h");
+
+KBN_REQUIRE_CLASS(Attention, "L2/attention.h");
+KBN_REQUIRE_CTOR(Attention, "L2/attention.h", int64_t, int64_t, double, int64_t, const std::string&);
+KBN_REQUIRE_METHOD(Attention, Tensor, forward, (const Tensor&, const Tensor&, const Tensor&), "L2/attention.h");
+
+KBN_REQUIRE_CLASS(LlamaAttention, "L2/llama_attention.h");
+KBN_REQUIRE_CTOR(LlamaAttention, "L2/llama_attention.h", const LlamaConfig&, int64_t, int64_t, int64_t, double,
+                 const RopeScaling&, int64_t, bool, const std::string&, const ParamOptions&);
+KBN_REQUIRE_METHOD(LlamaAttention, Tensor, forward, (const Tensor&, const Tensor&), "L2/llama_attention.h");
+
+KBN_REQUIRE_CLASS(LlamaMLP, "L2/llama_mlp.h");
+KBN_REQUIRE_CTOR(LlamaMLP, "L2/llama_mlp.h", int64_t, int64_t, const std::string&, bool, const std::string&,
+                 const ParamOptions&);
+KBN_REQUIRE_METHOD(LlamaMLP, Tensor, forward, (const Tensor&), "L2/llama_mlp.h");
+
+KBN_REQUIRE_CLASS(LlamaDecoderLayer, "L3/llama_decoder_layer.h");
+KBN_REQUIRE_CTOR(LlamaDecoderLayer, "L3/llama_decoder_layer.h", const LlamaConfig&, const std::string&,
+                 const ParamOptions&);
+KBN_REQUIRE_METHOD(LlamaDecoderLayer, TensorPair, forward, (const Tensor&, const Tensor&, const Tensor&),
+                   "L3/llama_decoder_layer.h");
+
+KBN_REQUIRE_CLASS(LlamaForCausalLM, "L4/llama.h");
+KBN_REQUIRE_CTOR(LlamaForCausalLM, "L4/llama.h", const ModelConfig&, const ParamOptions&);
+static_assert(std::is_base_of_v<CausalLM, LlamaForCausalLM>,
+              KBN_WHERE("L4/llama.h") ": class 'LlamaForCausalLM' must derive from kbn::CausalLM");
 
 // ---- type-erased adapters ----
 
@@ -241,6 +308,106 @@ void register_ops(Registry& r) {
          .args = {"logits"}, .mutates = {},
          .make = adapter("argmax", 1, [](const OpArgs&) { return std::make_unique<Argmax>(); },
                          [](Argmax& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+
+  // L2..L4 build from a model config; their layer-0 prefixes make attention read KV cache 0.
+  r.add({.name = "qkv_parallel_linear", .class_name = "QKVParallelLinear", .level = 2, .header = "L2/parallel_linear.h",
+         .ctor_args = {}, .args = {"x"}, .mutates = {},
+         .make = adapter("qkv_parallel_linear", 1,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<QKVParallelLinear>(c.hidden_size, c.head_dim, c.num_attention_heads,
+                                                                      c.num_key_value_heads, c.attention_bias, false,
+                                                                      a.opts, "model.layers.0.self_attn.qkv_proj");
+                         },
+                         [](QKVParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
+  r.add({.name = "merged_column_parallel_linear", .class_name = "MergedColumnParallelLinear", .level = 2,
+         .header = "L2/parallel_linear.h", .ctor_args = {}, .args = {"x"}, .mutates = {},
+         .make = adapter("merged_column_parallel_linear", 1,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<MergedColumnParallelLinear>(
+                               c.hidden_size, std::vector<int64_t>{c.intermediate_size, c.intermediate_size}, c.mlp_bias,
+                               false, a.opts, "model.layers.0.mlp.gate_up_proj");
+                         },
+                         [](MergedColumnParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
+  r.add({.name = "row_parallel_linear", .class_name = "RowParallelLinear", .level = 2, .header = "L2/parallel_linear.h",
+         .ctor_args = {}, .args = {"x"}, .mutates = {},
+         .make = adapter("row_parallel_linear", 1,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<RowParallelLinear>(c.intermediate_size, c.hidden_size, c.mlp_bias,
+                                                                      true, false, true, a.opts,
+                                                                      "model.layers.0.mlp.down_proj");
+                         },
+                         [](RowParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
+  r.add({.name = "vocab_parallel_embedding", .class_name = "VocabParallelEmbedding", .level = 2,
+         .header = "L2/vocab_parallel_embedding.h", .ctor_args = {}, .args = {"input_ids"}, .mutates = {},
+         .make = adapter("vocab_parallel_embedding", 1,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<VocabParallelEmbedding>(c.vocab_size, c.hidden_size, a.opts,
+                                                                           "model.embed_tokens");
+                         },
+                         [](VocabParallelEmbedding& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "parallel_lm_head", .class_name = "ParallelLMHead", .level = 2,
+         .header = "L2/vocab_parallel_embedding.h", .ctor_args = {}, .args = {"hidden_states"}, .mutates = {},
+         .make = adapter("parallel_lm_head", 1,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<ParallelLMHead>(c.vocab_size, c.hidden_size, false, a.opts, "lm_head");
+                         },
+                         [](ParallelLMHead& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "attention", .class_name = "Attention", .level = 2, .header = "L2/attention.h",
+         .ctor_args = {}, .args = {"query", "key", "value"}, .mutates = {},
+         .make = adapter("attention", 3,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<Attention>(c.num_attention_heads, c.head_dim,
+                                                              1.0 / std::sqrt(double(c.head_dim)), c.num_key_value_heads,
+                                                              "model.layers.0.self_attn.attn");
+                         },
+                         [](Attention& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], t[2])}; })});
+  r.add({.name = "llama_attention", .class_name = "LlamaAttention", .level = 2, .header = "L2/llama_attention.h",
+         .ctor_args = {}, .args = {"positions", "hidden_states"}, .mutates = {},
+         .make = adapter("llama_attention", 2,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<LlamaAttention>(c, c.hidden_size, c.num_attention_heads,
+                                                                   c.num_key_value_heads, c.rope_theta, c.rope_scaling,
+                                                                   c.max_position_embeddings, c.attention_bias,
+                                                                   "model.layers.0.self_attn", a.opts);
+                         },
+                         [](LlamaAttention& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; })});
+  r.add({.name = "llama_mlp", .class_name = "LlamaMLP", .level = 2, .header = "L2/llama_mlp.h", .ctor_args = {},
+         .args = {"x"}, .mutates = {},
+         .make = adapter("llama_mlp", 1,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<LlamaMLP>(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias,
+                                                             "model.layers.0.mlp", a.opts);
+                         },
+                         [](LlamaMLP& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "llama_decoder_layer", .class_name = "LlamaDecoderLayer", .level = 3,
+         .header = "L3/llama_decoder_layer.h", .ctor_args = {}, .args = {"positions", "hidden_states", "residual"},
+         .mutates = {"hidden_states", "residual"},
+         .make = adapter("llama_decoder_layer", 3,
+                         [](const OpArgs& a) {
+                           LlamaConfig c = LlamaConfig::from(a.model_config());
+                           return std::make_unique<LlamaDecoderLayer>(c, "model.layers.0", a.opts);
+                         },
+                         [](LlamaDecoderLayer& op, const Tensors& t) {
+                           auto [h, res] = op.forward(t[0], t[1], t[2]);
+                           return Tensors{h, res};
+                         })});
+  r.add({.name = "llama_for_causal_lm", .class_name = "LlamaForCausalLM", .level = 4, .header = "L4/llama.h",
+         .ctor_args = {}, .args = {"input_ids", "positions"}, .mutates = {},
+         .make = adapter("llama_for_causal_lm", 2,
+                         [](const OpArgs& a) { return std::make_unique<LlamaForCausalLM>(a.model_config(), a.opts); },
+                         [](LlamaForCausalLM& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
+         .architectures = {"LlamaForCausalLM"},
+         .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
+           return std::make_unique<LlamaForCausalLM>(c, o);
+         }});
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,8 @@
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace kbn::cli {
+// Each adds its subcommand to the app; the callback runs it.
+void add_list_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
+}  // namespace kbn::cli

@@ -1,0 +1,127 @@
+// kb_nano list: the ops by level, which models use them (from the real include graph), and candidates.
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "cli/commands.h"
+#include "engine/model_loader.h"
+#include "kbn/registry.h"
+
+namespace kbn::cli {
+namespace {
+
+struct Options {
+  bool map = false;
+  bool candidates = false;
+  int level = 0;
+  bool json = false;
+};
+
+// model name -> ops it uses, per variant's include graph.
+std::map<std::string, std::vector<std::string>> ops_by_model(Variant v) {
+  std::map<std::string, std::vector<std::string>> out;
+  const Registry& reg = registry(v);
+  const IncludeGraph& g = include_graph(v);
+  for (const auto& model : engine::known_models()) {
+    ModelConfig cfg = ModelConfig::load(engine::models_dir() + "/" + model + ".json");
+    auto archs = cfg.architectures();
+    const OpEntry* l4 = nullptr;
+    for (const auto& e : reg.entries())
+      for (const auto& a : e.architectures)
+        if (!archs.empty() && a == archs.front()) l4 = &e;
+    if (!l4) continue;  // an architecture kb-nano does not implement yet
+    std::set<std::string> files = g.closure(l4->header);
+    for (const auto& e : reg.entries())
+      if (files.count(e.header)) out[model].push_back(e.name);
+  }
+  return out;
+}
+
+// Ops whose include closure contains `file` (a task file path like "L1/rms_norm.cu").
+std::vector<std::string> ops_affected_by(const std::string& file, Variant v) {
+  std::vector<std::string> out;
+  std::string header = file.substr(0, file.rfind('.')) + ".h";
+  for (const auto& e : registry(v).entries()) {
+    auto c = include_graph(v).closure(e.header);
+    if (c.count(file) || c.count(header)) out.push_back(e.name);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+void run(const Options& o) {
+  const Registry& reg = registry(Variant::baseline);
+  auto by_model = ops_by_model(Variant::baseline);
+  std::map<std::string, std::vector<std::string>> by_op;
+  for (const auto& [m, ops] : by_model)
+    for (const auto& op : ops) by_op[op].push_back(m);
+
+  if (o.json) {
+    nlohmann::json j;
+    for (const auto& e : reg.entries()) {
+      if (o.level && e.level != o.level) continue;
+      j["ops"].push_back({{"name", e.name}, {"class", e.class_name}, {"level", e.level}, {"header", e.header},
+                          {"args", e.args}, {"mutates", e.mutates}, {"models", by_op[e.name]}});
+    }
+    j["models"] = by_model;
+    j["candidate_files"] = candidate_files();
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+
+  if (o.map) {
+    std::cout << "Operators by model (from the include graph of tasks/baseline):\n";
+    for (const auto& [m, ops] : by_model) std::cout << "  " << m << ": " << join(ops) << "\n";
+    std::cout << "\nModels by operator:\n";
+    for (const auto& e : reg.entries()) {
+      if (o.level && e.level != o.level) continue;
+      std::cout << "  " << e.name << ": " << (by_op[e.name].empty() ? "(no model)" : join(by_op[e.name])) << "\n";
+    }
+    return;
+  }
+
+  if (o.candidates) {
+    if (candidate_files().empty()) {
+      std::cout << "No candidate compiled in (tasks/candidate/ held no task files when kb_nano was built).\n";
+      return;
+    }
+    std::cout << "Candidate files compiled in, and the ops they change:\n";
+    for (const auto& f : candidate_files())
+      std::cout << "  tasks/candidate/" << f << " -> " << join(ops_affected_by(f, Variant::candidate)) << "\n";
+    return;
+  }
+
+  for (int level = 1; level <= 4; ++level) {
+    if (o.level && level != o.level) continue;
+    std::cout << "L" << level << ":\n";
+    for (const auto& e : reg.entries()) {
+      if (e.level != level) continue;
+      std::cout << "  " << e.name << "  (" << e.class_name << ", " << e.header << ")";
+      if (!e.mutates.empty()) std::cout << "  mutates: " << join(e.mutates);
+      std::cout << "\n      used by: " << (by_op[e.name].empty() ? "(no model)" : join(by_op[e.name])) << "\n";
+    }
+  }
+  if (!candidate_files().empty()) std::cout << "\nCandidates compiled in: " << join(candidate_files()) << "\n";
+}
+
+}  // namespace
+
+void add_list_command(CLI::App& app) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("list", "List the ops by level, the models that use them, and candidates");
+  cmd->add_flag("--map", opts->map, "Operators by model and models by operator, from the include graph");
+  cmd->add_flag("--candidates", opts->candidates, "Candidate files compiled in and the ops each changes");
+  cmd->add_option("--level", opts->level, "Only this level (1..4)")->check(CLI::Range(1, 4));
+  cmd->add_flag("--json", opts->json, "Machine-readable output");
+  cmd->callback([opts] { run(*opts); });
+}
+
+}  // namespace kbn::cli

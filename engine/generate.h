@@ -1,0 +1,35 @@
+#pragma once
+// Batched greedy generation over a paged KV cache: one prefill step for all prompts, then one decode step
+// per new token for the whole batch. The simplest correct driver of an L4 model; the continuous-batching
+// engine builds on the same metadata.
+#include <cstdint>
+#include <vector>
+
+#include "kbn/causal_lm.h"
+#include "kbn/registry.h"
+
+namespace kbn::engine {
+
+// Allocates one paged cache per layer: [num_blocks, block_size, num_kv_heads, head_size] for K and for V.
+std::vector<KVCache> allocate_kv_caches(const KVCacheSpec& spec, int64_t num_blocks, int64_t block_size, Device device);
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 16;
+  int64_t block_size = 16;
+  std::vector<int64_t> eos_token_ids;  // stop a sequence at any of these (kept in its output)
+  bool return_prompt_logits = false;   // keep the logits of every prompt position
+};
+
+struct GenerateResult {
+  std::vector<std::vector<int64_t>> tokens;  // new tokens per prompt
+  std::vector<Tensor> prompt_logits;         // per prompt [prompt_len, vocab] f32 on CPU, when asked
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  int64_t decode_steps = 0;
+};
+
+// `variant` picks the sampler (argmax) implementation; the model itself was built from a variant already.
+GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, Device device,
+                               Variant variant, const GenerateOptions& options);
+
+}  // namespace kbn::engine

@@ -1,0 +1,90 @@
+#include "engine/model_loader.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <filesystem>
+
+#include "kbn/safetensors.h"
+
+namespace fs = std::filesystem;
+
+namespace kbn::engine {
+
+std::string models_dir() {
+  if (const char* env = std::getenv("KBN_MODELS_DIR")) return env;
+  char buf[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    buf[n] = 0;
+    fs::path p = fs::path(buf).parent_path().parent_path() / "models";
+    if (fs::is_directory(p)) return p.string();
+  }
+#ifdef KBN_SOURCE_DIR
+  return std::string(KBN_SOURCE_DIR) + "/models";
+#else
+  return "models";
+#endif
+}
+
+std::vector<std::string> known_models() {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(models_dir(), ec))
+    if (e.path().extension() == ".json") out.push_back(e.path().stem().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+ModelSpec resolve_model(const std::string& name_or_path) {
+  ModelSpec s;
+  s.name = name_or_path;
+  fs::path p(name_or_path);
+  if (fs::is_directory(p)) {
+    KBN_CHECK(fs::exists(p / "config.json"), "--model: folder '", name_or_path, "' has no config.json");
+    s.config_path = (p / "config.json").string();
+    s.weights_path = p.string();
+  } else if (fs::is_regular_file(p)) {
+    s.config_path = p.string();
+  } else {
+    fs::path named = fs::path(models_dir()) / (name_or_path + ".json");
+    if (!fs::exists(named)) {
+      std::string known;
+      for (const auto& m : known_models()) known += (known.empty() ? "" : ", ") + m;
+      KBN_FAIL("--model: '", name_or_path, "' is neither a model name in ", models_dir(),
+               " nor a config/HF folder path; known models: ", known);
+    }
+    s.config_path = named.string();
+  }
+  s.config = ModelConfig::load(s.config_path);
+  return s;
+}
+
+Device default_device() { return cuda_available() ? Device::cuda(0) : Device::cpu(); }
+
+std::string default_model_name(Device device) { return device.is_cuda() ? "llama-3.1-8b-instruct" : "tiny-llama"; }
+
+DType default_dtype(const ModelSpec& spec, Device device) {
+  if (device.is_cpu()) return DType::f32;
+  DType dt = parse_dtype(spec.config.get_string("torch_dtype", spec.config.get_string("dtype", "bfloat16")));
+  return dt == DType::f32 ? DType::bf16 : dt;
+}
+
+std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, const ParamOptions& opts, uint64_t seed) {
+  auto archs = spec.config.architectures();
+  KBN_CHECK(!archs.empty(), "model config ", spec.config_path, ": 'architectures' is missing or empty");
+  const OpEntry& entry = registry(variant).model_for(archs.front());
+  std::unique_ptr<CausalLM> model = entry.make_model(spec.config, opts);
+  if (!spec.weights_path.empty()) {
+    Checkpoint ckpt = Checkpoint::open(spec.weights_path);
+    model->load_weights([&](const WeightVisitor& visit) { ckpt.for_each(visit); });
+  } else {
+    init_random_weights(*model, seed, spec.config.get_double("initializer_range", 0.02));
+  }
+  model->process_weights_after_loading_recursive();
+  return model;
+}
+
+}  // namespace kbn::engine

@@ -1,0 +1,39 @@
+#pragma once
+// Finding a model by name, building it from the registry's L4 entry, and filling its weights from a local
+// HF checkpoint or with seeded random values.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kbn/causal_lm.h"
+#include "kbn/config.h"
+#include "kbn/registry.h"
+
+namespace kbn::engine {
+
+struct ModelSpec {
+  std::string name;          // "llama-3.1-8b-instruct", or the path given
+  std::string config_path;   // the config.json read
+  std::string weights_path;  // HF folder or .safetensors file; empty = random weights
+  ModelConfig config;
+};
+
+// The folder holding models/*.json: $KBN_MODELS_DIR, else <executable>/../models, else the source tree's.
+std::string models_dir();
+// Names of models/*.json (without .json), sorted.
+std::vector<std::string> known_models();
+// `name_or_path`: a name from models/ ("llama-3.1-8b-instruct"), a config.json path, or a local HF folder
+// (config.json + safetensors, which become the weights). The error lists the known names.
+ModelSpec resolve_model(const std::string& name_or_path);
+
+// The embedded default: a tiny Llama on CPU, Llama-3.1-8B-Instruct (random weights) when a GPU is present.
+std::string default_model_name(Device device);
+Device default_device();
+// The model's own dtype on GPU (config torch_dtype), f32 on CPU (the oracle's precision).
+DType default_dtype(const ModelSpec& spec, Device device);
+
+// Builds the architecture's L4 model from `variant`'s registry and fills its weights: from
+// spec.weights_path when set, else N(0, initializer_range) drawn from `seed` (norms = 1).
+std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, const ParamOptions& opts, uint64_t seed);
+
+}  // namespace kbn::engine

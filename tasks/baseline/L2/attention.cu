@@ -1,0 +1,68 @@
+#include "L2/attention.h"
+
+#include "kbn/checks.h"
+#include "kbn/forward_context.h"
+
+namespace kbn::KBN_VARIANT {
+
+Attention::Attention(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads,
+                     const std::string& prefix)
+    : num_heads_(num_heads),
+      head_size_(head_size),
+      num_kv_heads_(num_kv_heads),
+      layer_index_(extract_layer_index(prefix)),
+      prefill_(num_heads, head_size, scale, num_kv_heads),
+      decode_(num_heads, head_size, scale, num_kv_heads) {}
+
+// [num_tokens, heads * head_size] with any row stride -> [num_tokens, heads, head_size] view.
+static Tensor split_heads(const Tensor& t, int64_t heads, int64_t head_size, const char* arg) {
+  check_rank(t, "Attention", arg, 2, "[num_tokens, heads * head_size]");
+  check_size(t, "Attention", arg, 1, heads * head_size, "heads * head_size");
+  check_last_dim_contiguous(t, "Attention", arg);
+  return t.as_strided({t.size(0), heads, head_size}, {t.stride(0), head_size, 1}, t.offset());
+}
+
+Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& value) {
+  const ForwardContext& ctx = get_forward_context();
+  KBN_CHECK(ctx.attn_metadata && ctx.kv_caches, "Attention: the forward context has no attention metadata or KV caches");
+  const AttentionMetadata& md = *ctx.attn_metadata;
+  KBN_CHECK(layer_index_ < int64_t(ctx.kv_caches->size()), "Attention: layer ", layer_index_, " has no KV cache (",
+            ctx.kv_caches->size(), " allocated)");
+  KVCache& cache = (*ctx.kv_caches)[size_t(layer_index_)];
+  const int64_t num_tokens = query.size(0);
+  KBN_CHECK(num_tokens == md.num_tokens(), "Attention: ", num_tokens, " query tokens but the metadata describes ",
+            md.num_tokens());
+
+  Tensor q = split_heads(query, num_heads_, head_size_, "query");
+  store_kvcache_.forward(split_heads(key, num_kv_heads_, head_size_, "key"),
+                         split_heads(value, num_kv_heads_, head_size_, "value"), cache.key, cache.value, md.slot_mapping);
+
+  // NOTE: the attention kernels take q as [tokens, heads, head_size] contiguous; q is a view into the fused
+  // qkv output, so this is one copy of q per layer (a fraction of the qkv GEMM's traffic).
+  const int64_t np = md.num_prefill_tokens, nd = md.num_decodes, ns = md.num_prefills;
+  Tensor out_p, out_d;
+  if (np > 0) {
+    out_p = prefill_.forward(q.slice(0, 0, np).contiguous(), cache.key, cache.value, md.query_start_loc,
+                             md.seq_lens.slice(0, 0, ns), md.block_tables.slice(0, 0, ns), md.max_prefill_query_len,
+                             md.max_prefill_seq_len);
+  }
+  if (nd > 0) {
+    out_d = decode_.forward(q.slice(0, np, np + nd).contiguous(), cache.key, cache.value,
+                            md.seq_lens.slice(0, ns, ns + nd), md.block_tables.slice(0, ns, ns + nd),
+                            md.max_decode_seq_len);
+  }
+  Tensor out;
+  if (nd == 0) {
+    out = out_p;
+  } else if (np == 0) {
+    out = out_d;
+  } else {
+    out = Tensor::empty({num_tokens, num_heads_, head_size_}, query.dtype(), query.device());
+    out.slice(0, 0, np).copy_(out_p);
+    out.slice(0, np, np + nd).copy_(out_d);
+  }
+  if (!out.defined()) out = Tensor::empty({0, num_heads_, head_size_}, query.dtype(), query.device());
+  return out.view({num_tokens, num_heads_ * head_size_});
+}
+
+}  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,29 @@
+#pragma once
+// LlamaDecoderLayer (vLLM llama.py): pre-norm attention and MLP blocks with the residual carried between
+// layers, so each norm fuses the previous residual add (fused_add_rms_norm).
+#include <string>
+#include <utility>
+
+#include "L1/rms_norm.h"
+#include "L2/llama_attention.h"
+#include "L2/llama_mlp.h"
+#include "kbn/config.h"
+#include "kbn/variant.h"
+
+namespace kbn::KBN_VARIANT {
+
+class LlamaDecoderLayer : public Module {
+ public:
+  LlamaDecoderLayer(const LlamaConfig& config, const std::string& prefix, const ParamOptions& opts);
+
+  // positions: [num_tokens] i64; hidden_states: [num_tokens, hidden_size]; residual: same shape, or
+  // undefined for the first layer -> (hidden_states, residual). Mutates hidden_states and residual.
+  std::pair<Tensor, Tensor> forward(const Tensor& positions, const Tensor& hidden_states, const Tensor& residual);
+
+  LlamaAttention self_attn;
+  LlamaMLP mlp;
+  RMSNorm input_layernorm;
+  RMSNorm post_attention_layernorm;
+};
+
+}  // namespace kbn::KBN_VARIANT
