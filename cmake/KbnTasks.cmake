@@ -65,7 +65,8 @@ add_custom_command(
           "-DBASELINE_FILES=${_bl}" "-DCANDIDATE_FILES=${_cl}" -DOUT=${_graph_cpp}
           -P ${CMAKE_SOURCE_DIR}/cmake/gen_include_graph.cmake
   DEPENDS ${_deps} ${CMAKE_SOURCE_DIR}/cmake/gen_include_graph.cmake
-  COMMENT "kb-nano: include graph of the task files")
+  COMMENT "kb-nano: include graph of the task files"
+  VERBATIM)
 
 add_library(kbn_tasks STATIC ${CMAKE_SOURCE_DIR}/tasks/registry_glue.cpp ${_graph_cpp})
 target_link_libraries(kbn_tasks PUBLIC kbn_tasks_baseline)

@@ -1,4 +1,5 @@
 # cmake -P script: writes a C++ file holding the #include edges between task files for both variants.
+cmake_policy(SET CMP0057 NEW)  # IN_LIST
 string(REPLACE "|" ";" BASELINE_FILES "${BASELINE_FILES}")
 string(REPLACE "|" ";" CANDIDATE_FILES "${CANDIDATE_FILES}")
 

@@ -1,0 +1,29 @@
+#pragma once
+// RmsNorm (vLLM vllm/model_executor/layers/layernorm.py): y = x / sqrt(mean(x^2) + eps) * weight.
+#include <utility>
+
+#include "kbn/variant.h"
+
+namespace kbn::KBN_VARIANT {
+
+class RmsNorm : public Module {
+ public:
+  RmsNorm(int64_t hidden_size, double eps = 1e-6, const ParamOptions& opts = {});
+
+  // x: [num_tokens, hidden_size] -> new [num_tokens, hidden_size]
+  Tensor forward(const Tensor& x);
+  // Fused add + norm, in place like vLLM's fused_add_rms_norm (mutates x and residual):
+  // residual <- x + residual; x <- norm(residual). Returns (x, residual).
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual);
+
+  int64_t hidden_size() const { return hidden_size_; }
+  double eps() const { return eps_; }
+
+  Tensor weight;  // [hidden_size]
+
+ private:
+  int64_t hidden_size_;
+  double eps_;
+};
+
+}  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,2 @@
+// Test candidate with no baseline twin: the build must refuse it.
+#pragma once
