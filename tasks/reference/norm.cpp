@@ -32,11 +32,12 @@ void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, doubl
   KBN_CHECK(residual.shape() == x.shape(), "reference::fused_add_rms_norm: 'residual' ", residual.str(),
             " must match 'x' ", x.str());
   std::vector<double> xv = x.to_doubles(), rv = residual.to_doubles();
-  // The new residual is the sum rounded to the residual's dtype; the norm reads the f32 sum (as vLLM does).
+  // The new residual is the sum rounded to the residual's dtype, and the norm reads that rounded residual
+  // (vLLM's fused_add_rms_norm and HF's decoder layer both do).
   Tensor sum = Tensor::empty(x.shape(), DType::f32);
   for (size_t i = 0; i < xv.size(); ++i) sum.data<float>()[i] = float(xv[i] + rv[i]);
   residual.copy_(sum);
-  rms_norm(x, sum, weight, eps);
+  rms_norm(x, residual, weight, eps);
 }
 
 }  // namespace kbn::reference

@@ -1,7 +1,7 @@
 #pragma once
 // The oracle: plain CPU implementations of every Llama L1 op, written to be obviously correct rather than
 // fast. Inputs may have any floating dtype and any strides; math runs in double; each output element is
-// rounded once to the output's dtype. Baseline L1 ops call these on CPU tensors, which is how the whole
+// rounded to f32 and then to the output's dtype (a double rounding that can cost one 16-bit ulp, rarely). Baseline L1 ops call these on CPU tensors, which is how the whole
 // L1..L4 stack runs (and is tested) without a GPU.
 #include <cstdint>
 
@@ -13,7 +13,7 @@ namespace kbn::reference {
 // out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight.   x, out: [num_tokens, hidden]; weight: [hidden]
 void rms_norm(Tensor& out, const Tensor& x, const Tensor& weight, double eps);
 
-// vLLM fused_add_rms_norm, in place: residual <- x + residual; x <- rms_norm(residual) * weight.
+// vLLM fused_add_rms_norm, in place: residual <- round(x + residual); x <- rms_norm(residual) * weight.
 // x, residual: [num_tokens, hidden]; weight: [hidden]
 void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, double eps);
 

@@ -69,8 +69,9 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
       else rv[0] = res[i];
 #pragma unroll
       for (int j = 0; j < N; ++j) {
-        float z = to_f32(xv[j]) + to_f32(rv[j]);
-        rv[j] = from_f32<T>(z);
+        // Round the sum first: the norm reads the residual as stored (vLLM and HF do the same).
+        rv[j] = from_f32<T>(to_f32(xv[j]) + to_f32(rv[j]));
+        const float z = to_f32(rv[j]);
         ss += z * z;
       }
       if constexpr (kVec) reinterpret_cast<V*>(res)[i] = *reinterpret_cast<V*>(rv);

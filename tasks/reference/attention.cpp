@@ -1,0 +1,195 @@
+// Oracle: causal attention over a paged KV cache (vLLM FlashAttention backend semantics: varlen prefill with
+// chunked context, and decode).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+
+namespace kbn::reference {
+
+namespace {
+
+void check_cpu(const Tensor& t, const char* op, const char* arg) {
+  KBN_CHECK(t.is_cpu(), op, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
+            t.str());
+}
+
+// Row ranges of the query: sequence b owns query rows [query_start[b], query_start[b + 1]).
+struct PagedBatch {
+  std::vector<int64_t> query_start;  // [num_seqs + 1]
+  std::vector<int64_t> seq_lens;     // [num_seqs]
+  std::vector<int64_t> block_table;  // [num_seqs, max_blocks_per_seq], row-major
+  int64_t max_blocks_per_seq = 0;
+};
+
+// Checks q, out and the caches; returns num_heads / num_kv_heads (query heads per kv head).
+int64_t check_heads(const char* op, const Tensor& out, const Tensor& q, const Tensor& key_cache,
+                    const Tensor& value_cache, const char* q_layout) {
+  check_rank(q, op, "q", 3, q_layout);
+  check_dtype(q, op, "q", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
+  check_cpu(q, op, "q");
+  check_rank(key_cache, op, "key_cache", 4, "[num_blocks, block_size, num_kv_heads, head_size]");
+  check_dtype(key_cache, op, "key_cache", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
+  check_cpu(key_cache, op, "key_cache");
+  check_rank(value_cache, op, "value_cache", 4, "[num_blocks, block_size, num_kv_heads, head_size]");
+  check_dtype(value_cache, op, "value_cache", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
+  check_cpu(value_cache, op, "value_cache");
+  KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
+            " must have the shape of 'key_cache' ", key_cache.str());
+  check_size(key_cache, op, "key_cache", 3, q.size(2), "head_size = q.size(2)");
+  const int64_t num_heads = q.size(1), num_kv_heads = key_cache.size(2);
+  KBN_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, op, ": argument 'key_cache' has ", num_kv_heads,
+            " kv heads, which must divide the ", num_heads, " query heads of 'q' ", q.str(), "; got ", key_cache.str());
+  check_rank(out, op, "out", 3, q_layout);
+  check_dtype(out, op, "out", {DType::f32, DType::f16, DType::bf16});
+  check_cpu(out, op, "out");
+  KBN_CHECK(out.shape() == q.shape(), op, ": argument 'out' ", out.str(), " must have the shape of 'q' ", q.str());
+  return num_heads / num_kv_heads;
+}
+
+// Reads seq_lens and block_tables for num_seqs sequences and checks that every block a sequence uses exists.
+PagedBatch read_batch(const char* op, const Tensor& seq_lens, const Tensor& block_tables, int64_t num_seqs,
+                      const Tensor& key_cache) {
+  check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
+  check_dtype(seq_lens, op, "seq_lens", {DType::i32, DType::i64});
+  check_cpu(seq_lens, op, "seq_lens");
+  check_size(seq_lens, op, "seq_lens", 0, num_seqs, "num_seqs");
+  check_rank(block_tables, op, "block_tables", 2, "[num_seqs, max_blocks_per_seq]");
+  check_dtype(block_tables, op, "block_tables", {DType::i32, DType::i64});
+  check_cpu(block_tables, op, "block_tables");
+  check_size(block_tables, op, "block_tables", 0, num_seqs, "num_seqs");
+
+  PagedBatch batch;
+  batch.seq_lens = seq_lens.to_ints();
+  batch.block_table = block_tables.to_ints();
+  batch.max_blocks_per_seq = block_tables.size(1);
+  const int64_t num_blocks = key_cache.size(0), block_size = key_cache.size(1);
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int64_t seq_len = batch.seq_lens[size_t(b)];
+    KBN_CHECK(seq_len >= 0, op, ": argument 'seq_lens': sequence ", b, " has negative length ", seq_len);
+    const int64_t blocks_used = (seq_len + block_size - 1) / block_size;
+    KBN_CHECK(blocks_used <= batch.max_blocks_per_seq, op, ": argument 'block_tables' ", block_tables.str(), " has ",
+              batch.max_blocks_per_seq, " blocks per sequence, but sequence ", b, " (seq_len ", seq_len,
+              ", block_size ", block_size, ") needs ", blocks_used);
+    for (int64_t j = 0; j < blocks_used; ++j) {
+      const int64_t id = batch.block_table[size_t(b * batch.max_blocks_per_seq + j)];
+      KBN_CHECK(id >= 0 && id < num_blocks, op, ": argument 'block_tables': entry [", b, ", ", j, "] = ", id,
+                " is outside [0, num_blocks = ", num_blocks, ")");
+    }
+  }
+  return batch;
+}
+
+// The first seq_len rows of a sequence's keys (or values), in logical order: position p lives in physical block
+// block_table[p / block_size] at row p % block_size. cache: [num_blocks, block_size, num_kv_heads, head_size]
+// -> [seq_len, num_kv_heads, head_size] as doubles.
+std::vector<double> gather_sequence(const Tensor& cache, const PagedBatch& batch, int64_t b) {
+  const int64_t block_size = cache.size(1), row_elems = cache.size(2) * cache.size(3);
+  const int64_t seq_len = batch.seq_lens[size_t(b)];
+  std::vector<double> rows;
+  rows.reserve(size_t(seq_len * row_elems));
+  for (int64_t first = 0; first < seq_len; first += block_size) {
+    const int64_t id = batch.block_table[size_t(b * batch.max_blocks_per_seq + first / block_size)];
+    const std::vector<double> block = cache.select(0, id).to_doubles();
+    const int64_t rows_here = std::min(block_size, seq_len - first);
+    rows.insert(rows.end(), block.begin(), block.begin() + rows_here * row_elems);
+  }
+  return rows;
+}
+
+// out[row, h] = softmax_p(scale * q[row, h] . K[p, kv(h)]) V[p, kv(h)] over p in [0, position(row)], for every
+// query row of every sequence; row j of sequence b (q_len rows) sits at position seq_len - q_len + j.
+void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const PagedBatch& batch,
+            int64_t heads_per_kv_head, double scale) {
+  const int64_t num_tokens = q.size(0), num_heads = q.size(1), head_size = q.size(2);
+  const int64_t num_kv_heads = key_cache.size(2);
+  const std::vector<double> qv = q.to_doubles();
+  std::vector<float> o(size_t(num_tokens * num_heads * head_size));
+  const int64_t num_seqs = int64_t(batch.seq_lens.size());
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int64_t q_begin = batch.query_start[size_t(b)], q_len = batch.query_start[size_t(b) + 1] - q_begin;
+    if (q_len == 0) continue;
+    const int64_t seq_len = batch.seq_lens[size_t(b)];
+    const std::vector<double> keys = gather_sequence(key_cache, batch, b);
+    const std::vector<double> values = gather_sequence(value_cache, batch, b);
+    std::vector<double> weights(static_cast<size_t>(seq_len));
+    for (int64_t j = 0; j < q_len; ++j) {
+      const int64_t row = q_begin + j, position = seq_len - q_len + j;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        const int64_t kv_head = h / heads_per_kv_head;
+        const double* query = &qv[size_t((row * num_heads + h) * head_size)];
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t p = 0; p <= position; ++p) {
+          const double* k = &keys[size_t((p * num_kv_heads + kv_head) * head_size)];
+          double dot = 0;
+          for (int64_t d = 0; d < head_size; ++d) dot += query[d] * k[d];
+          weights[size_t(p)] = scale * dot;
+          max_score = std::max(max_score, weights[size_t(p)]);
+        }
+        double denom = 0;
+        for (int64_t p = 0; p <= position; ++p) {
+          weights[size_t(p)] = std::exp(weights[size_t(p)] - max_score);
+          denom += weights[size_t(p)];
+        }
+        for (int64_t d = 0; d < head_size; ++d) {
+          double acc = 0;
+          for (int64_t p = 0; p <= position; ++p) {
+            acc += weights[size_t(p)] * values[size_t((p * num_kv_heads + kv_head) * head_size + d)];
+          }
+          o[size_t((row * num_heads + h) * head_size + d)] = float(acc / denom);
+        }
+      }
+    }
+  }
+  out.copy_(Tensor::from_floats(o, q.shape(), DType::f32));
+}
+
+}  // namespace
+
+void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                             const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
+                             double scale) {
+  constexpr const char* op = "reference::paged_attention_prefill";
+  const int64_t heads_per_kv_head =
+      check_heads(op, out, q, key_cache, value_cache, "[num_tokens, num_heads, head_size]");
+  check_rank(query_start_loc, op, "query_start_loc", 1, "[num_seqs + 1]");
+  check_dtype(query_start_loc, op, "query_start_loc", {DType::i32, DType::i64});
+  check_cpu(query_start_loc, op, "query_start_loc");
+  KBN_CHECK(query_start_loc.size(0) >= 1, op, ": argument 'query_start_loc' [num_seqs + 1] must not be empty");
+  const int64_t num_seqs = query_start_loc.size(0) - 1;
+  PagedBatch batch = read_batch(op, seq_lens, block_tables, num_seqs, key_cache);
+  batch.query_start = query_start_loc.to_ints();
+  KBN_CHECK(batch.query_start.front() == 0 && batch.query_start.back() == q.size(0), op,
+            ": argument 'query_start_loc' must start at 0 and end at num_tokens = q.size(0) = ", q.size(0), ", got ",
+            batch.query_start.front(), " .. ", batch.query_start.back());
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int64_t q_len = batch.query_start[size_t(b) + 1] - batch.query_start[size_t(b)];
+    KBN_CHECK(q_len >= 0, op, ": argument 'query_start_loc' must be non-decreasing, but sequence ", b,
+              " has query length ", q_len);
+    KBN_CHECK(q_len <= batch.seq_lens[size_t(b)], op, ": argument 'seq_lens': sequence ", b, " has seq_len ",
+              batch.seq_lens[size_t(b)], " (cached + new keys), shorter than its ", q_len,
+              " query tokens from 'query_start_loc'");
+  }
+  attend(out, q, key_cache, value_cache, batch, heads_per_kv_head, scale);
+}
+
+void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                            const Tensor& seq_lens, const Tensor& block_tables, double scale) {
+  constexpr const char* op = "reference::paged_attention_decode";
+  const int64_t heads_per_kv_head = check_heads(op, out, q, key_cache, value_cache, "[num_seqs, num_heads, head_size]");
+  const int64_t num_seqs = q.size(0);
+  PagedBatch batch = read_batch(op, seq_lens, block_tables, num_seqs, key_cache);
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    KBN_CHECK(batch.seq_lens[size_t(b)] >= 1, op, ": argument 'seq_lens': sequence ", b,
+              " has no keys; a decode query needs at least its own");
+  }
+  // One query row per sequence: the last position, which sees every cached key.
+  batch.query_start.resize(size_t(num_seqs + 1));
+  for (int64_t b = 0; b <= num_seqs; ++b) batch.query_start[size_t(b)] = b;
+  attend(out, q, key_cache, value_cache, batch, heads_per_kv_head, scale);
+}
+
+}  // namespace kbn::reference

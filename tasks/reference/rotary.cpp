@@ -1,0 +1,159 @@
+// Oracle: rotary position embedding (vLLM RotaryEmbedding / Llama3RotaryEmbedding, HF
+// _compute_default_rope_parameters / _compute_llama3_parameters).
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+
+namespace kbn::reference {
+
+namespace {
+
+constexpr const char* kCacheOp = "reference::rope_cos_sin_cache";
+constexpr const char* kRotaryOp = "reference::rotary_embedding";
+
+void check_cpu(const Tensor& t, const char* arg) {
+  KBN_CHECK(t.is_cpu(), kRotaryOp, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
+            t.str());
+}
+
+// inv_freq[i] = base^(-2i / rotary_dim), i in [0, rotary_dim / 2).
+std::vector<double> default_inv_freq(int64_t rotary_dim, double base) {
+  std::vector<double> inv_freq(size_t(rotary_dim / 2));
+  for (int64_t i = 0; i < rotary_dim / 2; ++i) {
+    inv_freq[size_t(i)] = 1.0 / std::pow(base, double(2 * i) / double(rotary_dim));
+  }
+  return inv_freq;
+}
+
+// Llama-3.1 frequency rescaling: long wavelengths slow down by `factor`, short ones are kept, and the band
+// between blends the two linearly in original_max / wavelength.
+void apply_llama3_scaling(std::vector<double>& inv_freq, const RopeScaling& s) {
+  KBN_CHECK(s.factor > 0, kCacheOp, ": argument 'scaling.factor' must be positive, got ", s.factor);
+  KBN_CHECK(s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor, kCacheOp,
+            ": arguments 'scaling.low_freq_factor' and 'scaling.high_freq_factor' must satisfy 0 < low < high, got ",
+            s.low_freq_factor, " and ", s.high_freq_factor);
+  KBN_CHECK(s.original_max_position_embeddings > 0, kCacheOp,
+            ": argument 'scaling.original_max_position_embeddings' must be positive, got ",
+            s.original_max_position_embeddings);
+  const double original_max = double(s.original_max_position_embeddings);
+  const double low_freq_wavelen = original_max / s.low_freq_factor;
+  const double high_freq_wavelen = original_max / s.high_freq_factor;
+  for (double& freq : inv_freq) {
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    if (wavelen < high_freq_wavelen) continue;
+    if (wavelen > low_freq_wavelen) {
+      freq = freq / s.factor;
+    } else {
+      const double smooth = (original_max / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      freq = (1.0 - smooth) * freq / s.factor + smooth * freq;
+    }
+  }
+}
+
+// Checks a rotary operand and returns its number of heads. x: [num_tokens, num_heads * head_size] (rows may be
+// strided) or [num_tokens, num_heads, head_size].
+int64_t check_rotary_operand(const Tensor& x, const char* arg, int64_t num_tokens, int64_t head_size) {
+  check_defined(x, kRotaryOp, arg);
+  check_dtype(x, kRotaryOp, arg, {DType::f32, DType::f16, DType::bf16});
+  check_cpu(x, arg);
+  KBN_CHECK(x.dim() == 2 || x.dim() == 3, kRotaryOp, ": argument '", arg,
+            "' must be 2-D [num_tokens, num_heads * head_size] or 3-D [num_tokens, num_heads, head_size], got ",
+            x.str());
+  check_size(x, kRotaryOp, arg, 0, num_tokens, "num_tokens = positions.size(0)");
+  if (x.dim() == 3) {
+    check_size(x, kRotaryOp, arg, 2, head_size, "head_size");
+    return x.size(1);
+  }
+  KBN_CHECK(x.size(1) % head_size == 0, kRotaryOp, ": argument '", arg,
+            "' [num_tokens, num_heads * head_size] must have a last dimension divisible by head_size ", head_size,
+            ", got ", x.str());
+  return x.size(1) / head_size;
+}
+
+// Rotates the first rotary_dim features of every head of x in place. token_cos_sin: the cos_sin_cache row of each
+// token's position, as doubles, [num_tokens, rotary_dim].
+void rotate_heads(Tensor& x, const std::vector<double>& token_cos_sin, int64_t num_tokens, int64_t num_heads,
+                  int64_t head_size, int64_t rotary_dim, bool is_neox) {
+  const int64_t half = rotary_dim / 2;
+  const int64_t row_width = num_heads * head_size;
+  std::vector<double> v = x.to_doubles();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const double* cos_row = &token_cos_sin[size_t(t * rotary_dim)];
+    const double* sin_row = cos_row + half;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      double* head = &v[size_t(t * row_width + h * head_size)];
+      for (int64_t i = 0; i < half; ++i) {
+        // NeoX pairs feature i with i + half; GPT-J pairs 2i with 2i + 1. Both use frequency i.
+        const int64_t a = is_neox ? i : 2 * i, b = is_neox ? i + half : 2 * i + 1;
+        const double x1 = head[a], x2 = head[b];
+        head[a] = x1 * cos_row[i] - x2 * sin_row[i];
+        head[b] = x2 * cos_row[i] + x1 * sin_row[i];
+      }
+    }
+  }
+  x.copy_(Tensor::from_floats(std::vector<float>(v.begin(), v.end()), x.shape(), DType::f32));
+}
+
+}  // namespace
+
+Tensor rope_cos_sin_cache(int64_t rotary_dim, int64_t max_position, double base, const RopeScaling& scaling) {
+  KBN_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, kCacheOp, ": argument 'rotary_dim' must be positive and even, got ",
+            rotary_dim);
+  KBN_CHECK(max_position > 0, kCacheOp, ": argument 'max_position' must be positive, got ", max_position);
+  KBN_CHECK(std::isfinite(base) && base > 0, kCacheOp, ": argument 'base' must be finite and positive, got ", base);
+  std::vector<double> inv_freq = default_inv_freq(rotary_dim, base);
+  if (scaling.rope_type == "llama3") {
+    apply_llama3_scaling(inv_freq, scaling);
+  } else {
+    KBN_CHECK(scaling.rope_type == "default", kCacheOp,
+              ": argument 'scaling.rope_type' must be \"default\" or \"llama3\", got \"", scaling.rope_type, "\"");
+  }
+  const int64_t half = rotary_dim / 2;
+  std::vector<float> table(size_t(max_position * rotary_dim));
+  for (int64_t p = 0; p < max_position; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = double(p) * inv_freq[size_t(i)];
+      table[size_t(p * rotary_dim + i)] = float(std::cos(angle));
+      table[size_t(p * rotary_dim + half + i)] = float(std::sin(angle));
+    }
+  }
+  return Tensor::from_floats(table, {max_position, rotary_dim}, DType::f32);
+}
+
+void rotary_embedding(const Tensor& positions, Tensor& query, Tensor& key, int64_t head_size,
+                      const Tensor& cos_sin_cache, bool is_neox) {
+  check_rank(positions, kRotaryOp, "positions", 1, "[num_tokens]");
+  check_dtype(positions, kRotaryOp, "positions", {DType::i64, DType::i32});
+  check_cpu(positions, "positions");
+  check_rank(cos_sin_cache, kRotaryOp, "cos_sin_cache", 2, "[max_position, rotary_dim]");
+  check_dtype(cos_sin_cache, kRotaryOp, "cos_sin_cache", {DType::f32, DType::f16, DType::bf16});
+  check_cpu(cos_sin_cache, "cos_sin_cache");
+  KBN_CHECK(head_size > 0, kRotaryOp, ": argument 'head_size' must be positive, got ", head_size);
+  const int64_t max_position = cos_sin_cache.size(0), rotary_dim = cos_sin_cache.size(1);
+  KBN_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_size, kRotaryOp,
+            ": argument 'cos_sin_cache' [max_position, rotary_dim] needs an even rotary_dim in [2, head_size = ",
+            head_size, "], got ", cos_sin_cache.str());
+  const int64_t num_tokens = positions.size(0);
+  const int64_t num_heads = check_rotary_operand(query, "query", num_tokens, head_size);
+  const int64_t num_kv_heads = check_rotary_operand(key, "key", num_tokens, head_size);
+
+  const std::vector<int64_t> pos = positions.to_ints();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    KBN_CHECK(pos[size_t(t)] >= 0 && pos[size_t(t)] < max_position, kRotaryOp, ": argument 'positions': token ", t,
+              " has position ", pos[size_t(t)], ", outside [0, max_position = ", max_position, ")");
+  }
+  // NOTE: only the rows in use are read; a 128k-position table is never converted whole.
+  std::vector<double> token_cos_sin;
+  token_cos_sin.reserve(size_t(num_tokens * rotary_dim));
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const std::vector<double> row = cos_sin_cache.select(0, pos[size_t(t)]).to_doubles();
+    token_cos_sin.insert(token_cos_sin.end(), row.begin(), row.end());
+  }
+  rotate_heads(query, token_cos_sin, num_tokens, num_heads, head_size, rotary_dim, is_neox);
+  rotate_heads(key, token_cos_sin, num_tokens, num_kv_heads, head_size, rotary_dim, is_neox);
+}
+
+}  // namespace kbn::reference
