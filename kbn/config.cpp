@@ -17,7 +17,7 @@ ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& 
   c.source_ = source;
   auto j = std::make_shared<Json>();
   try {
-    // allow_exceptions, ignore_comments=false; HF configs may hold Infinity (Mamba), which strict JSON rejects.
+    // Strict JSON: a config holding Infinity or NaN (some Mamba configs do) is refused with the parse position.
     j->j = nlohmann::json::parse(json_text);
   } catch (const nlohmann::json::parse_error& e) {
     KBN_FAIL("config ", source, ": not valid JSON: ", e.what());
@@ -35,12 +35,18 @@ ModelConfig ModelConfig::load(const std::string& path) {
   return parse(ss.str(), path);
 }
 
-bool ModelConfig::has(const std::string& key) const { return json_->j.contains(key) && !json_->j[key].is_null(); }
+// A default-constructed ModelConfig holds no JSON: it has no keys rather than crashing.
+bool ModelConfig::has(const std::string& key) const {
+  return json_ && json_->j.contains(key) && !json_->j[key].is_null();
+}
 
 int64_t ModelConfig::get_int(const std::string& key) const {
   KBN_CHECK(has(key), "config ", source_, ": missing required key '", key, "'");
   const auto& v = json_->j[key];
   KBN_CHECK(v.is_number_integer(), "config ", source_, ": key '", key, "' must be an integer, got ", v.dump());
+  // Integers above INT64_MAX parse as unsigned and would wrap to negative values.
+  KBN_CHECK(!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t(INT64_MAX), "config ", source_, ": key '", key,
+            "' is out of range: ", v.dump());
   return v.get<int64_t>();
 }
 
@@ -83,7 +89,8 @@ std::vector<int64_t> ModelConfig::get_int_list(const std::string& key) const {
             v.dump());
   std::vector<int64_t> out;
   for (const auto& e : v) {
-    KBN_CHECK(e.is_number_integer(), "config ", source_, ": key '", key, "' must hold integers, got ", v.dump());
+    KBN_CHECK(e.is_number_integer() && (!e.is_number_unsigned() || e.get<uint64_t>() <= uint64_t(INT64_MAX)),
+              "config ", source_, ": key '", key, "' must hold integers, got ", v.dump());
     out.push_back(e.get<int64_t>());
   }
   return out;
@@ -93,12 +100,25 @@ std::vector<std::string> ModelConfig::architectures() const {
   std::vector<std::string> out;
   if (!has("architectures")) return out;
   const auto& v = json_->j["architectures"];
-  KBN_CHECK(v.is_array(), "config ", source_, ": key 'architectures' must be a list of strings");
-  for (const auto& e : v) out.push_back(e.get<std::string>());
+  KBN_CHECK(v.is_array(), "config ", source_, ": key 'architectures' must be a list of strings, got ", v.dump());
+  for (const auto& e : v) {
+    KBN_CHECK(e.is_string(), "config ", source_, ": key 'architectures' must be a list of strings, got ", v.dump());
+    out.push_back(e.get<std::string>());
+  }
   return out;
 }
 
-std::string ModelConfig::dump() const { return json_->j.dump(2); }
+ModelConfig ModelConfig::sub(const std::string& key) const {
+  KBN_CHECK(has(key), "config ", source_, ": missing key '", key, "'");
+  const auto& v = json_->j[key];
+  KBN_CHECK(v.is_object(), "config ", source_, ": key '", key, "' must be an object or null, got ", v.dump());
+  ModelConfig c;
+  c.source_ = source_ + " " + key;
+  c.json_ = std::make_shared<Json>(Json{v});
+  return c;
+}
+
+std::string ModelConfig::dump() const { return json_ ? json_->j.dump(2) : "{}"; }
 
 LlamaConfig LlamaConfig::from(const ModelConfig& c) {
   LlamaConfig l;
@@ -122,11 +142,15 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
               ") must be a multiple of 'num_attention_heads' (", l.num_attention_heads, ") when 'head_dim' is absent");
     l.head_dim = l.hidden_size / l.num_attention_heads;
   }
-  KBN_CHECK(l.head_dim % 2 == 0, "config ", c.source(), ": head dimension must be even for rotary embedding, got ",
-            l.head_dim);
+  KBN_CHECK(l.head_dim > 0 && l.head_dim % 2 == 0, "config ", c.source(),
+            ": head dimension must be positive and even for rotary embedding, got ", l.head_dim);
   l.max_position_embeddings = c.get_int("max_position_embeddings", 8192);
+  KBN_CHECK(l.max_position_embeddings > 0, "config ", c.source(),
+            ": key 'max_position_embeddings' must be positive, got ", l.max_position_embeddings);
   l.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
+  KBN_CHECK(l.rms_norm_eps > 0, "config ", c.source(), ": key 'rms_norm_eps' must be positive, got ", l.rms_norm_eps);
   l.rope_theta = c.get_double("rope_theta", 10000.0);
+  KBN_CHECK(l.rope_theta > 0, "config ", c.source(), ": key 'rope_theta' must be positive, got ", l.rope_theta);
   l.tie_word_embeddings = c.get_bool("tie_word_embeddings", false);
   l.attention_bias = c.get_bool("attention_bias", false);
   l.mlp_bias = c.get_bool("mlp_bias", false);
@@ -138,8 +162,14 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
   l.eos_token_ids = c.get_int_list("eos_token_id");
   if (c.has("bos_token_id")) l.bos_token_id = c.get_int("bos_token_id");
 
-  if (c.has("rope_scaling")) {
-    ModelConfig rs = ModelConfig::parse(nlohmann::json::parse(c.dump())["rope_scaling"].dump(), c.source() + " rope_scaling");
+  // transformers >= 5 saves "rope_parameters" (rope_theta inside it); earlier versions and the published Llama
+  // configs save "rope_scaling" beside a top-level "rope_theta". Both spellings describe the same rope.
+  const char* rope_key = c.has("rope_parameters") ? "rope_parameters" : c.has("rope_scaling") ? "rope_scaling" : nullptr;
+  if (rope_key) {
+    ModelConfig rs = c.sub(rope_key);
+    l.rope_theta = rs.get_double("rope_theta", l.rope_theta);
+    KBN_CHECK(l.rope_theta > 0, "config ", c.source(), ": '", rope_key, ".rope_theta' must be positive, got ",
+              l.rope_theta);
     l.rope_scaling.rope_type = rs.get_string("rope_type", rs.get_string("type", "default"));
     if (l.rope_scaling.rope_type == "llama3") {
       l.rope_scaling.factor = rs.get_double("factor");
@@ -147,9 +177,9 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
       l.rope_scaling.high_freq_factor = rs.get_double("high_freq_factor");
       l.rope_scaling.original_max_position_embeddings = rs.get_int("original_max_position_embeddings");
       KBN_CHECK(l.rope_scaling.factor > 0 && l.rope_scaling.high_freq_factor > l.rope_scaling.low_freq_factor,
-                "config ", c.source(), ": rope_scaling needs factor > 0 and high_freq_factor > low_freq_factor");
+                "config ", c.source(), ": ", rope_key, " needs factor > 0 and high_freq_factor > low_freq_factor");
     } else {
-      KBN_CHECK(l.rope_scaling.rope_type == "default", "config ", c.source(), ": rope_scaling.rope_type '",
+      KBN_CHECK(l.rope_scaling.rope_type == "default", "config ", c.source(), ": ", rope_key, ".rope_type '",
                 l.rope_scaling.rope_type, "' is not supported (supported: default, llama3)");
     }
   }

@@ -38,6 +38,8 @@ class ModelConfig {
   // An int or a list of ints (eos_token_id is either).
   std::vector<int64_t> get_int_list(const std::string& key) const;
   std::vector<std::string> architectures() const;
+  // A nested object ("rope_scaling") as its own config; the error names the key when it is not an object.
+  ModelConfig sub(const std::string& key) const;
   std::string model_type() const { return get_string("model_type", ""); }
   std::string dump() const;
 

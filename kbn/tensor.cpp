@@ -178,6 +178,7 @@ int64_t Tensor::size(int64_t d) const { return shape_[size_t(wrap_dim(d, dim(), 
 int64_t Tensor::stride(int64_t d) const { return strides_[size_t(wrap_dim(d, dim(), "Tensor::stride"))]; }
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to misplace
   int64_t expected = 1;
   for (int64_t i = dim() - 1; i >= 0; --i) {
     if (shape_[size_t(i)] == 1) continue;
