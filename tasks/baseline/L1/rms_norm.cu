@@ -116,7 +116,7 @@ void launch_rms_norm(const RmsNormParams& p, int64_t num_tokens, Stream stream) 
   // NOTE: 256 threads cover an 8192-wide bf16 row in 4 vector steps; narrower rows waste few lanes, and
   // decode-size batches still get one block per token without a tail effect worth a second config.
   constexpr int kThreads = 256;
-  dim3 grid(unsigned(num_tokens));
+  const dim3 grid{unsigned(num_tokens)};
   if (vec) rms_norm_kernel<T, kFused, true, kThreads><<<grid, kThreads, 0, stream>>>(p);
   else rms_norm_kernel<T, kFused, false, kThreads><<<grid, kThreads, 0, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();

@@ -1,0 +1,135 @@
+#include "L1/embedding.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+#ifdef KBN_WITH_CUDA
+#include "kbn/cuda_check.h"
+#endif
+
+namespace kbn::KBN_VARIANT {
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+// ---- kernel layer: raw pointers, strides in copy units, a stream ----
+
+struct EmbeddingParams {
+  void* out;           // [num_tokens, row_units] row stride out_stride
+  const void* weight;  // [vocab_end - vocab_start, row_units] row stride weight_stride
+  const void* ids;     // [num_tokens] stride ids_stride (i32 or i64)
+  int64_t out_stride, weight_stride, ids_stride;
+  int64_t num_tokens, vocab_start, vocab_end;
+  int row_units;  // hidden * element_size / sizeof(Unit)
+};
+
+constexpr int kThreads = 128;
+constexpr int kMaxGridY = 65535;
+
+// Grid: x walks the row in chunks of kThreads copy units (one per thread), y walks tokens; every thread
+// of a block reads the same id (one broadcast load). Ids outside [vocab_start, vocab_end) write zeros.
+// NOTE: the gather is a byte copy, so it is templated on the copy unit (16-byte uint4 when rows and
+// pointers allow, else 2 bytes) rather than on the dtype: two kernels serve f32, f16 and bf16 alike.
+// NOTE: a 2-D grid instead of one block per token: a 4096-wide bf16 row is 4 blocks, so decode batches
+// of 33+ tokens already cover all 132 SMs.
+template <class Id, class Unit>
+__global__ void __launch_bounds__(kThreads) embedding_kernel(EmbeddingParams p) {
+  const int i = blockIdx.x * kThreads + threadIdx.x;
+  if (i >= p.row_units) return;
+  for (int64_t t = blockIdx.y; t < p.num_tokens; t += gridDim.y) {
+    const int64_t id = int64_t(static_cast<const Id*>(p.ids)[t * p.ids_stride]);
+    Unit v{};
+    if (id >= p.vocab_start && id < p.vocab_end)
+      v = static_cast<const Unit*>(p.weight)[(id - p.vocab_start) * p.weight_stride + i];
+    static_cast<Unit*>(p.out)[t * p.out_stride + i] = v;
+  }
+}
+
+template <class Unit>
+void launch_embedding(EmbeddingParams p, int64_t row_bytes, size_t esize, DType id_dtype, Stream stream) {
+  constexpr int64_t U = sizeof(Unit);
+  p.row_units = int(row_bytes / U);
+  p.out_stride = p.out_stride * int64_t(esize) / U;
+  p.weight_stride = p.weight_stride * int64_t(esize) / U;
+  const dim3 grid{unsigned((p.row_units + kThreads - 1) / kThreads),
+                  unsigned(std::min<int64_t>(p.num_tokens, kMaxGridY))};
+  if (id_dtype == DType::i32) embedding_kernel<int32_t, Unit><<<grid, kThreads, 0, stream>>>(p);
+  else embedding_kernel<int64_t, Unit><<<grid, kThreads, 0, stream>>>(p);
+  KBN_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const void* p, int64_t stride_elems, size_t esize) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride_elems * int64_t(esize)) % 16 == 0;
+}
+
+}  // namespace
+#endif  // KBN_WITH_CUDA
+
+// ---- op layer ----
+
+// Rows of this rank's shard; ids outside [vocab_start, vocab_end) give zero rows (tensor parallelism).
+static void masked_gather_cpu(Tensor& out, const Tensor& input_ids, const Tensor& weight, int64_t vocab_start,
+                              int64_t vocab_end) {
+  const std::vector<int64_t> ids = input_ids.to_ints();
+  const size_t es = weight.element_size();
+  const size_t row_bytes = size_t(weight.size(1)) * es;
+  const char* w = static_cast<const char*>(weight.data_ptr());
+  char* o = static_cast<char*>(out.data_ptr());
+  for (size_t t = 0; t < ids.size(); ++t) {
+    char* dst = o + t * size_t(out.stride(0)) * es;
+    const int64_t id = ids[t];
+    if (id >= vocab_start && id < vocab_end)
+      std::memcpy(dst, w + size_t(id - vocab_start) * size_t(weight.stride(0)) * es, row_bytes);
+    else std::memset(dst, 0, row_bytes);
+  }
+}
+
+Tensor Embedding::forward(const Tensor& input_ids, const Tensor& weight, int64_t vocab_start, int64_t vocab_end) {
+  constexpr const char* op = "embedding";
+  check_rank(input_ids, op, "input_ids", 1, "[num_tokens]");
+  check_dtype(input_ids, op, "input_ids", {DType::i32, DType::i64});
+  check_rank(weight, op, "weight", 2, "[vocab_end - vocab_start, hidden]");
+  check_dtype(weight, op, "weight", {DType::f32, DType::f16, DType::bf16});
+  check_last_dim_contiguous(weight, op, "weight");
+  check_same_device(input_ids, weight, op, "input_ids", "weight");
+  KBN_CHECK(0 <= vocab_start && vocab_start <= vocab_end && vocab_end - vocab_start <= weight.size(0), op,
+            ": need 0 <= vocab_start <= vocab_end and vocab_end - vocab_start <= weight rows; got vocab_start ",
+            vocab_start, ", vocab_end ", vocab_end, ", 'weight' ", weight.str());
+  const int64_t num_tokens = input_ids.size(0), hidden = weight.size(1);
+  Tensor out = Tensor::empty({num_tokens, hidden}, weight.dtype(), weight.device());
+  if (weight.is_cpu()) {
+    if (vocab_start == 0 && vocab_end == weight.size(0)) reference::embedding(out, input_ids, weight);
+    else masked_gather_cpu(out, input_ids, weight, vocab_start, vocab_end);
+    return out;
+  }
+#ifdef KBN_WITH_CUDA
+  const size_t es = weight.element_size();
+  const int64_t row_bytes = hidden * int64_t(es);
+  KBN_CHECK(row_bytes / 2 <= std::numeric_limits<int>::max(), op, ": argument 'weight' row is too wide, got ",
+            weight.str());
+  if (num_tokens == 0 || hidden == 0) return out;
+  const EmbeddingParams p{.out = out.data_ptr(),
+                          .weight = weight.data_ptr(),
+                          .ids = input_ids.data_ptr(),
+                          .out_stride = out.stride(0),
+                          .weight_stride = weight.stride(0),
+                          .ids_stride = input_ids.stride(0),
+                          .num_tokens = num_tokens,
+                          .vocab_start = vocab_start,
+                          .vocab_end = vocab_end,
+                          .row_units = 0};
+  const bool vec =
+      row_bytes % 16 == 0 && aligned16(p.out, p.out_stride, es) && aligned16(p.weight, p.weight_stride, es);
+  // Every supported dtype is 2 or 4 bytes wide, so 2-byte units always divide rows and strides.
+  if (vec) launch_embedding<uint4>(p, row_bytes, es, input_ids.dtype(), current_stream());
+  else launch_embedding<uint16_t>(p, row_bytes, es, input_ids.dtype(), current_stream());
+#endif
+  return out;
+}
+
+}  // namespace kbn::KBN_VARIANT

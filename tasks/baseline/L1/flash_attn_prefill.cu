@@ -1,0 +1,496 @@
+#include "L1/flash_attn_prefill.h"
+
+#include <utility>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+#ifdef KBN_WITH_CUDA
+#include <cstdint>
+#include <type_traits>
+
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
+#endif
+
+namespace kbn::KBN_VARIANT {
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+// ---- kernel layer: raw pointers, element strides, a params struct, a stream ----
+
+struct PrefillParams {
+  const void* q;                // [num_tokens, num_heads, head_size], last dim contiguous
+  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
+  const void* value_cache;      // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
+  void* out;                    // [num_tokens, num_heads, head_size], last dim contiguous
+  const int* query_start_loc;   // [num_seqs + 1]
+  const int* seq_lens;          // [num_seqs]
+  const int* block_tables;      // [num_seqs, max_blocks_per_seq] row stride block_table_stride
+  int64_t q_stride_token, q_stride_head;
+  int64_t out_stride_token, out_stride_head;
+  int64_t k_stride_block, k_stride_slot, k_stride_head;
+  int64_t v_stride_block, v_stride_slot, v_stride_head;
+  int64_t block_table_stride;
+  int block_size;
+  int group_size;    // query heads per kv head
+  float scale_log2;  // softmax scale * log2(e): scores live in the exp2 domain
+};
+
+// Tile shape. A block owns kBlockM packed query rows of one kv head; row m of a sequence is (token m / group,
+// query head kv_head * group + m % group), so the heads that share a kv head share every K/V tile load.
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kBlockM = kWarps * 16;  // one warp per 16 query rows (the M of one mma)
+constexpr int kBlockN = 64;           // keys per K/V tile
+constexpr int kStages = 3;            // K/V tiles in flight (cp.async ring)
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// 16-byte global -> shared copy that bypasses L1; with valid == false it writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 address the rows of matrix i, and lane l receives row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1 of each matrix (the transposed variant: row 2 (l % 4) and 2 (l % 4) + 1 of column
+// l / 4), which is exactly the m16n8k16 A / B operand fragment layout.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c[16x8] += a[16x16] * b[16x8], fp32 accumulate. Fragments (g = lane / 4, t = lane % 4):
+//   a: {(g, 2t..2t+1), (g+8, 2t..2t+1), (g, 2t+8..2t+9), (g+8, 2t+8..2t+9)}   (row, k)
+//   b: {(2t..2t+1, g), (2t+8..2t+9, g)}                                         (k, col)
+//   c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}                             (row, col)
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> one register of two 16-bit values, `lo` in the low half (the lower column of a fragment pair).
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a shared [rows, kHeadDim] tile. Chunks are XOR-swizzled
+// by row % 8 so that the eight rows one ldmatrix phase reads (same logical chunk) land in eight different bank
+// groups, and so do the cp.async writes.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// FlashAttention-2 forward over a paged KV cache, causal, varlen, GQA-packed.
+// grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles.
+// Each warp keeps 16 query rows: S = Q K^T for a 64-key tile in registers (mma m16n8k16, fp32), online softmax in
+// the exp2 domain (running max / sum per row, 4 lanes per row), then O += P V with P re-packed from the S
+// accumulators as the A operand (no trip through shared memory).
+//
+// NOTE: where the next gains are (measure first):
+//  - Hopper-native path: TMA loads of K/V pages + wgmma (64xNx16 per warpgroup, operands from shared memory) with
+//    producer/consumer warp specialisation and ping-pong softmax between two warpgroups (FlashAttention-3). mma.sync
+//    tops out near 2/3 of the H100/H200 dense rate, so the >= 500 TFLOP/s goal needs this rewrite.
+//  - Split the cp.async group per tile into K and V so S = Q K^T starts while V is still landing.
+//  - 32 query rows per warp (two m16 atoms) would halve the shared-memory traffic per mma for K and V (the
+//    ldmatrix bandwidth, not the tensor cores, bounds this kernel near 60% of the mma.sync rate), at the cost of
+//    a second O accumulator (255 registers, as in FlashAttention-2).
+//  - Keep Q fragments in registers when the register budget allows (they are re-read by ldmatrix every tile now).
+//  - Key-row address generation (block-table read + div/mod by block_size) is done per chunk by every loading
+//    thread; a power-of-two block_size specialisation (shift/mask) or one lookup per row shared through shared
+//    memory would trim the integer work per tile.
+//  - Causal load balance: query tiles are issued heaviest-first per (seq, kv head); a persistent-kernel tile
+//    scheduler across sequences would remove the remaining tail for very uneven varlen batches.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_kernel(PrefillParams p) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr int kTileElems = kBlockN * kHeadDim;
+  static_assert(kBlockN * kChunks % kThreads == 0 && kBlockM * kChunks % kThreads == 0, "whole copy rounds");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* q_smem = reinterpret_cast<T*>(smem);       // [kBlockM, kHeadDim]
+  T* k_smem = q_smem + kBlockM * kHeadDim;      // [kStages, kBlockN, kHeadDim]
+  T* v_smem = k_smem + kStages * kTileElems;    // [kStages, kBlockN, kHeadDim]
+
+  const int kv_head = blockIdx.x;
+  const int seq = blockIdx.z;
+  const int m_tile = gridDim.y - 1 - blockIdx.y;  // heaviest (longest causal span) tiles first
+  const int group = p.group_size;
+  const int q_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - q_begin;
+  const int num_rows = q_len * group;
+  const int m0 = m_tile * kBlockM;
+  if (m0 >= num_rows) return;
+
+  const int seq_len = p.seq_lens[seq];
+  const int offset = seq_len - q_len;  // query token j sits at key position offset + j
+  const int first_token = m0 / group;
+  const int last_token = min((m0 + kBlockM - 1) / group, q_len - 1);
+  const int key_end = last_token + offset + 1;        // keys [0, key_end) are visible to some row of the tile
+  const int unmasked_end = first_token + offset + 1;  // keys [0, unmasked_end) are visible to every row
+  const int num_tiles = key_end > 0 ? ceil_div(key_end, kBlockN) : 0;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
+  const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
+  const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
+
+  // Q tile: rows past the sequence's last token are zero-filled.
+#pragma unroll
+  for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
+    const int i = tid + j * kThreads;
+    const int r = i / kChunks, c = i % kChunks;
+    const int m = m0 + r;
+    const bool valid = m < num_rows;
+    const T* src = q;
+    if (valid) {
+      const int token = q_begin + m / group;
+      const int head = kv_head * group + m % group;
+      src = q + token * p.q_stride_token + head * p.q_stride_head + c * 8;
+    }
+    cp_async_16(smem_addr(q_smem + swizzle<kHeadDim>(r, c)), src, valid);
+  }
+
+  // K and V tile `tile` into stage `stage`; keys at or past key_end (never visible, possibly unallocated pages)
+  // are zero-filled so that masked probabilities multiply zeros, not garbage.
+  auto load_kv = [&](int tile, int stage) {
+    T* ks = k_smem + stage * kTileElems;
+    T* vs = v_smem + stage * kTileElems;
+    const int n0 = tile * kBlockN;
+#pragma unroll
+    for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const int key = n0 + r;
+      const bool valid = key < key_end;
+      const T* k_src = k_head;
+      const T* v_src = v_head;
+      if (valid) {
+        const int64_t block = block_table[key / p.block_size];
+        const int64_t slot = key % p.block_size;
+        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
+        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+      }
+      const int dst = swizzle<kHeadDim>(r, c);
+      cp_async_16(smem_addr(ks + dst), k_src, valid);
+      cp_async_16(smem_addr(vs + dst), v_src, valid);
+    }
+  };
+
+  // Prologue: kStages - 1 commit groups (the first also holds Q); empty groups keep the count uniform.
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < num_tiles) load_kv(stage, stage);
+    cp_async_commit();
+  }
+
+  // Per-thread rows: g and g + 8 of this warp's 16. Rows past the last token clamp to it (never stored).
+  const int g = lane / 4, t4 = lane % 4;
+  int row_last_key[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = m0 + warp * 16 + g + 8 * r;
+    row_last_key[r] = min(m / group, q_len - 1) + offset;
+  }
+
+  float o[kHeadDim / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // exp2 domain
+  float row_sum[2] = {0.f, 0.f};              // this lane's partial sums; reduced over the quad at the end
+
+  // ldmatrix lane addressing (see ldmatrix_x4): A of Q rows, B of K rows (non-transposed), B of V rows (transposed).
+  const int a_row = warp * 16 + lane % 16, a_chunk = lane / 16;
+  const int k_row = lane % 8 + (lane / 16) * 8, k_chunk = (lane / 8) % 2;
+  const int v_row = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    // Groups committed so far: kStages - 1 + tile; allowing kStages - 2 pending means tile's group has landed.
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile's K/V (and Q) visible to all warps; the stage read in the previous tile is free
+    const int next = tile + kStages - 1;
+    if (next < num_tiles) load_kv(next, next % kStages);
+    cp_async_commit();
+
+    const T* ks = k_smem + (tile % kStages) * kTileElems;
+    const T* vs = v_smem + (tile % kStages) * kTileElems;
+
+    // S = Q K^T: 16 rows x 64 keys per warp, as 8 n-tiles of 8 keys.
+    float s[kBlockN / 8][4];
+#pragma unroll
+    for (int n = 0; n < kBlockN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, smem_addr(q_smem + swizzle<kHeadDim>(a_row, 2 * kk + a_chunk)));
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        uint32_t b[4];  // {keys 0-7: d lo, d hi}, {keys 8-15: d lo, d hi} of this 16-key pair
+        ldmatrix_x4(b, smem_addr(ks + swizzle<kHeadDim>(np * 16 + k_row, 2 * kk + k_chunk)));
+        mma_16816<T>(s[2 * np], a, b[0], b[1]);
+        mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+
+    const int n0 = tile * kBlockN;
+    if (n0 + kBlockN > unmasked_end) {  // the tile crosses the causal diagonal of some row
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + n * 8 + 2 * t4 + (e & 1);
+          if (key > row_last_key[e / 2]) s[n][e] = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax: rescale the running state to the new row maximum, exponentiate the tile.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+      // A row with no visible key yet keeps max -inf; subtracting 0 then keeps every exponent at exp2(-inf) = 0.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      const float alpha = exp2f(row_max[r] - base);
+      row_max[r] = new_max;
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], p.scale_log2, -base));
+        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], p.scale_log2, -base));
+        tile_sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + tile_sum;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V: the S accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+        uint32_t b[4];  // {d 0-7: keys lo, keys hi}, {d 8-15: keys lo, keys hi} of this 16-wide d pair
+        ldmatrix_x4_trans(b, smem_addr(vs + swizzle<kHeadDim>(kk * 16 + v_row, 2 * dp + v_chunk)));
+        mma_16816<T>(o[2 * dp], a, b[0], b[1]);
+        mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Every copy has landed and every warp is done with Q before the Q tile is reused to stage the output.
+  cp_async_wait<0>();
+  __syncthreads();
+
+  float inv_sum[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+  // Stage this warp's 16 normalised rows in its own Q rows, then write 16-byte chunks.
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + 8 * r;
+      *reinterpret_cast<uint32_t*>(q_smem + swizzle<kHeadDim>(row, n) + 2 * t4) =
+          pack2<T>(o[n][2 * r] * inv_sum[r], o[n][2 * r + 1] * inv_sum[r]);
+    }
+  }
+  __syncwarp();
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int j = 0; j < 16 * kChunks / 32; ++j) {
+    const int i = lane + j * 32;
+    const int row = warp * 16 + i / kChunks, c = i % kChunks;
+    const int m = m0 + row;
+    if (m < num_rows) {
+      const int token = q_begin + m / group;
+      const int head = kv_head * group + m % group;
+      *reinterpret_cast<uint4*>(out + token * p.out_stride_token + head * p.out_stride_head + c * 8) =
+          *reinterpret_cast<const uint4*>(q_smem + swizzle<kHeadDim>(row, c));
+    }
+  }
+}
+
+template <class T, int kHeadDim>
+void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
+                               Stream stream) {
+  const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
+  KBN_CHECK(m_tiles <= 65535, "flash_attn_prefill: max_query_len ", max_query_len, " x ", p.group_size,
+            " query heads per kv head needs ", m_tiles, " query tiles of ", kBlockM, " rows; at most 65535 supported");
+  const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T);
+  auto* kernel = flash_attn_prefill_kernel<T, kHeadDim>;
+  KBN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  KBN_CUDA_CHECK_LAUNCH();
+}
+
+// The supported head sizes, once: f(std::integral_constant<int, D>) or an error naming the set.
+template <class F>
+void dispatch_head_size(int64_t head_size, const char* op, F&& f) {
+  switch (head_size) {
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    default: KBN_FAIL(op, ": head_size ", head_size, " has no CUDA kernel; supported: 64, 128");
+  }
+}
+
+}  // namespace
+#endif  // KBN_WITH_CUDA
+
+// ---- op layer ----
+
+FlashAttnPrefill::FlashAttnPrefill(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads)
+    : num_heads_(num_heads), head_size_(head_size), num_kv_heads_(num_kv_heads), scale_(scale) {
+  KBN_CHECK(num_heads > 0, "FlashAttnPrefill: argument 'num_heads' must be positive, got ", num_heads);
+  KBN_CHECK(head_size > 0, "FlashAttnPrefill: argument 'head_size' must be positive, got ", head_size);
+  KBN_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "FlashAttnPrefill: argument 'num_kv_heads' (",
+            num_kv_heads, ") must be positive and divide 'num_heads' (", num_heads, ")");
+  KBN_CHECK(scale > 0, "FlashAttnPrefill: argument 'scale' must be positive, got ", scale);
+}
+
+Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                                 const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
+                                 int64_t max_query_len, int64_t max_seq_len) {
+  constexpr const char* op = "flash_attn_prefill";
+  check_rank(q, op, "q", 3, "[num_tokens, num_heads, head_size]");
+  check_size(q, op, "q", 1, num_heads_, "num_heads");
+  check_size(q, op, "q", 2, head_size_, "head_size");
+  check_dtype(q, op, "q", {DType::f32, DType::f16, DType::bf16});
+  for (const auto& [cache, name] : {std::pair{&key_cache, "key_cache"}, std::pair{&value_cache, "value_cache"}}) {
+    check_rank(*cache, op, name, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
+    check_size(*cache, op, name, 2, num_kv_heads_, "num_kv_heads");
+    check_size(*cache, op, name, 3, head_size_, "head_size");
+    check_same_dtype(*cache, q, op, name, "q");
+    check_same_device(*cache, q, op, name, "q");
+  }
+  KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
+            " must have the shape of 'key_cache' ", key_cache.str());
+  KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ",
+            key_cache.str());
+  check_rank(query_start_loc, op, "query_start_loc", 1, "[num_seqs + 1]");
+  check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
+  check_rank(block_tables, op, "block_tables", 2, "[num_seqs, max_blocks_per_seq]");
+  const int64_t num_seqs = seq_lens.size(0);
+  check_size(query_start_loc, op, "query_start_loc", 0, num_seqs + 1, "num_seqs + 1 (seq_lens.size(0) + 1)");
+  check_size(block_tables, op, "block_tables", 0, num_seqs, "num_seqs (seq_lens.size(0))");
+  for (const auto& [meta, name] : {std::pair{&query_start_loc, "query_start_loc"}, std::pair{&seq_lens, "seq_lens"},
+                                   std::pair{&block_tables, "block_tables"}}) {
+    check_dtype(*meta, op, name, {DType::i32});
+    check_same_device(*meta, q, op, name, "q");
+  }
+
+  const int64_t num_tokens = q.size(0);
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  if (num_tokens == 0) return out;
+  KBN_CHECK(max_query_len > 0, op, ": argument 'max_query_len' must be positive when q has tokens, got ",
+            max_query_len, " for ", q.str());
+  KBN_CHECK(max_seq_len > 0, op, ": argument 'max_seq_len' must be positive when q has tokens, got ", max_seq_len);
+  KBN_CHECK(max_query_len <= max_seq_len, op, ": argument 'max_query_len' (", max_query_len,
+            ") cannot exceed 'max_seq_len' (", max_seq_len, "): the new tokens are part of the sequence");
+
+  if (q.is_cpu()) {
+    reference::paged_attention_prefill(out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
+                                       scale_);
+    return out;
+  }
+#ifdef KBN_WITH_CUDA
+  check_last_dim_contiguous(q, op, "q");
+  check_aligned(q, op, "q", 16);
+  check_last_dim_contiguous(key_cache, op, "key_cache");
+  check_aligned(key_cache, op, "key_cache", 16);
+  check_last_dim_contiguous(value_cache, op, "value_cache");
+  check_aligned(value_cache, op, "value_cache", 16);
+  check_contiguous(query_start_loc, op, "query_start_loc");
+  check_contiguous(seq_lens, op, "seq_lens");
+  check_last_dim_contiguous(block_tables, op, "block_tables");
+  KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
+
+  PrefillParams p{};
+  p.q = q.data_ptr();
+  p.key_cache = key_cache.data_ptr();
+  p.value_cache = value_cache.data_ptr();
+  p.out = out.data_ptr();
+  p.query_start_loc = query_start_loc.data<int32_t>();
+  p.seq_lens = seq_lens.data<int32_t>();
+  p.block_tables = block_tables.data<int32_t>();
+  p.q_stride_token = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.out_stride_token = out.stride(0);
+  p.out_stride_head = out.stride(1);
+  p.k_stride_block = key_cache.stride(0);
+  p.k_stride_slot = key_cache.stride(1);
+  p.k_stride_head = key_cache.stride(2);
+  p.v_stride_block = value_cache.stride(0);
+  p.v_stride_slot = value_cache.stride(1);
+  p.v_stride_head = value_cache.stride(2);
+  p.block_table_stride = block_tables.stride(0);
+  p.block_size = int(key_cache.size(1));
+  p.group_size = int(num_heads_ / num_kv_heads_);
+  p.scale_log2 = float(scale_ * 1.4426950408889634);
+  dispatch_float16(q.dtype(), op, "q", [&](auto t) {
+    dispatch_head_size(head_size_, op, [&](auto d) {
+      launch_flash_attn_prefill<decltype(t), decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
+                                                                 current_stream());
+    });
+  });
+#endif
+  return out;
+}
+
+}  // namespace kbn::KBN_VARIANT

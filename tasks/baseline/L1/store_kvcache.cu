@@ -1,0 +1,145 @@
+#include "L1/store_kvcache.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+#ifdef KBN_WITH_CUDA
+#include "kbn/cuda_check.h"
+#endif
+
+namespace kbn::KBN_VARIANT {
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+// ---- kernel layer: raw pointers, strides in copy units, a stream ----
+
+struct StoreKVCacheParams {
+  const void* key;              // [num_tokens, num_kv_heads, head_units] token/head strides below
+  const void* value;            // [num_tokens, num_kv_heads, head_units] token/head strides below
+  void* key_cache;              // [num_slots, num_kv_heads * head_units] contiguous
+  void* value_cache;            // [num_slots, num_kv_heads * head_units] contiguous
+  const int64_t* slot_mapping;  // [num_tokens] stride slot_stride
+  int64_t key_token_stride, key_head_stride, value_token_stride, value_head_stride;
+  int64_t slot_stride;
+  int64_t num_slots;             // num_blocks * block_size
+  int num_kv_heads, head_units;  // head_size * element_size / sizeof(Unit)
+};
+
+constexpr int kThreads = 128;
+
+// One block per token copies its key and value rows into slot s of the caches: with contiguous caches
+// [num_blocks, block_size, kv_heads, head] the row of slot s (block s / block_size, offset s % block_size)
+// starts at s * kv_heads * head, so no division by block_size is needed. Negative slots are padding.
+// NOTE: a byte copy, templated on the copy unit (16-byte uint4 when heads and pointers allow, else
+// 2 bytes) rather than on the dtype. A Llama-3-8B token (8 kv heads x 128 in bf16) is 128 uint4 per
+// cache: one key and one value load in flight per thread of a 128-thread block.
+// NOTE: slots >= num_slots are skipped rather than written out of bounds (a kernel cannot raise).
+template <class Unit>
+__global__ void __launch_bounds__(kThreads) store_kvcache_kernel(StoreKVCacheParams p) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slot_mapping[t * p.slot_stride];
+  if (slot < 0 || slot >= p.num_slots) return;
+  const int row_units = p.num_kv_heads * p.head_units;
+  const Unit* key = static_cast<const Unit*>(p.key) + t * p.key_token_stride;
+  const Unit* value = static_cast<const Unit*>(p.value) + t * p.value_token_stride;
+  Unit* key_cache = static_cast<Unit*>(p.key_cache) + slot * row_units;
+  Unit* value_cache = static_cast<Unit*>(p.value_cache) + slot * row_units;
+  for (int i = threadIdx.x; i < row_units; i += kThreads) {
+    const int head = i / p.head_units;
+    const int j = i - head * p.head_units;
+    const Unit k = key[head * p.key_head_stride + j];
+    const Unit v = value[head * p.value_head_stride + j];
+    key_cache[i] = k;
+    value_cache[i] = v;
+  }
+}
+
+bool aligned16(const void* p, int64_t stride_elems, size_t esize) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride_elems * int64_t(esize)) % 16 == 0;
+}
+
+template <class Unit>
+void launch_store_kvcache(StoreKVCacheParams p, int64_t num_tokens, int64_t head_bytes, size_t esize, Stream stream) {
+  constexpr int64_t U = sizeof(Unit);
+  const int64_t e = int64_t(esize);
+  p.head_units = int(head_bytes / U);
+  p.key_token_stride = p.key_token_stride * e / U;
+  p.key_head_stride = p.key_head_stride * e / U;
+  p.value_token_stride = p.value_token_stride * e / U;
+  p.value_head_stride = p.value_head_stride * e / U;
+  store_kvcache_kernel<Unit><<<unsigned(num_tokens), kThreads, 0, stream>>>(p);
+  KBN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+#endif  // KBN_WITH_CUDA
+
+// ---- op layer ----
+
+void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor& key_cache, const Tensor& value_cache,
+                           const Tensor& slot_mapping) {
+  constexpr const char* op = "store_kvcache";
+  check_rank(key, op, "key", 3, "[num_tokens, num_kv_heads, head_size]");
+  check_rank(value, op, "value", 3, "[num_tokens, num_kv_heads, head_size]");
+  check_rank(key_cache, op, "key_cache", 4, "[num_blocks, block_size, num_kv_heads, head_size]");
+  check_rank(value_cache, op, "value_cache", 4, "[num_blocks, block_size, num_kv_heads, head_size]");
+  check_rank(slot_mapping, op, "slot_mapping", 1, "[num_tokens]");
+  check_dtype(key, op, "key", {DType::f32, DType::f16, DType::bf16});
+  check_dtype(slot_mapping, op, "slot_mapping", {DType::i64});
+  check_same_dtype(key, value, op, "key", "value");
+  check_same_dtype(key, key_cache, op, "key", "key_cache");
+  check_same_dtype(key, value_cache, op, "key", "value_cache");
+  check_same_device(key, value, op, "key", "value");
+  check_same_device(key, key_cache, op, "key", "key_cache");
+  check_same_device(key, value_cache, op, "key", "value_cache");
+  check_same_device(key, slot_mapping, op, "key", "slot_mapping");
+  KBN_CHECK(key.shape() == value.shape(), op, ": arguments 'key' ", key.str(), " and 'value' ", value.str(),
+            " must have the same shape");
+  KBN_CHECK(key_cache.shape() == value_cache.shape(), op, ": arguments 'key_cache' ", key_cache.str(),
+            " and 'value_cache' ", value_cache.str(), " must have the same shape");
+  check_size(slot_mapping, op, "slot_mapping", 0, key.size(0), "num_tokens");
+  check_size(key_cache, op, "key_cache", 2, key.size(1), "num_kv_heads");
+  check_size(key_cache, op, "key_cache", 3, key.size(2), "head_size");
+  check_last_dim_contiguous(key, op, "key");
+  check_last_dim_contiguous(value, op, "value");
+  check_contiguous(key_cache, op, "key_cache");
+  check_contiguous(value_cache, op, "value_cache");
+  if (key.is_cpu()) {
+    Tensor kc = key_cache, vc = value_cache;
+    reference::reshape_and_cache(key, value, kc, vc, slot_mapping);
+    return;
+  }
+#ifdef KBN_WITH_CUDA
+  const int64_t num_tokens = key.size(0), num_kv_heads = key.size(1), head_size = key.size(2);
+  if (num_tokens == 0 || num_kv_heads == 0 || head_size == 0) return;
+  const size_t es = key.element_size();
+  const int64_t head_bytes = head_size * int64_t(es);
+  KBN_CHECK(num_kv_heads * head_bytes / 2 <= std::numeric_limits<int>::max(), op,
+            ": a token row of 'key' is too wide, got ", key.str());
+  const StoreKVCacheParams p{.key = key.data_ptr(),
+                             .value = value.data_ptr(),
+                             .key_cache = key_cache.data_ptr(),
+                             .value_cache = value_cache.data_ptr(),
+                             .slot_mapping = slot_mapping.data<int64_t>(),
+                             .key_token_stride = key.stride(0),
+                             .key_head_stride = key.stride(1),
+                             .value_token_stride = value.stride(0),
+                             .value_head_stride = value.stride(1),
+                             .slot_stride = slot_mapping.stride(0),
+                             .num_slots = key_cache.size(0) * key_cache.size(1),
+                             .num_kv_heads = int(num_kv_heads),
+                             .head_units = 0};
+  const bool vec = head_bytes % 16 == 0 && aligned16(p.key, p.key_token_stride, es) &&
+                   aligned16(p.key, p.key_head_stride, es) && aligned16(p.value, p.value_token_stride, es) &&
+                   aligned16(p.value, p.value_head_stride, es) && aligned16(p.key_cache, 0, es) &&
+                   aligned16(p.value_cache, 0, es);
+  // Every supported dtype is 2 or 4 bytes wide, so 2-byte units always divide heads and strides.
+  if (vec) launch_store_kvcache<uint4>(p, num_tokens, head_bytes, es, current_stream());
+  else launch_store_kvcache<uint16_t>(p, num_tokens, head_bytes, es, current_stream());
+#endif
+}
+
+}  // namespace kbn::KBN_VARIANT

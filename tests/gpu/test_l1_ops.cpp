@@ -1,0 +1,607 @@
+// GPU tests of the L1 ops: each op on CUDA tensors against the same op on CPU tensors (which runs the
+// kbn::reference oracle), over real and odd shapes, strided views, bf16/f16/f32.
+//
+// Tolerances (|gpu - cpu| <= atol + rtol * |cpu| per element):
+//   bf16: rtol 1.6e-2 (2 ulp: bf16 keeps 8 significant bits, 1 ulp <= 2^-7 of the value), atol 1e-5
+//   f16:  rtol 2e-3   (2 ulp: 1 ulp <= 2^-10 of the value), atol 1e-5
+//   f32:  rtol 1e-5, atol 1e-6
+// The GPU computes in fp32 and the oracle in double, so one rounding of the result may differ by an ulp;
+// atol covers cancellation (rotary's x*cos - y*sin near zero). linear compares the relative Frobenius
+// error instead (bf16 1e-2, f16 2e-3, f32 1e-5). store_kvcache and embedding are copies: bitwise equal.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "L1/all_reduce.h"
+#include "L1/argmax.h"
+#include "L1/embedding.h"
+#include "L1/linear.h"
+#include "L1/rotary_embedding.h"
+#include "L1/silu_and_mul.h"
+#include "L1/store_kvcache.h"
+#include "kbn/allocator.h"
+#include "kbn/error.h"
+#include "kbn/parallel_state.h"
+#include "kbn/rng.h"
+#include "kbn/tensor.h"
+
+using namespace kbn;
+using namespace kbn::baseline;
+
+namespace {
+
+#define KBN_SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+const Device kCpu = Device::cpu();
+const Device kGpu = Device::cuda(0);
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr DType kFloatTypes[] = {DType::bf16, DType::f16, DType::f32};
+
+struct Tol {
+  double rtol, atol;
+};
+
+Tol elementwise_tol(DType dt) {
+  switch (dt) {
+    case DType::bf16:
+      return {1.6e-2, 1e-5};
+    case DType::f16:
+      return {2e-3, 1e-5};
+    default:
+      return {1e-5, 1e-6};
+  }
+}
+
+double frobenius_tol(DType dt) {
+  switch (dt) {
+    case DType::bf16:
+      return 1e-2;
+    case DType::f16:
+      return 2e-3;
+    default:
+      return 1e-5;
+  }
+}
+
+// The same values on both devices.
+struct Pair {
+  Tensor cpu, gpu;
+  Pair slice(int64_t d, int64_t start, int64_t end) const {
+    return {cpu.slice(d, start, end), gpu.slice(d, start, end)};
+  }
+};
+
+// N(0, std) values generated on the GPU (fast for large weights) and copied to the host bit for bit.
+Pair randn(const Shape& shape, DType dt, uint64_t seed, double std = 1.0) {
+  Tensor g = Tensor::empty(shape, dt, kGpu);
+  fill_normal_(g, seed, 0.0, std);
+  return {g.to(kCpu), g};
+}
+
+Pair from_host(const Tensor& cpu) { return {cpu, cpu.to(kGpu)}; }
+
+// A [rows, cols] view with row stride cols + pad and element offset `offset` into a wider random tensor.
+Pair strided_randn(int64_t rows, int64_t cols, int64_t pad, int64_t offset, DType dt, uint64_t seed) {
+  return randn({rows, cols + pad}, dt, seed).slice(1, offset, offset + cols);
+}
+
+// [tokens, heads, head] view at column `column` of a fused [tokens, width] tensor.
+Pair qkv_view(const Pair& qkv, const Shape& shape, int64_t column) {
+  const Shape strides{qkv.cpu.stride(0), shape[2], 1};
+  return {qkv.cpu.as_strided(shape, strides, qkv.cpu.offset() + column),
+          qkv.gpu.as_strided(shape, strides, qkv.gpu.offset() + column)};
+}
+
+std::vector<uint8_t> bytes_of(const Tensor& t) {
+  Tensor h = t.to(kCpu).contiguous();
+  std::vector<uint8_t> b(h.nbytes());
+  if (!b.empty()) std::memcpy(b.data(), h.data_ptr(), b.size());
+  return b;
+}
+
+// Poisons the caching allocator's free blocks of this size on the current stream (NaN for floats, -7 for
+// integers), so the next output of that size that an op allocates starts poisoned: an element the op
+// forgets to write then fails the comparison. Drains every cached block of the size class, so the op
+// cannot be handed an unpoisoned one.
+void poison_next_output(const Shape& shape, DType dt) {
+  const size_t before = cuda_allocator_stats(kGpu.index).num_device_mallocs;
+  std::vector<Tensor> held;
+  for (int i = 0; i < 64; ++i) {
+    held.push_back(Tensor::full(shape, is_floating(dt) ? kNaN : -7.0, dt, kGpu));
+    if (cuda_allocator_stats(kGpu.index).num_device_mallocs != before) break;
+  }
+  synchronize(kGpu);
+}
+
+// Every element within tolerance; NaN or inf on either side fails.
+void expect_close(const Tensor& gpu, const Tensor& cpu, Tol tol, const std::string& what) {
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  ASSERT_TRUE(gpu.is_cuda()) << what;
+  const std::vector<double> a = gpu.to_doubles(), b = cpu.to_doubles();
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const bool ok =
+        std::isfinite(a[i]) && std::isfinite(b[i]) && std::fabs(a[i] - b[i]) <= tol.atol + tol.rtol * std::fabs(b[i]);
+    if (!ok && bad++ == 0) first = int64_t(i);
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << a.size() << " elements out of tolerance (rtol " << tol.rtol
+                    << ", atol " << tol.atol << "); first at flat index " << first << ": gpu "
+                    << (first >= 0 ? a[size_t(first)] : 0) << ", cpu " << (first >= 0 ? b[size_t(first)] : 0);
+}
+
+void expect_bitwise_equal(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  const std::vector<uint8_t> a = bytes_of(gpu), b = bytes_of(cpu);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  size_t first = a.size();
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) {
+      first = i;
+      break;
+    }
+  EXPECT_EQ(first, a.size()) << what << ": first differing byte at " << first << " of " << a.size() << " (element "
+                             << first / gpu.element_size() << ")";
+}
+
+// sqrt(sum (a - b)^2 / sum b^2); +inf when a holds a non-finite value.
+double relative_frobenius(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Restores the tensor-parallel state when a test leaves.
+struct ParallelStateGuard {
+  ParallelState saved = parallel_state();
+  ~ParallelStateGuard() { set_parallel_state(saved); }
+};
+
+// ---------------------------------------------------------------- silu_and_mul
+
+TEST(SiluAndMulGpu, MatchesOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, d, pad, offset;
+  };
+  // pad/offset: 0 = contiguous; multiples of 8 keep the 16-byte path; odd ones force the scalar path.
+  const Case cases[] = {{1, 14336, 0, 0},  {1, 4096, 0, 0},    {7, 769, 0, 0},    {37, 5125, 0, 0},
+                        {64, 14336, 0, 0}, {4100, 2048, 0, 0}, {33, 1536, 16, 8}, {33, 1536, 3, 1},
+                        {300, 1024, 8, 0}, {2, 8, 0, 0},       {5, 1, 0, 0}};
+  SiluAndMul op;
+  uint64_t seed = 1;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " tokens " + std::to_string(c.tokens) + " d " + std::to_string(c.d) +
+                   " pad " + std::to_string(c.pad) + " offset " + std::to_string(c.offset));
+      const Pair x = strided_randn(c.tokens, 2 * c.d, c.pad, c.offset, dt, seed++);
+      poison_next_output({c.tokens, c.d}, dt);
+      const Tensor out_gpu = op.forward(x.gpu);
+      const Tensor out_cpu = op.forward(x.cpu);
+      expect_close(out_gpu, out_cpu, elementwise_tol(dt), "silu_and_mul");
+    }
+  }
+}
+
+TEST(SiluAndMulGpu, EmptyAndLargeInputs) {
+  KBN_SKIP_WITHOUT_GPU();
+  SiluAndMul op;
+  const Tensor empty = op.forward(Tensor::empty({0, 256}, DType::bf16, kGpu));
+  EXPECT_EQ(empty.shape(), (Shape{0, 128}));
+  // Large |gate|: silu saturates to 0 (gate -> -inf) and to gate (gate -> +inf) without NaN.
+  const Tensor x = Tensor::from_floats({-100.f, -20.f, 0.f, 20.f, 100.f, 2.f, 2.f, 2.f, 2.f, 2.f}, {1, 10}, DType::f32);
+  expect_close(op.forward(x.to(kGpu)), op.forward(x), elementwise_tol(DType::f32), "silu_and_mul saturation");
+}
+
+// ---------------------------------------------------------------- rotary_embedding
+
+TEST(RotaryEmbeddingGpu, MatchesOracleOnFusedQkvViews) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t head_size, rotary_dim;
+    bool neox, llama3;
+    int64_t num_heads, num_kv_heads, tokens, pad;
+  };
+  const Case cases[] = {
+      {128, 128, true, true, 32, 8, 1, 0},    // Llama-3.1-8B decode, llama3 scaling
+      {128, 128, true, false, 32, 8, 37, 0},  // prefill chunk
+      {128, 128, true, true, 8, 2, 4100, 8},  // long prefill, padded rows
+      {128, 64, true, false, 8, 2, 33, 0},    // partial rotary
+      {128, 128, false, false, 8, 2, 33, 0},  // GPT-J style
+      {64, 64, true, false, 16, 16, 19, 0},   // MHA, head 64
+      {80, 80, true, false, 5, 1, 21, 3},     // odd head count, misaligned row stride -> scalar path
+      {128, 36, true, false, 4, 2, 9, 0},     // rotary_dim / 2 not a multiple of the vector width
+      {96, 96, false, false, 6, 2, 17, 5},    // GPT-J, odd pad
+  };
+  const int64_t max_position = 8192;
+  uint64_t seed = 100;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " head " + std::to_string(c.head_size) + " rotary " +
+                   std::to_string(c.rotary_dim) + (c.neox ? " neox" : " gptj") + (c.llama3 ? " llama3" : "") +
+                   " heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) + " tokens " +
+                   std::to_string(c.tokens) + " pad " + std::to_string(c.pad));
+      RopeScaling scaling;
+      if (c.llama3) {
+        scaling.rope_type = "llama3";
+        scaling.factor = 8.0;
+        scaling.low_freq_factor = 1.0;
+        scaling.high_freq_factor = 4.0;
+        scaling.original_max_position_embeddings = 8192;
+      }
+      RotaryEmbedding rope_gpu(c.head_size, c.rotary_dim, max_position, 500000.0, c.neox, scaling, {dt, kGpu});
+      RotaryEmbedding rope_cpu(c.head_size, c.rotary_dim, max_position, 500000.0, c.neox, scaling, {dt, kCpu});
+      EXPECT_TRUE(rope_gpu.named_parameters().empty()) << "the cos/sin cache is a buffer, not a parameter";
+      ASSERT_EQ(rope_gpu.cos_sin_cache.dtype(), dt);
+      ASSERT_TRUE(rope_gpu.cos_sin_cache.is_cuda());
+      expect_bitwise_equal(rope_gpu.cos_sin_cache, rope_cpu.cos_sin_cache, "cos_sin_cache");
+
+      const int64_t q_size = c.num_heads * c.head_size, kv_size = c.num_kv_heads * c.head_size;
+      const Pair qkv = randn({c.tokens, q_size + 2 * kv_size + c.pad}, dt, seed++);
+      Tensor positions = Tensor::empty({c.tokens}, DType::i64, kCpu);
+      fill_randint_(positions, seed++, 0, max_position);
+      const Pair pos = from_host(positions);
+      const Pair q = qkv.slice(1, 0, q_size), k = qkv.slice(1, q_size, q_size + kv_size);
+
+      const auto [q_gpu, k_gpu] = rope_gpu.forward(pos.gpu, q.gpu, k.gpu);
+      rope_cpu.forward(pos.cpu, q.cpu, k.cpu);
+      EXPECT_EQ(q_gpu.data_ptr(), q.gpu.data_ptr()) << "rotary_embedding works in place";
+      EXPECT_EQ(k_gpu.data_ptr(), k.gpu.data_ptr()) << "rotary_embedding works in place";
+      // The whole fused tensor: q and k rotated alike, v and the padding untouched on both sides.
+      expect_close(qkv.gpu, qkv.cpu, elementwise_tol(dt), "rotary_embedding qkv");
+    }
+  }
+}
+
+// ---------------------------------------------------------------- embedding
+
+// The expected gather, computed here from the weight bytes: rows of [vocab_start, vocab_end), zeros elsewhere.
+std::vector<uint8_t> expected_gather(const Tensor& weight_cpu, const std::vector<int64_t>& ids, int64_t vocab_start,
+                                     int64_t vocab_end) {
+  const Tensor w = weight_cpu.contiguous();
+  const size_t row = size_t(w.size(1)) * w.element_size();
+  std::vector<uint8_t> out(ids.size() * row, 0);
+  for (size_t t = 0; t < ids.size(); ++t)
+    if (ids[t] >= vocab_start && ids[t] < vocab_end)
+      std::memcpy(out.data() + t * row, static_cast<const uint8_t*>(w.data_ptr()) + size_t(ids[t] - vocab_start) * row,
+                  row);
+  return out;
+}
+
+TEST(EmbeddingGpu, BitwiseEqualToOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t vocab, hidden, tokens, pad;
+  };
+  const Case cases[] = {{5125, 4096, 1, 0},  {5125, 4096, 37, 0}, {5125, 4096, 4100, 0}, {1000, 769, 33, 0},
+                        {1000, 1024, 65, 8}, {1000, 1024, 65, 1}, {300, 8, 5, 0}};
+  Embedding op;
+  uint64_t seed = 200;
+  for (DType dt : kFloatTypes) {
+    for (DType id_dt : {DType::i32, DType::i64}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " ids " + dtype_name(id_dt) + " vocab " + std::to_string(c.vocab) +
+                     " hidden " + std::to_string(c.hidden) + " tokens " + std::to_string(c.tokens) + " pad " +
+                     std::to_string(c.pad));
+        const Pair weight = strided_randn(c.vocab, c.hidden, c.pad, 0, dt, seed++);
+        Tensor ids = Tensor::empty({c.tokens}, id_dt, kCpu);
+        fill_randint_(ids, seed++, 0, c.vocab);
+        const Pair id = from_host(ids);
+        poison_next_output({c.tokens, c.hidden}, dt);
+        const Tensor out_gpu = op.forward(id.gpu, weight.gpu, 0, c.vocab);
+        const Tensor out_cpu = op.forward(id.cpu, weight.cpu, 0, c.vocab);
+        expect_bitwise_equal(out_gpu, out_cpu, "embedding");
+        EXPECT_EQ(bytes_of(out_gpu), expected_gather(weight.cpu, ids.to_ints(), 0, c.vocab)) << "embedding rows";
+      }
+    }
+  }
+}
+
+TEST(EmbeddingGpu, TensorParallelShardGivesZeroRowsOutsideIt) {
+  KBN_SKIP_WITHOUT_GPU();
+  Embedding op;
+  const int64_t vocab = 5125, hidden = 4096, start = 1000, end = 3000, tokens = 257;
+  uint64_t seed = 300;
+  for (DType dt : kFloatTypes) {
+    for (DType id_dt : {DType::i32, DType::i64}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " ids " + dtype_name(id_dt));
+      const Pair shard = randn({end - start, hidden}, dt, seed++);
+      Tensor ids = Tensor::empty({tokens}, id_dt, kCpu);
+      fill_randint_(ids, seed++, 0, vocab);
+      const Pair id = from_host(ids);
+      poison_next_output({tokens, hidden}, dt);
+      const Tensor out_gpu = op.forward(id.gpu, shard.gpu, start, end);
+      const Tensor out_cpu = op.forward(id.cpu, shard.cpu, start, end);
+      expect_bitwise_equal(out_gpu, out_cpu, "embedding shard");
+      EXPECT_EQ(bytes_of(out_gpu), expected_gather(shard.cpu, ids.to_ints(), start, end)) << "embedding shard rows";
+    }
+  }
+}
+
+TEST(EmbeddingGpu, OutOfRangeIdsGiveZeroRowsOnGpu) {
+  KBN_SKIP_WITHOUT_GPU();
+  Embedding op;
+  const Pair weight = randn({100, 256}, DType::bf16, 400);
+  const std::vector<int64_t> ids = {-1, 0, 99, 100, 1 << 20, 42};
+  const Tensor out = op.forward(Tensor::from_i64(ids, {6}).to(kGpu), weight.gpu, 0, 100);
+  EXPECT_EQ(bytes_of(out), expected_gather(weight.cpu, ids, 0, 100));
+}
+
+// ---------------------------------------------------------------- linear
+
+// Checks out_gpu against the CPU op on a sample of rows (all rows when the oracle's work is small).
+void check_linear(const Pair& x, const Pair& weight, const Pair& bias, const Tensor& out_gpu, DType dt,
+                  const std::string& what) {
+  Linear op;
+  const int64_t m = x.cpu.size(0), k = x.cpu.size(1), n = weight.cpu.size(0);
+  std::vector<int64_t> rows(static_cast<size_t>(m));
+  std::iota(rows.begin(), rows.end(), 0);
+  // NOTE: the oracle runs in double on one core; beyond ~2e8 multiply-adds only 8 rows (first, last, spread
+  // between) are recomputed there. Rows of a GEMM are independent, so sampled rows still catch layout bugs.
+  if (m * k * n > 200'000'000) {
+    rows.clear();
+    for (int64_t i = 0; i < 8; ++i) rows.push_back(i * (m - 1) / 7);
+  }
+  Tensor x_rows = Tensor::empty({int64_t(rows.size()), k}, dt, kCpu);
+  for (size_t i = 0; i < rows.size(); ++i) x_rows.select(0, int64_t(i)).copy_(x.cpu.select(0, rows[i]));
+  const Tensor expected = op.forward(x_rows, weight.cpu, bias.cpu);
+  const Tensor got_all = out_gpu.to(kCpu);
+  Tensor got = Tensor::empty(expected.shape(), dt, kCpu);
+  for (size_t i = 0; i < rows.size(); ++i) got.select(0, int64_t(i)).copy_(got_all.select(0, rows[i]));
+  const double err = relative_frobenius(got.to_doubles(), expected.to_doubles());
+  EXPECT_LT(err, frobenius_tol(dt)) << what << ": relative Frobenius error " << err << " over " << rows.size()
+                                    << " rows";
+}
+
+TEST(LinearGpu, MatchesOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t m, k, n;
+    bool bias;
+    int64_t pad;  // x row stride = k + pad
+  };
+  const Case cases[] = {{1, 4096, 4096, false, 0},    {37, 769, 5125, false, 0},   {37, 769, 5125, true, 0},
+                        {512, 4096, 14336, false, 0}, {7, 4096, 6144, true, 0},    {64, 1024, 1000, false, 64},
+                        {33, 768, 512, true, 3},      {4100, 1024, 512, false, 0}, {1, 8, 3, true, 0}};
+  uint64_t seed = 500;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(c.m) + "x" + std::to_string(c.k) + "x" +
+                   std::to_string(c.n) + (c.bias ? " bias" : "") + " pad " + std::to_string(c.pad));
+      const Pair x = strided_randn(c.m, c.k, c.pad, 0, dt, seed++);
+      // Weights at the 1/sqrt(k) scale of real layers keep outputs O(1).
+      const Pair weight = randn({c.n, c.k}, dt, seed++, 1.0 / std::sqrt(double(c.k)));
+      const Pair bias = c.bias ? randn({c.n}, dt, seed++) : Pair{};
+      poison_next_output({c.m, c.n}, dt);
+      Linear op;
+      const Tensor out = op.forward(x.gpu, weight.gpu, bias.gpu);
+      ASSERT_EQ(out.shape(), (Shape{c.m, c.n}));
+      check_linear(x, weight, bias, out, dt, "linear");
+      // A second call reuses the cached plan and must give the same bits.
+      const Tensor again = op.forward(x.gpu, weight.gpu, bias.gpu);
+      expect_bitwise_equal(again, out, "linear repeat");
+    }
+  }
+}
+
+TEST(LinearGpu, ZeroTokensReturnsEmpty) {
+  KBN_SKIP_WITHOUT_GPU();
+  Linear op;
+  const Pair weight = randn({64, 32}, DType::bf16, 600);
+  const Tensor out = op.forward(Tensor::empty({0, 32}, DType::bf16, kGpu), weight.gpu, Tensor());
+  EXPECT_EQ(out.shape(), (Shape{0, 64}));
+  EXPECT_TRUE(out.is_cuda());
+}
+
+// ---------------------------------------------------------------- all_reduce
+
+TEST(AllReduceGpu, SingleRankReturnsInputUntouched) {
+  KBN_SKIP_WITHOUT_GPU();
+  ParallelStateGuard guard;
+  set_parallel_state({0, 1, nullptr});
+  AllReduce op;
+  const Pair x = randn({37, 4096}, DType::bf16, 700);
+  const Tensor y = op.forward(x.gpu);
+  EXPECT_EQ(y.data_ptr(), x.gpu.data_ptr());
+  expect_bitwise_equal(y, x.cpu, "all_reduce tp 1");
+}
+
+TEST(AllReduceGpu, MultiRankRefusesWhatItCannotReduce) {
+  KBN_SKIP_WITHOUT_GPU();
+  ParallelStateGuard guard;
+  set_parallel_state({0, 2, nullptr});
+  AllReduce op;
+  // CPU tensors cannot be reduced across ranks; a GPU tensor needs NCCL and a communicator.
+  EXPECT_THROW(op.forward(Tensor::zeros({4, 8}, DType::bf16, kCpu)), Error);
+  EXPECT_THROW(op.forward(Tensor::zeros({4, 8}, DType::bf16, kGpu)), Error);
+}
+
+// ---------------------------------------------------------------- store_kvcache
+
+TEST(StoreKVCacheGpu, BitwiseEqualToOracleAndSkipsPadding) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t num_blocks, block_size, num_kv_heads, head_size, num_heads, tokens, pad;
+  };
+  const Case cases[] = {
+      {64, 16, 8, 128, 32, 1, 0},      // decode, Llama-3-8B heads
+      {64, 16, 8, 128, 32, 37, 0},     // small prefill
+      {300, 16, 8, 128, 32, 4100, 8},  // long prefill, padded token rows
+      {40, 32, 4, 64, 8, 100, 0},      // block 32, head 64
+      {20, 16, 2, 72, 4, 50, 0},       // head 72: 144 bytes in bf16, still whole 16-byte vectors
+      {20, 16, 3, 36, 6, 50, 1},       // head 36 and odd pad: 2-byte copy path
+  };
+  StoreKVCache op;
+  uint64_t seed = 800;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " blocks " + std::to_string(c.num_blocks) + "x" +
+                   std::to_string(c.block_size) + " kv heads " + std::to_string(c.num_kv_heads) + " head " +
+                   std::to_string(c.head_size) + " tokens " + std::to_string(c.tokens) + " pad " +
+                   std::to_string(c.pad));
+      const int64_t hd = c.head_size, kvh = c.num_kv_heads, q_size = c.num_heads * hd, kv_size = kvh * hd;
+      const Pair qkv = randn({c.tokens, q_size + 2 * kv_size + c.pad}, dt, seed++);
+      // key and value: [tokens, kv_heads, head] views into the fused qkv rows (token stride > kv_heads * head).
+      const Pair key = qkv_view(qkv, {c.tokens, kvh, hd}, q_size);
+      const Pair value = qkv_view(qkv, {c.tokens, kvh, hd}, q_size + kv_size);
+
+      // Distinct random slots; every 7th token is padding (-1).
+      const int64_t num_slots = c.num_blocks * c.block_size;
+      std::vector<int64_t> slots(static_cast<size_t>(num_slots));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::mt19937_64 rng(seed++);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(size_t(c.tokens));
+      for (size_t t = 3; t < slots.size(); t += 7) slots[t] = -1;
+      const Pair slot_mapping = from_host(Tensor::from_i64(slots, {c.tokens}));
+
+      // Caches poisoned with NaN, with one poisoned guard block on each side inside the same allocation.
+      const Shape cache_shape{c.num_blocks + 2, c.block_size, kvh, hd};
+      const Tensor k_all = Tensor::full(cache_shape, kNaN, dt, kGpu), v_all = Tensor::full(cache_shape, kNaN, dt, kGpu);
+      const Pair k_store{k_all.to(kCpu), k_all}, v_store{v_all.to(kCpu), v_all};
+      const std::vector<uint8_t> poison = bytes_of(k_all.slice(0, 0, 1));
+      const Pair key_cache = k_store.slice(0, 1, c.num_blocks + 1), value_cache = v_store.slice(0, 1, c.num_blocks + 1);
+
+      op.forward(key.gpu, value.gpu, key_cache.gpu, value_cache.gpu, slot_mapping.gpu);
+      op.forward(key.cpu, value.cpu, key_cache.cpu, value_cache.cpu, slot_mapping.cpu);
+      expect_bitwise_equal(k_store.gpu, k_store.cpu, "key_cache (with guard blocks)");
+      expect_bitwise_equal(v_store.gpu, v_store.cpu, "value_cache (with guard blocks)");
+
+      // Independently of the oracle: stored rows equal the token's key/value bits; every other slot and
+      // both guard blocks keep the poison.
+      const Tensor kc = key_cache.gpu.to(kCpu).view({num_slots, kvh, hd});
+      const Tensor vc = value_cache.gpu.to(kCpu).view({num_slots, kvh, hd});
+      std::vector<bool> written(size_t(num_slots), false);
+      for (int64_t t = 0; t < c.tokens; ++t) {
+        const int64_t s = slots[size_t(t)];
+        if (s < 0) continue;
+        written[size_t(s)] = true;
+        EXPECT_EQ(bytes_of(kc.select(0, s)), bytes_of(key.cpu.select(0, t))) << "key of token " << t;
+        EXPECT_EQ(bytes_of(vc.select(0, s)), bytes_of(value.cpu.select(0, t))) << "value of token " << t;
+      }
+      const std::vector<uint8_t> poison_row(poison.begin(),
+                                            poison.begin() + int64_t(kv_size * int64_t(kc.element_size())));
+      int64_t touched = 0;
+      for (int64_t s = 0; s < num_slots; ++s)
+        if (!written[size_t(s)] && bytes_of(kc.select(0, s)) != poison_row) ++touched;
+      EXPECT_EQ(touched, 0) << "slots outside slot_mapping were written";
+      EXPECT_EQ(bytes_of(k_all.slice(0, 0, 1)), poison) << "guard block before the key cache";
+      EXPECT_EQ(bytes_of(k_all.slice(0, c.num_blocks + 1, c.num_blocks + 2)), poison)
+          << "guard block after the key cache";
+    }
+  }
+}
+
+TEST(StoreKVCacheGpu, AllPaddingLeavesCachesUntouched) {
+  KBN_SKIP_WITHOUT_GPU();
+  StoreKVCache op;
+  const Pair kv = randn({5, 8, 128}, DType::bf16, 900);
+  const Tensor key_cache = Tensor::full({4, 16, 8, 128}, kNaN, DType::bf16, kGpu);
+  const Tensor value_cache = Tensor::full({4, 16, 8, 128}, kNaN, DType::bf16, kGpu);
+  const std::vector<uint8_t> before = bytes_of(key_cache);
+  op.forward(kv.gpu, kv.gpu, key_cache, value_cache, Tensor::from_i64({-1, -1, -1, -1, -1}, {5}).to(kGpu));
+  EXPECT_EQ(bytes_of(key_cache), before);
+  EXPECT_EQ(bytes_of(value_cache), before);
+}
+
+// ---------------------------------------------------------------- argmax
+
+TEST(ArgmaxGpu, MatchesOracleOnRandomLogits) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, vocab, pad;
+  };
+  // Random bf16 logits over a large vocabulary hold many exact ties at the maximum.
+  const Case cases[] = {{1, 128256, 0}, {64, 128256, 0}, {4100, 5125, 0}, {37, 769, 0},
+                        {33, 32000, 8}, {33, 32000, 3},  {3, 1, 0},       {2, 7, 0}};
+  Argmax op;
+  uint64_t seed = 1000;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " tokens " + std::to_string(c.tokens) + " vocab " +
+                   std::to_string(c.vocab) + " pad " + std::to_string(c.pad));
+      const Pair logits = strided_randn(c.tokens, c.vocab, c.pad, 0, dt, seed++);
+      poison_next_output({c.tokens}, DType::i64);
+      const Tensor got = op.forward(logits.gpu);
+      const Tensor want = op.forward(logits.cpu);
+      ASSERT_EQ(got.dtype(), DType::i64);
+      EXPECT_EQ(got.to_ints(), want.to_ints());
+    }
+  }
+}
+
+TEST(ArgmaxGpu, TiesNaNAndInfinities) {
+  KBN_SKIP_WITHOUT_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  // 40000 entries: several 16-byte vectors per thread and two unrolled steps of the 1024-thread block.
+  const int64_t vocab = 40000;
+  std::vector<std::vector<float>> rows;
+  std::vector<int64_t> expected;
+  auto add = [&](const std::function<void(std::vector<float>&)>& edit, int64_t want) {
+    std::vector<float> r(static_cast<size_t>(vocab));
+    for (int64_t v = 0; v < vocab; ++v) r[size_t(v)] = float((v * 37) % 101) / 101.f - 2.f;  // all in [-2, -1)
+    edit(r);
+    rows.push_back(r);
+    expected.push_back(want);
+  };
+  // Ties: the lowest index wins, whichever thread or step holds it.
+  add([](std::vector<float>& r) { r[30000] = r[17] = r[2500] = 3.f; }, 17);
+  add([](std::vector<float>& r) { r[4095] = r[4096] = 1.f; }, 4095);
+  add([](std::vector<float>& r) { r[8192] = r[8] = 1.f; }, 8);        // thread 0's 2nd vector vs thread 1's 1st
+  add([](std::vector<float>& r) { r[32768 + 5] = r[5] = 0.5f; }, 5);  // one thread, two unrolled steps
+  add(
+      [](std::vector<float>& r) {
+        std::fill(r.begin(), r.end(), 0.f);
+        r[7] = -0.f;
+      },
+      0);  // -0 == +0
+  // NaN never wins; an all-NaN row gives 0.
+  add(
+      [&](std::vector<float>& r) {
+        r[0] = nan;
+        r[10] = 1.f;
+        r[11] = nan;
+      },
+      10);
+  add([&](std::vector<float>& r) { std::fill(r.begin(), r.end(), nan); }, 0);
+  add(
+      [&](std::vector<float>& r) {
+        std::fill(r.begin(), r.end(), nan);
+        r[vocab - 1] = -5.f;
+      },
+      vocab - 1);
+  // Infinities compare like numbers.
+  add([&](std::vector<float>& r) { std::fill(r.begin(), r.end(), -inf); }, 0);
+  add(
+      [&](std::vector<float>& r) {
+        r[3333] = r[3334] = inf;
+        r[12] = nan;
+      },
+      3333);
+  std::vector<float> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  Argmax op;
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor logits = Tensor::from_floats(flat, {int64_t(rows.size()), vocab}, dt);
+    poison_next_output({int64_t(rows.size())}, DType::i64);
+    const Tensor got = op.forward(logits.to(kGpu));
+    EXPECT_EQ(got.to_ints(), expected);
+    EXPECT_EQ(op.forward(logits).to_ints(), expected) << "the oracle disagrees with the constructed answers";
+  }
+}
+
+}  // namespace
