@@ -310,7 +310,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   __syncthreads();
   float* warp_out = reinterpret_cast<float*>(k_smem);
   float* warp_max_sum = warp_out + kWarps * kRows * kHeadDim;
-  static_assert((kWarps * kRows * kHeadDim + kWarps * kRows * 2) * sizeof(float) <= 2 * kStages * kTileElems * sizeof(T),
+  static_assert((kWarps * kRows * kHeadDim + kWarps * kRows * 2) * sizeof(float) <=
+                    2 * kStages * kTileElems * sizeof(T),
                 "the warp merge fits in the K/V ring");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

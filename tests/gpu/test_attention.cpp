@@ -1,0 +1,531 @@
+// GPU tests of the paged attention kernels (FlashAttnPrefill, FlashAttnDecode): each case runs the op on CUDA
+// tensors and on the same CPU tensors, where the op calls the reference oracle (fp64), and compares.
+//
+// Tolerance: max |gpu - oracle| <= tol * max |oracle| over the whole output, tol = 2e-2 for bf16 and 1e-2 for f16.
+// The kernels accumulate in fp32 but round the softmax probabilities P to the input dtype before the P V product
+// (as FlashAttention does), and the output once more; both are far below these bounds.
+//
+// Every GPU output lands on memory poisoned with NaN (checked), so an element the kernel forgets fails the
+// comparison. Caches are NaN everywhere except the slots holding real keys, and block-table padding points at a
+// NaN block, so reading past a sequence's keys poisons the result too. Sizes stay small where the oracle runs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "L1/flash_attn_decode.h"
+#include "L1/flash_attn_prefill.h"
+#include "kbn/allocator.h"
+#include "kbn/device.h"
+#include "kbn/error.h"
+#include "kbn/rng.h"
+#include "kbn/tensor.h"
+
+using kbn::DType;
+using kbn::Device;
+using kbn::Tensor;
+using kbn::baseline::FlashAttnDecode;
+using kbn::baseline::FlashAttnPrefill;
+
+namespace {
+
+#define KBN_SKIP_WITHOUT_GPU() \
+  if (!kbn::cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+double tolerance(DType dt) { return dt == DType::bf16 ? 2e-2 : 1e-2; }
+
+// What to build: sequence b has q_lens[b] new tokens at the end of its seq_lens[b] keys (decode: q_lens all 1).
+struct BatchSpec {
+  int64_t num_heads = 8, num_kv_heads = 8, head_size = 128, block_size = 16;
+  DType dtype = DType::bf16;
+  std::vector<int> q_lens, seq_lens;
+  uint64_t seed = 1;
+  float q_std = 1.5f;  // logits ~ N(0, q_std^2) with scale 1/sqrt(head_size): a softmax neither flat nor one-hot
+};
+
+// A paged batch on the host.
+struct PagedBatch {
+  Tensor q;                // [num_tokens, num_heads, head_size]
+  Tensor key_cache;        // [num_blocks, block_size, num_kv_heads, head_size]
+  Tensor value_cache;      // [num_blocks, block_size, num_kv_heads, head_size]
+  Tensor query_start_loc;  // [num_seqs + 1] i32
+  Tensor seq_lens;         // [num_seqs] i32
+  Tensor block_tables;     // [num_seqs, max_blocks_per_seq] i32
+  std::vector<int> table;  // block_tables, row-major
+  int64_t max_blocks_per_seq = 0;
+  int64_t max_query_len = 0, max_seq_len = 0;
+};
+
+// Physical blocks are a random permutation (sequences' pages interleave out of order); unused slots of the last
+// page and two spare blocks hold NaN; each block-table row has at least one padding entry pointing at a spare.
+PagedBatch make_batch(const BatchSpec& s) {
+  std::mt19937_64 rng(s.seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int64_t num_seqs = int64_t(s.seq_lens.size());
+  PagedBatch b;
+  int64_t used_blocks = 0;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    used_blocks += ceil_div(s.seq_lens[size_t(i)], s.block_size);
+    b.max_blocks_per_seq = std::max(b.max_blocks_per_seq, ceil_div(s.seq_lens[size_t(i)], s.block_size) + 1);
+    b.max_seq_len = std::max<int64_t>(b.max_seq_len, s.seq_lens[size_t(i)]);
+    b.max_query_len = std::max<int64_t>(b.max_query_len, s.q_lens[size_t(i)]);
+  }
+  const int64_t num_blocks = used_blocks + 2;
+  std::vector<int> physical(static_cast<size_t>(num_blocks));
+  std::iota(physical.begin(), physical.end(), 0);
+  std::shuffle(physical.begin(), physical.end(), rng);
+
+  const int64_t row = s.num_kv_heads * s.head_size;  // elements per key slot
+  std::vector<float> keys(size_t(num_blocks * s.block_size * row), kNaN), values(keys.size(), kNaN);
+  b.table.assign(size_t(num_seqs * b.max_blocks_per_seq), physical.back());
+  size_t next = 0;
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const int64_t len = s.seq_lens[size_t(i)];
+    for (int64_t j = 0; j < ceil_div(len, s.block_size); ++j)
+      b.table[size_t(i * b.max_blocks_per_seq + j)] = physical[next++];
+    for (int64_t pos = 0; pos < len; ++pos) {
+      const int64_t block = b.table[size_t(i * b.max_blocks_per_seq + pos / s.block_size)];
+      const size_t at = size_t((block * s.block_size + pos % s.block_size) * row);
+      for (int64_t e = 0; e < row; ++e) {
+        keys[at + size_t(e)] = normal(rng);
+        values[at + size_t(e)] = normal(rng);
+      }
+    }
+  }
+  const kbn::Shape cache_shape{num_blocks, s.block_size, s.num_kv_heads, s.head_size};
+  b.key_cache = Tensor::from_floats(keys, cache_shape, s.dtype);
+  b.value_cache = Tensor::from_floats(values, cache_shape, s.dtype);
+  b.block_tables = Tensor::from_i32(b.table, {num_seqs, b.max_blocks_per_seq});
+  b.seq_lens = Tensor::from_i32(s.seq_lens, {num_seqs});
+  std::vector<int> starts{0};
+  for (int len : s.q_lens) starts.push_back(starts.back() + len);
+  b.query_start_loc = Tensor::from_i32(starts, {num_seqs + 1});
+
+  std::vector<float> q(size_t(starts.back() * s.num_heads * s.head_size));
+  for (float& v : q) v = s.q_std * normal(rng);
+  b.q = Tensor::from_floats(q, {starts.back(), s.num_heads, s.head_size}, s.dtype);
+  return b;
+}
+
+// q[t, h, :] = gain * K[key_of(seq, position of t, h), h / group, :], read back from the cache (so exact): the
+// chosen key dominates its row's softmax, which pins the attended key range exactly (an off-by-one at a mask or
+// split boundary changes the output completely instead of by 1/seq_len).
+void align_queries_with_keys(PagedBatch& b, const BatchSpec& s, const std::function<int(int, int, int)>& key_of,
+                             float gain) {
+  const std::vector<float> keys = b.key_cache.to_floats();
+  std::vector<float> q = b.q.to_floats();
+  const int64_t group = s.num_heads / s.num_kv_heads;
+  int64_t token = 0;
+  for (size_t i = 0; i < s.seq_lens.size(); ++i) {
+    for (int j = 0; j < s.q_lens[i]; ++j, ++token) {
+      const int pos = s.seq_lens[i] - s.q_lens[i] + j;
+      for (int64_t h = 0; h < s.num_heads; ++h) {
+        const int key = key_of(int(i), pos, int(h));
+        const int64_t block = b.table[i * size_t(b.max_blocks_per_seq) + size_t(key / s.block_size)];
+        const size_t src = size_t(((block * s.block_size + key % s.block_size) * s.num_kv_heads + h / group) *
+                                  s.head_size);
+        const size_t dst = size_t((token * s.num_heads + h) * s.head_size);
+        for (int64_t d = 0; d < s.head_size; ++d) q[dst + size_t(d)] = gain * keys[src + size_t(d)];
+      }
+    }
+  }
+  b.q = Tensor::from_floats(q, b.q.shape(), s.dtype);
+}
+
+struct DeviceBatch {
+  Tensor q, key_cache, value_cache, query_start_loc, seq_lens, block_tables;
+};
+
+DeviceBatch to_device(const PagedBatch& b) {
+  const Device dev = Device::cuda();
+  return {b.q.to(dev), b.key_cache.to(dev), b.value_cache.to(dev), b.query_start_loc.to(dev), b.seq_lens.to(dev),
+          b.block_tables.to(dev)};
+}
+
+// Leaves exactly one free cached block of the output's size, filled with NaN, so that the op's output allocation
+// (its first on the device) lands on it. Returns the block's address for the caller to confirm.
+void* poison_next_output(const Tensor& like) {
+  kbn::cuda_empty_cache();
+  Tensor poison = Tensor::empty(like.shape(), like.dtype(), Device::cuda());
+  poison.fill_(std::numeric_limits<double>::quiet_NaN());
+  return poison.data_ptr();
+}
+
+void expect_matches_oracle(const Tensor& gpu, const Tensor& oracle, DType dt, const std::string& what) {
+  ASSERT_TRUE(gpu.is_cuda()) << what;
+  ASSERT_EQ(gpu.shape(), oracle.shape()) << what;
+  ASSERT_EQ(gpu.dtype(), dt) << what;
+  const std::vector<float> g = gpu.to_floats(), r = oracle.to_floats();
+  double scale = 0;
+  for (float v : r) scale = std::max(scale, double(std::fabs(v)));
+  ASSERT_TRUE(std::isfinite(scale) && scale > 0) << what << ": the oracle output is degenerate";
+  const int64_t heads = gpu.size(1), dims = gpu.size(2);
+  size_t nonfinite = 0, worst = 0;
+  double max_err = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    if (!std::isfinite(g[i])) {
+      if (nonfinite++ == 0) worst = i;
+      continue;
+    }
+    const double err = std::fabs(double(g[i]) - double(r[i]));
+    if (err > max_err && nonfinite == 0) {
+      max_err = err;
+      worst = i;
+    }
+  }
+  const auto where = [&](size_t i) {
+    std::ostringstream os;
+    os << "[row " << int64_t(i) / (heads * dims) << ", head " << int64_t(i) / dims % heads << ", dim "
+       << int64_t(i) % dims << "]";
+    return os.str();
+  };
+  EXPECT_EQ(nonfinite, 0u) << what << ": " << nonfinite << " of " << g.size()
+                           << " outputs are not finite (unwritten or poisoned), first at " << where(worst);
+  EXPECT_LE(max_err, tolerance(dt) * scale)
+      << what << ": max |gpu - oracle| = " << max_err << " at " << where(worst) << " (gpu " << g[worst]
+      << ", oracle " << r[worst] << "), output scale " << scale;
+}
+
+void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& what) {
+  const Tensor ha = a.to(Device::cpu()), hb = b.to(Device::cpu());
+  ASSERT_EQ(ha.nbytes(), hb.nbytes()) << what;
+  EXPECT_EQ(std::memcmp(ha.data_ptr(), hb.data_ptr(), ha.nbytes()), 0) << what << ": two runs differ";
+}
+
+std::string describe(const BatchSpec& s, const char* name) {
+  std::ostringstream os;
+  os << name << " " << kbn::dtype_name(s.dtype) << " heads " << s.num_heads << "/" << s.num_kv_heads << " head_size "
+     << s.head_size << " block_size " << s.block_size << " seqs (q/kv):";
+  for (size_t i = 0; i < s.seq_lens.size(); ++i) os << " " << s.q_lens[i] << "/" << s.seq_lens[i];
+  return os.str();
+}
+
+// ---- prefill ----
+
+// Runs the op on the GPU (poisoned output, twice for determinism) and on the CPU oracle, and compares.
+void check_prefill(const BatchSpec& s, PagedBatch b) {
+  const std::string what = describe(s, "flash_attn_prefill");
+  FlashAttnPrefill op(s.num_heads, s.head_size, 1.0 / std::sqrt(double(s.head_size)), s.num_kv_heads);
+  const DeviceBatch d = to_device(b);
+  void* poisoned = poison_next_output(d.q);
+  const Tensor gpu = op.forward(d.q, d.key_cache, d.value_cache, d.query_start_loc, d.seq_lens, d.block_tables,
+                                b.max_query_len, b.max_seq_len);
+  EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
+  const Tensor again = op.forward(d.q, d.key_cache, d.value_cache, d.query_start_loc, d.seq_lens, d.block_tables,
+                                  b.max_query_len, b.max_seq_len);
+  const Tensor oracle = op.forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables,
+                                   b.max_query_len, b.max_seq_len);
+  expect_matches_oracle(gpu, oracle, s.dtype, what);
+  expect_bitwise_equal(gpu, again, what);
+}
+
+void check_prefill(const BatchSpec& s) { check_prefill(s, make_batch(s)); }
+
+TEST(FlashAttnPrefillGpu, SingleSequence) {
+  KBN_SKIP_WITHOUT_GPU();
+  check_prefill({.num_heads = 8, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = DType::bf16,
+                 .q_lens = {200}, .seq_lens = {200}});
+}
+
+TEST(FlashAttnPrefillGpu, VarlenBatchGqa32x8) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    check_prefill({.num_heads = 32, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = dt,
+                   .q_lens = {1, 17, 129, 300}, .seq_lens = {1, 17, 129, 300}, .seed = 2});
+  }
+}
+
+TEST(FlashAttnPrefillGpu, ChunkedPrefillWithCachedContext) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Context 100 + 37 new tokens; a fresh 50-token prompt; one new token after 500 cached.
+  check_prefill({.num_heads = 32, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = DType::bf16,
+                 .q_lens = {37, 50, 1}, .seq_lens = {137, 50, 501}, .seed = 3});
+}
+
+TEST(FlashAttnPrefillGpu, Gqa4x1Head64Block32F16) {
+  KBN_SKIP_WITHOUT_GPU();
+  check_prefill({.num_heads = 4, .num_kv_heads = 1, .head_size = 64, .block_size = 32, .dtype = DType::f16,
+                 .q_lens = {17, 1, 300, 129, 5}, .seq_lens = {17, 31, 300, 136, 69}, .seed = 4});
+}
+
+TEST(FlashAttnPrefillGpu, NoGqaHead64Block32) {
+  KBN_SKIP_WITHOUT_GPU();
+  check_prefill({.num_heads = 8, .num_kv_heads = 8, .head_size = 64, .block_size = 32, .dtype = DType::bf16,
+                 .q_lens = {129, 300}, .seq_lens = {129, 400}, .seed = 5});
+}
+
+TEST(FlashAttnPrefillGpu, LargeBlocks) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (int64_t block_size : {64, 128}) {
+    check_prefill({.num_heads = 8, .num_kv_heads = 2, .head_size = 128, .block_size = block_size,
+                   .dtype = DType::bf16, .q_lens = {70, 130}, .seq_lens = {200, 130}, .seed = 6});
+  }
+}
+
+TEST(FlashAttnPrefillGpu, GroupLargerThanOneWarpOfRows) {
+  KBN_SKIP_WITHOUT_GPU();
+  // 20 query heads per kv head: packed rows (token, head) do not align with warps or query tiles.
+  check_prefill({.num_heads = 20, .num_kv_heads = 1, .head_size = 64, .block_size = 16, .dtype = DType::bf16,
+                 .q_lens = {9, 40}, .seq_lens = {40, 40}, .seed = 7});
+}
+
+TEST(FlashAttnPrefillGpu, CausalBoundaryIsExact) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Even heads look for their own position's key (must be seen), odd heads for the next one (must be masked).
+  const BatchSpec s{.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .dtype = DType::bf16,
+                    .q_lens = {70, 64}, .seq_lens = {110, 64}, .seed = 8};
+  PagedBatch b = make_batch(s);
+  align_queries_with_keys(
+      b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : std::min(pos + 1, s.seq_lens[seq] - 1); }, 2.f);
+  check_prefill(s, b);
+}
+
+TEST(FlashAttnPrefillGpu, EmptyBatchLaunchesNothing) {
+  KBN_SKIP_WITHOUT_GPU();
+  const Device dev = Device::cuda();
+  FlashAttnPrefill op(8, 128, 0.088, 2);
+  const Tensor q = Tensor::empty({0, 8, 128}, DType::bf16, dev);
+  const Tensor cache = Tensor::zeros({4, 16, 2, 128}, DType::bf16, dev);
+  const Tensor query_start_loc = Tensor::from_i32({0}, {1}).to(dev);
+  const Tensor out = op.forward(q, cache, cache, query_start_loc, Tensor::empty({0}, DType::i32, dev),
+                                Tensor::empty({0, 1}, DType::i32, dev), 0, 0);
+  EXPECT_EQ(out.shape(), (kbn::Shape{0, 8, 128}));
+  EXPECT_TRUE(out.is_cuda());
+}
+
+TEST(FlashAttnPrefillGpu, UnsupportedHeadSizeNamesTheSupportedSet) {
+  KBN_SKIP_WITHOUT_GPU();
+  const BatchSpec s{.num_heads = 2, .num_kv_heads = 2, .head_size = 96, .block_size = 16, .q_lens = {4},
+                    .seq_lens = {4}};
+  const PagedBatch b = make_batch(s);
+  const DeviceBatch d = to_device(b);
+  FlashAttnPrefill op(2, 96, 0.1, 2);
+  try {
+    op.forward(d.q, d.key_cache, d.value_cache, d.query_start_loc, d.seq_lens, d.block_tables, 4, 4);
+    FAIL() << "head_size 96 should be refused on CUDA";
+  } catch (const kbn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("supported: 64, 128"), std::string::npos) << e.what();
+  }
+}
+
+// ---- decode ----
+
+void check_decode(const BatchSpec& s, PagedBatch b) {
+  const std::string what = describe(s, "flash_attn_decode");
+  FlashAttnDecode op(s.num_heads, s.head_size, 1.0 / std::sqrt(double(s.head_size)), s.num_kv_heads);
+  const DeviceBatch d = to_device(b);
+  void* poisoned = poison_next_output(d.q);
+  const Tensor gpu = op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, b.max_seq_len);
+  EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
+  const Tensor again = op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, b.max_seq_len);
+  const Tensor oracle = op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, b.max_seq_len);
+  expect_matches_oracle(gpu, oracle, s.dtype, what);
+  expect_bitwise_equal(gpu, again, what);
+}
+
+BatchSpec decode_spec(BatchSpec s) {
+  s.q_lens.assign(s.seq_lens.size(), 1);
+  return s;
+}
+
+void check_decode(const BatchSpec& s) { check_decode(s, make_batch(s)); }
+
+// `count` lengths uniform in [1, max_len], then the `extra` lengths (the long ones that force several splits).
+std::vector<int> random_lengths(int count, int max_len, std::vector<int> extra, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> len(1, max_len);
+  std::vector<int> out;
+  for (int i = 0; i < count; ++i) out.push_back(len(rng));
+  out.insert(out.end(), extra.begin(), extra.end());
+  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
+TEST(FlashAttnDecodeGpu, Batch1LongContextSplitsKeys) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    check_decode(decode_spec({.num_heads = 32, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = dt,
+                              .seq_lens = {4500}, .seed = 11}));
+  }
+}
+
+TEST(FlashAttnDecodeGpu, Batch64MixedLengthsGqa8x2) {
+  KBN_SKIP_WITHOUT_GPU();
+  check_decode(decode_spec({.num_heads = 8, .num_kv_heads = 2, .head_size = 128, .block_size = 16,
+                            .dtype = DType::bf16,
+                            .seq_lens = random_lengths(60, 1500, {4096, 4097, 4200, 4500}, 12), .seed = 12}));
+}
+
+TEST(FlashAttnDecodeGpu, Batch64Gqa4x1Head64Block32F16) {
+  KBN_SKIP_WITHOUT_GPU();
+  check_decode(decode_spec({.num_heads = 4, .num_kv_heads = 1, .head_size = 64, .block_size = 32,
+                            .dtype = DType::f16, .seq_lens = random_lengths(62, 2000, {4100, 4133}, 13),
+                            .seed = 13}));
+}
+
+TEST(FlashAttnDecodeGpu, ShortSequencesNoGqa) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Few keys: one split, the output is written by the split kernel itself (no reduce).
+  check_decode(decode_spec({.num_heads = 8, .num_kv_heads = 8, .head_size = 64, .block_size = 16,
+                            .dtype = DType::bf16, .seq_lens = {1, 2, 63}, .seed = 14}));
+}
+
+TEST(FlashAttnDecodeGpu, GroupLargerThanOneMmaOfRows) {
+  KBN_SKIP_WITHOUT_GPU();
+  // 20 query heads per kv head: two 16-row head chunks per kv head, the second one partly padding.
+  check_decode(decode_spec({.num_heads = 40, .num_kv_heads = 2, .head_size = 128, .block_size = 32,
+                            .dtype = DType::bf16, .seq_lens = {5, 300, 1000}, .seed = 15}));
+}
+
+TEST(FlashAttnDecodeGpu, FirstAndLastKeysAreSeen) {
+  KBN_SKIP_WITHOUT_GPU();
+  const BatchSpec s = decode_spec({.num_heads = 8, .num_kv_heads = 2, .head_size = 128, .block_size = 16,
+                                   .dtype = DType::bf16, .seq_lens = {1, 64, 65, 1000, 4097}, .seed = 16});
+  PagedBatch b = make_batch(s);
+  align_queries_with_keys(b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : 0; }, 2.f);
+  check_decode(s, b);
+}
+
+TEST(FlashAttnDecodeGpu, EmptyBatchLaunchesNothing) {
+  KBN_SKIP_WITHOUT_GPU();
+  const Device dev = Device::cuda();
+  FlashAttnDecode op(8, 128, 0.088, 2);
+  const Tensor cache = Tensor::zeros({4, 16, 2, 128}, DType::bf16, dev);
+  const Tensor out = op.forward(Tensor::empty({0, 8, 128}, DType::bf16, dev), cache, cache,
+                                Tensor::empty({0}, DType::i32, dev), Tensor::empty({0, 1}, DType::i32, dev), 0);
+  EXPECT_EQ(out.shape(), (kbn::Shape{0, 8, 128}));
+}
+
+// ---- argument checks (CPU tensors: these run without a GPU too) ----
+
+template <class F>
+void expect_refusal(F&& call, const std::string& mentions) {
+  try {
+    call();
+    ADD_FAILURE() << "expected an error mentioning '" << mentions << "'";
+  } catch (const kbn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(mentions), std::string::npos) << e.what();
+  }
+}
+
+TEST(FlashAttnArguments, PrefillRefusesInconsistentInputs) {
+  const BatchSpec s{.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .q_lens = {3, 5},
+                    .seq_lens = {3, 9}};
+  const PagedBatch b = make_batch(s);
+  FlashAttnPrefill op(4, 64, 0.125, 2);
+  auto call = [&](const Tensor& q, const Tensor& kc, const Tensor& qsl, const Tensor& sl, const Tensor& bt,
+                  int64_t max_q) { return op.forward(q, kc, b.value_cache, qsl, sl, bt, max_q, b.max_seq_len); };
+  expect_refusal([&] { call(b.q.view({8, 256}), b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables, 5); },
+                 "'q' must be 3-D");
+  expect_refusal([&] { FlashAttnPrefill(8, 32, 0.1, 2).forward(b.q, b.key_cache, b.value_cache, b.query_start_loc,
+                                                               b.seq_lens, b.block_tables, 5, 9); },
+                 "num_heads");
+  expect_refusal([&] { call(b.q, b.key_cache.to(DType::f16), b.query_start_loc, b.seq_lens, b.block_tables, 5); },
+                 "same dtype");
+  expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc.slice(0, 0, 2), b.seq_lens, b.block_tables, 5); },
+                 "query_start_loc");
+  expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc, b.seq_lens.to(DType::f32), b.block_tables, 5); },
+                 "seq_lens");
+  expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables.slice(0, 0, 1), 5); },
+                 "block_tables");
+  expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables, 0); },
+                 "max_query_len");
+  expect_refusal([] { FlashAttnPrefill(6, 64, 0.1, 4); }, "num_kv_heads");
+}
+
+TEST(FlashAttnArguments, DecodeRefusesInconsistentInputs) {
+  const BatchSpec s = decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16,
+                                   .seq_lens = {3, 9}});
+  const PagedBatch b = make_batch(s);
+  FlashAttnDecode op(4, 64, 0.125, 2);
+  expect_refusal([&] { op.forward(b.q, b.key_cache.slice(2, 0, 1), b.value_cache, b.seq_lens, b.block_tables, 9); },
+                 "num_kv_heads");
+  expect_refusal([&] { op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens.slice(0, 0, 1), b.block_tables, 9); },
+                 "seq_lens");
+  expect_refusal([&] { op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, 0); },
+                 "max_seq_len");
+  expect_refusal([&] { op.forward(b.q, b.key_cache, b.value_cache.slice(0, 0, 1), b.seq_lens, b.block_tables, 9); },
+                 "value_cache");
+}
+
+// ---- throughput smoke (no oracle): prints the rates the issue asks for, checks the output is finite ----
+
+double seconds_per_call(const std::function<Tensor()>& call) {
+  for (int i = 0; i < 3; ++i) call();
+  kbn::synchronize(Device::cuda());
+  constexpr int kIters = 20;
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kIters; ++i) call();
+  kbn::synchronize(Device::cuda());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / kIters;
+}
+
+void expect_finite(const Tensor& t, const char* what) {
+  size_t bad = 0;
+  for (float v : t.to_floats()) bad += std::isfinite(v) ? 0 : 1;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " non-finite outputs";
+}
+
+TEST(FlashAttnThroughputGpu, Prefill8kCausalGqa32x8) {
+  KBN_SKIP_WITHOUT_GPU();
+  const Device dev = Device::cuda();
+  constexpr int64_t kTokens = 8192, kHeads = 32, kKvHeads = 8, kDim = 128, kBlock = 16;
+  Tensor q = Tensor::empty({kTokens, kHeads, kDim}, DType::bf16, dev);
+  Tensor kc = Tensor::empty({kTokens / kBlock, kBlock, kKvHeads, kDim}, DType::bf16, dev);
+  Tensor vc = Tensor::empty(kc.shape(), DType::bf16, dev);
+  kbn::fill_normal_(q, 1, 0, 1);
+  kbn::fill_normal_(kc, 2, 0, 1);
+  kbn::fill_normal_(vc, 3, 0, 1);
+  std::vector<int> table(kTokens / kBlock);
+  std::iota(table.begin(), table.end(), 0);
+  const Tensor bt = Tensor::from_i32(table, {1, kTokens / kBlock}).to(dev);
+  const Tensor qsl = Tensor::from_i32({0, int(kTokens)}, {2}).to(dev);
+  const Tensor sl = Tensor::from_i32({int(kTokens)}, {1}).to(dev);
+  FlashAttnPrefill op(kHeads, kDim, 1.0 / std::sqrt(double(kDim)), kKvHeads);
+  Tensor out;
+  const double s = seconds_per_call([&] { return out = op.forward(q, kc, vc, qsl, sl, bt, kTokens, kTokens); });
+  // Causal: half of the 2 * 2 * T^2 * H * D multiply-adds of QK^T and PV.
+  const double flops = 2.0 * kTokens * kTokens * kHeads * kDim;
+  std::printf("flash_attn_prefill bf16 8k causal 32/8 d128: %.3f ms, %.1f TFLOP/s\n", s * 1e3, flops / s * 1e-12);
+  expect_finite(out, "prefill 8k");
+}
+
+TEST(FlashAttnThroughputGpu, DecodeBatch64Context4k) {
+  KBN_SKIP_WITHOUT_GPU();
+  const Device dev = Device::cuda();
+  constexpr int64_t kSeqs = 64, kContext = 4096, kHeads = 32, kKvHeads = 8, kDim = 128, kBlock = 16;
+  constexpr int64_t kBlocksPerSeq = kContext / kBlock;
+  Tensor q = Tensor::empty({kSeqs, kHeads, kDim}, DType::bf16, dev);
+  Tensor kc = Tensor::empty({kSeqs * kBlocksPerSeq, kBlock, kKvHeads, kDim}, DType::bf16, dev);
+  Tensor vc = Tensor::empty(kc.shape(), DType::bf16, dev);
+  kbn::fill_normal_(q, 1, 0, 1);
+  kbn::fill_normal_(kc, 2, 0, 1);
+  kbn::fill_normal_(vc, 3, 0, 1);
+  std::vector<int> table(size_t(kSeqs * kBlocksPerSeq));
+  std::iota(table.begin(), table.end(), 0);
+  const Tensor bt = Tensor::from_i32(table, {kSeqs, kBlocksPerSeq}).to(dev);
+  const Tensor sl = Tensor::from_i32(std::vector<int>(kSeqs, int(kContext)), {kSeqs}).to(dev);
+  FlashAttnDecode op(kHeads, kDim, 1.0 / std::sqrt(double(kDim)), kKvHeads);
+  Tensor out;
+  const double s = seconds_per_call([&] { return out = op.forward(q, kc, vc, sl, bt, kContext); });
+  const double bytes = double(kc.nbytes() + vc.nbytes());
+  std::printf("flash_attn_decode bf16 batch 64 x 4k 32/8 d128: %.3f ms, %.0f GB/s of K/V\n", s * 1e3,
+              bytes / s * 1e-9);
+  expect_finite(out, "decode 64x4k");
+}
+
+}  // namespace
