@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <cstdlib>
 #include <unistd.h>
 
 #include <filesystem>
@@ -16,7 +17,8 @@ using namespace kbn;
 namespace {
 
 std::string model_config_path(const std::string& name) {
-  return std::string(KBN_SOURCE_DIR) + "/models/" + name + ".json";
+  const char* env = std::getenv("KBN_MODELS_DIR");
+  return (env ? std::string(env) : std::string(KBN_SOURCE_DIR) + "/models") + "/" + name + ".json";
 }
 
 std::string error_of(const std::function<void()>& fn) {

@@ -10,6 +10,7 @@
 
 #include "engine/generate.h"
 #include "engine/model_loader.h"
+#include "test_paths.h"
 #include "kbn/safetensors.h"
 
 using namespace kbn;
@@ -23,7 +24,7 @@ struct Fixture {
 };
 
 Fixture load_fixture(const std::string& name) {
-  std::string dir = std::string(KBN_FIXTURE_DIR) + "/" + name;
+  std::string dir = kbn::test::fixture_dir() + "/" + name;
   std::ifstream f(dir + "/expected.json");
   EXPECT_TRUE(f.good()) << dir;
   return {engine::resolve_model(dir), nlohmann::json::parse(f)};
@@ -113,13 +114,13 @@ TEST(LlamaRandomWeights, DeterministicPerSeed) {
 namespace {
 // Writes a copy of the tiny checkpoint with `edit` applied to its tensor list, returns the file path.
 std::string edited_checkpoint(const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
-  Checkpoint ck = Checkpoint::open(std::string(KBN_FIXTURE_DIR) + "/tiny-llama");
+  Checkpoint ck = Checkpoint::open(kbn::test::fixture_dir() + "/tiny-llama");
   std::vector<std::pair<std::string, Tensor>> ts;
   for (const auto& n : ck.names()) ts.emplace_back(n, ck.load(n));
   edit(ts);
   fs::path dir = fs::temp_directory_path() / ("kbn_edit_" + std::to_string(::getpid()) + "_" + std::to_string(rand()));
   fs::create_directories(dir);
-  fs::copy_file(std::string(KBN_FIXTURE_DIR) + "/tiny-llama/config.json", dir / "config.json");
+  fs::copy_file(kbn::test::fixture_dir() + "/tiny-llama/config.json", dir / "config.json");
   save_safetensors((dir / "model.safetensors").string(), ts);
   return dir.string();
 }

@@ -8,6 +8,7 @@
 
 #include "engine/generate.h"
 #include "engine/model_loader.h"
+#include "test_paths.h"
 
 using namespace kbn;
 
@@ -19,7 +20,7 @@ struct HFRun {
 };
 
 HFRun load_expected(const std::string& name) {
-  std::ifstream f(std::string(KBN_FIXTURE_DIR) + "/" + name + "/expected.json");
+  std::ifstream f(kbn::test::fixture_dir() + "/" + name + "/expected.json");
   auto j = nlohmann::json::parse(f);
   HFRun r;
   for (const auto& p : j["prompts"]) {
@@ -45,7 +46,7 @@ TEST(LlamaGpu, TinyF32MatchesTransformers) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   for (const char* name : {"tiny-llama", "tiny-llama-tied"}) {
     HFRun hf = load_expected(name);
-    auto spec = engine::resolve_model(std::string(KBN_FIXTURE_DIR) + "/" + name);
+    auto spec = engine::resolve_model(kbn::test::fixture_dir() + "/" + name);
     auto model = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cuda(0)}, 0);
     engine::GenerateOptions opt;
     opt.max_new_tokens = int64_t(hf.greedy[0].size());
@@ -62,7 +63,7 @@ TEST(LlamaGpu, TinyF32MatchesTransformers) {
 TEST(LlamaGpu, TinyBf16CloseToF32) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   HFRun hf = load_expected("tiny-llama");
-  auto spec = engine::resolve_model(std::string(KBN_FIXTURE_DIR) + "/tiny-llama");
+  auto spec = engine::resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
   auto model = engine::build_model(spec, Variant::baseline, {DType::bf16, Device::cuda(0)}, 0);
   engine::GenerateOptions opt;
   opt.max_new_tokens = 1;
