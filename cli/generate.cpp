@@ -10,6 +10,7 @@
 #include "engine/generate.h"
 #include "engine/model_loader.h"
 #include "kbn/rng.h"
+#include "kbn/safetensors.h"
 #include "kbn/version.h"
 
 namespace kbn::cli {
@@ -27,6 +28,7 @@ struct Options {
   std::string variant = "baseline";
   bool stop_at_eos = false;
   std::string json;
+  std::string save_logits;
 };
 
 std::vector<int64_t> parse_ids(const std::string& s) {
@@ -77,6 +79,7 @@ void run(const Options& o) {
   gopts.max_new_tokens = o.max_new_tokens;
   gopts.block_size = o.block_size;
   if (o.stop_at_eos) gopts.eos_token_ids = spec.config.get_int_list("eos_token_id");
+  gopts.return_prompt_logits = !o.save_logits.empty();
   engine::GenerateResult r = engine::greedy_generate(*model, prompts, device, variant, gopts);
 
   int64_t prompt_tokens = 0;
@@ -91,6 +94,11 @@ void run(const Options& o) {
               (long long)prompt_tokens, r.prefill_seconds, double(prompt_tokens) / r.prefill_seconds,
               (long long)r.decode_steps, ms_per_step);
 
+  if (!o.save_logits.empty()) {
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (size_t i = 0; i < r.prompt_logits.size(); ++i) ts.emplace_back("prompt_logits." + std::to_string(i), r.prompt_logits[i]);
+    save_safetensors(o.save_logits, ts);
+  }
   if (!o.json.empty()) {
     nlohmann::json j;
     j["model"] = spec.name;
@@ -127,6 +135,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--variant", o->variant, "baseline or candidate");
   cmd->add_flag("--stop-at-eos", o->stop_at_eos, "Stop a sequence at the config's eos_token_id");
   cmd->add_option("--json", o->json, "Write tokens and timings to this JSON file");
+  cmd->add_option("--save-logits", o->save_logits,
+                  "Write every prompt position's logits (f32) to this .safetensors file, as prompt_logits.<i>");
   cmd->callback([o] { run(*o); });
 }
 

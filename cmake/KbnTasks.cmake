@@ -1,9 +1,9 @@
 # Compiles every task source once per variant (see kbn/variant.h) and generates the include graph.
 set(KBN_BASELINE_DIR ${CMAKE_SOURCE_DIR}/tasks/baseline)
 file(GLOB_RECURSE KBN_BASELINE_FILES CONFIGURE_DEPENDS RELATIVE ${KBN_BASELINE_DIR}
-     ${KBN_BASELINE_DIR}/L*/*.h ${KBN_BASELINE_DIR}/L*/*.cu)
+     ${KBN_BASELINE_DIR}/L*/*.h ${KBN_BASELINE_DIR}/L*/*.cuh ${KBN_BASELINE_DIR}/L*/*.cu)
 file(GLOB_RECURSE KBN_CANDIDATE_FILES CONFIGURE_DEPENDS RELATIVE ${KBN_CANDIDATE_DIR}
-     ${KBN_CANDIDATE_DIR}/L*/*.h ${KBN_CANDIDATE_DIR}/L*/*.cu)
+     ${KBN_CANDIDATE_DIR}/L*/*.h ${KBN_CANDIDATE_DIR}/L*/*.cuh ${KBN_CANDIDATE_DIR}/L*/*.cu)
 list(SORT KBN_BASELINE_FILES)
 list(SORT KBN_CANDIDATE_FILES)
 

@@ -46,7 +46,7 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-double tolerance(DType dt) { return dt == DType::bf16 ? 2e-2 : 1e-2; }
+double tolerance(DType dt) { return dt == DType::bf16 ? 2e-2 : dt == DType::f16 ? 1e-2 : 1e-5; }
 
 // What to build: sequence b has q_lens[b] new tokens at the end of its seq_lens[b] keys (decode: q_lens all 1).
 struct BatchSpec {
@@ -307,18 +307,27 @@ TEST(FlashAttnPrefillGpu, EmptyBatchLaunchesNothing) {
   EXPECT_TRUE(out.is_cuda());
 }
 
+TEST(FlashAttnPrefillGpu, GenericKernelCoversOtherHeadSizesAndF32) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Head sizes without a tensor-core kernel, and f32, run on the generic kernel.
+  check_prefill({.num_heads = 4, .num_kv_heads = 2, .head_size = 96, .block_size = 16, .dtype = DType::bf16,
+                 .q_lens = {5, 40}, .seq_lens = {20, 40}, .seed = 9});
+  check_prefill({.num_heads = 4, .num_kv_heads = 1, .head_size = 16, .block_size = 16, .dtype = DType::f32,
+                 .q_lens = {33, 1}, .seq_lens = {50, 7}, .seed = 10});
+}
+
 TEST(FlashAttnPrefillGpu, UnsupportedHeadSizeNamesTheSupportedSet) {
   KBN_SKIP_WITHOUT_GPU();
-  const BatchSpec s{.num_heads = 2, .num_kv_heads = 2, .head_size = 96, .block_size = 16, .q_lens = {4},
+  const BatchSpec s{.num_heads = 2, .num_kv_heads = 2, .head_size = 320, .block_size = 16, .q_lens = {4},
                     .seq_lens = {4}};
   const PagedBatch b = make_batch(s);
   const DeviceBatch d = to_device(b);
-  FlashAttnPrefill op(2, 96, 0.1, 2);
+  FlashAttnPrefill op(2, 320, 0.1, 2);
   try {
     op.forward(d.q, d.key_cache, d.value_cache, d.query_start_loc, d.seq_lens, d.block_tables, 4, 4);
-    FAIL() << "head_size 96 should be refused on CUDA";
+    FAIL() << "head_size 320 should be refused on CUDA";
   } catch (const kbn::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("supported: 64, 128"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("any size up to 256"), std::string::npos) << e.what();
   }
 }
 
@@ -353,6 +362,14 @@ std::vector<int> random_lengths(int count, int max_len, std::vector<int> extra, 
   out.insert(out.end(), extra.begin(), extra.end());
   std::shuffle(out.begin(), out.end(), rng);
   return out;
+}
+
+TEST(FlashAttnDecodeGpu, GenericKernelCoversOtherHeadSizesAndF32) {
+  KBN_SKIP_WITHOUT_GPU();
+  check_decode(decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 96, .block_size = 16,
+                            .dtype = DType::bf16, .seq_lens = {1, 70, 300}, .seed = 21}));
+  check_decode(decode_spec({.num_heads = 4, .num_kv_heads = 1, .head_size = 16, .block_size = 16, .dtype = DType::f32,
+                            .seq_lens = {3, 129}, .seed = 22}));
 }
 
 TEST(FlashAttnDecodeGpu, Batch1LongContextSplitsKeys) {

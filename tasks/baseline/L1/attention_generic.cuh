@@ -1,0 +1,128 @@
+#pragma once
+// Generic paged attention on CUDA, for what the tensor-core kernels do not cover: f32, and head sizes other
+// than 64 and 128 (up to 256). Correct for every shape, not fast: one block of 4 warps per (query token,
+// query head); warp w takes keys w, w + 4, ...; each lane owns head dims lane, lane + 32, ...; an online
+// softmax per warp, merged across warps at the end. Decode is the case query_start_loc == nullptr (token t
+// is sequence t, one query each). Included by flash_attn_prefill.cu and flash_attn_decode.cu.
+#include <cfloat>
+
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
+
+namespace kbn::KBN_VARIANT {
+namespace {
+
+constexpr int kGenericMaxHead = 256;
+constexpr int kGenericWarps = 4;
+
+struct GenericAttnParams {
+  const void* q;                // [num_tokens, num_heads, head_size], strides below
+  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size]
+  const void* value_cache;
+  void* out;                    // [num_tokens, num_heads, head_size]
+  const int* query_start_loc;   // [num_seqs + 1], or nullptr for decode
+  const int* seq_lens;          // [num_seqs]
+  const int* block_tables;      // [num_seqs, max_blocks] row stride block_table_stride
+  int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
+  int64_t k_stride_block, k_stride_slot, k_stride_head;
+  int64_t v_stride_block, v_stride_slot, v_stride_head;
+  int64_t block_table_stride;
+  int num_seqs, block_size, group_size, head_size;
+  float scale;
+};
+
+template <class T>
+__global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(GenericAttnParams p) {
+  constexpr int kPerLane = kGenericMaxHead / 32;
+  const int token = blockIdx.x, head = blockIdx.y, kv_head = head / p.group_size;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  int seq = token, last_key = 0;
+  if (p.query_start_loc) {  // prefill: find the sequence owning this token
+    int lo = 0, hi = p.num_seqs - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (p.query_start_loc[mid] <= token) lo = mid;
+      else hi = mid - 1;
+    }
+    seq = lo;
+    const int q_len = p.query_start_loc[seq + 1] - p.query_start_loc[seq];
+    last_key = p.seq_lens[seq] - q_len + (token - p.query_start_loc[seq]);
+  } else {
+    last_key = p.seq_lens[seq] - 1;
+  }
+
+  const T* q = static_cast<const T*>(p.q) + token * p.q_stride_token + head * p.q_stride_head;
+  float qv[kPerLane], acc[kPerLane];
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int d = lane + 32 * i;
+    qv[i] = d < p.head_size ? to_f32(q[d]) * p.scale : 0.f;
+    acc[i] = 0.f;
+  }
+  float m = -FLT_MAX, l = 0.f;
+  const int* table = p.block_tables + int64_t(seq) * p.block_table_stride;
+  for (int j = warp; j <= last_key; j += kGenericWarps) {
+    const int64_t block = table[j / p.block_size], slot = j % p.block_size;
+    const T* k = static_cast<const T*>(p.key_cache) + block * p.k_stride_block + slot * p.k_stride_slot +
+                 kv_head * p.k_stride_head;
+    const T* v = static_cast<const T*>(p.value_cache) + block * p.v_stride_block + slot * p.v_stride_slot +
+                 kv_head * p.v_stride_head;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + 32 * i;
+      if (d < p.head_size) s += qv[i] * to_f32(k[d]);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float m_new = fmaxf(m, s), correction = __expf(m - m_new), w = __expf(s - m_new);
+    l = l * correction + w;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int d = lane + 32 * i;
+      acc[i] = acc[i] * correction + (d < p.head_size ? w * to_f32(v[d]) : 0.f);
+    }
+    m = m_new;
+  }
+
+  __shared__ float s_m[kGenericWarps], s_l[kGenericWarps], s_acc[kGenericWarps][kGenericMaxHead];
+  if (lane == 0) {
+    s_m[warp] = m;
+    s_l[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) s_acc[warp][lane + 32 * i] = acc[i];
+  __syncthreads();
+  float m_all = -FLT_MAX;
+  for (int w = 0; w < kGenericWarps; ++w) m_all = fmaxf(m_all, s_m[w]);
+  float l_all = 0.f;
+  for (int w = 0; w < kGenericWarps; ++w) l_all += s_l[w] * __expf(s_m[w] - m_all);
+  T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
+  for (int d = threadIdx.x; d < p.head_size; d += kGenericWarps * 32) {
+    float o = 0.f;
+    for (int w = 0; w < kGenericWarps; ++w) o += s_acc[w][d] * __expf(s_m[w] - m_all);
+    out[d] = from_f32<T>(l_all > 0.f ? o / l_all : 0.f);
+  }
+}
+
+// True when the tensor-core kernels handle (dtype, head_size); otherwise the generic kernel runs.
+inline bool tensor_core_attention_supports(DType dt, int64_t head_size) {
+  return (dt == DType::bf16 || dt == DType::f16) && (head_size == 64 || head_size == 128);
+}
+
+inline void launch_generic_attention(const GenericAttnParams& p, DType dt, int64_t num_tokens, int64_t num_heads,
+                                     const char* op, Stream stream) {
+  KBN_CHECK(p.head_size <= kGenericMaxHead, op, ": head_size ", p.head_size, " has no CUDA kernel; supported: 64 "
+            "and 128 on tensor cores (f16, bf16), any size up to ", kGenericMaxHead, " on the generic kernel");
+  KBN_CHECK(num_heads <= 65535, op, ": at most 65535 heads, got ", num_heads);
+  if (num_tokens == 0) return;
+  const dim3 grid{unsigned(num_tokens), unsigned(num_heads)};
+  dispatch_float16_32(dt, op, "q", [&](auto t) {
+    generic_attention_kernel<decltype(t)><<<grid, kGenericWarps * 32, 0, stream>>>(p);
+    KBN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+}  // namespace kbn::KBN_VARIANT
