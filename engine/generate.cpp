@@ -42,7 +42,7 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
   const int64_t bs = opt.block_size, nseq = int64_t(prompts.size());
 
   // Every sequence reserves the blocks for its whole length up front.
-  std::vector<int64_t> first_block(size_t(nseq)), nblocks(size_t(nseq));
+  std::vector<int64_t> first_block(static_cast<size_t>(nseq)), nblocks(static_cast<size_t>(nseq));
   int64_t total_blocks = 0, max_blocks = 0;
   for (int64_t i = 0; i < nseq; ++i) {
     int64_t len = int64_t(prompts[size_t(i)].size()) + opt.max_new_tokens;
@@ -64,12 +64,12 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
   std::unique_ptr<AnyOp> sampler = registry(variant).get("argmax").make(OpArgs{"argmax", {}, {}});
   GenerateResult res;
   res.tokens.resize(size_t(nseq));
-  std::vector<int64_t> lens(size_t(nseq));
+  std::vector<int64_t> lens(static_cast<size_t>(nseq));
 
   // ---- prefill: every prompt in one step ----
   double t0 = now_seconds();
   {
-    std::vector<int64_t> ids, pos, slots, all(size_t(nseq));
+    std::vector<int64_t> ids, pos, slots, all(static_cast<size_t>(nseq));
     std::vector<int32_t> qsl{0}, seq_lens;
     int64_t max_len = 0;
     for (int64_t i = 0; i < nseq; ++i) {
