@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""PyTorch peers for kb-nano's L1 baselines, timed on the GPU machine with the same protocol.
+
+Shapes come from a config in models/ (default Llama-3.1-8B-Instruct, tp 1): rms_norm and fused add+norm
+[T, hidden], silu*mul [T, 2*intermediate], the model's GEMMs (x @ W^T), causal prefill attention through
+SDPA's flash / cuDNN / efficient backends (GQA), and decode attention over a contiguous cache. Timing: CUDA
+events around one call, warm-up, repeat to >= 200 ms (max 1000), median with p10/p90, and a 256 MiB buffer
+written between calls so L2 is cold (--hot skips it). Writes JSON rows that kb-nano's tables can sit beside.
+
+    python3 tools/torch_bench.py --model models/llama-3.1-8b-instruct.json --json $OUT/torch_bench.json
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def timeit(fn, flush, min_ms=200.0, max_iters=1000):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times, total = [], 0.0
+    while (total < min_ms or len(times) < 10) and len(times) < max_iters:
+        if flush is not None:
+            flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        t = a.elapsed_time(b)
+        times.append(t)
+        total += t
+    times.sort()
+    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]
+    return q(0.5), q(0.1), q(0.9), len(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="models/llama-3.1-8b-instruct.json")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--tokens", default="1,32,256,1024,4096,16384")
+    ap.add_argument("--hot", action="store_true")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    cfg = json.load(open(args.model))
+    H, I, V = cfg["hidden_size"], cfg["intermediate_size"] // args.tp, cfg["vocab_size"] // args.tp
+    nh, nkv = cfg["num_attention_heads"] // args.tp, max(1, cfg["num_key_value_heads"] // args.tp)
+    D = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    eps = cfg.get("rms_norm_eps", 1e-5)
+    dev, dt = "cuda", torch.bfloat16
+    torch.backends.cuda.matmul.allow_tf32 = False
+    flush = None if args.hot else torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    rows = []
+
+    def record(op, label, backend, bytes_, flops, fn):
+        try:
+            med, p10, p90, n = timeit(fn, flush)
+        except RuntimeError as e:  # a backend that does not support the shape
+            print(f"{op:<22} {label:<28} {backend:<10} n/a ({str(e).splitlines()[0][:60]})")
+            return
+        row = {"op": op, "label": label, "backend": backend, "median_ms": med, "p10_ms": p10, "p90_ms": p90,
+               "iters": n, "bytes": bytes_, "flops": flops, "gb_per_s": bytes_ / med / 1e6,
+               "tflop_per_s": flops / med / 1e9}
+        rows.append(row)
+        print(f"{op:<22} {label:<28} {backend:<10} {med * 1e3:9.1f} us  {row['gb_per_s']:8.0f} GB/s "
+              f"{row['tflop_per_s']:7.1f} TFLOP/s")
+
+    # Ceilings, measured the same way kb-nano does: a 2 GiB device copy, and an 8192^3 bf16 matmul.
+    src = torch.empty(1 << 31, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    record("ceiling_copy", "2 GiB d2d", "torch", 2 * src.numel(), 0, lambda: dst.copy_(src))
+    a = torch.randn(8192, 8192, device=dev, dtype=dt)
+    b = torch.randn(8192, 8192, device=dev, dtype=dt)
+    record("ceiling_matmul", "8192^3 bf16", "torch", 0, 2 * 8192 ** 3, lambda: a @ b)
+    del src, dst, a, b
+
+    w = torch.randn(H, device=dev, dtype=dt)
+    for T in tokens:
+        x = torch.randn(T, H, device=dev, dtype=dt)
+        r = torch.randn(T, H, device=dev, dtype=dt)
+        record("rms_norm", f"T={T} H={H}", "torch", 2 * T * H * 2 + H * 2, 0,
+               lambda: F.rms_norm(x, (H,), w, eps))
+        record("fused_add_rms_norm", f"T={T} H={H}", "torch", 4 * T * H * 2 + H * 2, 0,
+               lambda: F.rms_norm(x + r, (H,), w, eps))
+        g = torch.randn(T, 2 * I, device=dev, dtype=dt)
+        record("silu_and_mul", f"T={T} I={I}", "torch", 3 * T * I * 2, 0, lambda: F.silu(g[:, :I]) * g[:, I:])
+        for name, K, N in (("qkv", H, (nh + 2 * nkv) * D), ("o", nh * D, H), ("gate_up", H, 2 * I),
+                           ("down", I, H), ("lm_head", H, V)):
+            xin = torch.randn(T, K, device=dev, dtype=dt)
+            W = torch.randn(N, K, device=dev, dtype=dt) * 0.02
+            record(f"linear_{name}", f"T={T} K={K} N={N}", "torch", 2 * (T * K + N * K + T * N), 2 * T * N * K,
+                   lambda: xin @ W.t())
+        del x, r, g
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    for T in (1024, 4096, 8192, 16384):
+        q = torch.randn(1, nh, T, D, device=dev, dtype=dt)
+        k = torch.randn(1, nkv, T, D, device=dev, dtype=dt)
+        v = torch.randn(1, nkv, T, D, device=dev, dtype=dt)
+        flops = 4 * nh * D * T * (T + 1) / 2
+        for bname, be in backends.items():
+            def run(be=be):
+                with sdpa_kernel(be):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            record("flash_attn_prefill", f"T={T} {nh}/{nkv} d{D} causal", bname, 4 * T * nh * D * 2 - 2 * T * (nh - nkv) * D * 2,
+                   flops, run)
+    for B, ctx in ((1, 4096), (64, 4096), (128, 8192)):
+        q = torch.randn(B, nh, 1, D, device=dev, dtype=dt)
+        k = torch.randn(B, nkv, ctx, D, device=dev, dtype=dt)
+        v = torch.randn(B, nkv, ctx, D, device=dev, dtype=dt)
+        for bname, be in backends.items():
+            def run(be=be):
+                with sdpa_kernel(be):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            record("flash_attn_decode", f"B={B} ctx={ctx} {nh}/{nkv} d{D}", bname, 2 * B * nkv * ctx * D * 2,
+                   4 * B * nh * ctx * D, run)
+
+    meta = {"tool": "tools/torch_bench.py", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+            "model": args.model, "tp": args.tp, "mode": "hot" if args.hot else "cold",
+            "date": time.strftime("%Y-%m-%d")}
+    json.dump({"meta": meta, "rows": rows}, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
