@@ -30,6 +30,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--max-shard-size", default=None, help="e.g. 200KB: save sharded with an index")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--hidden-states", action="store_true",
+                    help="also save every layer's hidden states for the first prompt (hidden_states.safetensors)")
     args = ap.parse_args()
 
     # Full fp32 everywhere: no TF32 in matmuls or convolutions.
@@ -79,6 +81,12 @@ def main():
             out = model.generate(x, max_new_tokens=args.new_tokens, do_sample=False, eos_token_id=None,
                                  pad_token_id=0, min_new_tokens=args.new_tokens)
             assert out[0, n:].tolist() == greedy, "generate() disagrees with the step loop"
+        if args.hidden_states and i == 0:
+            from safetensors.torch import save_file
+            with torch.no_grad():
+                hs = model(torch.tensor([ids], device=args.device), output_hidden_states=True).hidden_states
+            save_file({f"hidden_states.{k}": h[0].float().cpu().contiguous() for k, h in enumerate(hs)},
+                      os.path.join(args.out, "hidden_states.safetensors"))
         prompts.append({"prompt_ids": ids, "prompt_logits": logits.tolist(), "greedy_ids": greedy,
                         "greedy_top2_margin": margins})
 

@@ -110,7 +110,8 @@ def main():
             def run(be=be):
                 with sdpa_kernel(be):
                     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            record("flash_attn_prefill", f"T={T} {nh}/{nkv} d{D} causal", bname, 4 * T * nh * D * 2 - 2 * T * (nh - nkv) * D * 2,
+            # bytes: q and out [T, nh, D], k and v [T, nkv, D], bf16
+            record("flash_attn_prefill", f"T={T} {nh}/{nkv} d{D} causal", bname, 2 * (2 * T * nh * D + 2 * T * nkv * D),
                    flops, run)
     for B, ctx in ((1, 4096), (64, 4096), (128, 8192)):
         q = torch.randn(B, nh, 1, D, device=dev, dtype=dt)
