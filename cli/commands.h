@@ -5,4 +5,6 @@ namespace kbn::cli {
 // Each adds its subcommand to the app; the callback runs it.
 void add_list_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_stubs_command(CLI::App& app);
+void add_kernels_command(CLI::App& app);
 }  // namespace kbn::cli

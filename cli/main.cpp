@@ -9,6 +9,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   kbn::cli::add_list_command(app);
   kbn::cli::add_generate_command(app);
+  kbn::cli::add_stubs_command(app);
+  kbn::cli::add_kernels_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

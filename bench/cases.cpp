@@ -1,0 +1,406 @@
+#include "bench/cases.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include "kbn/error.h"
+#include "kbn/rng.h"
+
+namespace kbn::bench {
+namespace {
+
+constexpr int64_t kKvBlockSize = 16;  // the engine's default paged-KV block size
+constexpr int64_t kPrefillSequence = 4096;  // long prefills are also timed as batches of sequences this long
+constexpr double kWeightStd = 0.02;   // initializer_range of the Llama configs
+
+Tensor normal(const Shape& shape, DType dtype, Device device, uint64_t seed, const char* name, double std) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  fill_normal_(t, hash_seed(seed, name), 0.0, std);
+  return t;
+}
+
+Tensor randint(const Shape& shape, DType dtype, Device device, uint64_t seed, const char* name, int64_t lo,
+               int64_t hi) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  fill_randint_(t, hash_seed(seed, name), lo, hi);
+  return t;
+}
+
+// The first `count` entries of a seeded permutation of [0, total), as an i32 or i64 tensor of `shape`:
+// distinct cache slots (store_kvcache) or distinct blocks scattered over the cache (block tables).
+Tensor permutation_prefix(int64_t total, const Shape& shape, DType dtype, Device device, uint64_t seed,
+                          const char* name) {
+  const int64_t count = shape_numel(shape);
+  KBN_CHECK(count <= total, "bench: permutation of ", total, " values cannot fill ", count, " entries");
+  std::vector<int64_t> values(static_cast<size_t>(total));
+  std::iota(values.begin(), values.end(), int64_t(0));
+  std::mt19937_64 gen(hash_seed(seed, name));
+  std::shuffle(values.begin(), values.end(), gen);
+  values.resize(size_t(count));
+  if (dtype == DType::i64) return Tensor::from_i64(values, shape).to(device);
+  std::vector<int32_t> narrow(values.begin(), values.end());
+  return Tensor::from_i32(narrow, shape).to(device);
+}
+
+Tensor filled_i32(const std::vector<int32_t>& values, Device device) {
+  return Tensor::from_i32(values, {int64_t(values.size())}).to(device);
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Per-rank sizes of a tp-way Llama, split where vLLM splits them.
+struct RankShapes {
+  int64_t hidden, intermediate, heads, kv_heads, head_dim, vocab, vocab_full, max_positions;
+  double eps;
+};
+
+RankShapes rank_shapes(const LlamaConfig& c, int64_t tp) {
+  KBN_CHECK(tp >= 1, "--tp: expected a positive tensor-parallel size, got ", tp);
+  KBN_CHECK(c.num_attention_heads % tp == 0, "--tp: ", tp, " does not divide num_attention_heads = ",
+            c.num_attention_heads);
+  KBN_CHECK(c.intermediate_size % tp == 0, "--tp: ", tp, " does not divide intermediate_size = ", c.intermediate_size);
+  // NOTE: like vLLM's QKVParallelLinear, fewer kv heads than ranks means each rank holds one replicated head.
+  KBN_CHECK(c.num_key_value_heads % tp == 0 || tp % c.num_key_value_heads == 0, "--tp: ", tp,
+            " must divide num_key_value_heads = ", c.num_key_value_heads, " or be a multiple of it");
+  RankShapes s;
+  s.hidden = c.hidden_size;
+  s.intermediate = c.intermediate_size / tp;
+  s.heads = c.num_attention_heads / tp;
+  s.kv_heads = std::max<int64_t>(1, c.num_key_value_heads / tp);
+  s.head_dim = c.head_dim;
+  // NOTE: vLLM pads the vocabulary to a multiple of 64 before splitting; the Llama-3 vocabularies already are.
+  s.vocab = ceil_div(c.vocab_size, tp);
+  s.vocab_full = c.vocab_size;
+  s.max_positions = c.max_position_embeddings;
+  s.eps = c.rms_norm_eps;
+  return s;
+}
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+BenchCase base_case(const std::string& op, const std::string& model, int64_t tp, int64_t tokens, DType dtype) {
+  BenchCase b;
+  b.op = op;
+  b.model = model;
+  b.tp = tp;
+  b.tokens = tokens;
+  b.dtype = dtype;
+  b.args.op = op;
+  return b;
+}
+
+void add_norm_cases(std::vector<BenchCase>& out, const std::string& op, const std::string& model, int64_t tp,
+                    const RankShapes& s, const std::vector<int64_t>& tokens, DType dt) {
+  const bool fused = op == "fused_add_rms_norm";
+  const int64_t es = int64_t(dtype_size(dt)), H = s.hidden;
+  for (int64_t T : tokens) {
+    BenchCase b = base_case(op, model, tp, T, dt);
+    b.label = "T=" + str(T) + " H=" + str(H);
+    b.args.values = {{"hidden_size", double(H)}, {"eps", s.eps}};
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      std::vector<Tensor> in{normal({T, H}, dt, d, seed, "x", 1.0)};
+      if (fused) in.push_back(normal({T, H}, dt, d, seed, "residual", 1.0));
+      return in;
+    };
+    // x [T, H] (+ residual [T, H]) read, out (fused: x and residual) written, weight [H] read once.
+    const int64_t buffers = fused ? 4 : 2;
+    b.bytes = buffers * T * H * es + H * es;
+    b.flops = (fused ? 5 : 4) * T * H;
+    b.input_bytes = (fused ? 2 : 1) * T * H * es;
+    b.output_numel = (fused ? 2 : 1) * T * H;
+    out.push_back(std::move(b));
+  }
+}
+
+void add_silu_and_mul_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const RankShapes& s,
+                            const std::vector<int64_t>& tokens, DType dt) {
+  const int64_t es = int64_t(dtype_size(dt)), I = s.intermediate;
+  for (int64_t T : tokens) {
+    BenchCase b = base_case("silu_and_mul", model, tp, T, dt);
+    b.label = "T=" + str(T) + " I=" + str(I);
+    b.make_inputs = [=](Device d, uint64_t seed) { return std::vector<Tensor>{normal({T, 2 * I}, dt, d, seed, "x", 1.0)}; };
+    b.bytes = 3 * T * I * es;  // x [T, 2I] read, out [T, I] written
+    b.flops = 5 * T * I;       // silu (exp, add, divide, multiply) and the product
+    b.input_bytes = 2 * T * I * es;
+    b.output_numel = T * I;
+    out.push_back(std::move(b));
+  }
+}
+
+void add_rotary_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const LlamaConfig& c,
+                      const RankShapes& s, const std::vector<int64_t>& tokens, DType dt) {
+  const int64_t es = int64_t(dtype_size(dt)), D = s.head_dim, Hq = s.heads, Hk = s.kv_heads;
+  const int64_t max_pos = s.max_positions;
+  for (int64_t T : tokens) {
+    BenchCase b = base_case("rotary_embedding", model, tp, T, dt);
+    b.label = "T=" + str(T) + " heads=" + str(Hq) + " kv=" + str(Hk) + " D=" + str(D);
+    b.args.values = {{"head_size", double(D)},          {"rotary_dim", double(D)},
+                     {"max_position_embeddings", double(max_pos)}, {"base", c.rope_theta},
+                     {"is_neox_style", 1.0}};
+    if (c.rope_scaling.rope_type == "llama3") {
+      b.args.values["rope_factor"] = c.rope_scaling.factor;
+      b.args.values["rope_low_freq_factor"] = c.rope_scaling.low_freq_factor;
+      b.args.values["rope_high_freq_factor"] = c.rope_scaling.high_freq_factor;
+      b.args.values["rope_original_max_position_embeddings"] = double(c.rope_scaling.original_max_position_embeddings);
+    }
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      return std::vector<Tensor>{randint({T}, DType::i64, d, seed, "positions", 0, max_pos),
+                                 normal({T, Hq * D}, dt, d, seed, "query", 1.0),
+                                 normal({T, Hk * D}, dt, d, seed, "key", 1.0)};
+    };
+    // positions [T] i64 read; query and key read and written in place; one cos|sin row [D] per token.
+    b.bytes = T * 8 + 2 * T * (Hq + Hk) * D * es + T * D * es;
+    b.flops = 3 * T * (Hq + Hk) * D;  // per rotated pair: 4 multiplies, 2 adds
+    b.input_bytes = T * 8 + T * (Hq + Hk) * D * es;
+    b.output_numel = T * (Hq + Hk) * D;
+    out.push_back(std::move(b));
+  }
+}
+
+void add_embedding_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const RankShapes& s,
+                         const std::vector<int64_t>& tokens, DType dt) {
+  const int64_t es = int64_t(dtype_size(dt)), H = s.hidden, V = s.vocab;
+  for (int64_t T : tokens) {
+    BenchCase b = base_case("embedding", model, tp, T, dt);
+    b.label = "T=" + str(T) + " V=" + str(V) + " H=" + str(H);
+    // NOTE: ids stay inside this rank's shard: the registry adapter passes the whole weight as the shard.
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      return std::vector<Tensor>{randint({T}, DType::i64, d, seed, "input_ids", 0, V),
+                                 normal({V, H}, dt, d, seed, "weight", kWeightStd)};
+    };
+    b.bytes = T * 8 + 2 * T * H * es;  // ids read, the T gathered rows read (not the whole table), out written
+    b.flops = 0;
+    b.input_bytes = T * 8 + V * H * es;
+    b.output_numel = T * H;
+    out.push_back(std::move(b));
+  }
+}
+
+void add_linear_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const RankShapes& s,
+                      const std::vector<int64_t>& tokens, DType dt) {
+  const int64_t es = int64_t(dtype_size(dt));
+  struct Gemm {
+    const char* name;
+    int64_t n, k;
+  };
+  const std::vector<Gemm> gemms = {
+      {"qkv", (s.heads + 2 * s.kv_heads) * s.head_dim, s.hidden},
+      {"o", s.hidden, s.heads * s.head_dim},
+      {"gate_up", 2 * s.intermediate, s.hidden},
+      {"down", s.hidden, s.intermediate},
+      {"lm_head", s.vocab, s.hidden},
+  };
+  for (const Gemm& g : gemms) {
+    for (int64_t T : tokens) {
+      const int64_t N = g.n, K = g.k;
+      BenchCase b = base_case("linear", model, tp, T, dt);
+      b.label = std::string(g.name) + " T=" + str(T) + " N=" + str(N) + " K=" + str(K);
+      b.make_inputs = [=](Device d, uint64_t seed) {
+        return std::vector<Tensor>{normal({T, K}, dt, d, seed, "x", 1.0), normal({N, K}, dt, d, seed, "weight", kWeightStd),
+                                   Tensor()};  // Llama has no bias
+      };
+      b.bytes = (T * K + N * K + T * N) * es;
+      b.flops = 2 * T * N * K;
+      b.input_bytes = (T * K + N * K) * es;
+      b.output_numel = T * N;
+      out.push_back(std::move(b));
+    }
+  }
+}
+
+void add_store_kvcache_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const RankShapes& s,
+                             const std::vector<int64_t>& tokens, DType dt) {
+  const int64_t es = int64_t(dtype_size(dt)), Hk = s.kv_heads, D = s.head_dim;
+  for (int64_t T : tokens) {
+    const int64_t blocks = ceil_div(T, kKvBlockSize);
+    BenchCase b = base_case("store_kvcache", model, tp, T, dt);
+    b.label = "T=" + str(T) + " kv=" + str(Hk) + " D=" + str(D) + " blocks=" + str(blocks);
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      return std::vector<Tensor>{normal({T, Hk, D}, dt, d, seed, "key", 1.0),
+                                 normal({T, Hk, D}, dt, d, seed, "value", 1.0),
+                                 normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "key_cache", 1.0),
+                                 normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "value_cache", 1.0),
+                                 permutation_prefix(blocks * kKvBlockSize, {T}, DType::i64, d, seed, "slot_mapping")};
+    };
+    // key, value [T, kv, D] and slot_mapping [T] i64 read; T rows written into each cache (the rest untouched).
+    b.bytes = 4 * T * Hk * D * es + T * 8;
+    b.flops = 0;
+    b.input_bytes = 2 * T * Hk * D * es + 2 * blocks * kKvBlockSize * Hk * D * es + T * 8;
+    b.output_numel = 2 * blocks * kKvBlockSize * Hk * D;
+    out.push_back(std::move(b));
+  }
+}
+
+void set_attention_args(BenchCase& b, const RankShapes& s) {
+  b.args.values = {{"num_heads", double(s.heads)},
+                   {"head_size", double(s.head_dim)},
+                   {"scale", 1.0 / std::sqrt(double(s.head_dim))},
+                   {"num_kv_heads", double(s.kv_heads)}};
+  // NOTE: the registry adapter reads max_query_len / max_seq_len from device tensors on the host (a
+  // device-to-host copy), which cannot be captured in a CUDA graph and is inside the timed window.
+  b.graph_capturable = false;
+  b.note = "time includes the registry adapter's device-to-host read of the maxima (one small synchronous copy)";
+}
+
+void add_prefill_attention_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp,
+                                 const RankShapes& s, const std::vector<int64_t>& tokens, DType dt) {
+  const int64_t es = int64_t(dtype_size(dt)), Hq = s.heads, Hk = s.kv_heads, D = s.head_dim;
+  for (int64_t T : tokens) {
+    std::vector<int64_t> seq_counts{1};
+    if (T > kPrefillSequence && T % kPrefillSequence == 0) seq_counts.push_back(T / kPrefillSequence);
+    for (int64_t seqs : seq_counts) {
+      const int64_t L = T / seqs, blocks_per_seq = ceil_div(L, kKvBlockSize), blocks = seqs * blocks_per_seq;
+      BenchCase b = base_case("flash_attn_prefill", model, tp, T, dt);
+      b.label = "seqs=" + str(seqs) + "x" + str(L) + " heads=" + str(Hq) + " kv=" + str(Hk) + " D=" + str(D);
+      set_attention_args(b, s);
+      b.make_inputs = [=](Device d, uint64_t seed) {
+        std::vector<int32_t> starts(static_cast<size_t>(seqs + 1));
+        const std::vector<int32_t> lens(static_cast<size_t>(seqs), static_cast<int32_t>(L));
+        for (int64_t i = 0; i <= seqs; ++i) starts[size_t(i)] = int32_t(i * L);
+        // The new keys are already in the cache (stored by store_kvcache before attention runs).
+        return std::vector<Tensor>{normal({T, Hq, D}, dt, d, seed, "q", 1.0),
+                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "key_cache", 1.0),
+                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "value_cache", 1.0),
+                                   filled_i32(starts, d), filled_i32(lens, d),
+                                   permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
+                                                      "block_tables")};
+      };
+      const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4;
+      // q read, out written, each sequence's keys and values read once, metadata read.
+      b.bytes = 2 * T * Hq * D * es + 2 * seqs * L * Hk * D * es + metadata;
+      b.flops = 4 * Hq * D * seqs * (L * (L + 1) / 2);  // QK^T and PV over the causal pairs
+      b.input_bytes = T * Hq * D * es + 2 * blocks * kKvBlockSize * Hk * D * es + metadata;
+      b.output_numel = T * Hq * D;
+      out.push_back(std::move(b));
+    }
+  }
+}
+
+void add_decode_attention_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp,
+                                const RankShapes& s, const std::vector<int64_t>& batches, DType dt) {
+  const int64_t es = int64_t(dtype_size(dt)), Hq = s.heads, Hk = s.kv_heads, D = s.head_dim;
+  for (int64_t B : batches) {
+    for (int64_t ctx : decode_attention_contexts()) {
+      const int64_t blocks_per_seq = ceil_div(ctx, kKvBlockSize), blocks = B * blocks_per_seq;
+      BenchCase b = base_case("flash_attn_decode", model, tp, B, dt);
+      b.label = "B=" + str(B) + " ctx=" + str(ctx) + " heads=" + str(Hq) + " kv=" + str(Hk) + " D=" + str(D);
+      set_attention_args(b, s);
+      b.make_inputs = [=](Device d, uint64_t seed) {
+        return std::vector<Tensor>{normal({B, Hq, D}, dt, d, seed, "q", 1.0),
+                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "key_cache", 1.0),
+                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "value_cache", 1.0),
+                                   filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
+                                   permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed,
+                                                      "block_tables")};
+      };
+      const int64_t metadata = B * 4 + B * blocks_per_seq * 4;
+      // The K/V read dominates: every sequence's ctx keys and values once; plus q read, out written.
+      b.bytes = 2 * B * ctx * Hk * D * es + 2 * B * Hq * D * es + metadata;
+      b.flops = 4 * Hq * D * B * ctx;
+      b.input_bytes = B * Hq * D * es + 2 * blocks * kKvBlockSize * Hk * D * es + metadata;
+      b.output_numel = B * Hq * D;
+      out.push_back(std::move(b));
+    }
+  }
+}
+
+void add_argmax_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const RankShapes& s,
+                      const std::vector<int64_t>& tokens, DType dt) {
+  // NOTE: the sampler sees the full vocabulary (logits are gathered across ranks), so V is not split.
+  const int64_t es = int64_t(dtype_size(dt)), V = s.vocab_full;
+  for (int64_t T : tokens) {
+    BenchCase b = base_case("argmax", model, tp, T, dt);
+    b.label = "T=" + str(T) + " V=" + str(V);
+    b.make_inputs = [=](Device d, uint64_t seed) { return std::vector<Tensor>{normal({T, V}, dt, d, seed, "logits", 1.0)}; };
+    b.bytes = T * V * es + T * 8;  // logits read, i64 indices written
+    b.flops = T * V;               // one comparison per logit
+    b.input_bytes = T * V * es;
+    b.output_numel = T;
+    out.push_back(std::move(b));
+  }
+}
+
+}  // namespace
+
+const std::vector<std::string>& llama_l1_ops() {
+  static const std::vector<std::string> ops = {"embedding",        "rms_norm",          "fused_add_rms_norm",
+                                               "linear",           "rotary_embedding",  "store_kvcache",
+                                               "flash_attn_prefill", "flash_attn_decode", "silu_and_mul",
+                                               "argmax"};
+  return ops;
+}
+
+const std::vector<int64_t>& decode_token_counts() {
+  static const std::vector<int64_t> v = {1, 8, 32, 64, 128, 256};
+  return v;
+}
+const std::vector<int64_t>& prefill_token_counts() {
+  static const std::vector<int64_t> v = {512, 1024, 2048, 4096, 8192, 16384};
+  return v;
+}
+const std::vector<int64_t>& decode_attention_batches() {
+  static const std::vector<int64_t> v = {1, 8, 32, 64, 128};
+  return v;
+}
+const std::vector<int64_t>& decode_attention_contexts() {
+  static const std::vector<int64_t> v = {1024, 4096, 8192};
+  return v;
+}
+
+std::vector<BenchCase> cases_for(const std::string& op, const std::string& model, const LlamaConfig& config,
+                                 int64_t tp, const CaseOptions& options) {
+  const auto& ops = llama_l1_ops();
+  if (std::find(ops.begin(), ops.end(), op) == ops.end()) {
+    std::string known;
+    for (const auto& o : ops) known += (known.empty() ? "" : ", ") + o;
+    KBN_FAIL("--target: '", op, "' is not a benchmarked Llama L1 op; expected one of ", known);
+  }
+  for (int64_t t : options.tokens) KBN_CHECK(t > 0, "--tokens: expected positive token counts, got ", t);
+  const RankShapes s = rank_shapes(config, tp);
+  const DType dt = options.dtype;
+  KBN_CHECK(dt == DType::bf16 || dt == DType::f16 || dt == DType::f32, "--dtype: expected bf16, f16 or f32, got ",
+            dtype_name(dt));
+
+  std::vector<int64_t> tokens = options.tokens;
+  if (tokens.empty()) {
+    if (op == "flash_attn_prefill") {
+      tokens = prefill_token_counts();
+    } else if (op == "flash_attn_decode") {
+      tokens = decode_attention_batches();
+    } else {
+      tokens = decode_token_counts();
+      tokens.insert(tokens.end(), prefill_token_counts().begin(), prefill_token_counts().end());
+    }
+  }
+
+  std::vector<BenchCase> out;
+  if (op == "rms_norm" || op == "fused_add_rms_norm") add_norm_cases(out, op, model, tp, s, tokens, dt);
+  else if (op == "silu_and_mul") add_silu_and_mul_cases(out, model, tp, s, tokens, dt);
+  else if (op == "rotary_embedding") add_rotary_cases(out, model, tp, config, s, tokens, dt);
+  else if (op == "embedding") add_embedding_cases(out, model, tp, s, tokens, dt);
+  else if (op == "linear") add_linear_cases(out, model, tp, s, tokens, dt);
+  else if (op == "store_kvcache") add_store_kvcache_cases(out, model, tp, s, tokens, dt);
+  else if (op == "flash_attn_prefill") add_prefill_attention_cases(out, model, tp, s, tokens, dt);
+  else if (op == "flash_attn_decode") add_decode_attention_cases(out, model, tp, s, tokens, dt);
+  else if (op == "argmax") add_argmax_cases(out, model, tp, s, tokens, dt);
+  else KBN_FAIL("bench: no case builder for op '", op, "'");
+  return out;
+}
+
+std::string format_case_list(const std::vector<BenchCase>& cases) {
+  std::string text;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-20s %-24s %3s  %-48s %16s %18s\n", "op", "model", "tp", "case", "bytes", "FLOPs");
+  text += line;
+  for (const auto& c : cases) {
+    std::snprintf(line, sizeof line, "%-20s %-24s %3lld  %-48s %16lld %18lld\n", c.op.c_str(), c.model.c_str(),
+                  (long long)c.tp, c.label.c_str(), (long long)c.bytes, (long long)c.flops);
+    text += line;
+  }
+  return text;
+}
+
+}  // namespace kbn::bench

@@ -1,0 +1,226 @@
+#include "bench/timing.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "kbn/device.h"
+#include "kbn/error.h"
+#ifdef KBN_WITH_CUDA
+#include "kbn/cuda_check.h"
+#endif
+
+namespace kbn::bench {
+
+TimingMode parse_timing_mode(const std::string& s) {
+  if (s == "cold") return TimingMode::cold;
+  if (s == "hot") return TimingMode::hot;
+  if (s == "graph") return TimingMode::graph;
+  KBN_FAIL("--mode: expected cold, hot or graph, got '", s, "'");
+}
+
+const char* timing_mode_name(TimingMode m) {
+  switch (m) {
+    case TimingMode::cold: return "cold";
+    case TimingMode::hot: return "hot";
+    case TimingMode::graph: return "graph";
+  }
+  return "?";
+}
+
+int cold_input_sets(long long input_set_bytes, long long l2_bytes) {
+  constexpr int kMaxSets = 16;
+  constexpr long long kMaxBytes = 8LL << 30;
+  if (input_set_bytes <= 0) return 1;
+  const long long wanted = 3 * l2_bytes / input_set_bytes + 1;  // total strictly above 3x L2
+  const long long by_memory = std::max(1LL, kMaxBytes / input_set_bytes);
+  return int(std::max(1LL, std::min({wanted, by_memory, (long long)kMaxSets})));
+}
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+constexpr size_t kFlushBytes = size_t(256) << 20;
+
+double percentile(const std::vector<double>& sorted, double q) {
+  const size_t i = size_t(std::lround(q * double(sorted.size() - 1)));
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+void summarise(Timing& t, std::vector<double> per_call_ms, std::vector<double> wall_ms) {
+  std::sort(per_call_ms.begin(), per_call_ms.end());
+  std::sort(wall_ms.begin(), wall_ms.end());
+  t.ok = true;
+  t.iterations = int(per_call_ms.size());
+  t.median_ms = percentile(per_call_ms, 0.5);
+  t.p10_ms = percentile(per_call_ms, 0.1);
+  t.p90_ms = percentile(per_call_ms, 0.9);
+  t.host_wall_median_ms = percentile(wall_ms, 0.5);
+}
+
+// Owners of the CUDA objects one measurement uses, released on every path (including errors).
+struct EventPair {
+  cudaEvent_t start = nullptr, end = nullptr;
+  EventPair() {
+    KBN_CUDA_CHECK(cudaEventCreate(&start));
+    KBN_CUDA_CHECK(cudaEventCreate(&end));
+  }
+  ~EventPair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(end);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { KBN_CUDA_CHECK(cudaMalloc(&ptr, bytes)); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+struct OwnedStream {
+  cudaStream_t stream = nullptr;
+  OwnedStream() { KBN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~OwnedStream() {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+};
+
+struct OwnedGraph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  OwnedGraph() = default;
+  ~OwnedGraph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+  OwnedGraph(const OwnedGraph&) = delete;
+  OwnedGraph& operator=(const OwnedGraph&) = delete;
+};
+
+bool keep_going(int iterations, double measured_ms, const TimingOptions& o) {
+  if (iterations < o.min_iterations) return true;
+  return measured_ms < o.min_measured_ms && iterations < o.max_iterations;
+}
+
+// One timed iteration: `enqueue` between the events on `stream`, then a device-wide sync before reading.
+// Returns {event ms, host wall ms}.
+template <class Enqueue>
+std::pair<double, double> timed_iteration(cudaStream_t stream, const EventPair& ev, Enqueue enqueue) {
+  const auto wall_start = std::chrono::steady_clock::now();
+  KBN_CUDA_CHECK(cudaEventRecord(ev.start, stream));
+  enqueue();
+  KBN_CUDA_CHECK(cudaEventRecord(ev.end, stream));
+  // NOTE: a device-wide sync, not a stream sync: work the call left on other streams finishes here, before
+  // the next iteration starts.
+  KBN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto wall_end = std::chrono::steady_clock::now();
+  float ms = 0;
+  KBN_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.end));
+  return {double(ms), std::chrono::duration<double, std::milli>(wall_end - wall_start).count()};
+}
+
+Timing time_eager(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
+  Timing t;
+  t.input_sets = input_sets;
+  const bool cold = o.mode == TimingMode::cold;
+  const cudaStream_t stream = current_stream();
+  EventPair ev;
+  std::unique_ptr<DeviceBuffer> flush;
+  if (cold) flush = std::make_unique<DeviceBuffer>(kFlushBytes);
+
+  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
+  KBN_CUDA_CHECK(cudaDeviceSynchronize());
+
+  std::vector<double> per_call, wall;
+  double measured = 0;
+  for (int it = 0; keep_going(it, measured, o); ++it) {
+    // NOTE: the flush is enqueued before the start event, so it is not timed; its varying byte value keeps
+    // the writes from being elided.
+    if (cold) KBN_CUDA_CHECK(cudaMemsetAsync(flush->ptr, it & 0xff, kFlushBytes, stream));
+    auto [ms, wall_ms] = timed_iteration(stream, ev, [&] { call(it % input_sets); });
+    per_call.push_back(ms);
+    wall.push_back(wall_ms);
+    measured += ms;
+  }
+  summarise(t, std::move(per_call), std::move(wall));
+  return t;
+}
+
+Timing time_graph(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
+  Timing t;
+  t.input_sets = input_sets;
+  KBN_CUDA_CHECK(cudaDeviceSynchronize());
+  OwnedStream capture_stream;
+  StreamGuard guard(capture_stream.stream);
+  // Warm-up on the capture stream itself: per-stream workspaces (cuBLASLt) and cached output blocks exist
+  // before capture, so the captured calls allocate nothing new.
+  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
+  KBN_CUDA_CHECK(cudaDeviceSynchronize());
+
+  OwnedGraph g;
+  KBN_CUDA_CHECK(cudaStreamBeginCapture(capture_stream.stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (int i = 0; i < o.graph_calls; ++i) call(i % input_sets);
+  } catch (const Error& e) {
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(capture_stream.stream, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    (void)cudaGetLastError();  // clear the capture error so later cases run
+    t.skipped = std::string("graph: capture failed: ") + e.what();
+    return t;
+  }
+  KBN_CUDA_CHECK(cudaStreamEndCapture(capture_stream.stream, &g.graph));
+  KBN_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream));  // warm-up launch (uploads the graph)
+  KBN_CUDA_CHECK(cudaDeviceSynchronize());
+
+  EventPair ev;
+  std::vector<double> per_call, wall;
+  double measured = 0;
+  const double n = double(o.graph_calls);
+  for (int it = 0; keep_going(it, measured, o); ++it) {
+    auto [ms, wall_ms] =
+        timed_iteration(capture_stream.stream, ev, [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream)); });
+    per_call.push_back(ms / n);
+    wall.push_back(wall_ms / n);
+    measured += ms;
+  }
+  summarise(t, std::move(per_call), std::move(wall));
+  return t;
+}
+
+}  // namespace
+
+Timing time_op(const std::function<void(int)>& call, int input_sets, bool capturable, const TimingOptions& options) {
+  KBN_CHECK(input_sets >= 1, "bench: time_op needs at least one input set, got ", input_sets);
+  if (options.mode == TimingMode::graph) {
+    if (!capturable) {
+      Timing t;
+      t.skipped = "graph: n/a";
+      t.input_sets = input_sets;
+      return t;
+    }
+    return time_graph(call, input_sets, options);
+  }
+  return time_eager(call, input_sets, options);
+}
+
+#else
+
+Timing time_op(const std::function<void(int)>&, int, bool, const TimingOptions&) {
+  KBN_FAIL("kb_nano kernels times CUDA kernels; this binary was built without CUDA");
+}
+
+#endif
+
+}  // namespace kbn::bench

@@ -1,0 +1,55 @@
+#pragma once
+// The timing contract of `kb_nano kernels` (after FlashInfer's bench and the CUTLASS profiler).
+//
+// Per case: 3 warm-up calls, then timed iterations until >= 200 ms of measured time or 1000 iterations
+// (at least 10). Each iteration brackets ONE call with CUDA events recorded on the current stream, then
+// calls cudaDeviceSynchronize() before reading the events. Reported: median, p10 and p90 per call.
+//
+// What is counted: everything the call enqueues on the bench stream between the two events, and any gap
+// in which that stream waits (for another stream it joins through an event, or for the host, e.g. a
+// device-to-host copy inside the call).
+// What is NOT counted: work the call pushes to another stream or thread that the bench stream never waits
+// for. The device-wide sync only makes such work finish before the next iteration starts (so it cannot
+// overlap and slow the next measurement); its duration is not added. As a cross-check every iteration also
+// records the host wall time from before the start event to after the device sync (all device work plus
+// launch and sync overhead); a host wall time far above the event time points at unbracketed work.
+//
+// Modes: cold (default) writes a 256 MiB flush buffer with cudaMemsetAsync before each call (outside the
+// events) and rotates among several input sets that together exceed 3x the L2 size; hot skips both; graph
+// captures 20 calls into a CUDA graph on a non-default stream and reports the graph's time / 20.
+#include <functional>
+#include <string>
+
+namespace kbn::bench {
+
+enum class TimingMode { cold, hot, graph };
+TimingMode parse_timing_mode(const std::string& s);  // the error names --mode and the accepted values
+const char* timing_mode_name(TimingMode m);
+
+struct TimingOptions {
+  TimingMode mode = TimingMode::cold;
+  int warmup_calls = 3;
+  double min_measured_ms = 200.0;
+  int max_iterations = 1000;
+  int min_iterations = 10;
+  int graph_calls = 20;  // calls captured per graph (graph mode)
+};
+
+struct Timing {
+  bool ok = false;
+  std::string skipped;   // why no time was taken (e.g. "graph: n/a"), when !ok
+  double median_ms = 0, p10_ms = 0, p90_ms = 0;  // per call
+  double host_wall_median_ms = 0;                // per iteration (per graph launch / graph_calls in graph mode)
+  int iterations = 0;
+  int input_sets = 1;
+};
+
+// Input sets needed for cold-L2 rotation: their total must exceed 3x the L2 size; at most 16 sets and 8 GiB.
+int cold_input_sets(long long input_set_bytes, long long l2_bytes);
+
+// Times `call(set)` (runs the op once on input set `set`, 0 <= set < input_sets) under the contract above.
+// `capturable` is false when the call does host work that a CUDA graph cannot hold (graph mode then
+// reports "graph: n/a"). Needs a CUDA build and a GPU.
+Timing time_op(const std::function<void(int set)>& call, int input_sets, bool capturable, const TimingOptions& options);
+
+}  // namespace kbn::bench
