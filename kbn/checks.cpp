@@ -9,6 +9,12 @@ void check_defined(const Tensor& t, const char* op, const char* arg) {
   KBN_CHECK(t.defined(), op, ": argument '", arg, "' is an undefined tensor");
 }
 
+void check_cpu(const Tensor& t, const char* op, const char* arg) {
+  check_defined(t, op, arg);
+  KBN_CHECK(t.is_cpu(), op, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
+            t.str());
+}
+
 void check_rank(const Tensor& t, const char* op, const char* arg, int64_t rank, const char* layout) {
   check_defined(t, op, arg);
   KBN_CHECK(t.dim() == rank, op, ": argument '", arg, "' must be ", rank, "-D ", layout, ", got ", t.str());

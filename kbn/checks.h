@@ -9,6 +9,8 @@
 namespace kbn {
 
 void check_defined(const Tensor& t, const char* op, const char* arg);
+// The tensor lives in host memory (the reference oracle runs on the CPU).
+void check_cpu(const Tensor& t, const char* op, const char* arg);
 // `layout` describes the dimensions, e.g. "[num_tokens, hidden_size]".
 void check_rank(const Tensor& t, const char* op, const char* arg, int64_t rank, const char* layout);
 void check_dtype(const Tensor& t, const char* op, const char* arg, std::initializer_list<DType> allowed);

@@ -11,11 +11,6 @@ namespace {
 
 constexpr const char* kOp = "reference::silu_and_mul";
 
-void check_cpu(const Tensor& t, const char* arg) {
-  KBN_CHECK(t.is_cpu(), kOp, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
-            t.str());
-}
-
 double silu(double a) { return a / (1.0 + std::exp(-a)); }
 
 }  // namespace
@@ -23,13 +18,13 @@ double silu(double a) { return a / (1.0 + std::exp(-a)); }
 void silu_and_mul(Tensor& out, const Tensor& x) {
   check_rank(x, kOp, "x", 2, "[num_tokens, 2 * d]");
   check_dtype(x, kOp, "x", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
-  check_cpu(x, "x");
+  check_cpu(x, kOp, "x");
   KBN_CHECK(x.size(1) % 2 == 0, kOp, ": argument 'x' [num_tokens, 2 * d] must have an even last dimension, got ",
             x.str());
   const int64_t n = x.size(0), d = x.size(1) / 2;
   check_rank(out, kOp, "out", 2, "[num_tokens, d]");
   check_dtype(out, kOp, "out", {DType::f32, DType::f16, DType::bf16});
-  check_cpu(out, "out");
+  check_cpu(out, kOp, "out");
   check_size(out, kOp, "out", 0, n, "num_tokens");
   check_size(out, kOp, "out", 1, d, "d = x.size(1) / 2");
 

@@ -12,11 +12,6 @@ namespace kbn::reference {
 
 namespace {
 
-void check_cpu(const Tensor& t, const char* op, const char* arg) {
-  KBN_CHECK(t.is_cpu(), op, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
-            t.str());
-}
-
 // Row ranges of the query: sequence b owns query rows [query_start[b], query_start[b + 1]).
 struct PagedBatch {
   std::vector<int64_t> query_start;  // [num_seqs + 1]

@@ -10,24 +10,19 @@ namespace {
 
 constexpr const char* kOp = "reference::embedding";
 
-void check_cpu(const Tensor& t, const char* arg) {
-  KBN_CHECK(t.is_cpu(), kOp, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
-            t.str());
-}
-
 }  // namespace
 
 void embedding(Tensor& out, const Tensor& ids, const Tensor& weight) {
   check_rank(ids, kOp, "ids", 1, "[num_tokens]");
   check_dtype(ids, kOp, "ids", {DType::i32, DType::i64});
-  check_cpu(ids, "ids");
+  check_cpu(ids, kOp, "ids");
   check_rank(weight, kOp, "weight", 2, "[vocab, hidden]");
   check_dtype(weight, kOp, "weight", {DType::f32, DType::f16, DType::bf16});
-  check_cpu(weight, "weight");
+  check_cpu(weight, kOp, "weight");
   const int64_t num_tokens = ids.size(0), vocab = weight.size(0), hidden = weight.size(1);
   check_rank(out, kOp, "out", 2, "[num_tokens, hidden]");
   check_dtype(out, kOp, "out", {DType::f32, DType::f16, DType::bf16});
-  check_cpu(out, "out");
+  check_cpu(out, kOp, "out");
   check_size(out, kOp, "out", 0, num_tokens, "num_tokens = ids.size(0)");
   check_size(out, kOp, "out", 1, hidden, "hidden = weight.size(1)");
 

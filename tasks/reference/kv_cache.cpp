@@ -10,21 +10,16 @@ namespace {
 
 constexpr const char* kOp = "reference::reshape_and_cache";
 
-void check_cpu(const Tensor& t, const char* arg) {
-  KBN_CHECK(t.is_cpu(), kOp, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
-            t.str());
-}
-
 void check_kv(const Tensor& t, const char* arg) {
   check_rank(t, kOp, arg, 3, "[num_tokens, num_kv_heads, head_size]");
   check_dtype(t, kOp, arg, {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
-  check_cpu(t, arg);
+  check_cpu(t, kOp, arg);
 }
 
 void check_cache(const Tensor& t, const char* arg) {
   check_rank(t, kOp, arg, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
   check_dtype(t, kOp, arg, {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
-  check_cpu(t, arg);
+  check_cpu(t, kOp, arg);
 }
 
 }  // namespace
@@ -45,7 +40,7 @@ void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor& key_cache
   const int64_t num_slots = key_cache.size(0) * block_size;
   check_rank(slot_mapping, kOp, "slot_mapping", 1, "[num_tokens]");
   check_dtype(slot_mapping, kOp, "slot_mapping", {DType::i64, DType::i32});
-  check_cpu(slot_mapping, "slot_mapping");
+  check_cpu(slot_mapping, kOp, "slot_mapping");
   check_size(slot_mapping, kOp, "slot_mapping", 0, num_tokens, "num_tokens = key.size(0)");
 
   const std::vector<int64_t> slots = slot_mapping.to_ints();

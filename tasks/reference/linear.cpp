@@ -10,32 +10,27 @@ namespace {
 
 constexpr const char* kOp = "reference::linear";
 
-void check_cpu(const Tensor& t, const char* arg) {
-  KBN_CHECK(t.is_cpu(), kOp, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
-            t.str());
-}
-
 }  // namespace
 
 void linear(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias) {
   check_rank(x, kOp, "x", 2, "[num_tokens, in_features]");
   check_dtype(x, kOp, "x", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
-  check_cpu(x, "x");
+  check_cpu(x, kOp, "x");
   const int64_t num_tokens = x.size(0), in_features = x.size(1);
   check_rank(weight, kOp, "weight", 2, "[out_features, in_features]");
   check_dtype(weight, kOp, "weight", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
-  check_cpu(weight, "weight");
+  check_cpu(weight, kOp, "weight");
   check_size(weight, kOp, "weight", 1, in_features, "in_features = x.size(1)");
   const int64_t out_features = weight.size(0);
   if (bias.defined()) {
     check_rank(bias, kOp, "bias", 1, "[out_features]");
     check_dtype(bias, kOp, "bias", {DType::f32, DType::f16, DType::bf16});
-    check_cpu(bias, "bias");
+    check_cpu(bias, kOp, "bias");
     check_size(bias, kOp, "bias", 0, out_features, "out_features = weight.size(0)");
   }
   check_rank(out, kOp, "out", 2, "[num_tokens, out_features]");
   check_dtype(out, kOp, "out", {DType::f32, DType::f16, DType::bf16});
-  check_cpu(out, "out");
+  check_cpu(out, kOp, "out");
   check_size(out, kOp, "out", 0, num_tokens, "num_tokens = x.size(0)");
   check_size(out, kOp, "out", 1, out_features, "out_features = weight.size(0)");
 

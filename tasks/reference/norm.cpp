@@ -10,7 +10,8 @@ static void check_norm_args(const Tensor& x, const Tensor& weight, const char* o
   check_rank(x, op, "x", 2, "[num_tokens, hidden_size]");
   check_rank(weight, op, "weight", 1, "[hidden_size]");
   check_size(x, op, "x", 1, weight.size(0), "hidden_size");
-  KBN_CHECK(x.is_cpu() && weight.is_cpu(), op, ": the reference runs on CPU tensors, got ", x.str());
+  check_cpu(x, op, "x");
+  check_cpu(weight, op, "weight");
 }
 
 void rms_norm(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {

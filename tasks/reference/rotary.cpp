@@ -14,11 +14,6 @@ namespace {
 constexpr const char* kCacheOp = "reference::rope_cos_sin_cache";
 constexpr const char* kRotaryOp = "reference::rotary_embedding";
 
-void check_cpu(const Tensor& t, const char* arg) {
-  KBN_CHECK(t.is_cpu(), kRotaryOp, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
-            t.str());
-}
-
 // inv_freq[i] = base^(-2i / rotary_dim), i in [0, rotary_dim / 2).
 std::vector<double> default_inv_freq(int64_t rotary_dim, double base) {
   std::vector<double> inv_freq(size_t(rotary_dim / 2));
@@ -58,7 +53,7 @@ void apply_llama3_scaling(std::vector<double>& inv_freq, const RopeScaling& s) {
 int64_t check_rotary_operand(const Tensor& x, const char* arg, int64_t num_tokens, int64_t head_size) {
   check_defined(x, kRotaryOp, arg);
   check_dtype(x, kRotaryOp, arg, {DType::f32, DType::f16, DType::bf16});
-  check_cpu(x, arg);
+  check_cpu(x, kRotaryOp, arg);
   KBN_CHECK(x.dim() == 2 || x.dim() == 3, kRotaryOp, ": argument '", arg,
             "' must be 2-D [num_tokens, num_heads * head_size] or 3-D [num_tokens, num_heads, head_size], got ",
             x.str());
@@ -127,10 +122,10 @@ void rotary_embedding(const Tensor& positions, Tensor& query, Tensor& key, int64
                       const Tensor& cos_sin_cache, bool is_neox) {
   check_rank(positions, kRotaryOp, "positions", 1, "[num_tokens]");
   check_dtype(positions, kRotaryOp, "positions", {DType::i64, DType::i32});
-  check_cpu(positions, "positions");
+  check_cpu(positions, kRotaryOp, "positions");
   check_rank(cos_sin_cache, kRotaryOp, "cos_sin_cache", 2, "[max_position, rotary_dim]");
   check_dtype(cos_sin_cache, kRotaryOp, "cos_sin_cache", {DType::f32, DType::f16, DType::bf16});
-  check_cpu(cos_sin_cache, "cos_sin_cache");
+  check_cpu(cos_sin_cache, kRotaryOp, "cos_sin_cache");
   KBN_CHECK(head_size > 0, kRotaryOp, ": argument 'head_size' must be positive, got ", head_size);
   const int64_t max_position = cos_sin_cache.size(0), rotary_dim = cos_sin_cache.size(1);
   KBN_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_size, kRotaryOp,

@@ -11,22 +11,17 @@ namespace {
 
 constexpr const char* kOp = "reference::argmax";
 
-void check_cpu(const Tensor& t, const char* arg) {
-  KBN_CHECK(t.is_cpu(), kOp, ": argument '", arg, "' must be a CPU tensor (the reference runs on the host), got ",
-            t.str());
-}
-
 }  // namespace
 
 void argmax(Tensor& out, const Tensor& logits) {
   check_rank(logits, kOp, "logits", 2, "[num_tokens, vocab]");
   check_dtype(logits, kOp, "logits", {DType::f32, DType::f16, DType::bf16});
-  check_cpu(logits, "logits");
+  check_cpu(logits, kOp, "logits");
   KBN_CHECK(logits.size(1) >= 1, kOp, ": argument 'logits' [num_tokens, vocab] needs vocab >= 1, got ", logits.str());
   const int64_t num_tokens = logits.size(0), vocab = logits.size(1);
   check_rank(out, kOp, "out", 1, "[num_tokens]");
   check_dtype(out, kOp, "out", {DType::i64});
-  check_cpu(out, "out");
+  check_cpu(out, kOp, "out");
   check_size(out, kOp, "out", 0, num_tokens, "num_tokens = logits.size(0)");
 
   const std::vector<double> x = logits.to_doubles();

@@ -12,6 +12,7 @@
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #include "L1/attention_generic.cuh"
+#include "L1/attention_mma.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -53,74 +54,6 @@ constexpr int kMaxSplits = 64;
 constexpr int kMinPartitionKeys = 256;
 constexpr int kReduceThreads = 128;
 
-__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// 16-byte global -> shared copy that bypasses L1; with valid == false it writes 16 zero bytes and reads nothing.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-// Four 8x8 b16 matrices; lanes 8i..8i+7 address the rows of matrix i, and lane l receives row l / 4, columns
-// 2 (l % 4) and 2 (l % 4) + 1 of each matrix (the transposed variant: row 2 (l % 4) and 2 (l % 4) + 1 of column
-// l / 4), which is exactly the m16n8k16 A / B operand fragment layout.
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c[16x8] += a[16x16] * b[16x8], fp32 accumulate. Fragments (g = lane / 4, t = lane % 4):
-//   a: {(g, 2t..2t+1), (g+8, 2t..2t+1), (g, 2t+8..2t+9), (g+8, 2t+8..2t+9)}   (row, k)
-//   b: {(2t..2t+1, g), (2t+8..2t+9, g)}                                         (k, col)
-//   c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}                             (row, col)
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats -> one register of two 16-bit values, `lo` in the low half (the lower column of a fragment pair).
-template <class T>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
-}
-
-// Element offset of 16-byte chunk `chunk` of row `row` in a shared [rows, kHeadDim] tile, XOR-swizzled by row % 8
-// so that ldmatrix phases and cp.async writes hit eight different bank groups.
-template <int kHeadDim>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
-}
 
 // Split-KV decode (flash-decoding) on tensor cores. grid = (num_splits, num_kv_heads * head_chunks, num_seqs);
 // block = kThreads. A block takes up to kRows query heads that share one kv head (the GQA group, padded to the 16
