@@ -57,6 +57,69 @@ std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   return s;
 }
 
+// Where a candidate file stops being used: an op whose baseline include closure reaches `file` but whose
+// candidate closure does not, because higher-level candidate files dropped the includes leading to it.
+struct Hiding {
+  const OpEntry* op;
+  std::vector<std::string> by;  // candidate files on the baseline path that no longer include the next step
+};
+
+// True when `file`, or the header whose implementation it is, lies in `closure`.
+bool reaches(const std::set<std::string>& closure, const std::string& file) {
+  std::string header = file.substr(0, file.rfind('.')) + ".h";
+  return closure.count(file) || closure.count(header);
+}
+
+std::vector<Hiding> hidings_of(const std::string& file) {
+  const IncludeGraph& base = include_graph(Variant::baseline);
+  const IncludeGraph& cand = include_graph(Variant::candidate);
+  auto edges = [](const IncludeGraph& g, const std::string& f) {
+    auto it = g.edges.find(f);
+    return it == g.edges.end() ? std::vector<std::string>{} : it->second;
+  };
+  std::vector<Hiding> out;
+  for (const auto& e : registry(Variant::baseline).entries()) {
+    const std::set<std::string> base_closure = base.closure(e.header);
+    if (!reaches(base_closure, file) || reaches(cand.closure(e.header), file)) continue;
+    Hiding h{&e, {}};
+    for (const auto& c : candidate_files()) {
+      if (c == file || !base_closure.count(c)) continue;
+      // c hides `file` when a baseline include of c led to it and c's candidate twin dropped that include.
+      const std::vector<std::string> now = edges(cand, c);
+      for (const auto& inc : edges(base, c))
+        if (reaches(base.closure(inc), file) && std::find(now.begin(), now.end(), inc) == now.end()) {
+          h.by.push_back("tasks/candidate/" + c);
+          break;
+        }
+    }
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+void print_candidates() {
+  std::cout << "Candidate files compiled in, and the ops they change:\n";
+  for (const auto& f : candidate_files()) {
+    std::cout << "  tasks/candidate/" << f << " -> " << join(ops_affected_by(f, Variant::candidate)) << "\n";
+    std::vector<std::string> l4_reached;
+    bool l4_hidden = false;
+    for (const auto& e : registry(Variant::candidate).entries())
+      if (e.level == 4 && reaches(include_graph(Variant::candidate).closure(e.header), f)) l4_reached.push_back(e.name);
+    for (const auto& h : hidings_of(f)) {
+      l4_hidden = l4_hidden || h.op->level == 4;
+      std::cout << "      hidden from " << h.op->name << " (L" << h.op->level << ") by "
+                << (h.by.empty() ? "candidate files that no longer include it" : join(h.by))
+                << ": that op no longer includes this file, so this candidate does not run there\n";
+    }
+    if (!l4_reached.empty())
+      std::cout << "      reaches L4: " << join(l4_reached) << "\n";
+    else if (l4_hidden)
+      std::cout << "      HIDDEN: no L4 model runs this candidate any more\n";
+    else
+      std::cout << "      reaches no L4 model (nor did its baseline twin)\n";
+  }
+}
+
 void run(const Options& o) {
   const Registry& reg = registry(Variant::baseline);
   auto by_model = ops_by_model(Variant::baseline);
@@ -73,6 +136,9 @@ void run(const Options& o) {
     }
     j["models"] = by_model;
     j["candidate_files"] = candidate_files();
+    for (const auto& f : candidate_files())
+      for (const auto& h : hidings_of(f))
+        j["candidate_hidden"][f].push_back({{"op", h.op->name}, {"level", h.op->level}, {"by", h.by}});
     std::cout << j.dump(2) << "\n";
     return;
   }
@@ -93,9 +159,7 @@ void run(const Options& o) {
       std::cout << "No candidate compiled in (tasks/candidate/ held no task files when kb_nano was built).\n";
       return;
     }
-    std::cout << "Candidate files compiled in, and the ops they change:\n";
-    for (const auto& f : candidate_files())
-      std::cout << "  tasks/candidate/" << f << " -> " << join(ops_affected_by(f, Variant::candidate)) << "\n";
+    print_candidates();
     return;
   }
 

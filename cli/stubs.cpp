@@ -210,8 +210,8 @@ struct StubFile {
 
 const char* kMarker = "// >>> YOUR KERNEL HERE";
 
-std::string banner(const std::string& rel, const std::vector<const OpEntry*>& ops, const std::vector<ClassDecl>& classes,
-                   bool implementation) {
+std::string banner(const std::string& rel, const std::vector<const OpEntry*>& ops,
+                   const std::vector<ClassDecl>& classes, bool implementation) {
   std::vector<std::string> names;
   for (const auto* e : ops) names.push_back(e->name + " (" + e->class_name + ")");
   std::ostringstream b;
@@ -265,7 +265,8 @@ std::vector<StubFile> stubs_for_header(const std::string& header, const std::vec
   std::vector<StubFile> out{{header, banner(header, ops, classes, false) + h_text}};
   const std::string cu = header.substr(0, header.rfind('.')) + ".cu";
   if (fs::exists(baseline_dir / cu))
-    out.push_back({cu, banner(cu, ops, classes, true) + mark_forwards(read_text(baseline_dir / cu), ops.front()->level)});
+    out.push_back(
+        {cu, banner(cu, ops, classes, true) + mark_forwards(read_text(baseline_dir / cu), ops.front()->level)});
   return out;
 }
 

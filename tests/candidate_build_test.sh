@@ -4,12 +4,18 @@
 # CASE scaled_rms_norm: the candidate variant's L4 output differs from the baseline's, which is unchanged,
 #                       and `kb_nano list --candidates` reports the ops the file changes.
 # CASE bad_signature / bad_class / orphan: the build fails with a message naming the file and the problem.
+# CASE stubs: `kb_nano stubs` (MAIN_KB_NANO) writes a stub pair per op, refuses to overwrite without --force,
+#             and a build with all stubs as candidates generates the same tokens as the baseline.
+# CASE hidden: a candidate L3 decoder layer that no longer includes L1/rms_norm.h hides the candidate
+#              L1/rms_norm.cu from it, and `kb_nano list --candidates` says so, naming the L3 file.
 set -u
 src=$1; work=$2; case=$3; main_bin=${4:-}
 build="$work/candidate-$case"
 rm -rf "$build"
-cfg() { cmake -S "$src" -B "$build" -G Ninja -DKBN_ENABLE_CUDA=OFF -DKBN_BUILD_TESTS=OFF \
-          -DKBN_CANDIDATE_DIR="$src/tests/candidates/$case" >"$build.log" 2>&1; }
+cfg() {  # [candidate dir]
+  cmake -S "$src" -B "$build" -G Ninja -DKBN_ENABLE_CUDA=OFF -DKBN_BUILD_TESTS=OFF \
+        -DKBN_CANDIDATE_DIR="${1:-$src/tests/candidates/$case}" >"$build.log" 2>&1
+}
 expect_in() {  # text, pattern
   if ! grep -q -- "$2" <<<"$1"; then echo "FAIL: expected '$2' in:"; echo "$1" | tail -40; exit 1; fi
 }
@@ -46,6 +52,63 @@ case "$case" in
     expect_in "$out" "has no baseline twin"
     expect_in "$out" "L1/fast_gelu.h"
     echo "PASS"
+    ;;
+  stubs)
+    [ -n "$main_bin" ] || { echo "FAIL: the stubs case needs the main build's kb_nano as argument 4"; exit 1; }
+    stubs_dir="$work/stub-cands"
+    rm -rf "$stubs_dir"
+    stubs() { KBN_SOURCE_DIR="$src" "$main_bin" stubs --dir "$stubs_dir" "$@" 2>&1; }
+    out=$(stubs) || { echo "FAIL: kb_nano stubs failed:"; echo "$out"; exit 1; }
+    expect_in "$out" "wrote   L1/rms_norm.h"
+    expect_in "$out" "wrote   L4/llama.cu"
+    expect_in "$out" "0 skipped"
+    for f in $(cd "$src/tasks/baseline" && ls L*/*.h L*/*.cu); do
+      [ -f "$stubs_dir/$f" ] || { echo "FAIL: no stub $f"; exit 1; }
+    done
+    [ "$(grep -c '^#include "L1/rms_norm.h"' "$stubs_dir/L1/rms_norm.cu")" = 1 ] || { echo "FAIL: rms_norm.cu written twice?"; exit 1; }
+    expect_in "$(cat "$stubs_dir/L1/rms_norm.cu")" "// >>> YOUR KERNEL HERE: RMSNorm::forward"
+    expect_in "$(cat "$stubs_dir/L1/rms_norm.h")" "Replaces tasks/baseline/L1/rms_norm.h in the candidate variant"
+    expect_in "$(cat "$stubs_dir/L1/rms_norm.h")" "RMSNorm(int64_t hidden_size, double eps = 1e-6, const ParamOptions& opts = {});"
+    expect_in "$(cat "$stubs_dir/L1/rms_norm.h")" "std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual);"
+    expect_in "$(cat "$stubs_dir/L1/rms_norm.h")" "Ops: rms_norm (RMSNorm), fused_add_rms_norm (RMSNorm)"
+    echo "// edited by the user" >>"$stubs_dir/L1/rms_norm.cu"
+    out=$(stubs) || { echo "FAIL: second kb_nano stubs failed:"; echo "$out"; exit 1; }
+    expect_in "$out" "skipped L1/rms_norm.cu (exists; --force overwrites it)"
+    expect_in "$out" "0 written"
+    expect_in "$(tail -1 "$stubs_dir/L1/rms_norm.cu")" "edited by the user"
+    out=$(stubs --target rms_norm --force) || { echo "FAIL: stubs --force failed:"; echo "$out"; exit 1; }
+    expect_in "$out" "2 written, 0 skipped"
+    if grep -q "edited by the user" "$stubs_dir/L1/rms_norm.cu"; then echo "FAIL: --force did not overwrite"; exit 1; fi
+    out=$(stubs --target rmsnorm) && { echo "FAIL: accepted an unknown op"; exit 1; }
+    expect_in "$out" "--target: unknown op 'rmsnorm'; known: rms_norm"
+    out=$(stubs --architecture NoSuchForCausalLM) && { echo "FAIL: accepted an unknown architecture"; exit 1; }
+    expect_in "$out" "--architecture: 'NoSuchForCausalLM' is neither"
+    cfg "$stubs_dir" || { cat "$build.log"; exit 1; }
+    ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
+    bin="$build/kb_nano"
+    args=(generate --model tiny-llama --device cpu --prompt-ids 5,6,7 --max-new-tokens 4)
+    base=$("$bin" "${args[@]}" --variant baseline 2>/dev/null | grep '^prompt')
+    cand=$("$bin" "${args[@]}" --variant candidate 2>/dev/null | grep '^prompt')
+    [ -n "$base" ] && [ -n "$cand" ] || { echo "FAIL: no output"; exit 1; }
+    [ "$base" = "$cand" ] || { echo "FAIL: stubs changed the output: baseline $base, candidate $cand"; exit 1; }
+    listing=$("$bin" list --candidates)
+    expect_in "$listing" "tasks/candidate/L1/rms_norm.cu -> rms_norm, fused_add_rms_norm"
+    expect_in "$listing" "tasks/candidate/L4/llama.h"
+    echo "tokens: $cand"; echo "PASS"
+    ;;
+  hidden)
+    cfg || { cat "$build.log"; exit 1; }
+    ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
+    listing=$("$build/kb_nano" list --candidates)
+    rms=$(grep -A4 '^  tasks/candidate/L1/rms_norm.cu' <<<"$listing")
+    expect_in "$rms" "hidden from llama_decoder_layer (L3) by tasks/candidate/L3/llama_decoder_layer.h"
+    # L4/llama.h still includes L1/rms_norm.h for the final norm, so the model still runs the candidate.
+    expect_in "$rms" "reaches L4: llama_for_causal_lm"
+    if grep -q "hidden" <<<"$(grep -A4 '^  tasks/candidate/L3/' <<<"$listing")"; then
+      echo "FAIL: the L3 candidate reported hidden:"; echo "$listing"; exit 1
+    fi
+    expect_in "$("$build/kb_nano" list --json)" '"candidate_hidden"'
+    echo "$listing"; echo "PASS"
     ;;
   *) echo "unknown case $case"; exit 2 ;;
 esac

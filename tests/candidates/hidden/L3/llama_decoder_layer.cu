@@ -1,0 +1,54 @@
+#include "L3/llama_decoder_layer.h"
+
+#include "kbn/error.h"
+#include "reference/reference.h"
+
+namespace kbn::KBN_VARIANT {
+
+InlineRMSNorm::InlineRMSNorm(int64_t hidden_size, double eps, const ParamOptions& opts) : eps_(eps) {
+  weight = Tensor::full({hidden_size}, 1.0, opts.dtype, opts.device);
+  register_parameter("weight", &weight, InitKind::ones);
+}
+
+Tensor InlineRMSNorm::forward(const Tensor& x) {
+  KBN_CHECK(x.is_cpu(), "hidden test candidate: CPU only");
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  reference::rms_norm(out, x, weight, eps_);
+  return out;
+}
+
+std::pair<Tensor, Tensor> InlineRMSNorm::forward(const Tensor& x, const Tensor& residual) {
+  KBN_CHECK(x.is_cpu(), "hidden test candidate: CPU only");
+  Tensor xm = x, rm = residual;
+  reference::fused_add_rms_norm(xm, rm, weight, eps_);
+  return {x, residual};
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const std::string& prefix, const ParamOptions& opts)
+    : self_attn(config, config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.rope_theta,
+                config.rope_scaling, config.max_position_embeddings, config.attention_bias, prefix + ".self_attn", opts),
+      mlp(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias, prefix + ".mlp", opts),
+      input_layernorm(config.hidden_size, config.rms_norm_eps, opts),
+      post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts) {
+  register_module("self_attn", &self_attn);
+  register_module("mlp", &mlp);
+  register_module("input_layernorm", &input_layernorm);
+  register_module("post_attention_layernorm", &post_attention_layernorm);
+}
+
+std::pair<Tensor, Tensor> LlamaDecoderLayer::forward(const Tensor& positions, const Tensor& hidden_states,
+                                                     const Tensor& residual) {
+  Tensor h, res;
+  if (!residual.defined()) {
+    res = hidden_states;
+    h = input_layernorm.forward(hidden_states);
+  } else {
+    std::tie(h, res) = input_layernorm.forward(hidden_states, residual);
+  }
+  h = self_attn.forward(positions, h);
+  std::tie(h, res) = post_attention_layernorm.forward(h, res);
+  h = mlp.forward(h);
+  return {h, res};
+}
+
+}  // namespace kbn::KBN_VARIANT
