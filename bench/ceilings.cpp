@@ -10,6 +10,7 @@
 #include "kbn/rng.h"
 #include "kbn/tensor.h"
 #ifdef KBN_WITH_CUDA
+#include "bench/cuda_events.h"
 #include "kbn/cuda_check.h"
 #endif
 
@@ -21,19 +22,6 @@ namespace {
 constexpr int kRepeats = 10;
 constexpr int kWarmup = 2;
 
-struct EventPair {
-  cudaEvent_t start = nullptr, end = nullptr;
-  EventPair() {
-    KBN_CUDA_CHECK(cudaEventCreate(&start));
-    KBN_CUDA_CHECK(cudaEventCreate(&end));
-  }
-  ~EventPair() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(end);
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-};
 
 // Median milliseconds of `enqueue` over kRepeats event-bracketed runs on the current stream.
 template <class Enqueue>

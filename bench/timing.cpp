@@ -10,6 +10,7 @@
 #include "kbn/device.h"
 #include "kbn/error.h"
 #ifdef KBN_WITH_CUDA
+#include "bench/cuda_events.h"
 #include "kbn/cuda_check.h"
 #endif
 
@@ -61,21 +62,7 @@ void summarise(Timing& t, std::vector<double> per_call_ms, std::vector<double> w
   t.host_wall_median_ms = percentile(wall_ms, 0.5);
 }
 
-// Owners of the CUDA objects one measurement uses, released on every path (including errors).
-struct EventPair {
-  cudaEvent_t start = nullptr, end = nullptr;
-  EventPair() {
-    KBN_CUDA_CHECK(cudaEventCreate(&start));
-    KBN_CUDA_CHECK(cudaEventCreate(&end));
-  }
-  ~EventPair() {
-    cudaEventDestroy(start);
-    cudaEventDestroy(end);
-  }
-  EventPair(const EventPair&) = delete;
-  EventPair& operator=(const EventPair&) = delete;
-};
-
+// Owns a device allocation for one measurement, released on every path (including errors).
 struct DeviceBuffer {
   void* ptr = nullptr;
   explicit DeviceBuffer(size_t bytes) { KBN_CUDA_CHECK(cudaMalloc(&ptr, bytes)); }

@@ -106,11 +106,6 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
   }
 }
 
-// True when the tensor-core kernels handle (dtype, head_size); otherwise the generic kernel runs.
-inline bool tensor_core_attention_supports(DType dt, int64_t head_size) {
-  return (dt == DType::bf16 || dt == DType::f16) && (head_size == 64 || head_size == 128);
-}
-
 inline void launch_generic_attention(const GenericAttnParams& p, DType dt, int64_t num_tokens, int64_t num_heads,
                                      const char* op, Stream stream) {
   KBN_CHECK(p.head_size <= kGenericMaxHead, op, ": head_size ", p.head_size, " has no CUDA kernel; supported: 64 "

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kbn/dtype.h"
+#include "kbn/error.h"
+
 namespace kbn::KBN_VARIANT {
 namespace {
 
@@ -78,6 +81,23 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 template <int kHeadDim>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+// The head sizes the tensor-core kernels are instantiated for, declared once: f(std::integral_constant<int, D>)
+// or an error naming the set.
+template <class F>
+void dispatch_head_size(int64_t head_size, const char* op, F&& f) {
+  switch (head_size) {
+    case 64: f(std::integral_constant<int, 64>{}); return;
+    case 128: f(std::integral_constant<int, 128>{}); return;
+    default: KBN_FAIL(op, ": head_size ", head_size, " has no tensor-core kernel; supported: 64, 128");
+  }
+}
+
+// True when the tensor-core kernels handle (dtype, head_size); otherwise the generic kernel runs. Keep the head
+// sizes in step with dispatch_head_size just above.
+inline bool tensor_core_attention_supports(DType dt, int64_t head_size) {
+  return (dt == DType::bf16 || dt == DType::f16) && (head_size == 64 || head_size == 128);
 }
 
 }  // namespace

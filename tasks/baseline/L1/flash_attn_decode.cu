@@ -369,16 +369,6 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
   }
 }
 
-// The supported head sizes, once: f(std::integral_constant<int, D>) or an error naming the set.
-template <class F>
-void dispatch_head_size(int64_t head_size, const char* op, F&& f) {
-  switch (head_size) {
-    case 64: f(std::integral_constant<int, 64>{}); return;
-    case 128: f(std::integral_constant<int, 128>{}); return;
-    default: KBN_FAIL(op, ": head_size ", head_size, " has no CUDA kernel; supported: 64, 128");
-  }
-}
-
 }  // namespace
 #endif  // KBN_WITH_CUDA
 
