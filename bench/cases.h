@@ -29,7 +29,7 @@ struct BenchCase {
   int64_t flops = 0;
   int64_t input_bytes = 0;     // bytes of one input set as allocated (for sizing the cold-L2 rotation)
   int64_t output_numel = 0;    // elements of all outputs (gates the CPU correctness check)
-  bool graph_capturable = true;  // false when the registry adapter does host work (reads device maxima)
+  bool graph_capturable = true;  // false when a call does host work a CUDA graph cannot hold
   std::string note;              // a caveat stamped on the result row (e.g. host work inside the timed call)
 };
 

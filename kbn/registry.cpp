@@ -28,6 +28,10 @@ double OpArgs::get(const std::string& key, double fallback) const {
   return it == values.end() ? fallback : it->second;
 }
 
+int64_t OpArgs::get_int_or(const std::string& key, int64_t fallback) const {
+  return values.count(key) ? get_int(key) : fallback;
+}
+
 void Registry::add(OpEntry e) {
   KBN_CHECK(find(e.name) == nullptr, "Registry::add: op '", e.name, "' registered twice");
   entries_.push_back(std::move(e));

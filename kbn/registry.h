@@ -31,6 +31,7 @@ struct OpArgs {
   double get(const std::string& key) const;
   int64_t get_int(const std::string& key) const;
   double get(const std::string& key, double fallback) const;
+  int64_t get_int_or(const std::string& key, int64_t fallback) const;
 };
 
 // A built op with a uniform calling convention: tensors in the order of OpEntry::args, outputs returned

@@ -12,6 +12,8 @@
 #include "kbn/config.h"
 #include "kbn/error.h"
 #include "kbn/module.h"
+#include "kbn/registry.h"
+#include "reference/reference.h"
 
 using namespace kbn;
 
@@ -84,7 +86,10 @@ TEST(BenchCases, DefaultTokenCountsAndAttentionBatches) {
   const auto& batch = find_label(prefill, "seqs=4x4096");
   EXPECT_EQ(batch.tokens, 16384);
   EXPECT_EQ(batch.flops, 4LL * 32 * 128 * 4 * (4096LL * 4097 / 2));
-  EXPECT_FALSE(batch.graph_capturable);
+  // The launch maxima travel as constructor arguments, so the timed call does no host read and can be captured.
+  EXPECT_TRUE(batch.graph_capturable);
+  EXPECT_EQ(batch.args.get_int("max_query_len"), 4096);
+  EXPECT_EQ(batch.args.get_int("max_seq_len"), 4096);
   // Labels are unique within an (op, model, tp).
   auto lin = cases("linear", 1, {});
   std::set<std::string> labels;
@@ -151,4 +156,20 @@ TEST(BenchTiming, ColdInputSetsExceedThreeL2s) {
   EXPECT_EQ(bench::cold_input_sets(4LL << 30, l2), 1);       // one set already exceeds 3x L2 (and 8 GiB caps it)
   EXPECT_EQ(bench::parse_timing_mode("graph"), bench::TimingMode::graph);
   EXPECT_THROW(bench::parse_timing_mode("warm"), Error);
+}
+
+TEST(BenchCases, AttentionAdapterUsesTheHostMaximaItIsGiven) {
+  // The decode adapter launches with the case's max_seq_len (no device read); on CPU the result is the oracle's.
+  auto dec = cases("flash_attn_decode", 1, {2});
+  const bench::BenchCase& c = dec.front();
+  OpArgs args = c.args;
+  args.opts = {DType::f32, Device::cpu()};
+  auto op = registry(Variant::baseline).get("flash_attn_decode").make(args);
+  std::vector<Tensor> in = c.make_inputs(Device::cpu(), 3);
+  for (auto& t : in)
+    if (is_floating(t.dtype())) t = t.to(DType::f32);
+  Tensor ours = op->call(in)[0];
+  Tensor expected = Tensor::empty(ours.shape(), DType::f32);
+  reference::paged_attention_decode(expected, in[0], in[1], in[2], in[3], in[4], args.get("scale"));
+  EXPECT_EQ(ours.to_floats(), expected.to_floats());
 }
