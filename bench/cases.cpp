@@ -12,9 +12,9 @@
 namespace kbn::bench {
 namespace {
 
-constexpr int64_t kKvBlockSize = 16;  // the engine's default paged-KV block size
+constexpr int64_t kKvBlockSize = 16;        // the engine's default paged-KV block size
 constexpr int64_t kPrefillSequence = 4096;  // long prefills are also timed as batches of sequences this long
-constexpr double kWeightStd = 0.02;   // initializer_range of the Llama configs
+constexpr double kWeightStd = 0.02;         // initializer_range of the Llama configs
 
 Tensor normal(const Shape& shape, DType dtype, Device device, uint64_t seed, const char* name, double std) {
   Tensor t = Tensor::empty(shape, dtype, device);
@@ -59,8 +59,8 @@ struct RankShapes {
 
 RankShapes rank_shapes(const LlamaConfig& c, int64_t tp) {
   KBN_CHECK(tp >= 1, "--tp: expected a positive tensor-parallel size, got ", tp);
-  KBN_CHECK(c.num_attention_heads % tp == 0, "--tp: ", tp, " does not divide num_attention_heads = ",
-            c.num_attention_heads);
+  KBN_CHECK(c.num_attention_heads % tp == 0, "--tp: ", tp,
+            " does not divide num_attention_heads = ", c.num_attention_heads);
   KBN_CHECK(c.intermediate_size % tp == 0, "--tp: ", tp, " does not divide intermediate_size = ", c.intermediate_size);
   // NOTE: like vLLM's QKVParallelLinear, fewer kv heads than ranks means each rank holds one replicated head.
   KBN_CHECK(c.num_key_value_heads % tp == 0 || tp % c.num_key_value_heads == 0, "--tp: ", tp,
@@ -121,7 +121,9 @@ void add_silu_and_mul_cases(std::vector<BenchCase>& out, const std::string& mode
   for (int64_t T : tokens) {
     BenchCase b = base_case("silu_and_mul", model, tp, T, dt);
     b.label = "T=" + str(T) + " I=" + str(I);
-    b.make_inputs = [=](Device d, uint64_t seed) { return std::vector<Tensor>{normal({T, 2 * I}, dt, d, seed, "x", 1.0)}; };
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      return std::vector<Tensor>{normal({T, 2 * I}, dt, d, seed, "x", 1.0)};
+    };
     b.bytes = 3 * T * I * es;  // x [T, 2I] read, out [T, I] written
     b.flops = 5 * T * I;       // silu (exp, add, divide, multiply) and the product
     b.input_bytes = 2 * T * I * es;
@@ -137,8 +139,10 @@ void add_rotary_cases(std::vector<BenchCase>& out, const std::string& model, int
   for (int64_t T : tokens) {
     BenchCase b = base_case("rotary_embedding", model, tp, T, dt);
     b.label = "T=" + str(T) + " heads=" + str(Hq) + " kv=" + str(Hk) + " D=" + str(D);
-    b.args.values = {{"head_size", double(D)},          {"rotary_dim", double(D)},
-                     {"max_position_embeddings", double(max_pos)}, {"base", c.rope_theta},
+    b.args.values = {{"head_size", double(D)},
+                     {"rotary_dim", double(D)},
+                     {"max_position_embeddings", double(max_pos)},
+                     {"base", c.rope_theta},
                      {"is_neox_style", 1.0}};
     if (c.rope_scaling.rope_type == "llama3") {
       b.args.values["rope_factor"] = c.rope_scaling.factor;
@@ -199,8 +203,8 @@ void add_linear_cases(std::vector<BenchCase>& out, const std::string& model, int
       BenchCase b = base_case("linear", model, tp, T, dt);
       b.label = std::string(g.name) + " T=" + str(T) + " N=" + str(N) + " K=" + str(K);
       b.make_inputs = [=](Device d, uint64_t seed) {
-        return std::vector<Tensor>{normal({T, K}, dt, d, seed, "x", 1.0), normal({N, K}, dt, d, seed, "weight", kWeightStd),
-                                   Tensor()};  // Llama has no bias
+        return std::vector<Tensor>{normal({T, K}, dt, d, seed, "x", 1.0),
+                                   normal({N, K}, dt, d, seed, "weight", kWeightStd), Tensor()};  // Llama has no bias
       };
       b.bytes = (T * K + N * K + T * N) * es;
       b.flops = 2 * T * N * K;
@@ -245,8 +249,8 @@ void set_attention_args(BenchCase& b, const RankShapes& s, int64_t max_query_len
                    {"max_seq_len", double(max_seq_len)}};
 }
 
-void add_prefill_attention_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp,
-                                 const RankShapes& s, const std::vector<int64_t>& tokens, DType dt) {
+void add_prefill_attention_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const RankShapes& s,
+                                 const std::vector<int64_t>& tokens, DType dt) {
   const int64_t es = int64_t(dtype_size(dt)), Hq = s.heads, Hk = s.kv_heads, D = s.head_dim;
   for (int64_t T : tokens) {
     std::vector<int64_t> seq_counts{1};
@@ -261,12 +265,13 @@ void add_prefill_attention_cases(std::vector<BenchCase>& out, const std::string&
         const std::vector<int32_t> lens(static_cast<size_t>(seqs), static_cast<int32_t>(L));
         for (int64_t i = 0; i <= seqs; ++i) starts[size_t(i)] = int32_t(i * L);
         // The new keys are already in the cache (stored by store_kvcache before attention runs).
-        return std::vector<Tensor>{normal({T, Hq, D}, dt, d, seed, "q", 1.0),
-                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "key_cache", 1.0),
-                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "value_cache", 1.0),
-                                   filled_i32(starts, d), filled_i32(lens, d),
-                                   permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
-                                                      "block_tables")};
+        return std::vector<Tensor>{
+            normal({T, Hq, D}, dt, d, seed, "q", 1.0),
+            normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "key_cache", 1.0),
+            normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "value_cache", 1.0),
+            filled_i32(starts, d),
+            filled_i32(lens, d),
+            permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
       };
       const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4;
       // q read, out written, each sequence's keys and values read once, metadata read.
@@ -279,8 +284,8 @@ void add_prefill_attention_cases(std::vector<BenchCase>& out, const std::string&
   }
 }
 
-void add_decode_attention_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp,
-                                const RankShapes& s, const std::vector<int64_t>& batches, DType dt) {
+void add_decode_attention_cases(std::vector<BenchCase>& out, const std::string& model, int64_t tp, const RankShapes& s,
+                                const std::vector<int64_t>& batches, DType dt) {
   const int64_t es = int64_t(dtype_size(dt)), Hq = s.heads, Hk = s.kv_heads, D = s.head_dim;
   for (int64_t B : batches) {
     for (int64_t ctx : decode_attention_contexts()) {
@@ -289,12 +294,12 @@ void add_decode_attention_cases(std::vector<BenchCase>& out, const std::string& 
       b.label = "B=" + str(B) + " ctx=" + str(ctx) + " heads=" + str(Hq) + " kv=" + str(Hk) + " D=" + str(D);
       set_attention_args(b, s, 1, ctx);
       b.make_inputs = [=](Device d, uint64_t seed) {
-        return std::vector<Tensor>{normal({B, Hq, D}, dt, d, seed, "q", 1.0),
-                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "key_cache", 1.0),
-                                   normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "value_cache", 1.0),
-                                   filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
-                                   permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed,
-                                                      "block_tables")};
+        return std::vector<Tensor>{
+            normal({B, Hq, D}, dt, d, seed, "q", 1.0),
+            normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "key_cache", 1.0),
+            normal({blocks, kKvBlockSize, Hk, D}, dt, d, seed, "value_cache", 1.0),
+            filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
+            permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
       };
       const int64_t metadata = B * 4 + B * blocks_per_seq * 4;
       // The K/V read dominates: every sequence's ctx keys and values once; plus q read, out written.
@@ -314,7 +319,9 @@ void add_argmax_cases(std::vector<BenchCase>& out, const std::string& model, int
   for (int64_t T : tokens) {
     BenchCase b = base_case("argmax", model, tp, T, dt);
     b.label = "T=" + str(T) + " V=" + str(V);
-    b.make_inputs = [=](Device d, uint64_t seed) { return std::vector<Tensor>{normal({T, V}, dt, d, seed, "logits", 1.0)}; };
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      return std::vector<Tensor>{normal({T, V}, dt, d, seed, "logits", 1.0)};
+    };
     b.bytes = T * V * es + T * 8;  // logits read, i64 indices written
     b.flops = T * V;               // one comparison per logit
     b.input_bytes = T * V * es;
@@ -326,10 +333,9 @@ void add_argmax_cases(std::vector<BenchCase>& out, const std::string& model, int
 }  // namespace
 
 const std::vector<std::string>& llama_l1_ops() {
-  static const std::vector<std::string> ops = {"embedding",        "rms_norm",          "fused_add_rms_norm",
-                                               "linear",           "rotary_embedding",  "store_kvcache",
-                                               "flash_attn_prefill", "flash_attn_decode", "silu_and_mul",
-                                               "argmax"};
+  static const std::vector<std::string> ops = {
+      "embedding",     "rms_norm",           "fused_add_rms_norm", "linear",       "rotary_embedding",
+      "store_kvcache", "flash_attn_prefill", "flash_attn_decode",  "silu_and_mul", "argmax"};
   return ops;
 }
 
@@ -350,8 +356,8 @@ const std::vector<int64_t>& decode_attention_contexts() {
   return v;
 }
 
-std::vector<BenchCase> cases_for(const std::string& op, const std::string& model, const LlamaConfig& config,
-                                 int64_t tp, const CaseOptions& options) {
+std::vector<BenchCase> cases_for(const std::string& op, const std::string& model, const LlamaConfig& config, int64_t tp,
+                                 const CaseOptions& options) {
   const auto& ops = llama_l1_ops();
   if (std::find(ops.begin(), ops.end(), op) == ops.end()) {
     std::string known;
@@ -377,16 +383,26 @@ std::vector<BenchCase> cases_for(const std::string& op, const std::string& model
   }
 
   std::vector<BenchCase> out;
-  if (op == "rms_norm" || op == "fused_add_rms_norm") add_norm_cases(out, op, model, tp, s, tokens, dt);
-  else if (op == "silu_and_mul") add_silu_and_mul_cases(out, model, tp, s, tokens, dt);
-  else if (op == "rotary_embedding") add_rotary_cases(out, model, tp, config, s, tokens, dt);
-  else if (op == "embedding") add_embedding_cases(out, model, tp, s, tokens, dt);
-  else if (op == "linear") add_linear_cases(out, model, tp, s, tokens, dt);
-  else if (op == "store_kvcache") add_store_kvcache_cases(out, model, tp, s, tokens, dt);
-  else if (op == "flash_attn_prefill") add_prefill_attention_cases(out, model, tp, s, tokens, dt);
-  else if (op == "flash_attn_decode") add_decode_attention_cases(out, model, tp, s, tokens, dt);
-  else if (op == "argmax") add_argmax_cases(out, model, tp, s, tokens, dt);
-  else KBN_FAIL("bench: no case builder for op '", op, "'");
+  if (op == "rms_norm" || op == "fused_add_rms_norm")
+    add_norm_cases(out, op, model, tp, s, tokens, dt);
+  else if (op == "silu_and_mul")
+    add_silu_and_mul_cases(out, model, tp, s, tokens, dt);
+  else if (op == "rotary_embedding")
+    add_rotary_cases(out, model, tp, config, s, tokens, dt);
+  else if (op == "embedding")
+    add_embedding_cases(out, model, tp, s, tokens, dt);
+  else if (op == "linear")
+    add_linear_cases(out, model, tp, s, tokens, dt);
+  else if (op == "store_kvcache")
+    add_store_kvcache_cases(out, model, tp, s, tokens, dt);
+  else if (op == "flash_attn_prefill")
+    add_prefill_attention_cases(out, model, tp, s, tokens, dt);
+  else if (op == "flash_attn_decode")
+    add_decode_attention_cases(out, model, tp, s, tokens, dt);
+  else if (op == "argmax")
+    add_argmax_cases(out, model, tp, s, tokens, dt);
+  else
+    KBN_FAIL("bench: no case builder for op '", op, "'");
   return out;
 }
 

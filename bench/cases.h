@@ -27,8 +27,8 @@ struct BenchCase {
   std::function<std::vector<Tensor>(Device device, uint64_t seed)> make_inputs;
   int64_t bytes = 0;  // DRAM traffic of an ideal kernel: each input element read once, each output written once
   int64_t flops = 0;
-  int64_t input_bytes = 0;     // bytes of one input set as allocated (for sizing the cold-L2 rotation)
-  int64_t output_numel = 0;    // elements of all outputs (gates the CPU correctness check)
+  int64_t input_bytes = 0;       // bytes of one input set as allocated (for sizing the cold-L2 rotation)
+  int64_t output_numel = 0;      // elements of all outputs (gates the CPU correctness check)
   bool graph_capturable = true;  // false when a call does host work a CUDA graph cannot hold
   std::string note;              // a caveat stamped on the result row (e.g. host work inside the timed call)
 };
@@ -44,15 +44,15 @@ const std::vector<std::string>& llama_l1_ops();
 
 // NOTE: decode token counts cover CUDA-graph batch sizes; prefill ones cover chunked-prefill budgets up to
 // a 16k single prompt.
-const std::vector<int64_t>& decode_token_counts();   // {1, 8, 32, 64, 128, 256}
-const std::vector<int64_t>& prefill_token_counts();  // {512, ..., 16384}
+const std::vector<int64_t>& decode_token_counts();        // {1, 8, 32, 64, 128, 256}
+const std::vector<int64_t>& prefill_token_counts();       // {512, ..., 16384}
 const std::vector<int64_t>& decode_attention_batches();   // {1, 8, 32, 64, 128}
 const std::vector<int64_t>& decode_attention_contexts();  // {1024, 4096, 8192}
 
 // Cases of `op` for one rank of a `tp`-way tensor-parallel `model`. Errors name the flag (--target,
 // --tp, --tokens) and what was expected.
-std::vector<BenchCase> cases_for(const std::string& op, const std::string& model, const LlamaConfig& config,
-                                 int64_t tp, const CaseOptions& options);
+std::vector<BenchCase> cases_for(const std::string& op, const std::string& model, const LlamaConfig& config, int64_t tp,
+                                 const CaseOptions& options);
 
 // One line per case: op, model, tp, label, bytes, FLOPs (what `kb_nano kernels --list` prints).
 std::string format_case_list(const std::vector<BenchCase>& cases);

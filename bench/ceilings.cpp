@@ -22,7 +22,6 @@ namespace {
 constexpr int kRepeats = 10;
 constexpr int kWarmup = 2;
 
-
 // Median milliseconds of `enqueue` over kRepeats event-bracketed runs on the current stream.
 template <class Enqueue>
 double median_ms(Enqueue enqueue) {
@@ -57,7 +56,8 @@ double copy_bandwidth_gb_per_s() {
   double ms = 0;
   try {
     KBN_CUDA_CHECK(cudaMemset(src, 1, kBytes));
-    ms = median_ms([&] { KBN_CUDA_CHECK(cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, current_stream())); });
+    ms = median_ms(
+        [&] { KBN_CUDA_CHECK(cudaMemcpyAsync(dst, src, kBytes, cudaMemcpyDeviceToDevice, current_stream())); });
   } catch (...) {
     cudaFree(src);
     cudaFree(dst);

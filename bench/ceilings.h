@@ -18,7 +18,7 @@ struct DeviceInfo {
 };
 
 struct Ceilings {
-  double copy_gb_per_s = 0;  // device-to-device copy, bytes read + written per second / 1e9
+  double copy_gb_per_s = 0;     // device-to-device copy, bytes read + written per second / 1e9
   double bf16_tflop_per_s = 0;  // the baseline "linear" op at 8192 x 8192 x 8192
 };
 

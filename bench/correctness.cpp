@@ -10,9 +10,12 @@ namespace kbn::bench {
 
 const char* check_status_name(CheckStatus s) {
   switch (s) {
-    case CheckStatus::pass: return "PASS";
-    case CheckStatus::fail: return "FAIL";
-    case CheckStatus::not_checked: return "-";
+    case CheckStatus::pass:
+      return "PASS";
+    case CheckStatus::fail:
+      return "FAIL";
+    case CheckStatus::not_checked:
+      return "-";
   }
   return "?";
 }
@@ -26,9 +29,12 @@ bool fits_cpu_oracle(const BenchCase& c) {
 
 double relative_tolerance(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return 2e-2;
-    case DType::f16: return 2e-3;
-    default: return 1e-4;
+    case DType::bf16:
+      return 2e-2;
+    case DType::f16:
+      return 2e-3;
+    default:
+      return 1e-4;
   }
 }
 
@@ -84,7 +90,8 @@ CheckResult check_against_cpu(AnyOp& gpu_op, AnyOp& cpu_op, const std::vector<Te
   CheckResult result;
   result.status = CheckStatus::fail;
   if (gpu_out.size() != cpu_out.size()) {
-    result.detail = "GPU returned " + std::to_string(gpu_out.size()) + " outputs, CPU " + std::to_string(cpu_out.size());
+    result.detail =
+        "GPU returned " + std::to_string(gpu_out.size()) + " outputs, CPU " + std::to_string(cpu_out.size());
     return result;
   }
   std::string worst;

@@ -25,9 +25,12 @@ TimingMode parse_timing_mode(const std::string& s) {
 
 const char* timing_mode_name(TimingMode m) {
   switch (m) {
-    case TimingMode::cold: return "cold";
-    case TimingMode::hot: return "hot";
-    case TimingMode::graph: return "graph";
+    case TimingMode::cold:
+      return "cold";
+    case TimingMode::hot:
+      return "hot";
+    case TimingMode::graph:
+      return "graph";
   }
   return "?";
 }
@@ -176,8 +179,8 @@ Timing time_graph(const std::function<void(int)>& call, int input_sets, const Ti
   double measured = 0;
   const double n = double(o.graph_calls);
   for (int it = 0; keep_going(it, measured, o); ++it) {
-    auto [ms, wall_ms] =
-        timed_iteration(capture_stream.stream, ev, [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream)); });
+    auto [ms, wall_ms] = timed_iteration(capture_stream.stream, ev,
+                                         [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream)); });
     per_call.push_back(ms / n);
     wall.push_back(wall_ms / n);
     measured += ms;

@@ -37,7 +37,7 @@ struct TimingOptions {
 
 struct Timing {
   bool ok = false;
-  std::string skipped;   // why no time was taken (e.g. "graph: n/a"), when !ok
+  std::string skipped;                           // why no time was taken (e.g. "graph: n/a"), when !ok
   double median_ms = 0, p10_ms = 0, p90_ms = 0;  // per call
   double host_wall_median_ms = 0;                // per iteration (per graph launch / graph_calls in graph mode)
   int iterations = 0;

@@ -52,8 +52,8 @@ std::vector<int64_t> parse_ids(const std::string& s) {
 
 void run(const Options& o) {
   Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
-  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(),
-            " is not available (", cuda_device_count(), " CUDA devices visible)");
+  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
+            cuda_device_count(), " CUDA devices visible)");
   engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
   if (!o.weights.empty()) spec.weights_path = o.weights;
   KBN_CHECK(o.variant == "baseline" || o.variant == "candidate", "--variant: expected baseline or candidate, got '",
@@ -69,11 +69,11 @@ void run(const Options& o) {
     prompts.push_back(ids.to_ints());
   }
 
-  std::fprintf(stderr, "kb_nano generate: %s (%s) on %s, %s, %s weights, %s variant\n", spec.name.c_str(),
-               spec.config_path.c_str(), device.str().c_str(), dtype_name(popts.dtype),
-               spec.weights_path.empty() ? ("random (seed " + std::to_string(o.seed) + ")").c_str()
-                                         : spec.weights_path.c_str(),
-               o.variant.c_str());
+  std::fprintf(
+      stderr, "kb_nano generate: %s (%s) on %s, %s, %s weights, %s variant\n", spec.name.c_str(),
+      spec.config_path.c_str(), device.str().c_str(), dtype_name(popts.dtype),
+      spec.weights_path.empty() ? ("random (seed " + std::to_string(o.seed) + ")").c_str() : spec.weights_path.c_str(),
+      o.variant.c_str());
   auto model = engine::build_model(spec, variant, popts, o.seed);
   engine::GenerateOptions gopts;
   gopts.max_new_tokens = o.max_new_tokens;
@@ -96,7 +96,8 @@ void run(const Options& o) {
 
   if (!o.save_logits.empty()) {
     std::vector<std::pair<std::string, Tensor>> ts;
-    for (size_t i = 0; i < r.prompt_logits.size(); ++i) ts.emplace_back("prompt_logits." + std::to_string(i), r.prompt_logits[i]);
+    for (size_t i = 0; i < r.prompt_logits.size(); ++i)
+      ts.emplace_back("prompt_logits." + std::to_string(i), r.prompt_logits[i]);
     save_safetensors(o.save_logits, ts);
   }
   if (!o.json.empty()) {
@@ -121,10 +122,12 @@ void run(const Options& o) {
 
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("generate", "Greedy tokens from an L4 model (default: the embedded model "
-                                                 "for this machine)");
-  cmd->add_option("--model", o->model, "Model name from models/, a config.json, or a local HF folder "
-                                        "(default: tiny-llama on CPU, llama-3.1-8b-instruct on GPU)");
+  CLI::App* cmd = app.add_subcommand("generate",
+                                     "Greedy tokens from an L4 model (default: the embedded model "
+                                     "for this machine)");
+  cmd->add_option("--model", o->model,
+                  "Model name from models/, a config.json, or a local HF folder "
+                  "(default: tiny-llama on CPU, llama-3.1-8b-instruct on GPU)");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (default: cuda:0 when a GPU is present)");
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16 (default: f32 on CPU, the config's dtype on GPU)");
   cmd->add_option("--weights", o->weights, "HF folder or .safetensors file (default: seeded random weights)");

@@ -225,8 +225,8 @@ std::vector<std::string> row_cells(const Row& r) {
 }
 
 const std::vector<std::string>& headers() {
-  static const std::vector<std::string> h = {"case", "check", "median us", "p10-p90 us", "GB/s",
-                                             "TFLOP/s", "% copy BW", "% bf16", "bound"};
+  static const std::vector<std::string> h = {"case",    "check",     "median us", "p10-p90 us", "GB/s",
+                                             "TFLOP/s", "% copy BW", "% bf16",    "bound"};
   return h;
 }
 
@@ -315,10 +315,10 @@ void write_markdown(const std::string& path, const std::vector<Group>& groups, c
   KBN_CHECK(md.good(), "--markdown: cannot write '", path, "'");
   const BuildInfo& b = build_info();
   md << "# kb_nano kernels (" << o.mode << ", seed " << o.seed << ")\n\n"
-     << dev.name << ", " << dev.sm_count << " SMs, L2 " << (dev.l2_bytes >> 20) << " MiB, driver "
-     << dev.driver_version << "; commit " << b.git_commit << " (" << b.build_type << ", CUDA " << b.cuda_version
-     << "); " << utc_now() << "\n\nCeilings measured at start-up: copy " << fmt("%.0f", ceil.copy_gb_per_s)
-     << " GB/s, bf16 GEMM " << fmt("%.0f", ceil.bf16_tflop_per_s) << " TFLOP/s.\n";
+     << dev.name << ", " << dev.sm_count << " SMs, L2 " << (dev.l2_bytes >> 20) << " MiB, driver " << dev.driver_version
+     << "; commit " << b.git_commit << " (" << b.build_type << ", CUDA " << b.cuda_version << "); " << utc_now()
+     << "\n\nCeilings measured at start-up: copy " << fmt("%.0f", ceil.copy_gb_per_s) << " GB/s, bf16 GEMM "
+     << fmt("%.0f", ceil.bf16_tflop_per_s) << " TFLOP/s.\n";
   for (const auto& g : groups) {
     md << "\n## " << g.title << "\n\n|";
     for (const auto& h : headers()) md << " " << h << " |";
@@ -358,8 +358,10 @@ void run(const Options& o) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const bool same = i > 0 && cases[i].op == cases[i - 1].op && cases[i].model == cases[i - 1].model &&
                       cases[i].tp == cases[i - 1].tp;
-    if (same) spans.back().second = i + 1;
-    else spans.push_back({i, i + 1});
+    if (same)
+      spans.back().second = i + 1;
+    else
+      spans.push_back({i, i + 1});
   }
   std::vector<Group> groups;
   const auto start = std::chrono::steady_clock::now();
@@ -397,16 +399,19 @@ void run(const Options& o) {
 
 void add_kernels_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("kernels", "Time the baseline L1 ops at shapes from real model configs, "
-                                                "against copy-bandwidth and bf16-GEMM ceilings measured at start-up");
+  CLI::App* cmd = app.add_subcommand("kernels",
+                                     "Time the baseline L1 ops at shapes from real model configs, "
+                                     "against copy-bandwidth and bf16-GEMM ceilings measured at start-up");
   cmd->add_option("--target", o->targets, "Op to time (repeatable; default: every Llama L1 op)");
   cmd->add_option("--level", o->level, "Op level (only 1 so far)");
-  cmd->add_option("--model", o->models, "Model name from models/ (repeatable; 'all' = every real Llama config; "
-                                        "default llama-3.1-8b-instruct)");
+  cmd->add_option("--model", o->models,
+                  "Model name from models/ (repeatable; 'all' = every real Llama config; "
+                  "default llama-3.1-8b-instruct)");
   cmd->add_option("--tp", o->tps, "Tensor-parallel size whose per-rank shapes are timed (repeatable; default 1)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--tokens", o->tokens, "Comma-separated token counts replacing the defaults (decode attention: "
-                                         "batch sizes)");
+  cmd->add_option("--tokens", o->tokens,
+                  "Comma-separated token counts replacing the defaults (decode attention: "
+                  "batch sizes)");
   cmd->add_option("--case", o->case_labels, "Only the case with this exact label (repeatable; see --list)");
   cmd->add_option("--mode", o->mode, "cold (flush L2, rotate inputs; default), hot, or graph (CUDA graph of 20 calls)");
   cmd->add_option("--dtype", o->dtype, "Activation and weight dtype: bf16 (default), f16 or f32");

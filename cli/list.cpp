@@ -131,8 +131,13 @@ void run(const Options& o) {
     nlohmann::json j;
     for (const auto& e : reg.entries()) {
       if (o.level && e.level != o.level) continue;
-      j["ops"].push_back({{"name", e.name}, {"class", e.class_name}, {"level", e.level}, {"header", e.header},
-                          {"args", e.args}, {"mutates", e.mutates}, {"models", by_op[e.name]}});
+      j["ops"].push_back({{"name", e.name},
+                          {"class", e.class_name},
+                          {"level", e.level},
+                          {"header", e.header},
+                          {"args", e.args},
+                          {"mutates", e.mutates},
+                          {"models", by_op[e.name]}});
     }
     j["models"] = by_model;
     j["candidate_files"] = candidate_files();

@@ -40,8 +40,9 @@ std::string source_dir() {
 #ifdef KBN_SOURCE_DIR
   return KBN_SOURCE_DIR;
 #else
-  KBN_FAIL("stubs: kb_nano was built without KBN_SOURCE_DIR; set the KBN_SOURCE_DIR environment variable to the "
-           "kb-nano source tree");
+  KBN_FAIL(
+      "stubs: kb_nano was built without KBN_SOURCE_DIR; set the KBN_SOURCE_DIR environment variable to the "
+      "kb-nano source tree");
 #endif
 }
 
@@ -87,8 +88,7 @@ std::vector<const OpEntry*> select_ops(const Options& o) {
   const Registry& reg = registry(Variant::baseline);
   std::vector<std::string> known;
   for (const auto& e : reg.entries()) known.push_back(e.name);
-  for (const auto& t : o.targets)
-    KBN_CHECK(reg.find(t), "--target: unknown op '", t, "'; known: ", join(known));
+  for (const auto& t : o.targets) KBN_CHECK(reg.find(t), "--target: unknown op '", t, "'; known: ", join(known));
   std::set<std::string> used;
   if (!o.architecture.empty()) used = headers_used_by(o.architecture);
 
@@ -241,8 +241,8 @@ std::string banner(const std::string& rel, const std::vector<const OpEntry*>& op
 
 // Marks each out-of-line `Class::forward(` definition (at column 0, so never a call) with kMarker.
 std::string mark_forwards(const std::string& cu, int level) {
-  const char* what = level == 1 ? "Replace the CUDA path of this body with your kernel"
-                                : "Replace this body with your implementation";
+  const char* what =
+      level == 1 ? "Replace the CUDA path of this body with your kernel" : "Replace this body with your implementation";
   std::istringstream in(cu);
   std::string out;
   for (std::string line; std::getline(in, line);) {
@@ -250,8 +250,7 @@ std::string mark_forwards(const std::string& cu, int level) {
     if (f != std::string::npos && !line.empty() && line[0] != ' ' && line[0] != '\t' && line.rfind("//", 0) != 0) {
       size_t b = f;
       while (b > 0 && is_ident_char(line[b - 1])) --b;
-      out += std::string(kMarker) + ": " + line.substr(b, f - b) +
-             "::forward. " + what + "; keep the signature.\n";
+      out += std::string(kMarker) + ": " + line.substr(b, f - b) + "::forward. " + what + "; keep the signature.\n";
     }
     out += line + "\n";
   }

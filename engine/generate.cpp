@@ -5,7 +5,8 @@
 
 namespace kbn::engine {
 
-std::vector<KVCache> allocate_kv_caches(const KVCacheSpec& spec, int64_t num_blocks, int64_t block_size, Device device) {
+std::vector<KVCache> allocate_kv_caches(const KVCacheSpec& spec, int64_t num_blocks, int64_t block_size,
+                                        Device device) {
   KBN_CHECK(num_blocks > 0 && block_size > 0, "allocate_kv_caches: need positive num_blocks and block_size, got ",
             num_blocks, " and ", block_size);
   std::vector<KVCache> caches;
@@ -22,9 +23,7 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-Tensor to_device_i64(const std::vector<int64_t>& v, Device d) {
-  return Tensor::from_i64(v, {int64_t(v.size())}).to(d);
-}
+Tensor to_device_i64(const std::vector<int64_t>& v, Device d) { return Tensor::from_i64(v, {int64_t(v.size())}).to(d); }
 Tensor to_device_i32(const std::vector<int32_t>& v, const Shape& s, Device d) { return Tensor::from_i32(v, s).to(d); }
 
 }  // namespace
@@ -97,10 +96,12 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     ForwardContextGuard guard({&md, &caches});
     Tensor hidden = model.forward(to_device_i64(ids, device), to_device_i64(pos, device));
     Tensor last = Tensor::empty({nseq, hidden.size(1)}, hidden.dtype(), device);
-    for (int64_t i = 0; i < nseq; ++i) last.slice(0, i, i + 1).copy_(hidden.slice(0, qsl[size_t(i) + 1] - 1, qsl[size_t(i) + 1]));
+    for (int64_t i = 0; i < nseq; ++i)
+      last.slice(0, i, i + 1).copy_(hidden.slice(0, qsl[size_t(i) + 1] - 1, qsl[size_t(i) + 1]));
     if (opt.return_prompt_logits) {
       Tensor logits = model.compute_logits(hidden).to(Device::cpu());
-      for (int64_t i = 0; i < nseq; ++i) res.prompt_logits.push_back(logits.slice(0, qsl[size_t(i)], qsl[size_t(i) + 1]).clone());
+      for (int64_t i = 0; i < nseq; ++i)
+        res.prompt_logits.push_back(logits.slice(0, qsl[size_t(i)], qsl[size_t(i) + 1]).clone());
     }
     std::vector<int64_t> next = sampler->call({model.compute_logits(last)})[0].to_ints();
     for (int64_t i = 0; i < nseq; ++i) res.tokens[size_t(i)].push_back(next[size_t(i)]);

@@ -71,9 +71,8 @@ class CachingAllocator {
     if (err != cudaSuccess) {
       cudaGetLastError();
       AllocatorStats& s = stats_[device];
-      KBN_FAIL("cuda_alloc: out of memory on cuda:", device, " allocating ", nbytes, " bytes (",
-               s.allocated_bytes, " bytes in use by tensors, ", s.reserved_bytes, " reserved): ",
-               cudaGetErrorString(err));
+      KBN_FAIL("cuda_alloc: out of memory on cuda:", device, " allocating ", nbytes, " bytes (", s.allocated_bytes,
+               " bytes in use by tensors, ", s.reserved_bytes, " reserved): ", cudaGetErrorString(err));
     }
     AllocatorStats& s = stats_[device];
     s.reserved_bytes += size;

@@ -11,10 +11,10 @@
 namespace kbn {
 
 struct AllocatorStats {
-  size_t allocated_bytes = 0;       // handed out to tensors now
-  size_t reserved_bytes = 0;        // obtained from cudaMalloc (allocated + cached)
+  size_t allocated_bytes = 0;  // handed out to tensors now
+  size_t reserved_bytes = 0;   // obtained from cudaMalloc (allocated + cached)
   size_t peak_allocated_bytes = 0;
-  size_t num_device_mallocs = 0;    // cudaMalloc calls so far
+  size_t num_device_mallocs = 0;  // cudaMalloc calls so far
   size_t num_cache_hits = 0;
 };
 

@@ -50,7 +50,9 @@ int64_t ModelConfig::get_int(const std::string& key) const {
   return v.get<int64_t>();
 }
 
-int64_t ModelConfig::get_int(const std::string& key, int64_t fallback) const { return has(key) ? get_int(key) : fallback; }
+int64_t ModelConfig::get_int(const std::string& key, int64_t fallback) const {
+  return has(key) ? get_int(key) : fallback;
+}
 
 double ModelConfig::get_double(const std::string& key) const {
   KBN_CHECK(has(key), "config ", source_, ": missing required key '", key, "'");
@@ -89,8 +91,8 @@ std::vector<int64_t> ModelConfig::get_int_list(const std::string& key) const {
             v.dump());
   std::vector<int64_t> out;
   for (const auto& e : v) {
-    KBN_CHECK(e.is_number_integer() && (!e.is_number_unsigned() || e.get<uint64_t>() <= uint64_t(INT64_MAX)),
-              "config ", source_, ": key '", key, "' must hold integers, got ", v.dump());
+    KBN_CHECK(e.is_number_integer() && (!e.is_number_unsigned() || e.get<uint64_t>() <= uint64_t(INT64_MAX)), "config ",
+              source_, ": key '", key, "' must hold integers, got ", v.dump());
     out.push_back(e.get<int64_t>());
   }
   return out;
@@ -164,7 +166,9 @@ LlamaConfig LlamaConfig::from(const ModelConfig& c) {
 
   // transformers >= 5 saves "rope_parameters" (rope_theta inside it); earlier versions and the published Llama
   // configs save "rope_scaling" beside a top-level "rope_theta". Both spellings describe the same rope.
-  const char* rope_key = c.has("rope_parameters") ? "rope_parameters" : c.has("rope_scaling") ? "rope_scaling" : nullptr;
+  const char* rope_key = c.has("rope_parameters") ? "rope_parameters"
+                         : c.has("rope_scaling")  ? "rope_scaling"
+                                                  : nullptr;
   if (rope_key) {
     ModelConfig rs = c.sub(rope_key);
     l.rope_theta = rs.get_double("rope_theta", l.rope_theta);

@@ -9,19 +9,36 @@
 
 namespace kbn {
 
-template <class T> struct cuda_type_of;
-template <> struct cuda_type_of<float> { static constexpr DType value = DType::f32; };
-template <> struct cuda_type_of<__half> { static constexpr DType value = DType::f16; };
-template <> struct cuda_type_of<__nv_bfloat16> { static constexpr DType value = DType::bf16; };
+template <class T>
+struct cuda_type_of;
+template <>
+struct cuda_type_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct cuda_type_of<__half> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct cuda_type_of<__nv_bfloat16> {
+  static constexpr DType value = DType::bf16;
+};
 
 // f(T{}) for the CUDA scalar type of dt among f32/f16/bf16.
 template <class F>
 void dispatch_float16_32(DType dt, const char* op, const char* arg, F&& f) {
   switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::f16: f(__half{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    default: KBN_FAIL(op, ": argument '", arg, "' has dtype ", dtype_name(dt), "; supported: f32, f16, bf16");
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::f16:
+      f(__half{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
+    default:
+      KBN_FAIL(op, ": argument '", arg, "' has dtype ", dtype_name(dt), "; supported: f32, f16, bf16");
   }
 }
 
@@ -29,19 +46,34 @@ void dispatch_float16_32(DType dt, const char* op, const char* arg, F&& f) {
 template <class F>
 void dispatch_float16(DType dt, const char* op, const char* arg, F&& f) {
   switch (dt) {
-    case DType::f16: f(__half{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    default: KBN_FAIL(op, ": argument '", arg, "' has dtype ", dtype_name(dt), "; supported: f16, bf16");
+    case DType::f16:
+      f(__half{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
+    default:
+      KBN_FAIL(op, ": argument '", arg, "' has dtype ", dtype_name(dt), "; supported: f16, bf16");
   }
 }
 
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_f32(float v);
-template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 
 // 16-byte vector of T for vectorised loads/stores.
 template <class T>

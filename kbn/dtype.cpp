@@ -8,28 +8,44 @@ namespace kbn {
 
 size_t dtype_size(DType dt) {
   switch (dt) {
-    case DType::f32: return 4;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
-    case DType::fp8e4m3: return 1;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
-    case DType::boolean: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f16:
+      return 2;
+    case DType::bf16:
+      return 2;
+    case DType::fp8e4m3:
+      return 1;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
+    case DType::boolean:
+      return 1;
   }
   KBN_FAIL("dtype_size: unknown dtype value ", int(dt));
 }
 
 const char* dtype_name(DType dt) {
   switch (dt) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::fp8e4m3: return "fp8e4m3";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
-    case DType::boolean: return "bool";
+    case DType::f32:
+      return "f32";
+    case DType::f16:
+      return "f16";
+    case DType::bf16:
+      return "bf16";
+    case DType::fp8e4m3:
+      return "fp8e4m3";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
+    case DType::boolean:
+      return "bool";
   }
   KBN_FAIL("dtype_name: unknown dtype value ", int(dt));
 }
@@ -48,9 +64,7 @@ DType parse_dtype(std::string_view name) {
            std::string(name), "'");
 }
 
-bool is_floating(DType dt) {
-  return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16 || dt == DType::fp8e4m3;
-}
+bool is_floating(DType dt) { return dt == DType::f32 || dt == DType::f16 || dt == DType::bf16 || dt == DType::fp8e4m3; }
 
 float f16_to_float(f16_t v) {
   uint32_t sign = uint32_t(v.bits & 0x8000u) << 16;
@@ -79,9 +93,9 @@ f16_t float_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return f16_t{uint16_t(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return f16_t{uint16_t(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return f16_t{uint16_t(sign | 0x7c00u)};  // overflow (after rounding) -> inf
-  if (abs < 0x38800000u) {                                          // below smallest normal: subnormal or 0
+  if (abs < 0x38800000u) {                                         // below smallest normal: subnormal or 0
     float a;
     std::memcpy(&a, &abs, 4);
     // Units of 2^-24, round to nearest even.

@@ -9,8 +9,8 @@ namespace kbn {
 
 enum class DType : uint8_t { f32, f16, bf16, fp8e4m3, i32, i64, u8, boolean };
 
-inline constexpr DType kAllDTypes[] = {DType::f32,     DType::f16, DType::bf16, DType::fp8e4m3,
-                                       DType::i32,     DType::i64, DType::u8,   DType::boolean};
+inline constexpr DType kAllDTypes[] = {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3,
+                                       DType::i32, DType::i64, DType::u8,   DType::boolean};
 
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);

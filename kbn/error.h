@@ -25,7 +25,7 @@ std::string concat(const Args&... args) {
 
 // KBN_FAIL("rms_norm: argument 'x' must be 2-D, got ", x.str());
 #define KBN_FAIL(...) ::kbn::detail::throw_error(__FILE__, __LINE__, ::kbn::detail::concat(__VA_ARGS__))
-#define KBN_CHECK(cond, ...)      \
-  do {                            \
+#define KBN_CHECK(cond, ...)            \
+  do {                                  \
     if (!(cond)) KBN_FAIL(__VA_ARGS__); \
   } while (0)

@@ -11,8 +11,9 @@ thread_local bool tls_has_ctx = false;
 }  // namespace
 
 const ForwardContext& get_forward_context() {
-  KBN_CHECK(tls_has_ctx, "get_forward_context: no forward context is set; attention layers must run inside a "
-                         "model step (set one with ForwardContextGuard)");
+  KBN_CHECK(tls_has_ctx,
+            "get_forward_context: no forward context is set; attention layers must run inside a "
+            "model step (set one with ForwardContextGuard)");
   return tls_ctx;
 }
 

@@ -19,13 +19,13 @@ struct KVCache {
 // Tokens of a step are ordered: all prefill (or chunked-prefill) tokens first, sequence by sequence, then
 // one token per decoding sequence. Sequences are numbered the same way (prefills, then decodes).
 struct AttentionMetadata {
-  int64_t num_prefills = 0;        // sequences with query length >= 1 processed as prefill
+  int64_t num_prefills = 0;  // sequences with query length >= 1 processed as prefill
   int64_t num_prefill_tokens = 0;
-  int64_t num_decodes = 0;         // sequences (= tokens) in decode
-  Tensor slot_mapping;             // [num_tokens] i64; -1 = do not store (padding)
-  Tensor query_start_loc;          // [num_prefills + 1] i32: prefix sums of prefill query lengths
-  Tensor seq_lens;                 // [num_prefills + num_decodes] i32: cached + new tokens per sequence
-  Tensor block_tables;             // [num_prefills + num_decodes, max_blocks_per_seq] i32
+  int64_t num_decodes = 0;  // sequences (= tokens) in decode
+  Tensor slot_mapping;      // [num_tokens] i64; -1 = do not store (padding)
+  Tensor query_start_loc;   // [num_prefills + 1] i32: prefix sums of prefill query lengths
+  Tensor seq_lens;          // [num_prefills + num_decodes] i32: cached + new tokens per sequence
+  Tensor block_tables;      // [num_prefills + num_decodes, max_blocks_per_seq] i32
   int64_t max_prefill_query_len = 0;
   int64_t max_prefill_seq_len = 0;
   int64_t max_decode_seq_len = 0;

@@ -14,7 +14,8 @@ void default_weight_loader(Tensor& param, const Tensor& loaded, std::string_view
 
 void Module::register_parameter(std::string name, Tensor* t, InitKind init, WeightLoader loader) {
   KBN_CHECK(t && t->defined(), "register_parameter: '", name, "' must be an allocated tensor");
-  params_.emplace_back(std::move(name), Parameter{t, loader ? std::move(loader) : WeightLoader(default_weight_loader), init});
+  params_.emplace_back(std::move(name),
+                       Parameter{t, loader ? std::move(loader) : WeightLoader(default_weight_loader), init});
 }
 
 void Module::register_module(std::string name, Module* m) {
@@ -57,9 +58,15 @@ void Module::process_weights_after_loading_recursive() {
 void init_random_weights(Module& m, uint64_t seed, double std) {
   for (auto& [name, p] : m.named_parameters()) {
     switch (p.init) {
-      case InitKind::ones: p.tensor->fill_(1.0); break;
-      case InitKind::zeros: p.tensor->fill_(0.0); break;
-      case InitKind::normal: fill_normal_(*p.tensor, hash_seed(seed, name.c_str()), 0.0, std); break;
+      case InitKind::ones:
+        p.tensor->fill_(1.0);
+        break;
+      case InitKind::zeros:
+        p.tensor->fill_(0.0);
+        break;
+      case InitKind::normal:
+        fill_normal_(*p.tensor, hash_seed(seed, name.c_str()), 0.0, std);
+        break;
     }
   }
 }

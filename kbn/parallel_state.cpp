@@ -11,8 +11,8 @@ thread_local ParallelState tls_state;
 const ParallelState& parallel_state() { return tls_state; }
 
 void set_parallel_state(const ParallelState& s) {
-  KBN_CHECK(s.tp_size >= 1 && s.tp_rank >= 0 && s.tp_rank < s.tp_size, "set_parallel_state: need 0 <= tp_rank < tp_size, got rank ",
-            s.tp_rank, " of ", s.tp_size);
+  KBN_CHECK(s.tp_size >= 1 && s.tp_rank >= 0 && s.tp_rank < s.tp_size,
+            "set_parallel_state: need 0 <= tp_rank < tp_size, got rank ", s.tp_rank, " of ", s.tp_size);
   tls_state = s;
 }
 

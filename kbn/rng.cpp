@@ -46,8 +46,10 @@ void fill_random_(Tensor& t, uint64_t seed, int kind, double a, double b, const 
   if (kind == 2) {
     for (int64_t i = 0; i < n; ++i) {
       int64_t v = int64_t(random_value(seed, i, kind, a, b));
-      if (t.dtype() == DType::i32) t.data<int32_t>()[i] = int32_t(v);
-      else t.data<int64_t>()[i] = v;
+      if (t.dtype() == DType::i32)
+        t.data<int32_t>()[i] = int32_t(v);
+      else
+        t.data<int64_t>()[i] = v;
     }
     return;
   }
@@ -58,8 +60,12 @@ void fill_random_(Tensor& t, uint64_t seed, int kind, double a, double b, const 
 
 }  // namespace
 
-void fill_normal_(Tensor& t, uint64_t seed, double mean, double std) { fill_random_(t, seed, 0, mean, std, "fill_normal_"); }
-void fill_uniform_(Tensor& t, uint64_t seed, double lo, double hi) { fill_random_(t, seed, 1, lo, hi, "fill_uniform_"); }
+void fill_normal_(Tensor& t, uint64_t seed, double mean, double std) {
+  fill_random_(t, seed, 0, mean, std, "fill_normal_");
+}
+void fill_uniform_(Tensor& t, uint64_t seed, double lo, double hi) {
+  fill_random_(t, seed, 1, lo, hi, "fill_uniform_");
+}
 void fill_randint_(Tensor& t, uint64_t seed, int64_t lo, int64_t hi) {
   fill_random_(t, seed, 2, double(lo), double(hi), "fill_randint_");
 }

@@ -12,11 +12,26 @@ namespace {
 
 template <class T>
 __device__ __forceinline__ void put(T* p, int64_t i, double v);
-template <> __device__ __forceinline__ void put(float* p, int64_t i, double v) { p[i] = float(v); }
-template <> __device__ __forceinline__ void put(__half* p, int64_t i, double v) { p[i] = __float2half_rn(float(v)); }
-template <> __device__ __forceinline__ void put(__nv_bfloat16* p, int64_t i, double v) { p[i] = __float2bfloat16_rn(float(v)); }
-template <> __device__ __forceinline__ void put(int32_t* p, int64_t i, double v) { p[i] = int32_t(v); }
-template <> __device__ __forceinline__ void put(int64_t* p, int64_t i, double v) { p[i] = int64_t(v); }
+template <>
+__device__ __forceinline__ void put(float* p, int64_t i, double v) {
+  p[i] = float(v);
+}
+template <>
+__device__ __forceinline__ void put(__half* p, int64_t i, double v) {
+  p[i] = __float2half_rn(float(v));
+}
+template <>
+__device__ __forceinline__ void put(__nv_bfloat16* p, int64_t i, double v) {
+  p[i] = __float2bfloat16_rn(float(v));
+}
+template <>
+__device__ __forceinline__ void put(int32_t* p, int64_t i, double v) {
+  p[i] = int32_t(v);
+}
+template <>
+__device__ __forceinline__ void put(int64_t* p, int64_t i, double v) {
+  p[i] = int64_t(v);
+}
 
 template <class T>
 __global__ void fill_random_kernel(T* out, int64_t n, uint64_t seed, int kind, double a, double b) {
@@ -46,12 +61,23 @@ void fill_random(Tensor& t, uint64_t seed, int kind, double a, double b) {
   unsigned grid = unsigned(std::min<int64_t>((n + 255) / 256, 65535 * 4));
   Stream s = current_stream();
   switch (t.dtype()) {
-    case DType::f32: fill_random_kernel<<<grid, 256, 0, s>>>(t.data<float>(), n, seed, kind, a, b); break;
-    case DType::f16: fill_random_kernel<<<grid, 256, 0, s>>>(static_cast<__half*>(t.data_ptr()), n, seed, kind, a, b); break;
-    case DType::bf16: fill_random_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(t.data_ptr()), n, seed, kind, a, b); break;
-    case DType::i32: fill_random_kernel<<<grid, 256, 0, s>>>(t.data<int32_t>(), n, seed, kind, a, b); break;
-    case DType::i64: fill_random_kernel<<<grid, 256, 0, s>>>(t.data<int64_t>(), n, seed, kind, a, b); break;
-    default: KBN_FAIL("fill_random: unsupported dtype on CUDA: ", t.str());
+    case DType::f32:
+      fill_random_kernel<<<grid, 256, 0, s>>>(t.data<float>(), n, seed, kind, a, b);
+      break;
+    case DType::f16:
+      fill_random_kernel<<<grid, 256, 0, s>>>(static_cast<__half*>(t.data_ptr()), n, seed, kind, a, b);
+      break;
+    case DType::bf16:
+      fill_random_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(t.data_ptr()), n, seed, kind, a, b);
+      break;
+    case DType::i32:
+      fill_random_kernel<<<grid, 256, 0, s>>>(t.data<int32_t>(), n, seed, kind, a, b);
+      break;
+    case DType::i64:
+      fill_random_kernel<<<grid, 256, 0, s>>>(t.data<int64_t>(), n, seed, kind, a, b);
+      break;
+    default:
+      KBN_FAIL("fill_random: unsupported dtype on CUDA: ", t.str());
   }
   KBN_CUDA_CHECK_LAUNCH();
 }

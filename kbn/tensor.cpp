@@ -51,8 +51,12 @@ Storage::~Storage() {
 }
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, int64_t offset, Device device)
-    : storage_(std::move(storage)), dtype_(dtype), shape_(std::move(shape)), strides_(std::move(strides)),
-      offset_(offset), device_(device) {}
+    : storage_(std::move(storage)),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      device_(device) {}
 
 static void check_shape_valid(const Shape& shape, const char* what) {
   for (int64_t d : shape) KBN_CHECK(d >= 0, what, ": shape must have non-negative sizes, got ", shape_str(shape));
@@ -95,28 +99,52 @@ namespace {
 // Host element access in double precision, for conversions and the oracle's input path.
 double load_as_double(const void* base, DType dt, int64_t i) {
   switch (dt) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::f16: return f16_to_float(static_cast<const f16_t*>(base)[i]);
-    case DType::bf16: return bf16_to_float(static_cast<const bf16_t*>(base)[i]);
-    case DType::fp8e4m3: return fp8e4m3_to_float(static_cast<const fp8e4m3_t*>(base)[i]);
-    case DType::i32: return static_cast<const int32_t*>(base)[i];
-    case DType::i64: return double(static_cast<const int64_t*>(base)[i]);
-    case DType::u8: return static_cast<const uint8_t*>(base)[i];
-    case DType::boolean: return static_cast<const uint8_t*>(base)[i] ? 1.0 : 0.0;
+    case DType::f32:
+      return static_cast<const float*>(base)[i];
+    case DType::f16:
+      return f16_to_float(static_cast<const f16_t*>(base)[i]);
+    case DType::bf16:
+      return bf16_to_float(static_cast<const bf16_t*>(base)[i]);
+    case DType::fp8e4m3:
+      return fp8e4m3_to_float(static_cast<const fp8e4m3_t*>(base)[i]);
+    case DType::i32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::i64:
+      return double(static_cast<const int64_t*>(base)[i]);
+    case DType::u8:
+      return static_cast<const uint8_t*>(base)[i];
+    case DType::boolean:
+      return static_cast<const uint8_t*>(base)[i] ? 1.0 : 0.0;
   }
   return 0;
 }
 
 void store_from_double(void* base, DType dt, int64_t i, double v) {
   switch (dt) {
-    case DType::f32: static_cast<float*>(base)[i] = float(v); return;
-    case DType::f16: static_cast<f16_t*>(base)[i] = float_to_f16(float(v)); return;
-    case DType::bf16: static_cast<bf16_t*>(base)[i] = float_to_bf16(float(v)); return;
-    case DType::fp8e4m3: static_cast<fp8e4m3_t*>(base)[i] = float_to_fp8e4m3(float(v)); return;
-    case DType::i32: static_cast<int32_t*>(base)[i] = int32_t(v); return;
-    case DType::i64: static_cast<int64_t*>(base)[i] = int64_t(v); return;
-    case DType::u8: static_cast<uint8_t*>(base)[i] = uint8_t(v); return;
-    case DType::boolean: static_cast<uint8_t*>(base)[i] = v != 0.0; return;
+    case DType::f32:
+      static_cast<float*>(base)[i] = float(v);
+      return;
+    case DType::f16:
+      static_cast<f16_t*>(base)[i] = float_to_f16(float(v));
+      return;
+    case DType::bf16:
+      static_cast<bf16_t*>(base)[i] = float_to_bf16(float(v));
+      return;
+    case DType::fp8e4m3:
+      static_cast<fp8e4m3_t*>(base)[i] = float_to_fp8e4m3(float(v));
+      return;
+    case DType::i32:
+      static_cast<int32_t*>(base)[i] = int32_t(v);
+      return;
+    case DType::i64:
+      static_cast<int64_t*>(base)[i] = int64_t(v);
+      return;
+    case DType::u8:
+      static_cast<uint8_t*>(base)[i] = uint8_t(v);
+      return;
+    case DType::boolean:
+      static_cast<uint8_t*>(base)[i] = v != 0.0;
+      return;
   }
 }
 
@@ -227,8 +255,8 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end) const {
 
 Tensor Tensor::select(int64_t d, int64_t index) const {
   int64_t w = wrap_dim(d, dim(), "Tensor::select");
-  KBN_CHECK(index >= 0 && index < shape_[size_t(w)], "Tensor::select: index ", index,
-            " out of bounds for dimension ", d, " of ", str());
+  KBN_CHECK(index >= 0 && index < shape_[size_t(w)], "Tensor::select: index ", index, " out of bounds for dimension ",
+            d, " of ", str());
   Shape s = shape_, st = strides_;
   int64_t off = offset_ + index * strides_[size_t(w)];
   s.erase(s.begin() + w);
@@ -262,16 +290,15 @@ Tensor Tensor::as_strided(const Shape& shape, const Shape& strides, int64_t offs
     KBN_CHECK(shape[i] >= 0 && strides[i] >= 0, "Tensor::as_strided: negative size or stride");
     if (shape[i] > 0) max_off += (shape[i] - 1) * strides[i];
   }
-  KBN_CHECK(offset >= 0 && (shape_numel(shape) == 0 ||
-                            size_t(max_off + 1) * element_size() <= storage_->nbytes()),
+  KBN_CHECK(offset >= 0 && (shape_numel(shape) == 0 || size_t(max_off + 1) * element_size() <= storage_->nbytes()),
             "Tensor::as_strided: view ", shape_str(shape), " strides ", shape_str(strides), " offset ", offset,
             " exceeds the storage of ", storage_->nbytes(), " bytes");
   return Tensor(storage_, dtype_, shape, strides, offset, device_);
 }
 
 Tensor Tensor::view_dtype(DType dtype) const {
-  KBN_CHECK(dtype_size(dtype) == element_size(), "Tensor::view_dtype: ", dtype_name(dtype), " and ",
-            dtype_name(dtype_), " differ in element size");
+  KBN_CHECK(dtype_size(dtype) == element_size(), "Tensor::view_dtype: ", dtype_name(dtype), " and ", dtype_name(dtype_),
+            " differ in element size");
   return Tensor(storage_, dtype, shape_, strides_, offset_, device_);
 }
 
@@ -301,8 +328,7 @@ Tensor Tensor::to(DType dtype) const {
 
 void Tensor::copy_(const Tensor& src) {
   KBN_CHECK(defined() && src.defined(), "Tensor::copy_: both tensors must be defined");
-  KBN_CHECK(shape_ == src.shape_, "Tensor::copy_: destination ", str(), " and source ", src.str(),
-            " differ in shape");
+  KBN_CHECK(shape_ == src.shape_, "Tensor::copy_: destination ", str(), " and source ", src.str(), " differ in shape");
   if (numel() == 0) return;
   if (is_cpu() && src.is_cpu()) {
     if (dtype_ == src.dtype_ && is_contiguous() && src.is_contiguous()) {
@@ -374,7 +400,8 @@ void Tensor::fill_(double value) {
     return;
   }
   void* base = storage_->data();
-  for_each_offset(shape_, strides_, offset_, [&](int64_t, int64_t off) { store_from_double(base, dtype_, off, value); });
+  for_each_offset(shape_, strides_, offset_,
+                  [&](int64_t, int64_t off) { store_from_double(base, dtype_, off, value); });
 }
 
 std::vector<double> Tensor::to_doubles() const {
@@ -401,9 +428,15 @@ std::vector<int64_t> Tensor::to_ints() const {
   for_each_offset(h.shape_, h.strides_, h.offset_, [&](int64_t li, int64_t off) {
     int64_t v = 0;
     switch (dt) {
-      case DType::i32: v = reinterpret_cast<const int32_t*>(base)[off]; break;
-      case DType::i64: v = reinterpret_cast<const int64_t*>(base)[off]; break;
-      default: v = reinterpret_cast<const uint8_t*>(base)[off]; break;
+      case DType::i32:
+        v = reinterpret_cast<const int32_t*>(base)[off];
+        break;
+      case DType::i64:
+        v = reinterpret_cast<const int64_t*>(base)[off];
+        break;
+      default:
+        v = reinterpret_cast<const uint8_t*>(base)[off];
+        break;
     }
     out[size_t(li)] = v;
   });

@@ -91,16 +91,16 @@ class Tensor {
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(Device device) const;
-  Tensor to(DType dtype) const;  // CPU tensors; a GPU tensor is converted through the CPU
+  Tensor to(DType dtype) const;  // floating dtypes convert on the device; others through the CPU
   // Copies src into this tensor (same shape; any devices; dtype conversion only between CPU tensors).
   void copy_(const Tensor& src);
   void fill_(double value);
   void zero_() { fill_(0.0); }
 
   // Host conversions for tests and the oracle (any device, any strides).
-  std::vector<float> to_floats() const;     // floating dtypes; integers converted exactly when |v| < 2^24
+  std::vector<float> to_floats() const;  // floating dtypes; integers converted exactly when |v| < 2^24
   std::vector<double> to_doubles() const;
-  std::vector<int64_t> to_ints() const;     // integer and bool dtypes
+  std::vector<int64_t> to_ints() const;  // integer and bool dtypes
 
   // "bf16[4, 4096] cuda:0" (+ " strides=[...]" when not contiguous).
   std::string str() const;
@@ -118,20 +118,44 @@ class Tensor {
 
 template <class T>
 struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<f16_t> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<bf16_t> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<fp8e4m3_t> { static constexpr DType value = DType::fp8e4m3; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
-template <> struct dtype_of<bool> { static constexpr DType value = DType::boolean; };
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<f16_t> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<bf16_t> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<fp8e4m3_t> {
+  static constexpr DType value = DType::fp8e4m3;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <>
+struct dtype_of<bool> {
+  static constexpr DType value = DType::boolean;
+};
 
 template <class T>
 T* Tensor::data() const {
   if constexpr (!std::is_void_v<T>) {
-    KBN_CHECK(dtype_of<std::remove_const_t<T>>::value == dtype_, "Tensor::data<", dtype_name(dtype_of<std::remove_const_t<T>>::value),
-              ">: tensor is ", str());
+    KBN_CHECK(dtype_of<std::remove_const_t<T>>::value == dtype_, "Tensor::data<",
+              dtype_name(dtype_of<std::remove_const_t<T>>::value), ">: tensor is ", str());
   }
   return static_cast<T*>(data_ptr());
 }

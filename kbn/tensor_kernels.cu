@@ -15,17 +15,41 @@ namespace {
 
 template <class T>
 __device__ __forceinline__ float load_f(const T* p, int64_t i);
-template <> __device__ __forceinline__ float load_f(const float* p, int64_t i) { return p[i]; }
-template <> __device__ __forceinline__ float load_f(const __half* p, int64_t i) { return __half2float(p[i]); }
-template <> __device__ __forceinline__ float load_f(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
-template <> __device__ __forceinline__ float load_f(const __nv_fp8_e4m3* p, int64_t i) { return float(p[i]); }
+template <>
+__device__ __forceinline__ float load_f(const float* p, int64_t i) {
+  return p[i];
+}
+template <>
+__device__ __forceinline__ float load_f(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+template <>
+__device__ __forceinline__ float load_f(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+template <>
+__device__ __forceinline__ float load_f(const __nv_fp8_e4m3* p, int64_t i) {
+  return float(p[i]);
+}
 
 template <class T>
 __device__ __forceinline__ void store_f(T* p, int64_t i, float v);
-template <> __device__ __forceinline__ void store_f(float* p, int64_t i, float v) { p[i] = v; }
-template <> __device__ __forceinline__ void store_f(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-template <> __device__ __forceinline__ void store_f(__nv_bfloat16* p, int64_t i, float v) { p[i] = __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ void store_f(__nv_fp8_e4m3* p, int64_t i, float v) { p[i] = __nv_fp8_e4m3(v); }
+template <>
+__device__ __forceinline__ void store_f(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+template <>
+__device__ __forceinline__ void store_f(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ void store_f(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ void store_f(__nv_fp8_e4m3* p, int64_t i, float v) {
+  p[i] = __nv_fp8_e4m3(v);
+}
 
 template <class S, class D>
 __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
@@ -65,11 +89,20 @@ unsigned grid_for(int64_t n) { return unsigned(std::min<int64_t>((n + 255) / 256
 template <class F>
 void dispatch_float(DType dt, const char* what, F&& f) {
   switch (dt) {
-    case DType::f32: f(float{}); return;
-    case DType::f16: f(__half{}); return;
-    case DType::bf16: f(__nv_bfloat16{}); return;
-    case DType::fp8e4m3: f(__nv_fp8_e4m3{}); return;
-    default: KBN_FAIL(what, ": expected a floating dtype (f32, f16, bf16, fp8e4m3), got ", dtype_name(dt));
+    case DType::f32:
+      f(float{});
+      return;
+    case DType::f16:
+      f(__half{});
+      return;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::fp8e4m3:
+      f(__nv_fp8_e4m3{});
+      return;
+    default:
+      KBN_FAIL(what, ": expected a floating dtype (f32, f16, bf16, fp8e4m3), got ", dtype_name(dt));
   }
 }
 
@@ -82,7 +115,8 @@ void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n, int de
     dispatch_float(ddt, "convert", [&](auto d) {
       using S = decltype(s);
       using D = decltype(d);
-      convert_kernel<S, D><<<grid_for(n), 256, 0, current_stream()>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+      convert_kernel<S, D>
+          <<<grid_for(n), 256, 0, current_stream()>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
       KBN_CUDA_CHECK_LAUNCH();
     });
   });
@@ -93,18 +127,30 @@ void fill(void* dst, DType dt, int64_t n, double value, int device) {
   if (n == 0) return;
   Stream s = current_stream();
   switch (dt) {
-    case DType::f32: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(dst), n, float(value)); break;
-    case DType::f16: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<__half*>(dst), n, __double2half(value)); break;
+    case DType::f32:
+      fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<float*>(dst), n, float(value));
+      break;
+    case DType::f16:
+      fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<__half*>(dst), n, __double2half(value));
+      break;
     case DType::bf16:
       fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<__nv_bfloat16*>(dst), n, __double2bfloat16(value));
       break;
     case DType::fp8e4m3:
       fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t*>(dst), n, float_to_fp8e4m3(float(value)).bits);
       break;
-    case DType::i32: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<int32_t*>(dst), n, int32_t(value)); break;
-    case DType::i64: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<int64_t*>(dst), n, int64_t(value)); break;
-    case DType::u8: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t*>(dst), n, uint8_t(value)); break;
-    case DType::boolean: fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t*>(dst), n, uint8_t(value != 0)); break;
+    case DType::i32:
+      fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<int32_t*>(dst), n, int32_t(value));
+      break;
+    case DType::i64:
+      fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<int64_t*>(dst), n, int64_t(value));
+      break;
+    case DType::u8:
+      fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t*>(dst), n, uint8_t(value));
+      break;
+    case DType::boolean:
+      fill_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t*>(dst), n, uint8_t(value != 0));
+      break;
   }
   KBN_CUDA_CHECK_LAUNCH();
 }
@@ -122,11 +168,24 @@ void strided_copy(const Tensor& dst, const Tensor& src) {
   int64_t n = dst.numel();
   Stream s = current_stream();
   switch (dst.element_size()) {
-    case 1: strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t*>(dst.data_ptr()), static_cast<const uint8_t*>(src.data_ptr()), n, p); break;
-    case 2: strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint16_t*>(dst.data_ptr()), static_cast<const uint16_t*>(src.data_ptr()), n, p); break;
-    case 4: strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint32_t*>(dst.data_ptr()), static_cast<const uint32_t*>(src.data_ptr()), n, p); break;
-    case 8: strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint64_t*>(dst.data_ptr()), static_cast<const uint64_t*>(src.data_ptr()), n, p); break;
-    default: KBN_FAIL("strided_copy: unsupported element size ", dst.element_size());
+    case 1:
+      strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint8_t*>(dst.data_ptr()),
+                                                      static_cast<const uint8_t*>(src.data_ptr()), n, p);
+      break;
+    case 2:
+      strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint16_t*>(dst.data_ptr()),
+                                                      static_cast<const uint16_t*>(src.data_ptr()), n, p);
+      break;
+    case 4:
+      strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint32_t*>(dst.data_ptr()),
+                                                      static_cast<const uint32_t*>(src.data_ptr()), n, p);
+      break;
+    case 8:
+      strided_copy_kernel<<<grid_for(n), 256, 0, s>>>(static_cast<uint64_t*>(dst.data_ptr()),
+                                                      static_cast<const uint64_t*>(src.data_ptr()), n, p);
+      break;
+    default:
+      KBN_FAIL("strided_copy: unsupported element size ", dst.element_size());
   }
   KBN_CUDA_CHECK_LAUNCH();
 }

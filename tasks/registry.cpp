@@ -6,7 +6,6 @@
 #include <cmath>
 #include <type_traits>
 
-#include "kbn/variant.h"
 #include "L1/all_reduce.h"
 #include "L1/argmax.h"
 #include "L1/embedding.h"
@@ -24,12 +23,13 @@
 #include "L2/vocab_parallel_embedding.h"
 #include "L3/llama_decoder_layer.h"
 #include "L4/llama.h"
+#include "kbn/variant.h"
 
 // Fallback declarations: if a candidate header renames a class, unqualified lookup inside
 // kbn::<variant> finds these instead, and the static_asserts below say which class went missing.
 namespace kbn::missing_task_class {
-#define KBN_FALLBACK(Class) \
-  struct Class {            \
+#define KBN_FALLBACK(Class)                         \
+  struct Class {                                    \
     static constexpr bool kbn_missing_class = true; \
   };
 KBN_FALLBACK(RMSNorm)
@@ -66,26 +66,31 @@ using TensorPair = std::pair<Tensor, Tensor>;
 using Tensors = std::vector<Tensor>;
 
 template <class C>
-concept task_class_present = !requires { C::kbn_missing_class; };
+concept task_class_present = !requires {
+  C::kbn_missing_class;
+};
 
 #define KBN_CAT2(a, b) a##b
 #define KBN_CAT(a, b) KBN_CAT2(a, b)
 #define KBN_WHERE(file) "tasks/" KBN_VARIANT_NAME "/" file " (or its baseline twin)"
 
-#define KBN_REQUIRE_CLASS(Class, File)                                                              \
-  static_assert(task_class_present<Class>, KBN_WHERE(File) ": class '" #Class "' is missing; the " \
+#define KBN_REQUIRE_CLASS(Class, File)                                          \
+  static_assert(task_class_present<Class>, KBN_WHERE(File) ": class '" #Class   \
+                                                           "' is missing; the " \
                                                            "baseline declares it and a candidate must keep the name")
 
 // Exact signature: the member function pointer of that type must be formable.
-#define KBN_REQUIRE_METHOD(Class, Ret, Name, Params, File)                                           \
-  template <class C>                                                                                 \
-  concept KBN_CAT(kbn_sig_, __LINE__) = requires { static_cast<Ret (C::*) Params>(&C::Name); };      \
-  static_assert(KBN_CAT(kbn_sig_, __LINE__)<Class>,                                                  \
-                KBN_WHERE(File) ": class '" #Class "' must declare `" #Ret " " #Name #Params        \
+#define KBN_REQUIRE_METHOD(Class, Ret, Name, Params, File)                                   \
+  template <class C>                                                                         \
+  concept KBN_CAT(kbn_sig_, __LINE__) = requires {                                           \
+    static_cast<Ret(C::*) Params>(&C::Name);                                                 \
+  };                                                                                         \
+  static_assert(KBN_CAT(kbn_sig_, __LINE__) < Class >,                                       \
+                KBN_WHERE(File) ": class '" #Class "' must declare `" #Ret " " #Name #Params \
                                 "` exactly as the baseline does")
 
-#define KBN_REQUIRE_CTOR(Class, File, ...)                                                           \
-  static_assert(std::is_constructible_v<Class __VA_OPT__(, ) __VA_ARGS__>,                                         \
+#define KBN_REQUIRE_CTOR(Class, File, ...)                                 \
+  static_assert(std::is_constructible_v<Class __VA_OPT__(, ) __VA_ARGS__>, \
                 KBN_WHERE(File) ": class '" #Class "' must be constructible from (" #__VA_ARGS__ ")")
 
 KBN_REQUIRE_CLASS(RMSNorm, "L1/rms_norm.h");
@@ -202,8 +207,10 @@ auto adapter(std::string name, size_t nargs, Make make, Call call) {
     // A call may also read the OpArgs it was built with (host facts such as attention maxima).
     auto checked = [=](Op& o, const Tensors& args) -> Tensors {
       KBN_CHECK(args.size() == nargs, name, ": expected ", nargs, " tensor arguments, got ", args.size());
-      if constexpr (std::is_invocable_v<Call, Op&, const Tensors&, const OpArgs&>) return call(o, args, a);
-      else return call(o, args);
+      if constexpr (std::is_invocable_v<Call, Op&, const Tensors&, const OpArgs&>)
+        return call(o, args, a);
+      else
+        return call(o, args);
     };
     return std::make_unique<Adapter<Op, decltype(checked)>>(std::move(op), checked);
   };
@@ -227,190 +234,310 @@ int64_t host_max_diff(const Tensor& loc) {
 }  // namespace
 
 void register_ops(Registry& r) {
-  r.add({.name = "rms_norm", .class_name = "RMSNorm", .level = 1, .header = "L1/rms_norm.h",
-         .ctor_args = {"hidden_size", "eps"}, .args = {"x"}, .mutates = {},
-         .make = adapter("rms_norm", 1,
-                         [](const OpArgs& a) { return std::make_unique<RMSNorm>(a.get_int("hidden_size"), a.get("eps"), a.opts); },
-                         [](RMSNorm& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
-  r.add({.name = "fused_add_rms_norm", .class_name = "RMSNorm", .level = 1, .header = "L1/rms_norm.h",
-         .ctor_args = {"hidden_size", "eps"}, .args = {"x", "residual"}, .mutates = {"x", "residual"},
-         .make = adapter("fused_add_rms_norm", 2,
-                         [](const OpArgs& a) { return std::make_unique<RMSNorm>(a.get_int("hidden_size"), a.get("eps"), a.opts); },
-                         [](RMSNorm& op, const Tensors& t) {
-                           auto [x, res] = op.forward(t[0], t[1]);
-                           return Tensors{x, res};
-                         })});
-  r.add({.name = "silu_and_mul", .class_name = "SiluAndMul", .level = 1, .header = "L1/silu_and_mul.h",
-         .ctor_args = {}, .args = {"x"}, .mutates = {},
-         .make = adapter("silu_and_mul", 1, [](const OpArgs&) { return std::make_unique<SiluAndMul>(); },
-                         [](SiluAndMul& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
-  r.add({.name = "rotary_embedding", .class_name = "RotaryEmbedding", .level = 1, .header = "L1/rotary_embedding.h",
+  r.add({.name = "rms_norm",
+         .class_name = "RMSNorm",
+         .level = 1,
+         .header = "L1/rms_norm.h",
+         .ctor_args = {"hidden_size", "eps"},
+         .args = {"x"},
+         .mutates = {},
+         .make = adapter(
+             "rms_norm", 1,
+             [](const OpArgs& a) { return std::make_unique<RMSNorm>(a.get_int("hidden_size"), a.get("eps"), a.opts); },
+             [](RMSNorm& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "fused_add_rms_norm",
+         .class_name = "RMSNorm",
+         .level = 1,
+         .header = "L1/rms_norm.h",
+         .ctor_args = {"hidden_size", "eps"},
+         .args = {"x", "residual"},
+         .mutates = {"x", "residual"},
+         .make = adapter(
+             "fused_add_rms_norm", 2,
+             [](const OpArgs& a) { return std::make_unique<RMSNorm>(a.get_int("hidden_size"), a.get("eps"), a.opts); },
+             [](RMSNorm& op, const Tensors& t) {
+               auto [x, res] = op.forward(t[0], t[1]);
+               return Tensors{x, res};
+             })});
+  r.add({.name = "silu_and_mul",
+         .class_name = "SiluAndMul",
+         .level = 1,
+         .header = "L1/silu_and_mul.h",
+         .ctor_args = {},
+         .args = {"x"},
+         .mutates = {},
+         .make = adapter(
+             "silu_and_mul", 1, [](const OpArgs&) { return std::make_unique<SiluAndMul>(); },
+             [](SiluAndMul& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "rotary_embedding",
+         .class_name = "RotaryEmbedding",
+         .level = 1,
+         .header = "L1/rotary_embedding.h",
          .ctor_args = {"head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style", "rope_factor",
                        "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position_embeddings"},
-         .args = {"positions", "query", "key"}, .mutates = {"query", "key"},
-         .make = adapter("rotary_embedding", 3,
-                         [](const OpArgs& a) {
-                           RopeScaling s;
-                           if (a.get("rope_factor", 0.0) > 0) {
-                             s.rope_type = "llama3";
-                             s.factor = a.get("rope_factor");
-                             s.low_freq_factor = a.get("rope_low_freq_factor");
-                             s.high_freq_factor = a.get("rope_high_freq_factor");
-                             s.original_max_position_embeddings = a.get_int("rope_original_max_position_embeddings");
-                           }
-                           return std::make_unique<RotaryEmbedding>(a.get_int("head_size"), a.get_int("rotary_dim"),
-                                                                    a.get_int("max_position_embeddings"), a.get("base"),
-                                                                    a.get("is_neox_style", 1.0) != 0.0, s, a.opts);
-                         },
-                         [](RotaryEmbedding& op, const Tensors& t) {
-                           auto [q, k] = op.forward(t[0], t[1], t[2]);
-                           return Tensors{q, k};
-                         })});
-  r.add({.name = "embedding", .class_name = "Embedding", .level = 1, .header = "L1/embedding.h", .ctor_args = {},
-         .args = {"input_ids", "weight"}, .mutates = {},
-         .make = adapter("embedding", 2, [](const OpArgs&) { return std::make_unique<Embedding>(); },
-                         [](Embedding& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], 0, t[1].size(0))}; })});
-  r.add({.name = "linear", .class_name = "Linear", .level = 1, .header = "L1/linear.h", .ctor_args = {},
-         .args = {"x", "weight", "bias"}, .mutates = {},
-         .make = adapter("linear", 3, [](const OpArgs&) { return std::make_unique<Linear>(); },
-                         [](Linear& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], t[2])}; })});
-  r.add({.name = "all_reduce", .class_name = "AllReduce", .level = 1, .header = "L1/all_reduce.h", .ctor_args = {},
-         .args = {"x"}, .mutates = {"x"},
-         .make = adapter("all_reduce", 1, [](const OpArgs&) { return std::make_unique<AllReduce>(); },
-                         [](AllReduce& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
-  r.add({.name = "store_kvcache", .class_name = "StoreKVCache", .level = 1, .header = "L1/store_kvcache.h",
-         .ctor_args = {}, .args = {"key", "value", "key_cache", "value_cache", "slot_mapping"},
+         .args = {"positions", "query", "key"},
+         .mutates = {"query", "key"},
+         .make = adapter(
+             "rotary_embedding", 3,
+             [](const OpArgs& a) {
+               RopeScaling s;
+               if (a.get("rope_factor", 0.0) > 0) {
+                 s.rope_type = "llama3";
+                 s.factor = a.get("rope_factor");
+                 s.low_freq_factor = a.get("rope_low_freq_factor");
+                 s.high_freq_factor = a.get("rope_high_freq_factor");
+                 s.original_max_position_embeddings = a.get_int("rope_original_max_position_embeddings");
+               }
+               return std::make_unique<RotaryEmbedding>(a.get_int("head_size"), a.get_int("rotary_dim"),
+                                                        a.get_int("max_position_embeddings"), a.get("base"),
+                                                        a.get("is_neox_style", 1.0) != 0.0, s, a.opts);
+             },
+             [](RotaryEmbedding& op, const Tensors& t) {
+               auto [q, k] = op.forward(t[0], t[1], t[2]);
+               return Tensors{q, k};
+             })});
+  r.add({.name = "embedding",
+         .class_name = "Embedding",
+         .level = 1,
+         .header = "L1/embedding.h",
+         .ctor_args = {},
+         .args = {"input_ids", "weight"},
+         .mutates = {},
+         .make = adapter(
+             "embedding", 2, [](const OpArgs&) { return std::make_unique<Embedding>(); },
+             [](Embedding& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], 0, t[1].size(0))}; })});
+  r.add({.name = "linear",
+         .class_name = "Linear",
+         .level = 1,
+         .header = "L1/linear.h",
+         .ctor_args = {},
+         .args = {"x", "weight", "bias"},
+         .mutates = {},
+         .make = adapter(
+             "linear", 3, [](const OpArgs&) { return std::make_unique<Linear>(); },
+             [](Linear& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], t[2])}; })});
+  r.add({.name = "all_reduce",
+         .class_name = "AllReduce",
+         .level = 1,
+         .header = "L1/all_reduce.h",
+         .ctor_args = {},
+         .args = {"x"},
+         .mutates = {"x"},
+         .make = adapter(
+             "all_reduce", 1, [](const OpArgs&) { return std::make_unique<AllReduce>(); },
+             [](AllReduce& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "store_kvcache",
+         .class_name = "StoreKVCache",
+         .level = 1,
+         .header = "L1/store_kvcache.h",
+         .ctor_args = {},
+         .args = {"key", "value", "key_cache", "value_cache", "slot_mapping"},
          .mutates = {"key_cache", "value_cache"},
-         .make = adapter("store_kvcache", 5, [](const OpArgs&) { return std::make_unique<StoreKVCache>(); },
-                         [](StoreKVCache& op, const Tensors& t) {
-                           op.forward(t[0], t[1], t[2], t[3], t[4]);
-                           return Tensors{t[2], t[3]};
-                         })});
-  r.add({.name = "flash_attn_prefill", .class_name = "FlashAttnPrefill", .level = 1, .header = "L1/flash_attn_prefill.h",
-         .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "max_query_len (optional)", "max_seq_len (optional)"},
-         .args = {"q", "key_cache", "value_cache", "query_start_loc", "seq_lens", "block_tables"}, .mutates = {},
-         .make = adapter("flash_attn_prefill", 6,
-                         [](const OpArgs& a) {
-                           return std::make_unique<FlashAttnPrefill>(a.get_int("num_heads"), a.get_int("head_size"),
-                                                                     a.get("scale"), a.get_int("num_kv_heads"));
-                         },
-                         [](FlashAttnPrefill& op, const Tensors& t, const OpArgs& a) {
-                           const int64_t max_q = a.get_int_or("max_query_len", 0), max_s = a.get_int_or("max_seq_len", 0);
-                           return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], max_q ? max_q : host_max_diff(t[3]),
-                                                     max_s ? max_s : host_max(t[4]))};
-                         })});
-  r.add({.name = "flash_attn_decode", .class_name = "FlashAttnDecode", .level = 1, .header = "L1/flash_attn_decode.h",
+         .make = adapter(
+             "store_kvcache", 5, [](const OpArgs&) { return std::make_unique<StoreKVCache>(); },
+             [](StoreKVCache& op, const Tensors& t) {
+               op.forward(t[0], t[1], t[2], t[3], t[4]);
+               return Tensors{t[2], t[3]};
+             })});
+  r.add({.name = "flash_attn_prefill",
+         .class_name = "FlashAttnPrefill",
+         .level = 1,
+         .header = "L1/flash_attn_prefill.h",
+         .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "max_query_len (optional)",
+                       "max_seq_len (optional)"},
+         .args = {"q", "key_cache", "value_cache", "query_start_loc", "seq_lens", "block_tables"},
+         .mutates = {},
+         .make = adapter(
+             "flash_attn_prefill", 6,
+             [](const OpArgs& a) {
+               return std::make_unique<FlashAttnPrefill>(a.get_int("num_heads"), a.get_int("head_size"), a.get("scale"),
+                                                         a.get_int("num_kv_heads"));
+             },
+             [](FlashAttnPrefill& op, const Tensors& t, const OpArgs& a) {
+               const int64_t max_q = a.get_int_or("max_query_len", 0), max_s = a.get_int_or("max_seq_len", 0);
+               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], max_q ? max_q : host_max_diff(t[3]),
+                                         max_s ? max_s : host_max(t[4]))};
+             })});
+  r.add({.name = "flash_attn_decode",
+         .class_name = "FlashAttnDecode",
+         .level = 1,
+         .header = "L1/flash_attn_decode.h",
          .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "max_seq_len (optional)"},
-         .args = {"q", "key_cache", "value_cache", "seq_lens", "block_tables"}, .mutates = {},
-         .make = adapter("flash_attn_decode", 5,
-                         [](const OpArgs& a) {
-                           return std::make_unique<FlashAttnDecode>(a.get_int("num_heads"), a.get_int("head_size"),
-                                                                    a.get("scale"), a.get_int("num_kv_heads"));
-                         },
-                         [](FlashAttnDecode& op, const Tensors& t, const OpArgs& a) {
-                           const int64_t max_s = a.get_int_or("max_seq_len", 0);
-                           return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], max_s ? max_s : host_max(t[3]))};
-                         })});
-  r.add({.name = "argmax", .class_name = "Argmax", .level = 1, .header = "L1/argmax.h", .ctor_args = {},
-         .args = {"logits"}, .mutates = {},
-         .make = adapter("argmax", 1, [](const OpArgs&) { return std::make_unique<Argmax>(); },
-                         [](Argmax& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+         .args = {"q", "key_cache", "value_cache", "seq_lens", "block_tables"},
+         .mutates = {},
+         .make = adapter(
+             "flash_attn_decode", 5,
+             [](const OpArgs& a) {
+               return std::make_unique<FlashAttnDecode>(a.get_int("num_heads"), a.get_int("head_size"), a.get("scale"),
+                                                        a.get_int("num_kv_heads"));
+             },
+             [](FlashAttnDecode& op, const Tensors& t, const OpArgs& a) {
+               const int64_t max_s = a.get_int_or("max_seq_len", 0);
+               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], max_s ? max_s : host_max(t[3]))};
+             })});
+  r.add({.name = "argmax",
+         .class_name = "Argmax",
+         .level = 1,
+         .header = "L1/argmax.h",
+         .ctor_args = {},
+         .args = {"logits"},
+         .mutates = {},
+         .make = adapter(
+             "argmax", 1, [](const OpArgs&) { return std::make_unique<Argmax>(); },
+             [](Argmax& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
 
   // L2..L4 build from a model config; their layer-0 prefixes make attention read KV cache 0.
-  r.add({.name = "qkv_parallel_linear", .class_name = "QKVParallelLinear", .level = 2, .header = "L2/parallel_linear.h",
-         .ctor_args = {}, .args = {"x"}, .mutates = {},
-         .make = adapter("qkv_parallel_linear", 1,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<QKVParallelLinear>(c.hidden_size, c.head_dim, c.num_attention_heads,
-                                                                      c.num_key_value_heads, c.attention_bias, false,
-                                                                      a.opts, "model.layers.0.self_attn.qkv_proj");
-                         },
-                         [](QKVParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
-  r.add({.name = "merged_column_parallel_linear", .class_name = "MergedColumnParallelLinear", .level = 2,
-         .header = "L2/parallel_linear.h", .ctor_args = {}, .args = {"x"}, .mutates = {},
-         .make = adapter("merged_column_parallel_linear", 1,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<MergedColumnParallelLinear>(
-                               c.hidden_size, std::vector<int64_t>{c.intermediate_size, c.intermediate_size}, c.mlp_bias,
-                               false, a.opts, "model.layers.0.mlp.gate_up_proj");
-                         },
-                         [](MergedColumnParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
-  r.add({.name = "row_parallel_linear", .class_name = "RowParallelLinear", .level = 2, .header = "L2/parallel_linear.h",
-         .ctor_args = {}, .args = {"x"}, .mutates = {},
-         .make = adapter("row_parallel_linear", 1,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<RowParallelLinear>(c.intermediate_size, c.hidden_size, c.mlp_bias,
-                                                                      true, false, true, a.opts,
-                                                                      "model.layers.0.mlp.down_proj");
-                         },
-                         [](RowParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
-  r.add({.name = "vocab_parallel_embedding", .class_name = "VocabParallelEmbedding", .level = 2,
-         .header = "L2/vocab_parallel_embedding.h", .ctor_args = {}, .args = {"input_ids"}, .mutates = {},
-         .make = adapter("vocab_parallel_embedding", 1,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<VocabParallelEmbedding>(c.vocab_size, c.hidden_size, a.opts,
-                                                                           "model.embed_tokens");
-                         },
-                         [](VocabParallelEmbedding& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
-  r.add({.name = "parallel_lm_head", .class_name = "ParallelLMHead", .level = 2,
-         .header = "L2/vocab_parallel_embedding.h", .ctor_args = {}, .args = {"hidden_states"}, .mutates = {},
-         .make = adapter("parallel_lm_head", 1,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<ParallelLMHead>(c.vocab_size, c.hidden_size, false, a.opts, "lm_head");
-                         },
-                         [](ParallelLMHead& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
-  r.add({.name = "attention", .class_name = "Attention", .level = 2, .header = "L2/attention.h",
-         .ctor_args = {}, .args = {"query", "key", "value"}, .mutates = {},
-         .make = adapter("attention", 3,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<Attention>(c.num_attention_heads, c.head_dim,
-                                                              1.0 / std::sqrt(double(c.head_dim)), c.num_key_value_heads,
-                                                              "model.layers.0.self_attn.attn");
-                         },
-                         [](Attention& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], t[2])}; })});
-  r.add({.name = "llama_attention", .class_name = "LlamaAttention", .level = 2, .header = "L2/llama_attention.h",
-         .ctor_args = {}, .args = {"positions", "hidden_states"}, .mutates = {},
-         .make = adapter("llama_attention", 2,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<LlamaAttention>(c, c.hidden_size, c.num_attention_heads,
-                                                                   c.num_key_value_heads, c.rope_theta, c.rope_scaling,
-                                                                   c.max_position_embeddings, c.attention_bias,
-                                                                   "model.layers.0.self_attn", a.opts);
-                         },
-                         [](LlamaAttention& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; })});
-  r.add({.name = "llama_mlp", .class_name = "LlamaMLP", .level = 2, .header = "L2/llama_mlp.h", .ctor_args = {},
-         .args = {"x"}, .mutates = {},
-         .make = adapter("llama_mlp", 1,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<LlamaMLP>(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias,
-                                                             "model.layers.0.mlp", a.opts);
-                         },
-                         [](LlamaMLP& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
-  r.add({.name = "llama_decoder_layer", .class_name = "LlamaDecoderLayer", .level = 3,
-         .header = "L3/llama_decoder_layer.h", .ctor_args = {}, .args = {"positions", "hidden_states", "residual"},
+  r.add({.name = "qkv_parallel_linear",
+         .class_name = "QKVParallelLinear",
+         .level = 2,
+         .header = "L2/parallel_linear.h",
+         .ctor_args = {},
+         .args = {"x"},
+         .mutates = {},
+         .make = adapter(
+             "qkv_parallel_linear", 1,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<QKVParallelLinear>(c.hidden_size, c.head_dim, c.num_attention_heads,
+                                                          c.num_key_value_heads, c.attention_bias, false, a.opts,
+                                                          "model.layers.0.self_attn.qkv_proj");
+             },
+             [](QKVParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
+  r.add({.name = "merged_column_parallel_linear",
+         .class_name = "MergedColumnParallelLinear",
+         .level = 2,
+         .header = "L2/parallel_linear.h",
+         .ctor_args = {},
+         .args = {"x"},
+         .mutates = {},
+         .make = adapter(
+             "merged_column_parallel_linear", 1,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<MergedColumnParallelLinear>(
+                   c.hidden_size, std::vector<int64_t>{c.intermediate_size, c.intermediate_size}, c.mlp_bias, false,
+                   a.opts, "model.layers.0.mlp.gate_up_proj");
+             },
+             [](MergedColumnParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
+  r.add({.name = "row_parallel_linear",
+         .class_name = "RowParallelLinear",
+         .level = 2,
+         .header = "L2/parallel_linear.h",
+         .ctor_args = {},
+         .args = {"x"},
+         .mutates = {},
+         .make = adapter(
+             "row_parallel_linear", 1,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<RowParallelLinear>(c.intermediate_size, c.hidden_size, c.mlp_bias, true, false,
+                                                          true, a.opts, "model.layers.0.mlp.down_proj");
+             },
+             [](RowParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; })});
+  r.add({.name = "vocab_parallel_embedding",
+         .class_name = "VocabParallelEmbedding",
+         .level = 2,
+         .header = "L2/vocab_parallel_embedding.h",
+         .ctor_args = {},
+         .args = {"input_ids"},
+         .mutates = {},
+         .make = adapter(
+             "vocab_parallel_embedding", 1,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<VocabParallelEmbedding>(c.vocab_size, c.hidden_size, a.opts,
+                                                               "model.embed_tokens");
+             },
+             [](VocabParallelEmbedding& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "parallel_lm_head",
+         .class_name = "ParallelLMHead",
+         .level = 2,
+         .header = "L2/vocab_parallel_embedding.h",
+         .ctor_args = {},
+         .args = {"hidden_states"},
+         .mutates = {},
+         .make = adapter(
+             "parallel_lm_head", 1,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<ParallelLMHead>(c.vocab_size, c.hidden_size, false, a.opts, "lm_head");
+             },
+             [](ParallelLMHead& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "attention",
+         .class_name = "Attention",
+         .level = 2,
+         .header = "L2/attention.h",
+         .ctor_args = {},
+         .args = {"query", "key", "value"},
+         .mutates = {},
+         .make = adapter(
+             "attention", 3,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<Attention>(c.num_attention_heads, c.head_dim,
+                                                  1.0 / std::sqrt(double(c.head_dim)), c.num_key_value_heads,
+                                                  "model.layers.0.self_attn.attn");
+             },
+             [](Attention& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], t[2])}; })});
+  r.add({.name = "llama_attention",
+         .class_name = "LlamaAttention",
+         .level = 2,
+         .header = "L2/llama_attention.h",
+         .ctor_args = {},
+         .args = {"positions", "hidden_states"},
+         .mutates = {},
+         .make = adapter(
+             "llama_attention", 2,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<LlamaAttention>(c, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                                                       c.rope_theta, c.rope_scaling, c.max_position_embeddings,
+                                                       c.attention_bias, "model.layers.0.self_attn", a.opts);
+             },
+             [](LlamaAttention& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; })});
+  r.add({.name = "llama_mlp",
+         .class_name = "LlamaMLP",
+         .level = 2,
+         .header = "L2/llama_mlp.h",
+         .ctor_args = {},
+         .args = {"x"},
+         .mutates = {},
+         .make = adapter(
+             "llama_mlp", 1,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<LlamaMLP>(c.hidden_size, c.intermediate_size, c.hidden_act, c.mlp_bias,
+                                                 "model.layers.0.mlp", a.opts);
+             },
+             [](LlamaMLP& op, const Tensors& t) { return Tensors{op.forward(t[0])}; })});
+  r.add({.name = "llama_decoder_layer",
+         .class_name = "LlamaDecoderLayer",
+         .level = 3,
+         .header = "L3/llama_decoder_layer.h",
+         .ctor_args = {},
+         .args = {"positions", "hidden_states", "residual"},
          .mutates = {"hidden_states", "residual"},
-         .make = adapter("llama_decoder_layer", 3,
-                         [](const OpArgs& a) {
-                           LlamaConfig c = LlamaConfig::from(a.model_config());
-                           return std::make_unique<LlamaDecoderLayer>(c, "model.layers.0", a.opts);
-                         },
-                         [](LlamaDecoderLayer& op, const Tensors& t) {
-                           auto [h, res] = op.forward(t[0], t[1], t[2]);
-                           return Tensors{h, res};
-                         })});
-  r.add({.name = "llama_for_causal_lm", .class_name = "LlamaForCausalLM", .level = 4, .header = "L4/llama.h",
-         .ctor_args = {}, .args = {"input_ids", "positions"}, .mutates = {},
-         .make = adapter("llama_for_causal_lm", 2,
-                         [](const OpArgs& a) { return std::make_unique<LlamaForCausalLM>(a.model_config(), a.opts); },
-                         [](LlamaForCausalLM& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
+         .make = adapter(
+             "llama_decoder_layer", 3,
+             [](const OpArgs& a) {
+               LlamaConfig c = LlamaConfig::from(a.model_config());
+               return std::make_unique<LlamaDecoderLayer>(c, "model.layers.0", a.opts);
+             },
+             [](LlamaDecoderLayer& op, const Tensors& t) {
+               auto [h, res] = op.forward(t[0], t[1], t[2]);
+               return Tensors{h, res};
+             })});
+  r.add({.name = "llama_for_causal_lm",
+         .class_name = "LlamaForCausalLM",
+         .level = 4,
+         .header = "L4/llama.h",
+         .ctor_args = {},
+         .args = {"input_ids", "positions"},
+         .mutates = {},
+         .make = adapter(
+             "llama_for_causal_lm", 2,
+             [](const OpArgs& a) { return std::make_unique<LlamaForCausalLM>(a.model_config(), a.opts); },
+             [](LlamaForCausalLM& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
          .architectures = {"LlamaForCausalLM"},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<LlamaForCausalLM>(c, o);

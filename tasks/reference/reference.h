@@ -1,8 +1,8 @@
 #pragma once
 // The oracle: plain CPU implementations of every Llama L1 op, written to be obviously correct rather than
 // fast. Inputs may have any floating dtype and any strides; math runs in double; each output element is
-// rounded to f32 and then to the output's dtype (a double rounding that can cost one 16-bit ulp, rarely). Baseline L1 ops call these on CPU tensors, which is how the whole
-// L1..L4 stack runs (and is tested) without a GPU.
+// rounded to f32 and then to the output's dtype (a double rounding that can cost one 16-bit ulp, rarely). Baseline L1
+// ops call these on CPU tensors, which is how the whole L1..L4 stack runs (and is tested) without a GPU.
 #include <cstdint>
 
 #include "kbn/config.h"
@@ -61,7 +61,8 @@ void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cac
 void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                             const Tensor& seq_lens, const Tensor& block_tables, double scale);
 
-// out[t] = argmax_v logits[t, v] (lowest index on ties; NaN entries never win; an all-NaN row gives 0).   logits: [num_tokens, vocab]; out: [num_tokens] i64
+// out[t] = argmax_v logits[t, v] (lowest index on ties; NaN entries never win; an all-NaN row gives 0).   logits:
+// [num_tokens, vocab]; out: [num_tokens] i64
 void argmax(Tensor& out, const Tensor& logits);
 
 }  // namespace kbn::reference

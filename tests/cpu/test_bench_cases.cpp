@@ -78,9 +78,9 @@ TEST(BenchCases, TensorParallelHalvesPerRankSizes) {
 }
 
 TEST(BenchCases, DefaultTokenCountsAndAttentionBatches) {
-  EXPECT_EQ(cases("rms_norm", 1, {}).size(), 12u);            // 6 decode + 6 prefill
-  EXPECT_EQ(cases("linear", 1, {}).size(), 60u);              // 5 GEMMs x 12
-  EXPECT_EQ(cases("flash_attn_decode", 1, {}).size(), 15u);   // 5 batches x 3 contexts
+  EXPECT_EQ(cases("rms_norm", 1, {}).size(), 12u);           // 6 decode + 6 prefill
+  EXPECT_EQ(cases("linear", 1, {}).size(), 60u);             // 5 GEMMs x 12
+  EXPECT_EQ(cases("flash_attn_decode", 1, {}).size(), 15u);  // 5 batches x 3 contexts
   auto prefill = cases("flash_attn_prefill", 1, {});
   EXPECT_EQ(prefill.size(), 8u);  // 6 single sequences + 8192 and 16384 as batches of 4096
   const auto& batch = find_label(prefill, "seqs=4x4096");
@@ -151,9 +151,9 @@ TEST(BenchCases, CpuOutputCheckPassesOnIdenticalOps) {
 
 TEST(BenchTiming, ColdInputSetsExceedThreeL2s) {
   const long long l2 = 50LL << 20;
-  EXPECT_EQ(bench::cold_input_sets(1LL << 20, l2), 16);      // capped at 16 sets
-  EXPECT_EQ(bench::cold_input_sets(100LL << 20, l2), 2);     // 2 x 100 MiB > 150 MiB
-  EXPECT_EQ(bench::cold_input_sets(4LL << 30, l2), 1);       // one set already exceeds 3x L2 (and 8 GiB caps it)
+  EXPECT_EQ(bench::cold_input_sets(1LL << 20, l2), 16);   // capped at 16 sets
+  EXPECT_EQ(bench::cold_input_sets(100LL << 20, l2), 2);  // 2 x 100 MiB > 150 MiB
+  EXPECT_EQ(bench::cold_input_sets(4LL << 30, l2), 1);    // one set already exceeds 3x L2 (and 8 GiB caps it)
   EXPECT_EQ(bench::parse_timing_mode("graph"), bench::TimingMode::graph);
   EXPECT_THROW(bench::parse_timing_mode("warm"), Error);
 }

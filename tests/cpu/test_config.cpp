@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
-#include <cstdlib>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -239,10 +239,12 @@ TEST(LlamaConfigRope, TransformersV5RopeParametersMatchV4RopeScaling) {
       "num_attention_heads": 2, "num_key_value_heads": 1)";
   auto v4 = kbn::LlamaConfig::from(kbn::ModelConfig::parse(
       "{" + base + R"(, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
-      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})", "v4"));
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})",
+      "v4"));
   auto v5 = kbn::LlamaConfig::from(kbn::ModelConfig::parse(
       "{" + base + R"(, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0,
-      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})", "v5"));
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})",
+      "v5"));
   for (const auto* c : {&v4, &v5}) {
     EXPECT_EQ(c->rope_theta, 500000.0);
     EXPECT_EQ(c->rope_scaling.rope_type, "llama3");

@@ -10,8 +10,8 @@
 
 #include "engine/generate.h"
 #include "engine/model_loader.h"
-#include "test_paths.h"
 #include "kbn/safetensors.h"
+#include "test_paths.h"
 
 using namespace kbn;
 namespace fs = std::filesystem;
@@ -141,16 +141,16 @@ std::string load_error(const std::string& dir) {
 }  // namespace
 
 TEST(LlamaLoadWeights, MissingTensorNamesTheParameter) {
-  auto dir = edited_checkpoint([](auto& ts) {
-    std::erase_if(ts, [](auto& p) { return p.first == "model.layers.1.self_attn.k_proj.weight"; });
-  });
+  auto dir = edited_checkpoint(
+      [](auto& ts) { std::erase_if(ts, [](auto& p) { return p.first == "model.layers.1.self_attn.k_proj.weight"; }); });
   std::string err = load_error(dir);
   EXPECT_NE(err.find("model.layers.1.self_attn.qkv_proj.weight"), std::string::npos) << err;
   fs::remove_all(dir);
 }
 
 TEST(LlamaLoadWeights, UnknownTensorIsNamed) {
-  auto dir = edited_checkpoint([](auto& ts) { ts.emplace_back("model.layers.9.mystery.weight", Tensor::zeros({2}, DType::f32)); });
+  auto dir = edited_checkpoint(
+      [](auto& ts) { ts.emplace_back("model.layers.9.mystery.weight", Tensor::zeros({2}, DType::f32)); });
   std::string err = load_error(dir);
   EXPECT_NE(err.find("model.layers.9.mystery.weight"), std::string::npos) << err;
   fs::remove_all(dir);

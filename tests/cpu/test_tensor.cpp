@@ -21,7 +21,7 @@ TEST(DType, F16MatchesKnownEncodings) {
   EXPECT_EQ(float_to_f16(1.0f).bits, 0x3c00);
   EXPECT_EQ(float_to_f16(-2.0f).bits, 0xc000);
   EXPECT_EQ(float_to_f16(65504.0f).bits, 0x7bff);
-  EXPECT_EQ(float_to_f16(1e6f).bits, 0x7c00);           // overflow -> inf
+  EXPECT_EQ(float_to_f16(1e6f).bits, 0x7c00);                    // overflow -> inf
   EXPECT_EQ(float_to_f16(5.960464477539063e-08f).bits, 0x0001);  // smallest subnormal
   for (uint16_t b : {0x3c00, 0x0001, 0x03ff, 0x7bff, 0xbc01}) EXPECT_EQ(float_to_f16(f16_to_float(f16_t{b})).bits, b);
 }

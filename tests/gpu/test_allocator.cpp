@@ -63,7 +63,7 @@ TEST(CudaTensor, CopiesFillsAndConversionsRoundTrip) {
   Tensor h = Tensor::from_floats({1.5f, -2.25f, 3.0f, 4.0f, 5.5f, -6.0f}, {2, 3});
   Tensor d = h.to(Device::cuda(0));
   EXPECT_EQ(d.to(Device::cpu()).to_floats(), h.to_floats());
-  EXPECT_EQ(d.to(DType::bf16).to(DType::f32).to_floats(), h.to_floats());    // exact in bf16
+  EXPECT_EQ(d.to(DType::bf16).to(DType::f32).to_floats(), h.to_floats());  // exact in bf16
   EXPECT_EQ(d.transpose(0, 1).contiguous().to_floats(), h.transpose(0, 1).contiguous().to_floats());
   d.slice(1, 1, 2).copy_(Tensor::full({2, 1}, 7.0, DType::f32, Device::cuda(0)));
   EXPECT_EQ(d.to_floats(), (std::vector<float>{1.5f, 7.0f, 3.0f, 4.0f, 7.0f, -6.0f}));

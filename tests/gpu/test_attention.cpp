@@ -31,8 +31,8 @@
 #include "kbn/rng.h"
 #include "kbn/tensor.h"
 
-using kbn::DType;
 using kbn::Device;
+using kbn::DType;
 using kbn::Tensor;
 using kbn::baseline::FlashAttnDecode;
 using kbn::baseline::FlashAttnPrefill;
@@ -136,8 +136,8 @@ void align_queries_with_keys(PagedBatch& b, const BatchSpec& s, const std::funct
       for (int64_t h = 0; h < s.num_heads; ++h) {
         const int key = key_of(int(i), pos, int(h));
         const int64_t block = b.table[i * size_t(b.max_blocks_per_seq) + size_t(key / s.block_size)];
-        const size_t src = size_t(((block * s.block_size + key % s.block_size) * s.num_kv_heads + h / group) *
-                                  s.head_size);
+        const size_t src =
+            size_t(((block * s.block_size + key % s.block_size) * s.num_kv_heads + h / group) * s.head_size);
         const size_t dst = size_t((token * s.num_heads + h) * s.head_size);
         for (int64_t d = 0; d < s.head_size; ++d) q[dst + size_t(d)] = gain * keys[src + size_t(d)];
       }
@@ -152,8 +152,8 @@ struct DeviceBatch {
 
 DeviceBatch to_device(const PagedBatch& b) {
   const Device dev = Device::cuda();
-  return {b.q.to(dev), b.key_cache.to(dev), b.value_cache.to(dev), b.query_start_loc.to(dev), b.seq_lens.to(dev),
-          b.block_tables.to(dev)};
+  return {b.q.to(dev),        b.key_cache.to(dev),   b.value_cache.to(dev), b.query_start_loc.to(dev),
+          b.seq_lens.to(dev), b.block_tables.to(dev)};
 }
 
 // Leaves exactly one free cached block of the output's size, filled with NaN, so that the op's output allocation
@@ -196,8 +196,8 @@ void expect_matches_oracle(const Tensor& gpu, const Tensor& oracle, DType dt, co
   EXPECT_EQ(nonfinite, 0u) << what << ": " << nonfinite << " of " << g.size()
                            << " outputs are not finite (unwritten or poisoned), first at " << where(worst);
   EXPECT_LE(max_err, tolerance(dt) * scale)
-      << what << ": max |gpu - oracle| = " << max_err << " at " << where(worst) << " (gpu " << g[worst]
-      << ", oracle " << r[worst] << "), output scale " << scale;
+      << what << ": max |gpu - oracle| = " << max_err << " at " << where(worst) << " (gpu " << g[worst] << ", oracle "
+      << r[worst] << "), output scale " << scale;
 }
 
 void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& what) {
@@ -237,57 +237,104 @@ void check_prefill(const BatchSpec& s) { check_prefill(s, make_batch(s)); }
 
 TEST(FlashAttnPrefillGpu, SingleSequence) {
   KBN_SKIP_WITHOUT_GPU();
-  check_prefill({.num_heads = 8, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = DType::bf16,
-                 .q_lens = {200}, .seq_lens = {200}});
+  check_prefill({.num_heads = 8,
+                 .num_kv_heads = 8,
+                 .head_size = 128,
+                 .block_size = 16,
+                 .dtype = DType::bf16,
+                 .q_lens = {200},
+                 .seq_lens = {200}});
 }
 
 TEST(FlashAttnPrefillGpu, VarlenBatchGqa32x8) {
   KBN_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::bf16, DType::f16}) {
-    check_prefill({.num_heads = 32, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = dt,
-                   .q_lens = {1, 17, 129, 300}, .seq_lens = {1, 17, 129, 300}, .seed = 2});
+    check_prefill({.num_heads = 32,
+                   .num_kv_heads = 8,
+                   .head_size = 128,
+                   .block_size = 16,
+                   .dtype = dt,
+                   .q_lens = {1, 17, 129, 300},
+                   .seq_lens = {1, 17, 129, 300},
+                   .seed = 2});
   }
 }
 
 TEST(FlashAttnPrefillGpu, ChunkedPrefillWithCachedContext) {
   KBN_SKIP_WITHOUT_GPU();
   // Context 100 + 37 new tokens; a fresh 50-token prompt; one new token after 500 cached.
-  check_prefill({.num_heads = 32, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = DType::bf16,
-                 .q_lens = {37, 50, 1}, .seq_lens = {137, 50, 501}, .seed = 3});
+  check_prefill({.num_heads = 32,
+                 .num_kv_heads = 8,
+                 .head_size = 128,
+                 .block_size = 16,
+                 .dtype = DType::bf16,
+                 .q_lens = {37, 50, 1},
+                 .seq_lens = {137, 50, 501},
+                 .seed = 3});
 }
 
 TEST(FlashAttnPrefillGpu, Gqa4x1Head64Block32F16) {
   KBN_SKIP_WITHOUT_GPU();
-  check_prefill({.num_heads = 4, .num_kv_heads = 1, .head_size = 64, .block_size = 32, .dtype = DType::f16,
-                 .q_lens = {17, 1, 300, 129, 5}, .seq_lens = {17, 31, 300, 136, 69}, .seed = 4});
+  check_prefill({.num_heads = 4,
+                 .num_kv_heads = 1,
+                 .head_size = 64,
+                 .block_size = 32,
+                 .dtype = DType::f16,
+                 .q_lens = {17, 1, 300, 129, 5},
+                 .seq_lens = {17, 31, 300, 136, 69},
+                 .seed = 4});
 }
 
 TEST(FlashAttnPrefillGpu, NoGqaHead64Block32) {
   KBN_SKIP_WITHOUT_GPU();
-  check_prefill({.num_heads = 8, .num_kv_heads = 8, .head_size = 64, .block_size = 32, .dtype = DType::bf16,
-                 .q_lens = {129, 300}, .seq_lens = {129, 400}, .seed = 5});
+  check_prefill({.num_heads = 8,
+                 .num_kv_heads = 8,
+                 .head_size = 64,
+                 .block_size = 32,
+                 .dtype = DType::bf16,
+                 .q_lens = {129, 300},
+                 .seq_lens = {129, 400},
+                 .seed = 5});
 }
 
 TEST(FlashAttnPrefillGpu, LargeBlocks) {
   KBN_SKIP_WITHOUT_GPU();
   for (int64_t block_size : {64, 128}) {
-    check_prefill({.num_heads = 8, .num_kv_heads = 2, .head_size = 128, .block_size = block_size,
-                   .dtype = DType::bf16, .q_lens = {70, 130}, .seq_lens = {200, 130}, .seed = 6});
+    check_prefill({.num_heads = 8,
+                   .num_kv_heads = 2,
+                   .head_size = 128,
+                   .block_size = block_size,
+                   .dtype = DType::bf16,
+                   .q_lens = {70, 130},
+                   .seq_lens = {200, 130},
+                   .seed = 6});
   }
 }
 
 TEST(FlashAttnPrefillGpu, GroupLargerThanOneWarpOfRows) {
   KBN_SKIP_WITHOUT_GPU();
   // 20 query heads per kv head: packed rows (token, head) do not align with warps or query tiles.
-  check_prefill({.num_heads = 20, .num_kv_heads = 1, .head_size = 64, .block_size = 16, .dtype = DType::bf16,
-                 .q_lens = {9, 40}, .seq_lens = {40, 40}, .seed = 7});
+  check_prefill({.num_heads = 20,
+                 .num_kv_heads = 1,
+                 .head_size = 64,
+                 .block_size = 16,
+                 .dtype = DType::bf16,
+                 .q_lens = {9, 40},
+                 .seq_lens = {40, 40},
+                 .seed = 7});
 }
 
 TEST(FlashAttnPrefillGpu, CausalBoundaryIsExact) {
   KBN_SKIP_WITHOUT_GPU();
   // Even heads look for their own position's key (must be seen), odd heads for the next one (must be masked).
-  const BatchSpec s{.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .dtype = DType::bf16,
-                    .q_lens = {70, 64}, .seq_lens = {110, 64}, .seed = 8};
+  const BatchSpec s{.num_heads = 4,
+                    .num_kv_heads = 2,
+                    .head_size = 64,
+                    .block_size = 16,
+                    .dtype = DType::bf16,
+                    .q_lens = {70, 64},
+                    .seq_lens = {110, 64},
+                    .seed = 8};
   PagedBatch b = make_batch(s);
   align_queries_with_keys(
       b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : std::min(pos + 1, s.seq_lens[seq] - 1); }, 2.f);
@@ -310,16 +357,28 @@ TEST(FlashAttnPrefillGpu, EmptyBatchLaunchesNothing) {
 TEST(FlashAttnPrefillGpu, GenericKernelCoversOtherHeadSizesAndF32) {
   KBN_SKIP_WITHOUT_GPU();
   // Head sizes without a tensor-core kernel, and f32, run on the generic kernel.
-  check_prefill({.num_heads = 4, .num_kv_heads = 2, .head_size = 96, .block_size = 16, .dtype = DType::bf16,
-                 .q_lens = {5, 40}, .seq_lens = {20, 40}, .seed = 9});
-  check_prefill({.num_heads = 4, .num_kv_heads = 1, .head_size = 16, .block_size = 16, .dtype = DType::f32,
-                 .q_lens = {33, 1}, .seq_lens = {50, 7}, .seed = 10});
+  check_prefill({.num_heads = 4,
+                 .num_kv_heads = 2,
+                 .head_size = 96,
+                 .block_size = 16,
+                 .dtype = DType::bf16,
+                 .q_lens = {5, 40},
+                 .seq_lens = {20, 40},
+                 .seed = 9});
+  check_prefill({.num_heads = 4,
+                 .num_kv_heads = 1,
+                 .head_size = 16,
+                 .block_size = 16,
+                 .dtype = DType::f32,
+                 .q_lens = {33, 1},
+                 .seq_lens = {50, 7},
+                 .seed = 10});
 }
 
 TEST(FlashAttnPrefillGpu, UnsupportedHeadSizeNamesTheSupportedSet) {
   KBN_SKIP_WITHOUT_GPU();
-  const BatchSpec s{.num_heads = 2, .num_kv_heads = 2, .head_size = 320, .block_size = 16, .q_lens = {4},
-                    .seq_lens = {4}};
+  const BatchSpec s{
+      .num_heads = 2, .num_kv_heads = 2, .head_size = 320, .block_size = 16, .q_lens = {4}, .seq_lens = {4}};
   const PagedBatch b = make_batch(s);
   const DeviceBatch d = to_device(b);
   FlashAttnPrefill op(2, 320, 0.1, 2);
@@ -366,54 +425,93 @@ std::vector<int> random_lengths(int count, int max_len, std::vector<int> extra, 
 
 TEST(FlashAttnDecodeGpu, GenericKernelCoversOtherHeadSizesAndF32) {
   KBN_SKIP_WITHOUT_GPU();
-  check_decode(decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 96, .block_size = 16,
-                            .dtype = DType::bf16, .seq_lens = {1, 70, 300}, .seed = 21}));
-  check_decode(decode_spec({.num_heads = 4, .num_kv_heads = 1, .head_size = 16, .block_size = 16, .dtype = DType::f32,
-                            .seq_lens = {3, 129}, .seed = 22}));
+  check_decode(decode_spec({.num_heads = 4,
+                            .num_kv_heads = 2,
+                            .head_size = 96,
+                            .block_size = 16,
+                            .dtype = DType::bf16,
+                            .seq_lens = {1, 70, 300},
+                            .seed = 21}));
+  check_decode(decode_spec({.num_heads = 4,
+                            .num_kv_heads = 1,
+                            .head_size = 16,
+                            .block_size = 16,
+                            .dtype = DType::f32,
+                            .seq_lens = {3, 129},
+                            .seed = 22}));
 }
 
 TEST(FlashAttnDecodeGpu, Batch1LongContextSplitsKeys) {
   KBN_SKIP_WITHOUT_GPU();
   for (DType dt : {DType::bf16, DType::f16}) {
-    check_decode(decode_spec({.num_heads = 32, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = dt,
-                              .seq_lens = {4500}, .seed = 11}));
+    check_decode(decode_spec({.num_heads = 32,
+                              .num_kv_heads = 8,
+                              .head_size = 128,
+                              .block_size = 16,
+                              .dtype = dt,
+                              .seq_lens = {4500},
+                              .seed = 11}));
   }
 }
 
 TEST(FlashAttnDecodeGpu, Batch64MixedLengthsGqa8x2) {
   KBN_SKIP_WITHOUT_GPU();
-  check_decode(decode_spec({.num_heads = 8, .num_kv_heads = 2, .head_size = 128, .block_size = 16,
+  check_decode(decode_spec({.num_heads = 8,
+                            .num_kv_heads = 2,
+                            .head_size = 128,
+                            .block_size = 16,
                             .dtype = DType::bf16,
-                            .seq_lens = random_lengths(60, 1500, {4096, 4097, 4200, 4500}, 12), .seed = 12}));
+                            .seq_lens = random_lengths(60, 1500, {4096, 4097, 4200, 4500}, 12),
+                            .seed = 12}));
 }
 
 TEST(FlashAttnDecodeGpu, Batch64Gqa4x1Head64Block32F16) {
   KBN_SKIP_WITHOUT_GPU();
-  check_decode(decode_spec({.num_heads = 4, .num_kv_heads = 1, .head_size = 64, .block_size = 32,
-                            .dtype = DType::f16, .seq_lens = random_lengths(62, 2000, {4100, 4133}, 13),
+  check_decode(decode_spec({.num_heads = 4,
+                            .num_kv_heads = 1,
+                            .head_size = 64,
+                            .block_size = 32,
+                            .dtype = DType::f16,
+                            .seq_lens = random_lengths(62, 2000, {4100, 4133}, 13),
                             .seed = 13}));
 }
 
 TEST(FlashAttnDecodeGpu, ShortSequencesNoGqa) {
   KBN_SKIP_WITHOUT_GPU();
   // Few keys: one split, the output is written by the split kernel itself (no reduce).
-  check_decode(decode_spec({.num_heads = 8, .num_kv_heads = 8, .head_size = 64, .block_size = 16,
-                            .dtype = DType::bf16, .seq_lens = {1, 2, 63}, .seed = 14}));
+  check_decode(decode_spec({.num_heads = 8,
+                            .num_kv_heads = 8,
+                            .head_size = 64,
+                            .block_size = 16,
+                            .dtype = DType::bf16,
+                            .seq_lens = {1, 2, 63},
+                            .seed = 14}));
 }
 
 TEST(FlashAttnDecodeGpu, GroupLargerThanOneMmaOfRows) {
   KBN_SKIP_WITHOUT_GPU();
   // 20 query heads per kv head: two 16-row head chunks per kv head, the second one partly padding.
-  check_decode(decode_spec({.num_heads = 40, .num_kv_heads = 2, .head_size = 128, .block_size = 32,
-                            .dtype = DType::bf16, .seq_lens = {5, 300, 1000}, .seed = 15}));
+  check_decode(decode_spec({.num_heads = 40,
+                            .num_kv_heads = 2,
+                            .head_size = 128,
+                            .block_size = 32,
+                            .dtype = DType::bf16,
+                            .seq_lens = {5, 300, 1000},
+                            .seed = 15}));
 }
 
 TEST(FlashAttnDecodeGpu, FirstAndLastKeysAreSeen) {
   KBN_SKIP_WITHOUT_GPU();
-  const BatchSpec s = decode_spec({.num_heads = 8, .num_kv_heads = 2, .head_size = 128, .block_size = 16,
-                                   .dtype = DType::bf16, .seq_lens = {1, 64, 65, 1000, 4097}, .seed = 16});
+  const BatchSpec s = decode_spec({.num_heads = 8,
+                                   .num_kv_heads = 2,
+                                   .head_size = 128,
+                                   .block_size = 16,
+                                   .dtype = DType::bf16,
+                                   .seq_lens = {1, 64, 65, 1000, 4097},
+                                   .seed = 16});
   PagedBatch b = make_batch(s);
-  align_queries_with_keys(b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : 0; }, 2.f);
+  align_queries_with_keys(
+      b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : 0; }, 2.f);
   check_decode(s, b);
 }
 
@@ -440,17 +538,23 @@ void expect_refusal(F&& call, const std::string& mentions) {
 }
 
 TEST(FlashAttnArguments, PrefillRefusesInconsistentInputs) {
-  const BatchSpec s{.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .q_lens = {3, 5},
-                    .seq_lens = {3, 9}};
+  const BatchSpec s{
+      .num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .q_lens = {3, 5}, .seq_lens = {3, 9}};
   const PagedBatch b = make_batch(s);
   FlashAttnPrefill op(4, 64, 0.125, 2);
   auto call = [&](const Tensor& q, const Tensor& kc, const Tensor& qsl, const Tensor& sl, const Tensor& bt,
                   int64_t max_q) { return op.forward(q, kc, b.value_cache, qsl, sl, bt, max_q, b.max_seq_len); };
-  expect_refusal([&] { call(b.q.view({8, 256}), b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables, 5); },
-                 "'q' must be 3-D");
-  expect_refusal([&] { FlashAttnPrefill(8, 32, 0.1, 2).forward(b.q, b.key_cache, b.value_cache, b.query_start_loc,
-                                                               b.seq_lens, b.block_tables, 5, 9); },
-                 "num_heads");
+  expect_refusal(
+      [&] {
+        call(b.q.view({8, 256}), b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables, 5);
+      },
+      "'q' must be 3-D");
+  expect_refusal(
+      [&] {
+        FlashAttnPrefill(8, 32, 0.1, 2)
+            .forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables, 5, 9);
+      },
+      "num_heads");
   expect_refusal([&] { call(b.q, b.key_cache.to(DType::f16), b.query_start_loc, b.seq_lens, b.block_tables, 5); },
                  "same dtype");
   expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc.slice(0, 0, 2), b.seq_lens, b.block_tables, 5); },
@@ -459,22 +563,20 @@ TEST(FlashAttnArguments, PrefillRefusesInconsistentInputs) {
                  "seq_lens");
   expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables.slice(0, 0, 1), 5); },
                  "block_tables");
-  expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables, 0); },
-                 "max_query_len");
+  expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables, 0); }, "max_query_len");
   expect_refusal([] { FlashAttnPrefill(6, 64, 0.1, 4); }, "num_kv_heads");
 }
 
 TEST(FlashAttnArguments, DecodeRefusesInconsistentInputs) {
-  const BatchSpec s = decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16,
-                                   .seq_lens = {3, 9}});
+  const BatchSpec s =
+      decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .seq_lens = {3, 9}});
   const PagedBatch b = make_batch(s);
   FlashAttnDecode op(4, 64, 0.125, 2);
   expect_refusal([&] { op.forward(b.q, b.key_cache.slice(2, 0, 1), b.value_cache, b.seq_lens, b.block_tables, 9); },
                  "num_kv_heads");
   expect_refusal([&] { op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens.slice(0, 0, 1), b.block_tables, 9); },
                  "seq_lens");
-  expect_refusal([&] { op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, 0); },
-                 "max_seq_len");
+  expect_refusal([&] { op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, 0); }, "max_seq_len");
   expect_refusal([&] { op.forward(b.q, b.key_cache, b.value_cache.slice(0, 0, 1), b.seq_lens, b.block_tables, 9); },
                  "value_cache");
 }
@@ -540,8 +642,7 @@ TEST(FlashAttnThroughputGpu, DecodeBatch64Context4k) {
   Tensor out;
   const double s = seconds_per_call([&] { return out = op.forward(q, kc, vc, sl, bt, kContext); });
   const double bytes = double(kc.nbytes() + vc.nbytes());
-  std::printf("flash_attn_decode bf16 batch 64 x 4k 32/8 d128: %.3f ms, %.0f GB/s of K/V\n", s * 1e3,
-              bytes / s * 1e-9);
+  std::printf("flash_attn_decode bf16 batch 64 x 4k 32/8 d128: %.3f ms, %.0f GB/s of K/V\n", s * 1e3, bytes / s * 1e-9);
   expect_finite(out, "decode 64x4k");
 }
 

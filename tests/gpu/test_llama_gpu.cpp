@@ -81,7 +81,8 @@ TEST(LlamaGpu, BatchedEqualsOneAtATime) {
   // f32: different batch sizes pick different GEMM algorithms, and bf16 rounding could then flip a near-tie
   // of random weights; in f32 the order-of-summation differences (~1e-6) stay far below the logit margins.
   auto model = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cuda(0)}, 7);
-  std::vector<std::vector<int64_t>> prompts = {{128000, 791, 6864, 315}, {128000, 40, 1093, 311, 1456, 1618, 30}, {9906}};
+  std::vector<std::vector<int64_t>> prompts = {
+      {128000, 791, 6864, 315}, {128000, 40, 1093, 311, 1456, 1618, 30}, {9906}};
   engine::GenerateOptions opt;
   opt.max_new_tokens = 12;
   auto batched = engine::greedy_generate(*model, prompts, Device::cuda(0), Variant::baseline, opt);

@@ -19,9 +19,12 @@ namespace {
 
 template <class T>
 constexpr ncclDataType_t nccl_type_of() {
-  if constexpr (std::is_same_v<T, __half>) return ncclFloat16;
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
-  else return ncclFloat32;
+  if constexpr (std::is_same_v<T, __half>)
+    return ncclFloat16;
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return ncclBfloat16;
+  else
+    return ncclFloat32;
 }
 
 // In place: data[0, count) <- sum over the ranks of comm. NCCL orders the collective on `stream` like a

@@ -74,8 +74,10 @@ __global__ void __launch_bounds__(kThreads) argmax_kernel(ArgmaxParams p) {
     for (int u = 0; u < kUnroll; ++u) {
       const int i = base + u * kThreads;
       if (i < nvec) {
-        if constexpr (kVec) *reinterpret_cast<V*>(buf[u]) = reinterpret_cast<const V*>(logits)[i];
-        else buf[u][0] = logits[i];
+        if constexpr (kVec)
+          *reinterpret_cast<V*>(buf[u]) = reinterpret_cast<const V*>(logits)[i];
+        else
+          buf[u][0] = logits[i];
       }
     }
 #pragma unroll
@@ -104,8 +106,10 @@ void launch_argmax(const ArgmaxParams& p, int64_t num_tokens, Stream stream) {
   constexpr int N = Vec16<T>::N;
   const bool vec = p.vocab % N == 0 && reinterpret_cast<uintptr_t>(p.logits) % 16 == 0 &&
                    (p.logits_stride * int64_t(sizeof(T))) % 16 == 0;
-  if (vec) argmax_kernel<T, true><<<unsigned(num_tokens), kThreads, 0, stream>>>(p);
-  else argmax_kernel<T, false><<<unsigned(num_tokens), kThreads, 0, stream>>>(p);
+  if (vec)
+    argmax_kernel<T, true><<<unsigned(num_tokens), kThreads, 0, stream>>>(p);
+  else
+    argmax_kernel<T, false><<<unsigned(num_tokens), kThreads, 0, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

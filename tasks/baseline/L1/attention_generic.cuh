@@ -16,13 +16,13 @@ constexpr int kGenericMaxHead = 256;
 constexpr int kGenericWarps = 4;
 
 struct GenericAttnParams {
-  const void* q;                // [num_tokens, num_heads, head_size], strides below
-  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size]
+  const void* q;          // [num_tokens, num_heads, head_size], strides below
+  const void* key_cache;  // [num_blocks, block_size, num_kv_heads, head_size]
   const void* value_cache;
-  void* out;                    // [num_tokens, num_heads, head_size]
-  const int* query_start_loc;   // [num_seqs + 1], or nullptr for decode
-  const int* seq_lens;          // [num_seqs]
-  const int* block_tables;      // [num_seqs, max_blocks] row stride block_table_stride
+  void* out;                   // [num_tokens, num_heads, head_size]
+  const int* query_start_loc;  // [num_seqs + 1], or nullptr for decode
+  const int* seq_lens;         // [num_seqs]
+  const int* block_tables;     // [num_seqs, max_blocks] row stride block_table_stride
   int64_t q_stride_token, q_stride_head, out_stride_token, out_stride_head;
   int64_t k_stride_block, k_stride_slot, k_stride_head;
   int64_t v_stride_block, v_stride_slot, v_stride_head;
@@ -42,8 +42,10 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
     int lo = 0, hi = p.num_seqs - 1;
     while (lo < hi) {
       int mid = (lo + hi + 1) >> 1;
-      if (p.query_start_loc[mid] <= token) lo = mid;
-      else hi = mid - 1;
+      if (p.query_start_loc[mid] <= token)
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     seq = lo;
     const int q_len = p.query_start_loc[seq + 1] - p.query_start_loc[seq];
@@ -108,8 +110,10 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
 
 inline void launch_generic_attention(const GenericAttnParams& p, DType dt, int64_t num_tokens, int64_t num_heads,
                                      const char* op, Stream stream) {
-  KBN_CHECK(p.head_size <= kGenericMaxHead, op, ": head_size ", p.head_size, " has no CUDA kernel; supported: 64 "
-            "and 128 on tensor cores (f16, bf16), any size up to ", kGenericMaxHead, " on the generic kernel");
+  KBN_CHECK(p.head_size <= kGenericMaxHead, op, ": head_size ", p.head_size,
+            " has no CUDA kernel; supported: 64 "
+            "and 128 on tensor cores (f16, bf16), any size up to ",
+            kGenericMaxHead, " on the generic kernel");
   KBN_CHECK(num_heads <= 65535, op, ": at most 65535 heads, got ", num_heads);
   if (num_tokens == 0) return;
   const dim3 grid{unsigned(num_tokens), unsigned(num_heads)};

@@ -88,9 +88,14 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
 template <class F>
 void dispatch_head_size(int64_t head_size, const char* op, F&& f) {
   switch (head_size) {
-    case 64: f(std::integral_constant<int, 64>{}); return;
-    case 128: f(std::integral_constant<int, 128>{}); return;
-    default: KBN_FAIL(op, ": head_size ", head_size, " has no tensor-core kernel; supported: 64, 128");
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      return;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      return;
+    default:
+      KBN_FAIL(op, ": head_size ", head_size, " has no tensor-core kernel; supported: 64, 128");
   }
 }
 

@@ -58,8 +58,10 @@ void launch_embedding(EmbeddingParams p, int64_t row_bytes, size_t esize, DType 
   p.weight_stride = p.weight_stride * int64_t(esize) / U;
   const dim3 grid{unsigned((p.row_units + kThreads - 1) / kThreads),
                   unsigned(std::min<int64_t>(p.num_tokens, kMaxGridY))};
-  if (id_dtype == DType::i32) embedding_kernel<int32_t, Unit><<<grid, kThreads, 0, stream>>>(p);
-  else embedding_kernel<int64_t, Unit><<<grid, kThreads, 0, stream>>>(p);
+  if (id_dtype == DType::i32)
+    embedding_kernel<int32_t, Unit><<<grid, kThreads, 0, stream>>>(p);
+  else
+    embedding_kernel<int64_t, Unit><<<grid, kThreads, 0, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -85,7 +87,8 @@ static void masked_gather_cpu(Tensor& out, const Tensor& input_ids, const Tensor
     const int64_t id = ids[t];
     if (id >= vocab_start && id < vocab_end)
       std::memcpy(dst, w + size_t(id - vocab_start) * size_t(weight.stride(0)) * es, row_bytes);
-    else std::memset(dst, 0, row_bytes);
+    else
+      std::memset(dst, 0, row_bytes);
   }
 }
 
@@ -103,8 +106,10 @@ Tensor Embedding::forward(const Tensor& input_ids, const Tensor& weight, int64_t
   const int64_t num_tokens = input_ids.size(0), hidden = weight.size(1);
   Tensor out = Tensor::empty({num_tokens, hidden}, weight.dtype(), weight.device());
   if (weight.is_cpu()) {
-    if (vocab_start == 0 && vocab_end == weight.size(0)) reference::embedding(out, input_ids, weight);
-    else masked_gather_cpu(out, input_ids, weight, vocab_start, vocab_end);
+    if (vocab_start == 0 && vocab_end == weight.size(0))
+      reference::embedding(out, input_ids, weight);
+    else
+      masked_gather_cpu(out, input_ids, weight, vocab_start, vocab_end);
     return out;
   }
 #ifdef KBN_WITH_CUDA
@@ -126,8 +131,10 @@ Tensor Embedding::forward(const Tensor& input_ids, const Tensor& weight, int64_t
   const bool vec =
       row_bytes % 16 == 0 && aligned16(p.out, p.out_stride, es) && aligned16(p.weight, p.weight_stride, es);
   // Every supported dtype is 2 or 4 bytes wide, so 2-byte units always divide rows and strides.
-  if (vec) launch_embedding<uint4>(p, row_bytes, es, input_ids.dtype(), current_stream());
-  else launch_embedding<uint16_t>(p, row_bytes, es, input_ids.dtype(), current_stream());
+  if (vec)
+    launch_embedding<uint4>(p, row_bytes, es, input_ids.dtype(), current_stream());
+  else
+    launch_embedding<uint16_t>(p, row_bytes, es, input_ids.dtype(), current_stream());
 #endif
   return out;
 }

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kbn/cuda_check.h"
-#include "kbn/cuda_dispatch.cuh"
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -23,37 +23,36 @@ namespace {
 // ---- kernel layer: raw pointers, element strides, a params struct, a stream ----
 
 struct DecodeParams {
-  const void* q;              // [num_seqs, num_heads, head_size], last dim contiguous
-  const void* key_cache;      // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
-  const void* value_cache;    // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
-  void* out;                  // [num_seqs, num_heads, head_size]; written by the split kernel when num_splits == 1
-  float* partial_out;         // [num_seqs, num_heads, num_splits, head_size]: each split's normalised output
-  float* partial_max_sum;     // [num_seqs, num_heads, num_splits, 2]: each split's (max in the exp2 domain, sum)
-  const int* seq_lens;        // [num_seqs]
-  const int* block_tables;    // [num_seqs, max_blocks_per_seq] row stride block_table_stride
+  const void* q;            // [num_seqs, num_heads, head_size], last dim contiguous
+  const void* key_cache;    // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
+  const void* value_cache;  // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
+  void* out;                // [num_seqs, num_heads, head_size]; written by the split kernel when num_splits == 1
+  float* partial_out;       // [num_seqs, num_heads, num_splits, head_size]: each split's normalised output
+  float* partial_max_sum;   // [num_seqs, num_heads, num_splits, 2]: each split's (max in the exp2 domain, sum)
+  const int* seq_lens;      // [num_seqs]
+  const int* block_tables;  // [num_seqs, max_blocks_per_seq] row stride block_table_stride
   int64_t q_stride_seq, q_stride_head;
   int64_t out_stride_seq, out_stride_head;
   int64_t k_stride_block, k_stride_slot, k_stride_head;
   int64_t v_stride_block, v_stride_slot, v_stride_head;
   int64_t block_table_stride;
   int block_size;
-  int group_size;       // query heads per kv head
-  int head_chunks;      // ceil(group_size / kRows): blocks per kv head along the query heads
+  int group_size;   // query heads per kv head
+  int head_chunks;  // ceil(group_size / kRows): blocks per kv head along the query heads
   int num_heads;
-  int num_splits;       // key partitions per sequence (grid.x)
-  int partition_keys;   // keys per partition, a multiple of kTileKeys
-  float scale_log2;     // softmax scale * log2(e): scores live in the exp2 domain
+  int num_splits;      // key partitions per sequence (grid.x)
+  int partition_keys;  // keys per partition, a multiple of kTileKeys
+  float scale_log2;    // softmax scale * log2(e): scores live in the exp2 domain
 };
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 16;                 // query heads per block: the M of one mma (unused rows are zeros)
-constexpr int kTileKeys = kWarps * 16;    // keys per shared-memory tile: 16 per warp (the K of one mma)
-constexpr int kStages = 3;                // K/V tiles in flight per block
+constexpr int kRows = 16;               // query heads per block: the M of one mma (unused rows are zeros)
+constexpr int kTileKeys = kWarps * 16;  // keys per shared-memory tile: 16 per warp (the K of one mma)
+constexpr int kStages = 3;              // K/V tiles in flight per block
 constexpr int kMaxSplits = 64;
 constexpr int kMinPartitionKeys = 256;
 constexpr int kReduceThreads = 128;
-
 
 // Split-KV decode (flash-decoding) on tensor cores. grid = (num_splits, num_kv_heads * head_chunks, num_seqs);
 // block = kThreads. A block takes up to kRows query heads that share one kv head (the GQA group, padded to the 16
@@ -244,9 +243,9 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   __syncthreads();
   float* warp_out = reinterpret_cast<float*>(k_smem);
   float* warp_max_sum = warp_out + kWarps * kRows * kHeadDim;
-  static_assert((kWarps * kRows * kHeadDim + kWarps * kRows * 2) * sizeof(float) <=
-                    2 * kStages * kTileElems * sizeof(T),
-                "the warp merge fits in the K/V ring");
+  static_assert(
+      (kWarps * kRows * kHeadDim + kWarps * kRows * 2) * sizeof(float) <= 2 * kStages * kTileElems * sizeof(T),
+      "the warp merge fits in the K/V ring");
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = g + 8 * r;
@@ -399,8 +398,7 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
   }
   KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
             " must have the shape of 'key_cache' ", key_cache.str());
-  KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ",
-            key_cache.str());
+  KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ", key_cache.str());
   const int64_t num_seqs = q.size(0);
   check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
   check_rank(block_tables, op, "block_tables", 2, "[num_seqs, max_blocks_per_seq]");
@@ -413,8 +411,8 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
 
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   if (num_seqs == 0) return out;
-  KBN_CHECK(max_seq_len > 0, op, ": argument 'max_seq_len' must be positive when q has sequences, got ",
-            max_seq_len, " for ", q.str());
+  KBN_CHECK(max_seq_len > 0, op, ": argument 'max_seq_len' must be positive when q has sequences, got ", max_seq_len,
+            " for ", q.str());
 
   if (q.is_cpu()) {
     reference::paged_attention_decode(out, q, key_cache, value_cache, seq_lens, block_tables, scale_);
@@ -432,11 +430,28 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
   if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
-    GenericAttnParams g{q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(), nullptr,
-                        seq_lens.data<int32_t>(), block_tables.data<int32_t>(), q.stride(0), q.stride(1),
-                        out.stride(0), out.stride(1), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-                        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2), block_tables.stride(0),
-                        int(num_seqs), int(key_cache.size(1)), int(num_heads_ / num_kv_heads_), int(head_size_),
+    GenericAttnParams g{q.data_ptr(),
+                        key_cache.data_ptr(),
+                        value_cache.data_ptr(),
+                        out.data_ptr(),
+                        nullptr,
+                        seq_lens.data<int32_t>(),
+                        block_tables.data<int32_t>(),
+                        q.stride(0),
+                        q.stride(1),
+                        out.stride(0),
+                        out.stride(1),
+                        key_cache.stride(0),
+                        key_cache.stride(1),
+                        key_cache.stride(2),
+                        value_cache.stride(0),
+                        value_cache.stride(1),
+                        value_cache.stride(2),
+                        block_tables.stride(0),
+                        int(num_seqs),
+                        int(key_cache.size(1)),
+                        int(num_heads_ / num_kv_heads_),
+                        int(head_size_),
                         float(scale_)};
     launch_generic_attention(g, q.dtype(), num_seqs, num_heads_, op, current_stream());
     return out;

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kbn/cuda_check.h"
-#include "kbn/cuda_dispatch.cuh"
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -22,13 +22,13 @@ namespace {
 // ---- kernel layer: raw pointers, element strides, a params struct, a stream ----
 
 struct PrefillParams {
-  const void* q;                // [num_tokens, num_heads, head_size], last dim contiguous
-  const void* key_cache;        // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
-  const void* value_cache;      // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
-  void* out;                    // [num_tokens, num_heads, head_size], last dim contiguous
-  const int* query_start_loc;   // [num_seqs + 1]
-  const int* seq_lens;          // [num_seqs]
-  const int* block_tables;      // [num_seqs, max_blocks_per_seq] row stride block_table_stride
+  const void* q;               // [num_tokens, num_heads, head_size], last dim contiguous
+  const void* key_cache;       // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
+  const void* value_cache;     // [num_blocks, block_size, num_kv_heads, head_size], last dim contiguous
+  void* out;                   // [num_tokens, num_heads, head_size], last dim contiguous
+  const int* query_start_loc;  // [num_seqs + 1]
+  const int* seq_lens;         // [num_seqs]
+  const int* block_tables;     // [num_seqs, max_blocks_per_seq] row stride block_table_stride
   int64_t q_stride_token, q_stride_head;
   int64_t out_stride_token, out_stride_head;
   int64_t k_stride_block, k_stride_slot, k_stride_head;
@@ -46,7 +46,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kBlockM = kWarps * 16;  // one warp per 16 query rows (the M of one mma)
 constexpr int kBlockN = 64;           // keys per K/V tile
 constexpr int kStages = 3;            // K/V tiles in flight (cp.async ring)
-
 
 // FlashAttention-2 forward over a paged KV cache, causal, varlen, GQA-packed.
 // grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles.
@@ -75,9 +74,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_kernel(Prefill
   static_assert(kBlockN * kChunks % kThreads == 0 && kBlockM * kChunks % kThreads == 0, "whole copy rounds");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* q_smem = reinterpret_cast<T*>(smem);       // [kBlockM, kHeadDim]
-  T* k_smem = q_smem + kBlockM * kHeadDim;      // [kStages, kBlockN, kHeadDim]
-  T* v_smem = k_smem + kStages * kTileElems;    // [kStages, kBlockN, kHeadDim]
+  T* q_smem = reinterpret_cast<T*>(smem);     // [kBlockM, kHeadDim]
+  T* k_smem = q_smem + kBlockM * kHeadDim;    // [kStages, kBlockN, kHeadDim]
+  T* v_smem = k_smem + kStages * kTileElems;  // [kStages, kBlockN, kHeadDim]
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.z;
@@ -344,8 +343,7 @@ Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const
   }
   KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
             " must have the shape of 'key_cache' ", key_cache.str());
-  KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ",
-            key_cache.str());
+  KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ", key_cache.str());
   check_rank(query_start_loc, op, "query_start_loc", 1, "[num_seqs + 1]");
   check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
   check_rank(block_tables, op, "block_tables", 2, "[num_seqs, max_blocks_per_seq]");
@@ -361,15 +359,14 @@ Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const
   const int64_t num_tokens = q.size(0);
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   if (num_tokens == 0) return out;
-  KBN_CHECK(max_query_len > 0, op, ": argument 'max_query_len' must be positive when q has tokens, got ",
-            max_query_len, " for ", q.str());
+  KBN_CHECK(max_query_len > 0, op, ": argument 'max_query_len' must be positive when q has tokens, got ", max_query_len,
+            " for ", q.str());
   KBN_CHECK(max_seq_len > 0, op, ": argument 'max_seq_len' must be positive when q has tokens, got ", max_seq_len);
   KBN_CHECK(max_query_len <= max_seq_len, op, ": argument 'max_query_len' (", max_query_len,
             ") cannot exceed 'max_seq_len' (", max_seq_len, "): the new tokens are part of the sequence");
 
   if (q.is_cpu()) {
-    reference::paged_attention_prefill(out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables,
-                                       scale_);
+    reference::paged_attention_prefill(out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale_);
     return out;
   }
 #ifdef KBN_WITH_CUDA
@@ -385,12 +382,29 @@ Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
   if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
-    GenericAttnParams g{q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), out.data_ptr(),
-                        query_start_loc.data<int32_t>(), seq_lens.data<int32_t>(), block_tables.data<int32_t>(),
-                        q.stride(0), q.stride(1), out.stride(0), out.stride(1), key_cache.stride(0),
-                        key_cache.stride(1), key_cache.stride(2), value_cache.stride(0), value_cache.stride(1),
-                        value_cache.stride(2), block_tables.stride(0), int(num_seqs), int(key_cache.size(1)),
-                        int(num_heads_ / num_kv_heads_), int(head_size_), float(scale_)};
+    GenericAttnParams g{q.data_ptr(),
+                        key_cache.data_ptr(),
+                        value_cache.data_ptr(),
+                        out.data_ptr(),
+                        query_start_loc.data<int32_t>(),
+                        seq_lens.data<int32_t>(),
+                        block_tables.data<int32_t>(),
+                        q.stride(0),
+                        q.stride(1),
+                        out.stride(0),
+                        out.stride(1),
+                        key_cache.stride(0),
+                        key_cache.stride(1),
+                        key_cache.stride(2),
+                        value_cache.stride(0),
+                        value_cache.stride(1),
+                        value_cache.stride(2),
+                        block_tables.stride(0),
+                        int(num_seqs),
+                        int(key_cache.size(1)),
+                        int(num_heads_ / num_kv_heads_),
+                        int(head_size_),
+                        float(scale_)};
     launch_generic_attention(g, q.dtype(), num_tokens, num_heads_, op, current_stream());
     return out;
   }

@@ -114,9 +114,12 @@ class LinearContext {
     cudaDataType_t type = CUDA_R_32F;
     dispatch_float16_32(s.dtype, "linear", "x", [&](auto t) {
       using T = decltype(t);
-      if constexpr (std::is_same_v<T, __half>) type = CUDA_R_16F;
-      else if constexpr (std::is_same_v<T, __nv_bfloat16>) type = CUDA_R_16BF;
-      else type = CUDA_R_32F;
+      if constexpr (std::is_same_v<T, __half>)
+        type = CUDA_R_16F;
+      else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        type = CUDA_R_16BF;
+      else
+        type = CUDA_R_32F;
     });
     auto plan = std::make_unique<GemmPlan>();
     // fp32 accumulation and fp32 alpha/beta for every dtype (no TF32 for f32 inputs).

@@ -15,10 +15,10 @@ namespace {
 // ---- kernel layer: raw pointers, row strides, a stream ----
 
 struct RmsNormParams {
-  void* out;              // [num_tokens, hidden] row stride out_stride
-  const void* x;          // [num_tokens, hidden] row stride x_stride (fused: mutated, becomes the output)
-  void* residual;         // fused only: [num_tokens, hidden] row stride residual_stride
-  const void* weight;     // [hidden]
+  void* out;           // [num_tokens, hidden] row stride out_stride
+  const void* x;       // [num_tokens, hidden] row stride x_stride (fused: mutated, becomes the output)
+  void* residual;      // fused only: [num_tokens, hidden] row stride residual_stride
+  const void* weight;  // [hidden]
   int64_t out_stride, x_stride, residual_stride;
   int hidden;
   float eps;
@@ -61,12 +61,16 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
   float ss = 0.f;
   for (int i = threadIdx.x; i < nvec; i += kThreads) {
     T xv[N];
-    if constexpr (kVec) *reinterpret_cast<V*>(xv) = reinterpret_cast<const V*>(x)[i];
-    else xv[0] = x[i];
+    if constexpr (kVec)
+      *reinterpret_cast<V*>(xv) = reinterpret_cast<const V*>(x)[i];
+    else
+      xv[0] = x[i];
     if constexpr (kFused) {
       T rv[N];
-      if constexpr (kVec) *reinterpret_cast<V*>(rv) = reinterpret_cast<const V*>(res)[i];
-      else rv[0] = res[i];
+      if constexpr (kVec)
+        *reinterpret_cast<V*>(rv) = reinterpret_cast<const V*>(res)[i];
+      else
+        rv[0] = res[i];
 #pragma unroll
       for (int j = 0; j < N; ++j) {
         // Round the sum first: the norm reads the residual as stored (vLLM and HF do the same).
@@ -74,8 +78,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
         const float z = to_f32(rv[j]);
         ss += z * z;
       }
-      if constexpr (kVec) reinterpret_cast<V*>(res)[i] = *reinterpret_cast<V*>(rv);
-      else res[i] = rv[0];
+      if constexpr (kVec)
+        reinterpret_cast<V*>(res)[i] = *reinterpret_cast<V*>(rv);
+      else
+        res[i] = rv[0];
     } else {
 #pragma unroll
       for (int j = 0; j < N; ++j) {
@@ -98,8 +104,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
     }
 #pragma unroll
     for (int j = 0; j < N; ++j) ov[j] = from_f32<T>(to_f32(sv[j]) * inv_rms * to_f32(wv[j]));
-    if constexpr (kVec) reinterpret_cast<V*>(out)[i] = *reinterpret_cast<V*>(ov);
-    else out[i] = ov[0];
+    if constexpr (kVec)
+      reinterpret_cast<V*>(out)[i] = *reinterpret_cast<V*>(ov);
+    else
+      out[i] = ov[0];
   }
 }
 
@@ -117,8 +125,10 @@ void launch_rms_norm(const RmsNormParams& p, int64_t num_tokens, Stream stream) 
   // decode-size batches still get one block per token without a tail effect worth a second config.
   constexpr int kThreads = 256;
   const dim3 grid{unsigned(num_tokens)};
-  if (vec) rms_norm_kernel<T, kFused, true, kThreads><<<grid, kThreads, 0, stream>>>(p);
-  else rms_norm_kernel<T, kFused, false, kThreads><<<grid, kThreads, 0, stream>>>(p);
+  if (vec)
+    rms_norm_kernel<T, kFused, true, kThreads><<<grid, kThreads, 0, stream>>>(p);
+  else
+    rms_norm_kernel<T, kFused, false, kThreads><<<grid, kThreads, 0, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -150,11 +160,10 @@ Tensor RMSNorm::forward(const Tensor& x) {
     return out;
   }
 #ifdef KBN_WITH_CUDA
-  RmsNormParams p{out.data_ptr(), x.data_ptr(), nullptr, weight.data_ptr(), out.stride(0), x.stride(0), 0,
+  RmsNormParams p{out.data_ptr(),    x.data_ptr(), nullptr, weight.data_ptr(), out.stride(0), x.stride(0), 0,
                   int(hidden_size_), float(eps_)};
-  dispatch_float16_32(x.dtype(), "rms_norm", "x", [&](auto t) {
-    launch_rms_norm<decltype(t), false>(p, x.size(0), current_stream());
-  });
+  dispatch_float16_32(x.dtype(), "rms_norm", "x",
+                      [&](auto t) { launch_rms_norm<decltype(t), false>(p, x.size(0), current_stream()); });
 #endif
   return out;
 }
@@ -170,11 +179,10 @@ std::pair<Tensor, Tensor> RMSNorm::forward(const Tensor& x, const Tensor& residu
     return {x, residual};
   }
 #ifdef KBN_WITH_CUDA
-  RmsNormParams p{x.data_ptr(), x.data_ptr(), residual.data_ptr(), weight.data_ptr(), x.stride(0), x.stride(0),
-                  residual.stride(0), int(hidden_size_), float(eps_)};
-  dispatch_float16_32(x.dtype(), "fused_add_rms_norm", "x", [&](auto t) {
-    launch_rms_norm<decltype(t), true>(p, x.size(0), current_stream());
-  });
+  RmsNormParams p{x.data_ptr(), x.data_ptr(),       residual.data_ptr(), weight.data_ptr(), x.stride(0),
+                  x.stride(0),  residual.stride(0), int(hidden_size_),   float(eps_)};
+  dispatch_float16_32(x.dtype(), "fused_add_rms_norm", "x",
+                      [&](auto t) { launch_rms_norm<decltype(t), true>(p, x.size(0), current_stream()); });
 #endif
   return {x, residual};
 }

@@ -112,9 +112,12 @@ void launch_rotary_embedding(const RotaryParams& p, int64_t num_tokens, bool is_
   const int items = (p.num_heads + p.num_kv_heads) * (vec ? embed / N : embed);
   const int threads = std::clamp((items + 31) / 32 * 32, 32, kMaxThreads);
   const dim3 grid{unsigned(num_tokens)};
-  if (vec) rotary_embedding_kernel<T, true, true><<<grid, threads, 0, stream>>>(p);
-  else if (is_neox) rotary_embedding_kernel<T, true, false><<<grid, threads, 0, stream>>>(p);
-  else rotary_embedding_kernel<T, false, false><<<grid, threads, 0, stream>>>(p);
+  if (vec)
+    rotary_embedding_kernel<T, true, true><<<grid, threads, 0, stream>>>(p);
+  else if (is_neox)
+    rotary_embedding_kernel<T, true, false><<<grid, threads, 0, stream>>>(p);
+  else
+    rotary_embedding_kernel<T, false, false><<<grid, threads, 0, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

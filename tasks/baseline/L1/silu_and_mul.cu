@@ -57,8 +57,10 @@ __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(SiluAndMulParams
     }
 #pragma unroll
     for (int j = 0; j < N; ++j) o[j] = from_f32<T>(silu_mul(to_f32(g[j]), to_f32(u[j])));
-    if constexpr (kVec) *reinterpret_cast<V*>(out) = *reinterpret_cast<const V*>(o);
-    else *out = o[0];
+    if constexpr (kVec)
+      *reinterpret_cast<V*>(out) = *reinterpret_cast<const V*>(o);
+    else
+      *out = o[0];
   }
 }
 
@@ -74,8 +76,10 @@ void launch_silu_and_mul(const SiluAndMulParams& p, Stream stream) {
   const bool vec = p.d % N == 0 && aligned16(p.x, p.x_stride, sizeof(T)) && aligned16(p.out, p.out_stride, sizeof(T));
   const int per_row = vec ? p.d / N : p.d;
   const dim3 grid{unsigned((per_row + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(p.num_tokens, kMaxGridY))};
-  if (vec) silu_and_mul_kernel<T, true><<<grid, kThreads, 0, stream>>>(p);
-  else silu_and_mul_kernel<T, false><<<grid, kThreads, 0, stream>>>(p);
+  if (vec)
+    silu_and_mul_kernel<T, true><<<grid, kThreads, 0, stream>>>(p);
+  else
+    silu_and_mul_kernel<T, false><<<grid, kThreads, 0, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

@@ -137,8 +137,10 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
                    aligned16(p.value, p.value_head_stride, es) && aligned16(p.key_cache, 0, es) &&
                    aligned16(p.value_cache, 0, es);
   // Every supported dtype is 2 or 4 bytes wide, so 2-byte units always divide heads and strides.
-  if (vec) launch_store_kvcache<uint4>(p, num_tokens, head_bytes, es, current_stream());
-  else launch_store_kvcache<uint16_t>(p, num_tokens, head_bytes, es, current_stream());
+  if (vec)
+    launch_store_kvcache<uint4>(p, num_tokens, head_bytes, es, current_stream());
+  else
+    launch_store_kvcache<uint16_t>(p, num_tokens, head_bytes, es, current_stream());
 #endif
 }
 

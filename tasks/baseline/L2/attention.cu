@@ -24,7 +24,8 @@ static Tensor split_heads(const Tensor& t, int64_t heads, int64_t head_size, con
 
 Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& value) {
   const ForwardContext& ctx = get_forward_context();
-  KBN_CHECK(ctx.attn_metadata && ctx.kv_caches, "Attention: the forward context has no attention metadata or KV caches");
+  KBN_CHECK(ctx.attn_metadata && ctx.kv_caches,
+            "Attention: the forward context has no attention metadata or KV caches");
   const AttentionMetadata& md = *ctx.attn_metadata;
   KBN_CHECK(layer_index_ < int64_t(ctx.kv_caches->size()), "Attention: layer ", layer_index_, " has no KV cache (",
             ctx.kv_caches->size(), " allocated)");
@@ -35,7 +36,8 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
 
   Tensor q = split_heads(query, num_heads_, head_size_, "query");
   store_kvcache_.forward(split_heads(key, num_kv_heads_, head_size_, "key"),
-                         split_heads(value, num_kv_heads_, head_size_, "value"), cache.key, cache.value, md.slot_mapping);
+                         split_heads(value, num_kv_heads_, head_size_, "value"), cache.key, cache.value,
+                         md.slot_mapping);
 
   // NOTE: the attention kernels take q as [tokens, heads, head_size] contiguous; q is a view into the fused
   // qkv output, so this is one copy of q per layer (a fraction of the qkv GEMM's traffic).
@@ -47,9 +49,9 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
                              md.max_prefill_seq_len);
   }
   if (nd > 0) {
-    out_d = decode_.forward(q.slice(0, np, np + nd).contiguous(), cache.key, cache.value,
-                            md.seq_lens.slice(0, ns, ns + nd), md.block_tables.slice(0, ns, ns + nd),
-                            md.max_decode_seq_len);
+    out_d =
+        decode_.forward(q.slice(0, np, np + nd).contiguous(), cache.key, cache.value, md.seq_lens.slice(0, ns, ns + nd),
+                        md.block_tables.slice(0, ns, ns + nd), md.max_decode_seq_len);
   }
   Tensor out;
   if (nd == 0) {

@@ -6,10 +6,9 @@
 
 namespace kbn::KBN_VARIANT {
 
-LlamaAttention::LlamaAttention(const LlamaConfig& config, int64_t hidden_size, int64_t num_heads,
-                               int64_t num_kv_heads, double rope_theta, const RopeScaling& rope_scaling,
-                               int64_t max_position_embeddings, bool bias, const std::string& prefix,
-                               const ParamOptions& opts)
+LlamaAttention::LlamaAttention(const LlamaConfig& config, int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads,
+                               double rope_theta, const RopeScaling& rope_scaling, int64_t max_position_embeddings,
+                               bool bias, const std::string& prefix, const ParamOptions& opts)
     : qkv_proj(hidden_size, config.head_dim, num_heads, num_kv_heads, bias, false, opts, prefix + ".qkv_proj"),
       o_proj(num_heads * config.head_dim, hidden_size, bias, true, false, true, opts, prefix + ".o_proj"),
       rotary_emb(config.head_dim, config.head_dim, max_position_embeddings, rope_theta, true, rope_scaling, opts),

@@ -16,29 +16,32 @@ Tensor new_param(const Shape& shape, const ParamOptions& opts) { return Tensor::
 ColumnParallelLinear::ColumnParallelLinear(int64_t input_size, int64_t output_size, bool bias, bool skip_bias_add,
                                            const ParamOptions& opts, const std::string& prefix)
     : input_size_(input_size),
-      output_size_per_partition_(divide_exact(output_size, parallel_state().tp_size, "ColumnParallelLinear output_size")),
+      output_size_per_partition_(
+          divide_exact(output_size, parallel_state().tp_size, "ColumnParallelLinear output_size")),
       skip_bias_add_(skip_bias_add) {
   KBN_CHECK(input_size > 0 && output_size > 0, "ColumnParallelLinear ", prefix, ": sizes must be positive, got ",
             input_size, " -> ", output_size);
   weight = new_param({output_size_per_partition_, input_size}, opts);
   const int rank = parallel_state().tp_rank;
   const int64_t shard = output_size_per_partition_;
-  register_parameter("weight", &weight, InitKind::normal, [this, rank, shard](Tensor& p, const Tensor& w, std::string_view sid) {
-    KBN_CHECK(sid.empty(), "ColumnParallelLinear: unexpected shard id '", std::string(sid), "'");
-    KBN_CHECK(w.dim() == 2 && w.size(1) == input_size_ && w.size(0) == shard * parallel_state().tp_size,
-              "ColumnParallelLinear: checkpoint weight ", w.str(), " does not match [", shard * parallel_state().tp_size,
-              ", ", input_size_, "]");
-    load_rows(p, w, 0, rank * shard, shard);
-  });
+  register_parameter(
+      "weight", &weight, InitKind::normal, [this, rank, shard](Tensor& p, const Tensor& w, std::string_view sid) {
+        KBN_CHECK(sid.empty(), "ColumnParallelLinear: unexpected shard id '", std::string(sid), "'");
+        KBN_CHECK(w.dim() == 2 && w.size(1) == input_size_ && w.size(0) == shard * parallel_state().tp_size,
+                  "ColumnParallelLinear: checkpoint weight ", w.str(), " does not match [",
+                  shard * parallel_state().tp_size, ", ", input_size_, "]");
+        load_rows(p, w, 0, rank * shard, shard);
+      });
   if (bias) {
     this->bias = new_param({output_size_per_partition_}, opts);
-    register_parameter("bias", &this->bias, InitKind::zeros, [this, rank, shard](Tensor& p, const Tensor& b, std::string_view) {
-      load_rows(p, b, 0, rank * shard, shard);
-    });
+    register_parameter(
+        "bias", &this->bias, InitKind::zeros,
+        [this, rank, shard](Tensor& p, const Tensor& b, std::string_view) { load_rows(p, b, 0, rank * shard, shard); });
   }
 }
 
-void ColumnParallelLinear::load_rows(Tensor& param, const Tensor& loaded, int64_t dst_row, int64_t src_row, int64_t rows) {
+void ColumnParallelLinear::load_rows(Tensor& param, const Tensor& loaded, int64_t dst_row, int64_t src_row,
+                                     int64_t rows) {
   KBN_CHECK(loaded.dim() == param.dim() && src_row + rows <= loaded.size(0) && dst_row + rows <= param.size(0),
             "weight loader: cannot copy rows [", src_row, ", ", src_row + rows, ") of checkpoint tensor ", loaded.str(),
             " into rows [", dst_row, ", ", dst_row + rows, ") of parameter ", param.str());
@@ -79,8 +82,8 @@ MergedColumnParallelLinear::MergedColumnParallelLinear(int64_t input_size, const
     int64_t offset = 0;
     for (size_t i = 0; i < idx; ++i) offset += output_sizes_[i] / tp;
     int64_t shard = output_sizes_[idx] / tp;
-    KBN_CHECK(w.size(0) == output_sizes_[idx], "MergedColumnParallelLinear: checkpoint shard ", std::string(sid), " is ",
-              w.str(), ", expected ", output_sizes_[idx], " rows");
+    KBN_CHECK(w.size(0) == output_sizes_[idx], "MergedColumnParallelLinear: checkpoint shard ", std::string(sid),
+              " is ", w.str(), ", expected ", output_sizes_[idx], " rows");
     load_rows(p, w, offset, rank * shard, shard);
   };
   set_weight_loader("weight", loader);
@@ -151,15 +154,17 @@ RowParallelLinear::RowParallelLinear(int64_t input_size, int64_t output_size, bo
   weight = new_param({output_size, input_size_per_partition_}, opts);
   const int rank = parallel_state().tp_rank;
   const int64_t shard = input_size_per_partition_;
-  register_parameter("weight", &weight, InitKind::normal, [rank, shard, output_size](Tensor& p, const Tensor& w, std::string_view sid) {
-    KBN_CHECK(sid.empty(), "RowParallelLinear: unexpected shard id '", std::string(sid), "'");
-    KBN_CHECK(w.dim() == 2 && w.size(0) == output_size && w.size(1) == shard * parallel_state().tp_size,
-              "RowParallelLinear: checkpoint weight ", w.str(), " does not match [", output_size, ", ",
-              shard * parallel_state().tp_size, "]");
-    Tensor src = w.slice(1, rank * shard, (rank + 1) * shard);
-    if (src.dtype() != p.dtype()) src = src.to(Device::cpu()).to(p.dtype());
-    p.copy_(src);
-  });
+  register_parameter("weight", &weight, InitKind::normal,
+                     [rank, shard, output_size](Tensor& p, const Tensor& w, std::string_view sid) {
+                       KBN_CHECK(sid.empty(), "RowParallelLinear: unexpected shard id '", std::string(sid), "'");
+                       KBN_CHECK(
+                           w.dim() == 2 && w.size(0) == output_size && w.size(1) == shard * parallel_state().tp_size,
+                           "RowParallelLinear: checkpoint weight ", w.str(), " does not match [", output_size, ", ",
+                           shard * parallel_state().tp_size, "]");
+                       Tensor src = w.slice(1, rank * shard, (rank + 1) * shard);
+                       if (src.dtype() != p.dtype()) src = src.to(Device::cpu()).to(p.dtype());
+                       p.copy_(src);
+                     });
   if (bias) {
     this->bias = new_param({output_size}, opts);
     register_parameter("bias", &this->bias, InitKind::zeros);

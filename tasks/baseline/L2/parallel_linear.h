@@ -15,8 +15,8 @@ namespace kbn::KBN_VARIANT {
 // Output features split across ranks; no gather (every Llama use consumes the shard).
 class ColumnParallelLinear : public Module {
  public:
-  ColumnParallelLinear(int64_t input_size, int64_t output_size, bool bias, bool skip_bias_add,
-                       const ParamOptions& opts, const std::string& prefix = "");
+  ColumnParallelLinear(int64_t input_size, int64_t output_size, bool bias, bool skip_bias_add, const ParamOptions& opts,
+                       const std::string& prefix = "");
 
   // x: [num_tokens, input_size] -> ([num_tokens, output_size / tp], bias or undefined)
   std::pair<Tensor, Tensor> forward(const Tensor& x);

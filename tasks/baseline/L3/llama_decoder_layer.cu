@@ -4,7 +4,8 @@ namespace kbn::KBN_VARIANT {
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const std::string& prefix, const ParamOptions& opts)
     : self_attn(config, config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.rope_theta,
-                config.rope_scaling, config.max_position_embeddings, config.attention_bias, prefix + ".self_attn", opts),
+                config.rope_scaling, config.max_position_embeddings, config.attention_bias, prefix + ".self_attn",
+                opts),
       mlp(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias, prefix + ".mlp", opts),
       input_layernorm(config.hidden_size, config.rms_norm_eps, opts),
       post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts) {

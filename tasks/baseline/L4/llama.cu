@@ -55,8 +55,10 @@ void LlamaForCausalLM::load_weights(const WeightSource& weights) {
     const char* param;
     const char* ckpt;
     const char* shard;
-  } kStacked[] = {{".qkv_proj", ".q_proj", "q"},         {".qkv_proj", ".k_proj", "k"},
-                  {".qkv_proj", ".v_proj", "v"},         {".gate_up_proj", ".gate_proj", "0"},
+  } kStacked[] = {{".qkv_proj", ".q_proj", "q"},
+                  {".qkv_proj", ".k_proj", "k"},
+                  {".qkv_proj", ".v_proj", "v"},
+                  {".gate_up_proj", ".gate_proj", "0"},
                   {".gate_up_proj", ".up_proj", "1"}};
   std::map<std::string, Parameter> params;
   for (auto& [name, p] : named_parameters()) params.emplace(name, p);
@@ -64,7 +66,7 @@ void LlamaForCausalLM::load_weights(const WeightSource& weights) {
   std::map<std::string, std::set<std::string>> filled;
 
   weights([&](const std::string& ckpt_name, const Tensor& tensor) {
-    if (ckpt_name.find("rotary_emb.inv_freq") != std::string::npos) return;  // recomputed, never loaded
+    if (ckpt_name.find("rotary_emb.inv_freq") != std::string::npos) return;    // recomputed, never loaded
     if (config_.tie_word_embeddings && ckpt_name == "lm_head.weight") return;  // same tensor as embed_tokens
     std::string name = ckpt_name, shard;
     for (const auto& s : kStacked) {
