@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds kb-nano (CPU-only) with a test candidate folder and checks what a user would see.
 #   candidate_build_test.sh SRC_DIR WORK_DIR CASE [MAIN_KB_NANO]
-# CASE scaled_rms_norm: the candidate variant's L4 output differs from the baseline's, which is unchanged,
-#                       and `kb_nano list --candidates` reports the ops the file changes.
+# CASE scaled_rms_norm (L1) / scaled_llama_mlp (L2) / negated_logits (L4): the candidate variant's L4 output
+#   differs from the baseline's, which is unchanged, and `kb_nano list --candidates` reports exactly the ops the
+#   file changes (those above it) and none beside or below it.
 # CASE bad_signature / bad_class / orphan: the build fails with a message naming the file and the problem.
 # CASE stubs: `kb_nano stubs` (MAIN_KB_NANO) writes a stub pair per op, refuses to overwrite without --force,
 #             and a build with all stubs as candidates generates the same tokens as the baseline.
@@ -20,23 +21,35 @@ expect_in() {  # text, pattern
   if ! grep -q -- "$2" <<<"$1"; then echo "FAIL: expected '$2' in:"; echo "$1" | tail -40; exit 1; fi
 }
 case "$case" in
-  scaled_rms_norm)
+  scaled_rms_norm|scaled_llama_mlp|negated_logits)
+    case "$case" in
+      scaled_rms_norm) file=L1/rms_norm.cu; affects="rms_norm llama_decoder_layer llama_for_causal_lm"
+                       spares="silu_and_mul llama_mlp llama_attention" ;;
+      scaled_llama_mlp) file=L2/llama_mlp.cu; affects="llama_mlp llama_decoder_layer llama_for_causal_lm"
+                        spares="rms_norm silu_and_mul llama_attention" ;;
+      negated_logits) file=L4/llama.cu; affects="llama_for_causal_lm"
+                      spares="rms_norm llama_mlp llama_decoder_layer" ;;
+    esac
     cfg || { cat "$build.log"; exit 1; }
     ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
     bin="$build/kb_nano"
     args=(generate --model tiny-llama --device cpu --prompt-ids 5,6,7,8 --max-new-tokens 8 --seed 1)
-    base=$("$bin" "${args[@]}" --variant baseline 2>/dev/null | grep '^prompt')
-    cand=$("$bin" "${args[@]}" --variant candidate 2>/dev/null | grep '^prompt')
+    # Logits, not only tokens: a change deep in the model need not flip a greedy token of a tiny random model.
+    base=$("$bin" "${args[@]}" --variant baseline --save-logits "$build/base.safetensors" 2>/dev/null | grep '^prompt')
+    cand=$("$bin" "${args[@]}" --variant candidate --save-logits "$build/cand.safetensors" 2>/dev/null | grep '^prompt')
     ref=""
-    [ -n "$main_bin" ] && ref=$("$main_bin" "${args[@]}" 2>/dev/null | grep '^prompt' || true)
+    [ -n "$main_bin" ] && ref=$("$main_bin" "${args[@]}" --save-logits "$build/ref.safetensors" 2>/dev/null | grep '^prompt' || true)
     [ -n "$base" ] && [ -n "$cand" ] || { echo "FAIL: no output"; exit 1; }
-    [ "$base" != "$cand" ] || { echo "FAIL: the candidate did not change L4 output: $cand"; exit 1; }
-    if [ -n "$ref" ] && [ "$ref" != "$base" ]; then echo "FAIL: baseline changed by the candidate build"; exit 1; fi
-    listing=$("$bin" list --candidates)
-    expect_in "$listing" "tasks/candidate/L1/rms_norm.cu"
-    expect_in "$listing" "llama_for_causal_lm"
-    expect_in "$listing" "llama_decoder_layer"
-    echo "baseline: $base"; echo "candidate: $cand"; echo "PASS"
+    ! cmp -s "$build/base.safetensors" "$build/cand.safetensors" || { echo "FAIL: the candidate did not change L4 logits"; exit 1; }
+    if [ -n "$ref" ] && { [ "$ref" != "$base" ] || ! cmp -s "$build/ref.safetensors" "$build/base.safetensors"; }; then
+      echo "FAIL: the baseline variant changed in the candidate build"; exit 1
+    fi
+    line=$("$bin" list --candidates | grep -- "tasks/candidate/$file ->")
+    [ -n "$line" ] || { echo "FAIL: list --candidates does not show tasks/candidate/$file"; exit 1; }
+    ops=$(sed 's/.*-> //; s/,/ /g' <<<"$line")
+    for op in $affects; do grep -qw -- "$op" <<<"$ops" || { echo "FAIL: $file should change $op: $line"; exit 1; }; done
+    for op in $spares; do ! grep -qw -- "$op" <<<"$ops" || { echo "FAIL: $file should not change $op: $line"; exit 1; }; done
+    echo "baseline: $base"; echo "candidate: $cand"; echo "$line"; echo "PASS"
     ;;
   bad_signature|bad_class)
     cfg || { cat "$build.log"; exit 1; }
