@@ -3,6 +3,7 @@
 // argument and the supported set when it meets a value outside it.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "kbn/dtype.h"
 #include "kbn/error.h"
@@ -60,6 +61,7 @@ void dispatch_float16(DType dt, const char* op, const char* arg, F&& f) {
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__nv_fp8_e4m3 v) { return float(v); }
 template <class T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
@@ -73,6 +75,10 @@ __device__ __forceinline__ __half from_f32<__half>(float v) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 from_f32<__nv_fp8_e4m3>(float v) {
+  return __nv_fp8_e4m3(v);
 }
 
 // 16-byte vector of T for vectorised loads/stores.

@@ -7,54 +7,17 @@
 #include <algorithm>
 
 #include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
 #include "kbn/cuda_ops.h"
 #include "kbn/tensor.h"
 
 namespace kbn::cuda {
 namespace {
 
-template <class T>
-__device__ __forceinline__ float load_f(const T* p, int64_t i);
-template <>
-__device__ __forceinline__ float load_f(const float* p, int64_t i) {
-  return p[i];
-}
-template <>
-__device__ __forceinline__ float load_f(const __half* p, int64_t i) {
-  return __half2float(p[i]);
-}
-template <>
-__device__ __forceinline__ float load_f(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-template <>
-__device__ __forceinline__ float load_f(const __nv_fp8_e4m3* p, int64_t i) {
-  return float(p[i]);
-}
-
-template <class T>
-__device__ __forceinline__ void store_f(T* p, int64_t i, float v);
-template <>
-__device__ __forceinline__ void store_f(float* p, int64_t i, float v) {
-  p[i] = v;
-}
-template <>
-__device__ __forceinline__ void store_f(__half* p, int64_t i, float v) {
-  p[i] = __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ void store_f(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ void store_f(__nv_fp8_e4m3* p, int64_t i, float v) {
-  p[i] = __nv_fp8_e4m3(v);
-}
-
 template <class S, class D>
 __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    store_f(dst, i, load_f(src, i));
+    dst[i] = from_f32<D>(to_f32(src[i]));
 }
 
 template <class T>

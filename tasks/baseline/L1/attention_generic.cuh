@@ -8,6 +8,7 @@
 
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/tensor.h"
 
 namespace kbn::KBN_VARIANT {
 namespace {
@@ -30,6 +31,38 @@ struct GenericAttnParams {
   int num_seqs, block_size, group_size, head_size;
   float scale;
 };
+
+// Parameters for the generic kernel from the op's tensors. query_start_loc is nullptr for decode.
+inline GenericAttnParams generic_attention_params(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                                                  const Tensor& out, const Tensor* query_start_loc,
+                                                  const Tensor& seq_lens, const Tensor& block_tables, int64_t num_heads,
+                                                  int64_t num_kv_heads, int64_t head_size, double scale) {
+  GenericAttnParams g{};
+  g.q = q.data_ptr();
+  g.key_cache = key_cache.data_ptr();
+  g.value_cache = value_cache.data_ptr();
+  g.out = out.data_ptr();
+  g.query_start_loc = query_start_loc ? query_start_loc->data<int32_t>() : nullptr;
+  g.seq_lens = seq_lens.data<int32_t>();
+  g.block_tables = block_tables.data<int32_t>();
+  g.q_stride_token = q.stride(0);
+  g.q_stride_head = q.stride(1);
+  g.out_stride_token = out.stride(0);
+  g.out_stride_head = out.stride(1);
+  g.k_stride_block = key_cache.stride(0);
+  g.k_stride_slot = key_cache.stride(1);
+  g.k_stride_head = key_cache.stride(2);
+  g.v_stride_block = value_cache.stride(0);
+  g.v_stride_slot = value_cache.stride(1);
+  g.v_stride_head = value_cache.stride(2);
+  g.block_table_stride = block_tables.stride(0);
+  g.num_seqs = int(seq_lens.size(0));
+  g.block_size = int(key_cache.size(1));
+  g.group_size = int(num_heads / num_kv_heads);
+  g.head_size = int(head_size);
+  g.scale = float(scale);
+  return g;
+}
 
 template <class T>
 __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(GenericAttnParams p) {

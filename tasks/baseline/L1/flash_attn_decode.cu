@@ -430,29 +430,8 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
   if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
-    GenericAttnParams g{q.data_ptr(),
-                        key_cache.data_ptr(),
-                        value_cache.data_ptr(),
-                        out.data_ptr(),
-                        nullptr,
-                        seq_lens.data<int32_t>(),
-                        block_tables.data<int32_t>(),
-                        q.stride(0),
-                        q.stride(1),
-                        out.stride(0),
-                        out.stride(1),
-                        key_cache.stride(0),
-                        key_cache.stride(1),
-                        key_cache.stride(2),
-                        value_cache.stride(0),
-                        value_cache.stride(1),
-                        value_cache.stride(2),
-                        block_tables.stride(0),
-                        int(num_seqs),
-                        int(key_cache.size(1)),
-                        int(num_heads_ / num_kv_heads_),
-                        int(head_size_),
-                        float(scale_)};
+    const GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens,
+                                                         block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
     launch_generic_attention(g, q.dtype(), num_seqs, num_heads_, op, current_stream());
     return out;
   }
