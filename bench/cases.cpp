@@ -406,6 +406,35 @@ std::vector<BenchCase> cases_for(const std::string& op, const std::string& model
   return out;
 }
 
+std::vector<BenchCase> random_cases(const std::string& op, const LlamaConfig& like, int count, uint64_t seed,
+                                    bool small, DType dtype) {
+  KBN_CHECK(count >= 0, "--random: expected a count >= 0, got ", count);
+  std::vector<BenchCase> out;
+  std::mt19937_64 gen(hash_seed(seed, ("random-shapes/" + op).c_str()));
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen); };
+  for (int i = 0; i < count; ++i) {
+    LlamaConfig c = like;
+    c.head_dim = pick(0, 1) ? 128 : 64;
+    c.num_key_value_heads = pick(1, small ? 2 : 8);
+    c.num_attention_heads = c.num_key_value_heads * pick(1, small ? 4 : 8);
+    // Odd sizes on purpose: kernels that assume a multiple of their vector width must handle the tail.
+    c.hidden_size = small ? pick(17, 700) : pick(257, 8191);
+    c.intermediate_size = small ? pick(17, 900) : pick(257, 15000);
+    c.vocab_size = small ? pick(65, 3000) : pick(1000, 70000);
+    c.max_position_embeddings = std::max<int64_t>(like.max_position_embeddings, 8192);
+    const int64_t tokens = small ? pick(1, 40) : pick(1, 2500);
+    CaseOptions o;
+    o.tokens = {op == "flash_attn_decode" ? pick(1, small ? 3 : 48) : tokens};
+    o.dtype = dtype;
+    for (auto& b : cases_for(op, "random", c, 1, o)) {
+      b.label = "random#" + std::to_string(i) + " " + b.label;
+      if (small && b.op == "flash_attn_decode" && b.label.find("ctx=1024") == std::string::npos) continue;
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
 std::string format_case_list(const std::vector<BenchCase>& cases) {
   std::string text;
   char line[512];

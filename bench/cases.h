@@ -54,6 +54,13 @@ const std::vector<int64_t>& decode_attention_contexts();  // {1024, 4096, 8192}
 std::vector<BenchCase> cases_for(const std::string& op, const std::string& model, const LlamaConfig& config, int64_t tp,
                                  const CaseOptions& options);
 
+// Property-based shapes (DESIGN.md: "plus property-based random shapes"): `count` random Llama-like configs
+// derived from `like` (odd hidden and intermediate sizes, 1..16 query heads per kv head, head size 64 or 128,
+// vocabularies that are not multiples of 64), each with one random token count, all drawn from `seed`.
+// Labels start with "random#i". `small` keeps them cheap enough for CPU ops and the CPU oracle.
+std::vector<BenchCase> random_cases(const std::string& op, const LlamaConfig& like, int count, uint64_t seed,
+                                    bool small, DType dtype);
+
 // One line per case: op, model, tp, label, bytes, FLOPs (what `kb_nano kernels --list` prints).
 std::string format_case_list(const std::vector<BenchCase>& cases);
 

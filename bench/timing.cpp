@@ -44,6 +44,38 @@ int cold_input_sets(long long input_set_bytes, long long l2_bytes) {
   return int(std::max(1LL, std::min({wanted, by_memory, (long long)kMaxSets})));
 }
 
+namespace {
+
+double percentile_of(const std::vector<double>& sorted, double q) {
+  const size_t i = size_t(std::lround(q * double(sorted.size() - 1)));
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+Timing time_host(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
+  Timing t;
+  t.input_sets = input_sets;
+  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
+  std::vector<double> ms;
+  double measured = 0;
+  for (int it = 0; it < o.min_iterations || (measured < o.min_measured_ms && it < o.max_iterations); ++it) {
+    const auto start = std::chrono::steady_clock::now();
+    call(it % input_sets);
+    const double m = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    ms.push_back(m);
+    measured += m;
+  }
+  std::sort(ms.begin(), ms.end());
+  t.ok = true;
+  t.iterations = int(ms.size());
+  t.median_ms = percentile_of(ms, 0.5);
+  t.p10_ms = percentile_of(ms, 0.1);
+  t.p90_ms = percentile_of(ms, 0.9);
+  t.host_wall_median_ms = t.median_ms;
+  return t;
+}
+
+}  // namespace
+
 #ifdef KBN_WITH_CUDA
 namespace {
 
@@ -193,6 +225,7 @@ Timing time_graph(const std::function<void(int)>& call, int input_sets, const Ti
 
 Timing time_op(const std::function<void(int)>& call, int input_sets, bool capturable, const TimingOptions& options) {
   KBN_CHECK(input_sets >= 1, "bench: time_op needs at least one input set, got ", input_sets);
+  if (options.host) return time_host(call, input_sets, options);
   if (options.mode == TimingMode::graph) {
     if (!capturable) {
       Timing t;
@@ -207,7 +240,8 @@ Timing time_op(const std::function<void(int)>& call, int input_sets, bool captur
 
 #else
 
-Timing time_op(const std::function<void(int)>&, int, bool, const TimingOptions&) {
+Timing time_op(const std::function<void(int)>& call, int input_sets, bool, const TimingOptions& options) {
+  if (options.host) return time_host(call, input_sets, options);
   KBN_FAIL("kb_nano kernels times CUDA kernels; this binary was built without CUDA");
 }
 

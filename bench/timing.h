@@ -33,6 +33,9 @@ struct TimingOptions {
   int max_iterations = 1000;
   int min_iterations = 10;
   int graph_calls = 20;  // calls captured per graph (graph mode)
+  // Host timing for CPU ops (std::chrono around each call; no flush, no events): what `kb_nano kernels
+  // --device cpu` uses to exercise the harness without a GPU. Not a performance claim about anything.
+  bool host = false;
 };
 
 struct Timing {
@@ -47,7 +50,7 @@ struct Timing {
 // Input sets needed for cold-L2 rotation: their total must exceed 3x the L2 size; at most 16 sets and 8 GiB.
 int cold_input_sets(long long input_set_bytes, long long l2_bytes);
 
-// Times `call(set)` (runs the op once on input set `set`, 0 <= set < input_sets) under the contract above.
+// Times `call(set)`; with options.host, on the host clock (works in every build). (runs the op once on input set `set`, 0 <= set < input_sets) under the contract above.
 // `capturable` is false when the call does host work that a CUDA graph cannot hold (graph mode then
 // reports "graph: n/a"). Needs a CUDA build and a GPU.
 Timing time_op(const std::function<void(int set)>& call, int input_sets, bool capturable, const TimingOptions& options);

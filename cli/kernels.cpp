@@ -1,6 +1,7 @@
-// kb_nano kernels: measured speed of the L1 ops at shapes derived from real model configs, against ceilings
-// measured on this GPU at start-up (bench/timing.h states the timing contract).
+// kb_nano kernels: is a candidate L1 op right (bench/validate.h), and is it faster (bench/timing.h)? Shapes
+// come from real model configs plus random ones; times are set against ceilings measured at start-up.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -15,6 +16,7 @@
 #include "bench/cases.h"
 #include "bench/ceilings.h"
 #include "bench/correctness.h"
+#include "bench/validate.h"
 #include "bench/timing.h"
 #include "cli/commands.h"
 #include "engine/model_loader.h"
@@ -38,6 +40,10 @@ struct Options {
   std::vector<std::string> case_labels;
   std::string mode = "cold";
   std::string dtype = "bf16";
+  std::string variant = "auto";  // both when a candidate is built, else baseline
+  std::string device = "auto";   // cuda when a GPU is visible, else an error pointing at --device cpu
+  int random = -1;               // property-based random shapes per op (-1: 3 on the GPU, 2 on the CPU)
+  int seeds = 3;
   uint64_t seed = 0;
   std::string json;
   std::string markdown;
@@ -46,11 +52,27 @@ struct Options {
 
 struct Row {
   const bench::BenchCase* c = nullptr;
-  bench::CheckResult check;
-  bench::Timing timing;
-  std::string error;  // an exception while building, checking or timing the case
-  double gb_per_s = 0, tflop_per_s = 0, pct_copy = 0, pct_bf16 = 0;
+  bench::Validation validation;
+  bool validated = false;
+  bench::Timing base, cand;  // cand: only when comparing
+  std::string error;         // an exception while building, checking or timing the case
+  std::string after_timing;  // the post-timing re-check's failure, if any
+  std::string floor;         // why the time is physically impossible, if it is
+  double gb_per_s = 0, tflop_per_s = 0, pct_copy = 0, pct_bf16 = 0, speedup = 0;
   std::string bound;
+  bool passed() const { return error.empty() && validated && validation.pass && after_timing.empty() && floor.empty(); }
+  std::string verdict() const {
+    if (!error.empty()) return "ERROR";
+    if (!validated) return "-";
+    return passed() ? "PASS" : "FAIL";
+  }
+  std::string why() const {
+    if (!error.empty()) return error;
+    if (!validation.pass) return validation.check + ": " + validation.reason;
+    if (!after_timing.empty()) return "after timing: " + after_timing;
+    if (!floor.empty()) return "physical floor: " + floor;
+    return "";
+  }
 };
 
 std::vector<int64_t> parse_tokens(const std::string& s) {
@@ -91,13 +113,39 @@ std::vector<std::string> expand_models(const std::vector<std::string>& requested
   return out;
 }
 
-std::vector<bench::BenchCase> build_cases(const Options& o) {
-  KBN_CHECK(o.level == 1, "--level: only level 1 (single kernels) is benchmarked so far, got ", o.level);
+Device pick_device(const Options& o) {
+  if (o.device == "auto") {
+    KBN_CHECK(cuda_available(),
+              "kb_nano kernels: no GPU visible; pass --device cpu to validate and time the CPU ops (the harness "
+              "and the candidate's CPU path; no roofline)");
+    return Device::cuda(0);
+  }
+  const Device d = parse_device(o.device);
+  KBN_CHECK(d.is_cpu() || cuda_available(), "--device: ", o.device, " requested but no GPU is visible");
+  return d;
+}
+
+bool comparing(const Options& o) {
+  if (o.variant == "baseline") return false;
+  if (o.variant == "both" || o.variant == "candidate") {
+    KBN_CHECK(candidate_built(), "--variant ", o.variant,
+              ": this binary has no candidate variant (tasks/candidate/ was empty at build time; "
+              "'kb_nano stubs --target OP' writes a starting point)");
+    return true;
+  }
+  KBN_CHECK(o.variant == "auto", "--variant: expected baseline, both or candidate, got '", o.variant, "'");
+  return candidate_built();
+}
+
+std::vector<bench::BenchCase> build_cases(const Options& o, bool small) {
+  KBN_CHECK(o.level == 1, "--level: kb_nano kernels validates and times level-1 ops (single kernels); got ", o.level,
+            ". Blocks, layers and models are measured end to end by 'kb_nano eval'");
   bench::CaseOptions copts;
   copts.tokens = parse_tokens(o.tokens);
   copts.dtype = parse_dtype(o.dtype);
   const std::vector<std::string>& targets = o.targets.empty() ? bench::llama_l1_ops() : o.targets;
   const std::vector<int64_t> tps = o.tps.empty() ? std::vector<int64_t>{1} : o.tps;
+  const int random = o.random >= 0 ? o.random : (small ? 2 : 3);
   std::vector<bench::BenchCase> cases;
   for (const auto& model : expand_models(o.models)) {
     engine::ModelSpec spec = engine::resolve_model(model);
@@ -108,6 +156,11 @@ std::vector<bench::BenchCase> build_cases(const Options& o) {
     for (int64_t tp : tps) {
       for (const auto& op : targets) {
         for (auto& c : bench::cases_for(op, spec.name, config, tp, copts)) cases.push_back(std::move(c));
+        if (tp != tps.front() || random == 0) continue;  // random shapes once per (model, op)
+        for (auto& c : bench::random_cases(op, config, random, o.seed, small, copts.dtype)) {
+          c.model = spec.name;
+          cases.push_back(std::move(c));
+        }
       }
     }
   }
@@ -130,9 +183,15 @@ std::vector<bench::BenchCase> build_cases(const Options& o) {
 std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
 
 std::string rerun_command(const bench::BenchCase& c, const Options& o) {
-  return "kb_nano kernels --target " + c.op + " --model " + c.model + " --tp " + std::to_string(c.tp) + " --tokens " +
-         std::to_string(c.tokens) + " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --dtype " +
-         dtype_name(c.dtype) + " --case " + shell_quote(c.label);
+  const bool random = c.label.rfind("random#", 0) == 0;
+  std::string cmd = "kb_nano kernels --target " + c.op + " --model " + c.model + " --tp " + std::to_string(c.tp);
+  if (random)
+    cmd += " --random " + std::to_string(o.random >= 0 ? o.random : 3);
+  else
+    cmd += " --tokens " + std::to_string(c.tokens);
+  cmd += " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --dtype " + dtype_name(c.dtype) +
+         " --variant " + o.variant + " --device " + o.device + " --case " + shell_quote(c.label);
+  return cmd;
 }
 
 std::string utc_now() {
@@ -144,9 +203,10 @@ std::string utc_now() {
   return buf;
 }
 
-void fill_roofline(Row& r, const bench::Ceilings& ceil) {
-  if (!r.timing.ok || r.timing.median_ms <= 0) return;
-  const double seconds = r.timing.median_ms * 1e-3;
+// The roofline of the faster-measured variant of interest: the candidate's when comparing.
+void fill_roofline(Row& r, const bench::Timing& t, const bench::Ceilings& ceil) {
+  if (!t.ok || t.median_ms <= 0 || ceil.copy_gb_per_s <= 0) return;
+  const double seconds = t.median_ms * 1e-3;
   r.gb_per_s = double(r.c->bytes) / seconds / 1e9;
   r.tflop_per_s = double(r.c->flops) / seconds / 1e12;
   r.pct_copy = 100.0 * r.gb_per_s / ceil.copy_gb_per_s;
@@ -156,42 +216,92 @@ void fill_roofline(Row& r, const bench::Ceilings& ceil) {
   r.bound = memory_floor > compute_floor ? "memory" : "compute";
 }
 
-Row run_case(const bench::BenchCase& c, const Options& o, const bench::DeviceInfo& dev, const bench::Ceilings& ceil,
-             const bench::TimingOptions& topts) {
+// NOTE: the floors use 1.25x the measured copy rate and 1.3x the measured GEMM rate, above the H200's
+// datasheet peaks (4.8 TB/s, 989 dense bf16 TFLOP/s, vs 4.25 and 780-800 measured): a time under them is
+// impossible, not fast. Bytes count only in cold mode, where the inputs are not in L2.
+std::string physical_floor(const bench::BenchCase& c, const bench::Timing& t, const bench::Ceilings& ceil,
+                           bench::TimingMode mode) {
+  if (!t.ok || ceil.copy_gb_per_s <= 0) return "";
+  const double byte_floor_ms =
+      mode == bench::TimingMode::cold ? double(c.bytes) / (1.25 * ceil.copy_gb_per_s * 1e9) * 1e3 : 0.0;
+  const double flop_floor_ms = double(c.flops) / (1.3 * ceil.bf16_tflop_per_s * 1e12) * 1e3;
+  const double floor_ms = std::max(byte_floor_ms, flop_floor_ms);
+  if (t.median_ms >= floor_ms) return "";
+  char buf[240];
+  std::snprintf(buf, sizeof buf,
+                "median %.2f us is below the physical floor %.2f us (%lld bytes, %lld FLOPs at 1.25x/1.3x the "
+                "measured ceilings): the kernel cannot have done the work",
+                t.median_ms * 1e3, floor_ms * 1e3, (long long)c.bytes, (long long)c.flops);
+  return buf;
+}
+
+struct Context {
+  Device device;
+  bool compare = false;
+  bench::DeviceInfo dev;
+  bench::Ceilings ceil;
+  bench::TimingOptions topts;
+  bench::ValidationOptions vopts;
+};
+
+std::unique_ptr<AnyOp> build_op(const OpEntry& e, const bench::BenchCase& c, Device d, uint64_t seed) {
+  OpArgs a = c.args;
+  a.opts = ParamOptions{c.dtype, d};
+  std::unique_ptr<AnyOp> op = e.make(a);
+  init_random_weights(op->module(), seed, kWeightStd);  // same seed: every variant gets the same weights
+  return op;
+}
+
+Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
   Row r;
   r.c = &c;
   try {
-    const OpEntry& entry = registry(Variant::baseline).get(c.op);
-    OpArgs gpu_args = c.args;
-    gpu_args.opts = ParamOptions{c.dtype, Device::cuda(dev.index)};
-    std::unique_ptr<AnyOp> op = entry.make(gpu_args);
-    init_random_weights(op->module(), o.seed, kWeightStd);
+    // NOTE: a dedicated non-blocking stream: the legacy default stream would implicitly wait for work a
+    // candidate hides on another (blocking) stream, and the validation could no longer see it.
+    OwnedStream stream(ctx.device);
+    StreamGuard guard(stream.get());
+    const OpEntry& be = registry(Variant::baseline).get(c.op);
+    const OpEntry& ce = ctx.compare ? registry(Variant::candidate).get(c.op) : be;
+    std::unique_ptr<AnyOp> base = build_op(be, c, ctx.device, o.seed);
+    // Without a candidate the baseline is validated against a second instance of itself and the oracle: it
+    // must meet the same contract.
+    std::unique_ptr<AnyOp> cand = build_op(ce, c, ctx.device, o.seed);
+    std::unique_ptr<AnyOp> oracle;
+    if (bench::fits_cpu_oracle(c)) oracle = build_op(be, c, Device::cpu(), o.seed);
 
-    // NOTE: cold mode rotates among input sets totalling > 3x L2 so no call finds its inputs in L2 from the
-    // previous one; hot and graph modes reuse one set.
-    const int sets = topts.mode == bench::TimingMode::cold ? bench::cold_input_sets(c.input_bytes, dev.l2_bytes) : 1;
-    std::vector<std::vector<Tensor>> inputs;
-    for (int s = 0; s < sets; ++s) inputs.push_back(c.make_inputs(Device::cuda(dev.index), o.seed + uint64_t(s)));
-
-    if (bench::fits_cpu_oracle(c)) {
-      OpArgs cpu_args = c.args;
-      cpu_args.opts = ParamOptions{c.dtype, Device::cpu()};
-      std::unique_ptr<AnyOp> cpu_op = entry.make(cpu_args);
-      init_random_weights(cpu_op->module(), o.seed, kWeightStd);
-      r.check = bench::check_against_cpu(*op, *cpu_op, inputs[0]);
+    r.validation = bench::validate_candidate(c, be, *base, *cand, oracle.get(), ctx.device, o.seed, ctx.vopts);
+    r.validated = true;
+    if (!r.validation.pass) {
+      r.base.skipped = r.cand.skipped = "not timed: validation failed";
     } else {
-      r.check.detail = "too large for the CPU oracle";
-    }
-    if (r.check.status == bench::CheckStatus::fail) {
-      r.timing.skipped = "not timed: output check failed";
-    } else {
-      r.timing = bench::time_op([&](int s) { op->call(inputs[size_t(s)]); }, sets, c.graph_capturable, topts);
-      fill_roofline(r, ceil);
+      // Every timed iteration gets a different input set: cold mode rotates sets totalling > 3x L2, hot and
+      // graph modes two sets (so a result cached from the previous call is never the right answer).
+      const int sets = ctx.topts.mode == bench::TimingMode::cold && ctx.device.is_cuda()
+                           ? std::max(2, bench::cold_input_sets(c.input_bytes, ctx.dev.l2_bytes))
+                           : 2;
+      auto make_sets = [&] {
+        std::vector<std::vector<Tensor>> in;
+        for (int s = 0; s < sets; ++s) in.push_back(c.make_inputs(ctx.device, o.seed + 7919u * uint64_t(s + 1)));
+        return in;
+      };
+      {
+        auto inputs = make_sets();
+        r.base = bench::time_op([&](int s) { base->call(inputs[size_t(s)]); }, sets, c.graph_capturable, ctx.topts);
+      }
+      if (ctx.compare) {
+        auto inputs = make_sets();  // the same values the baseline was timed on
+        r.cand = bench::time_op([&](int s) { cand->call(inputs[size_t(s)]); }, sets, c.graph_capturable, ctx.topts);
+        r.after_timing = bench::verify_timed_call(be, *base, *cand, inputs[0], c.dtype);
+      }
+      const bench::Timing& t = ctx.compare ? r.cand : r.base;
+      fill_roofline(r, t, ctx.ceil);
+      if (ctx.device.is_cuda()) r.floor = physical_floor(c, t, ctx.ceil, ctx.topts.mode);
+      if (ctx.compare && r.base.ok && r.cand.ok && r.cand.median_ms > 0) r.speedup = r.base.median_ms / r.cand.median_ms;
     }
   } catch (const Error& e) {
     r.error = e.what();
   }
-  cuda_empty_cache();  // NOTE: each case starts from an empty cache, so large cases cannot fragment later ones
+  if (ctx.device.is_cuda()) cuda_empty_cache();  // each case starts from an empty cache
   return r;
 }
 
@@ -206,35 +316,41 @@ struct Group {
   std::vector<const Row*> rows;
 };
 
-std::vector<std::string> row_cells(const Row& r) {
-  const auto& t = r.timing;
-  std::string status = r.error.empty() ? bench::check_status_name(r.check.status) : "ERROR";
-  if (!t.ok) {
-    std::string why = !r.error.empty() ? r.error : t.skipped;
-    return {r.c->label, status, why, "", "", "", "", "", ""};
+std::string us(const bench::Timing& t) { return t.ok ? fmt("%.2f", t.median_ms * 1e3) : "-"; }
+
+std::vector<std::string> headers(bool compare) {
+  if (compare)
+    return {"case", "check", "base us", "cand us", "speedup", "GB/s", "TFLOP/s", "% copy BW", "% bf16", "bound", "why"};
+  return {"case", "check", "median us", "p10-p90 us", "GB/s", "TFLOP/s", "% copy BW", "% bf16", "bound", "why"};
+}
+
+std::vector<std::string> row_cells(const Row& r, bool compare, bool roofline) {
+  auto num = [&](const char* f, double v) { return roofline && v > 0 ? fmt(f, v) : std::string("-"); };
+  const bench::Timing& t = compare ? r.cand : r.base;
+  std::vector<std::string> cells = {r.c->label, r.verdict()};
+  if (compare) {
+    cells.push_back(us(r.base));
+    cells.push_back(us(r.cand));
+    cells.push_back(r.speedup > 0 ? fmt("%.3fx", r.speedup) : "-");
+  } else {
+    cells.push_back(us(t));
+    cells.push_back(t.ok ? fmt("%.2f", t.p10_ms * 1e3) + "-" + fmt("%.2f", t.p90_ms * 1e3) : "-");
   }
-  return {r.c->label,
-          status,
-          fmt("%.2f", t.median_ms * 1e3),
-          fmt("%.2f", t.p10_ms * 1e3) + "-" + fmt("%.2f", t.p90_ms * 1e3),
-          fmt("%.1f", r.gb_per_s),
-          fmt("%.2f", r.tflop_per_s),
-          fmt("%.1f", r.pct_copy),
-          fmt("%.1f", r.pct_bf16),
-          r.bound};
+  cells.push_back(num("%.1f", r.gb_per_s));
+  cells.push_back(num("%.2f", r.tflop_per_s));
+  cells.push_back(num("%.1f", r.pct_copy));
+  cells.push_back(num("%.1f", r.pct_bf16));
+  cells.push_back(roofline && !r.bound.empty() ? r.bound : "-");
+  cells.push_back(r.why());
+  return cells;
 }
 
-const std::vector<std::string>& headers() {
-  static const std::vector<std::string> h = {"case",    "check",     "median us", "p10-p90 us", "GB/s",
-                                             "TFLOP/s", "% copy BW", "% bf16",    "bound"};
-  return h;
-}
-
-void print_table(const Group& g) {
+void print_table(const Group& g, bool compare, bool roofline) {
   std::printf("\n%s\n", g.title.c_str());
-  std::vector<std::vector<std::string>> lines{headers()};
-  for (const Row* r : g.rows) lines.push_back(row_cells(*r));
-  std::vector<size_t> width(headers().size(), 0);
+  const auto h = headers(compare);
+  std::vector<std::vector<std::string>> lines{h};
+  for (const Row* r : g.rows) lines.push_back(row_cells(*r, compare, roofline));
+  std::vector<size_t> width(h.size(), 0);
   for (const auto& l : lines)
     for (size_t i = 0; i + 1 < l.size(); ++i) width[i] = std::max(width[i], l[i].size());
   for (const auto& l : lines) {
@@ -248,33 +364,81 @@ void print_table(const Group& g) {
   std::fflush(stdout);
 }
 
-nlohmann::json provenance(const bench::DeviceInfo& dev, const bench::Ceilings& ceil, const Options& o) {
+struct Summary {
+  int cases = 0, passed = 0, failed = 0, errors = 0;
+  double geomean_speedup = 0;  // over passing rows with both times (0 when none)
+};
+
+Summary summarise(const std::vector<Row>& rows) {
+  Summary s;
+  double log_sum = 0;
+  int n = 0;
+  for (const auto& r : rows) {
+    s.cases++;
+    if (!r.error.empty())
+      s.errors++;
+    else if (r.passed())
+      s.passed++;
+    else
+      s.failed++;
+    if (r.passed() && r.speedup > 0) {
+      log_sum += std::log(r.speedup);
+      n++;
+    }
+  }
+  if (n) s.geomean_speedup = std::exp(log_sum / n);
+  return s;
+}
+
+nlohmann::json provenance(const Context& ctx, const Options& o) {
   const BuildInfo& b = build_info();
   nlohmann::json p;
   p["commit"] = b.git_commit;
   p["build_type"] = b.build_type;
   p["cuda_version"] = b.cuda_version;
   p["gencode"] = b.cuda_flags;
-  p["device"] = {{"index", dev.index},
-                 {"name", dev.name},
-                 {"sm_count", dev.sm_count},
-                 {"l2_bytes", dev.l2_bytes},
-                 {"memory_bytes", dev.memory_bytes},
-                 {"clock_khz", dev.clock_khz},
-                 {"memory_clock_khz", dev.memory_clock_khz},
-                 {"driver_version", dev.driver_version},
-                 {"runtime_version", dev.runtime_version}};
+  p["candidate_files"] = candidate_files();
+  if (ctx.device.is_cuda()) {
+    const auto& dev = ctx.dev;
+    p["device"] = {{"index", dev.index},
+                   {"name", dev.name},
+                   {"sm_count", dev.sm_count},
+                   {"l2_bytes", dev.l2_bytes},
+                   {"memory_bytes", dev.memory_bytes},
+                   {"clock_khz", dev.clock_khz},
+                   {"memory_clock_khz", dev.memory_clock_khz},
+                   {"driver_version", dev.driver_version},
+                   {"runtime_version", dev.runtime_version}};
+    p["ceilings"] = {{"copy_gb_per_s", ctx.ceil.copy_gb_per_s}, {"bf16_tflop_per_s", ctx.ceil.bf16_tflop_per_s}};
+  } else {
+    p["device"] = {{"name", "cpu"}};
+  }
   p["date"] = utc_now();
-  p["ceilings"] = {{"copy_gb_per_s", ceil.copy_gb_per_s}, {"bf16_tflop_per_s", ceil.bf16_tflop_per_s}};
   p["mode"] = o.mode;
   p["seed"] = o.seed;
-  p["variant"] = "baseline";
+  p["validation_seeds"] = o.seeds;
+  p["variant"] = ctx.compare ? "both" : "baseline";
   return p;
 }
 
-nlohmann::json row_json(const Row& r, const Options& o) {
+nlohmann::json timing_json(const bench::Timing& t) {
+  nlohmann::json j;
+  j["timed"] = t.ok;
+  if (!t.ok) {
+    j["skipped"] = t.skipped;
+    return j;
+  }
+  j["median_ms"] = t.median_ms;
+  j["p10_ms"] = t.p10_ms;
+  j["p90_ms"] = t.p90_ms;
+  j["host_wall_median_ms"] = t.host_wall_median_ms;
+  j["iterations"] = t.iterations;
+  j["input_sets"] = t.input_sets;
+  return j;
+}
+
+nlohmann::json row_json(const Row& r, const Options& o, bool compare) {
   const auto& c = *r.c;
-  const auto& t = r.timing;
   nlohmann::json j;
   j["op"] = c.op;
   j["model"] = c.model;
@@ -285,23 +449,25 @@ nlohmann::json row_json(const Row& r, const Options& o) {
   j["mode"] = o.mode;
   j["bytes"] = c.bytes;
   j["flops"] = c.flops;
-  j["check"] = bench::check_status_name(r.check.status);
-  j["check_detail"] = r.check.detail;
-  j["timed"] = t.ok;
-  if (t.ok) {
-    j["median_ms"] = t.median_ms;
-    j["p10_ms"] = t.p10_ms;
-    j["p90_ms"] = t.p90_ms;
-    j["host_wall_median_ms"] = t.host_wall_median_ms;
-    j["iterations"] = t.iterations;
-    j["input_sets"] = t.input_sets;
+  j["verdict"] = r.verdict();
+  j["reason"] = r.why();
+  j["validation"] = {{"pass", r.validation.pass},
+                     {"check", r.validation.check},
+                     {"reason", r.validation.reason},
+                     {"runs", r.validation.runs},
+                     {"oracle_runs", r.validation.oracle_runs},
+                     {"worst_mean_rel_err_vs_baseline", r.validation.worst_mean_rel_err}};
+  j["baseline"] = timing_json(r.base);
+  if (compare) {
+    j["candidate"] = timing_json(r.cand);
+    j["speedup"] = r.speedup;
+  }
+  if (r.gb_per_s > 0) {
     j["gb_per_s"] = r.gb_per_s;
     j["tflop_per_s"] = r.tflop_per_s;
     j["pct_copy_bandwidth"] = r.pct_copy;
     j["pct_bf16_rate"] = r.pct_bf16;
     j["bound"] = r.bound;
-  } else {
-    j["skipped"] = r.error.empty() ? t.skipped : "";
   }
   if (!r.error.empty()) j["error"] = r.error;
   if (!c.note.empty()) j["note"] = c.note;
@@ -309,47 +475,97 @@ nlohmann::json row_json(const Row& r, const Options& o) {
   return j;
 }
 
-void write_markdown(const std::string& path, const std::vector<Group>& groups, const bench::DeviceInfo& dev,
-                    const bench::Ceilings& ceil, const Options& o) {
+void write_markdown(const std::string& path, const std::vector<Group>& groups, const Context& ctx, const Options& o,
+                    const Summary& sum) {
   std::ofstream md(path);
   KBN_CHECK(md.good(), "--markdown: cannot write '", path, "'");
   const BuildInfo& b = build_info();
-  md << "# kb_nano kernels (" << o.mode << ", seed " << o.seed << ")\n\n"
-     << dev.name << ", " << dev.sm_count << " SMs, L2 " << (dev.l2_bytes >> 20) << " MiB, driver " << dev.driver_version
-     << "; commit " << b.git_commit << " (" << b.build_type << ", CUDA " << b.cuda_version << "); " << utc_now()
-     << "\n\nCeilings measured at start-up: copy " << fmt("%.0f", ceil.copy_gb_per_s) << " GB/s, bf16 GEMM "
-     << fmt("%.0f", ceil.bf16_tflop_per_s) << " TFLOP/s.\n";
+  md << "# kb_nano kernels (" << o.mode << ", seed " << o.seed << ", " << (ctx.compare ? "baseline vs candidate" : "baseline")
+     << ")\n\n";
+  if (ctx.device.is_cuda()) {
+    const auto& dev = ctx.dev;
+    md << dev.name << ", " << dev.sm_count << " SMs, L2 " << (dev.l2_bytes >> 20) << " MiB, driver "
+       << dev.driver_version << "; commit " << b.git_commit << " (" << b.build_type << ", CUDA " << b.cuda_version
+       << "); " << utc_now() << "\n\nCeilings measured at start-up: copy " << fmt("%.0f", ctx.ceil.copy_gb_per_s)
+       << " GB/s, bf16 GEMM " << fmt("%.0f", ctx.ceil.bf16_tflop_per_s) << " TFLOP/s.\n";
+  } else {
+    md << "CPU ops (host timing, no roofline); commit " << b.git_commit << "; " << utc_now() << "\n";
+  }
+  md << "\n" << sum.passed << " of " << sum.cases << " cases pass, " << sum.failed << " fail, " << sum.errors
+     << " errors";
+  if (sum.geomean_speedup > 0) md << "; geometric-mean speedup over passing cases " << fmt("%.3f", sum.geomean_speedup) << "x";
+  md << ".\n";
+  const auto h = headers(ctx.compare);
   for (const auto& g : groups) {
     md << "\n## " << g.title << "\n\n|";
-    for (const auto& h : headers()) md << " " << h << " |";
+    for (const auto& x : h) md << " " << x << " |";
     md << "\n|";
-    for (size_t i = 0; i < headers().size(); ++i) md << " --- |";
+    for (size_t i = 0; i < h.size(); ++i) md << " --- |";
     md << "\n";
     for (const Row* r : g.rows) {
       md << "|";
-      for (const auto& cell : row_cells(*r)) md << " " << cell << " |";
+      for (const auto& cell : row_cells(*r, ctx.compare, ctx.device.is_cuda())) md << " " << cell << " |";
       md << "\n";
     }
   }
 }
 
+// For an L1 candidate: the higher-level ops whose code includes it (the composition a user should measure
+// next, end to end with `kb_nano eval`).
+void print_composition(const std::vector<std::string>& ops) {
+  if (!candidate_built()) return;
+  std::set<std::string> headers_of_targets;
+  for (const auto& op : ops) headers_of_targets.insert(registry(Variant::candidate).get(op).header);
+  for (const auto& file : candidate_files()) {
+    const std::string header = file.substr(0, file.rfind('.')) + ".h";
+    if (!headers_of_targets.count(header)) continue;
+    std::vector<std::string> above;
+    for (const auto& e : registry(Variant::candidate).entries()) {
+      if (e.level <= 1) continue;
+      const auto closure = include_graph(Variant::candidate).closure(e.header);
+      if (closure.count(file) || closure.count(header))
+        above.push_back(e.name + " (L" + std::to_string(e.level) + ")");
+    }
+    if (above.empty()) continue;
+    std::string line;
+    for (const auto& a : above) line += (line.empty() ? "" : ", ") + a;
+    std::printf("\ntasks/candidate/%s is also inside: %s; measure the composition end to end with 'kb_nano eval'.\n",
+                file.c_str(), line.c_str());
+  }
+}
+
 void run(const Options& o) {
-  const std::vector<bench::BenchCase> cases = build_cases(o);
+  const bool small = o.device == "cpu";
+  const std::vector<bench::BenchCase> cases = build_cases(o, small);
   KBN_CHECK(!cases.empty(), "kb_nano kernels: no cases selected (check --target, --model, --tokens and --case)");
   if (o.list) {
     std::printf("%s", bench::format_case_list(cases).c_str());
     return;
   }
-  KBN_CHECK(cuda_available(), "kb_nano kernels times CUDA kernels; no GPU visible");
-  bench::TimingOptions topts;
-  topts.mode = bench::parse_timing_mode(o.mode);
-
-  const bench::DeviceInfo dev = bench::query_device(0);
-  std::fprintf(stderr, "kb_nano kernels: %s, %d SMs, L2 %lld MiB; measuring ceilings...\n", dev.name.c_str(),
-               dev.sm_count, dev.l2_bytes >> 20);
-  const bench::Ceilings ceil = bench::measure_ceilings();
-  std::fprintf(stderr, "kb_nano kernels: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s; %zu cases, mode %s\n",
-               ceil.copy_gb_per_s, ceil.bf16_tflop_per_s, cases.size(), o.mode.c_str());
+  Context ctx;
+  ctx.device = pick_device(o);
+  ctx.compare = comparing(o);
+  ctx.topts.mode = bench::parse_timing_mode(o.mode);
+  KBN_CHECK(o.seeds >= 1, "--seeds: expected at least 1 validation seed, got ", o.seeds);
+  ctx.vopts.seeds = o.seeds;
+  if (ctx.device.is_cpu()) {
+    // Host timing of CPU ops: enough iterations for a stable median, no more (CPU ops are the oracle).
+    ctx.topts.host = true;
+    ctx.topts.warmup_calls = 1;
+    ctx.topts.min_iterations = 3;
+    ctx.topts.min_measured_ms = 20;
+    ctx.topts.max_iterations = 50;
+    std::fprintf(stderr, "kb_nano kernels: CPU ops, %zu cases, %s\n", cases.size(),
+                 ctx.compare ? "baseline vs candidate" : "baseline");
+  } else {
+    ctx.dev = bench::query_device(ctx.device.index);
+    std::fprintf(stderr, "kb_nano kernels: %s, %d SMs, L2 %lld MiB; measuring ceilings...\n", ctx.dev.name.c_str(),
+                 ctx.dev.sm_count, ctx.dev.l2_bytes >> 20);
+    ctx.ceil = bench::measure_ceilings();
+    std::fprintf(stderr, "kb_nano kernels: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s; %zu cases, mode %s, %s\n",
+                 ctx.ceil.copy_gb_per_s, ctx.ceil.bf16_tflop_per_s, cases.size(), o.mode.c_str(),
+                 ctx.compare ? "baseline vs candidate" : "baseline");
+  }
 
   // Cases arrive grouped by (model, tp, op); one table and one progress line per group.
   std::vector<Row> rows;
@@ -364,35 +580,49 @@ void run(const Options& o) {
       spans.push_back({i, i + 1});
   }
   std::vector<Group> groups;
+  std::set<std::string> ops;
   const auto start = std::chrono::steady_clock::now();
   for (size_t g = 0; g < spans.size(); ++g) {
     const auto& first = cases[spans[g].first];
-    std::fprintf(stderr, "[%zu/%zu] %s %s tp=%lld: %zu cases (%.0f s elapsed)\n", g + 1, spans.size(), first.op.c_str(),
-                 first.model.c_str(), (long long)first.tp, spans[g].second - spans[g].first,
-                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    ops.insert(first.op);
     Group group;
     group.title = first.op + "  " + first.model + "  tp=" + std::to_string(first.tp) + "  (" + o.mode + ", " +
-                  dtype_name(first.dtype) + ")";
+                  dtype_name(first.dtype) + ", " + ctx.device.str() + ")";
     for (size_t i = spans[g].first; i < spans[g].second; ++i) {
-      rows.push_back(run_case(cases[i], o, dev, ceil, topts));
+      std::fprintf(stderr, "\r[group %zu/%zu, case %zu/%zu] %s %s (%.0f s)   ", g + 1, spans.size(),
+                   i - spans[g].first + 1, spans[g].second - spans[g].first, first.op.c_str(),
+                   cases[i].label.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      rows.push_back(run_case(cases[i], o, ctx));
       group.rows.push_back(&rows.back());
     }
-    print_table(group);
+    std::fprintf(stderr, "\n");
+    print_table(group, ctx.compare, ctx.device.is_cuda());
     groups.push_back(std::move(group));
   }
-  std::fprintf(stderr, "kb_nano kernels: done in %.0f s\n",
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const Summary sum = summarise(rows);
+  std::printf("\nSummary: %d of %d cases pass, %d fail, %d errors", sum.passed, sum.cases, sum.failed, sum.errors);
+  if (sum.geomean_speedup > 0) std::printf("; geometric-mean speedup over passing cases %.3fx", sum.geomean_speedup);
+  std::printf(" (%.0f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  if (ctx.compare) print_composition(std::vector<std::string>(ops.begin(), ops.end()));
 
   if (!o.json.empty()) {
     nlohmann::json j;
-    j["provenance"] = provenance(dev, ceil, o);
+    j["provenance"] = provenance(ctx, o);
+    j["summary"] = {{"cases", sum.cases},
+                    {"passed", sum.passed},
+                    {"failed", sum.failed},
+                    {"errors", sum.errors},
+                    {"geomean_speedup", sum.geomean_speedup}};
     j["rows"] = nlohmann::json::array();
-    for (const auto& r : rows) j["rows"].push_back(row_json(r, o));
+    for (const auto& r : rows) j["rows"].push_back(row_json(r, o, ctx.compare));
     std::ofstream out(o.json);
     KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
     out << j.dump(2) << "\n";
   }
-  if (!o.markdown.empty()) write_markdown(o.markdown, groups, dev, ceil, o);
+  if (!o.markdown.empty()) write_markdown(o.markdown, groups, ctx, o, sum);
+  // A failing candidate is a failing command: scripts and CI can rely on the exit status.
+  KBN_CHECK(sum.failed == 0 && sum.errors == 0, "kb_nano kernels: ", sum.failed, " case(s) failed and ", sum.errors,
+            " errored (see the 'why' column)");
 }
 
 }  // namespace
@@ -400,25 +630,32 @@ void run(const Options& o) {
 void add_kernels_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("kernels",
-                                     "Time the baseline L1 ops at shapes from real model configs, "
-                                     "against copy-bandwidth and bf16-GEMM ceilings measured at start-up");
-  cmd->add_option("--target", o->targets, "Op to time (repeatable; default: every Llama L1 op)");
-  cmd->add_option("--level", o->level, "Op level (only 1 so far)");
+                                     "Validate a candidate L1 op against the baseline and the reference oracle "
+                                     "(poisoned outputs, guard bytes, several seeds and value distributions, "
+                                     "caching and determinism checks), then time both against ceilings measured "
+                                     "at start-up");
+  cmd->add_option("--target", o->targets, "Op to run (repeatable; default: every Llama L1 op)");
+  cmd->add_option("--level", o->level, "Op level (1; blocks and models are measured by 'kb_nano eval')");
   cmd->add_option("--model", o->models,
                   "Model name from models/ (repeatable; 'all' = every real Llama config; "
                   "default llama-3.1-8b-instruct)");
   cmd->add_option("--tp", o->tps, "Tensor-parallel size whose per-rank shapes are timed (repeatable; default 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--tokens", o->tokens,
-                  "Comma-separated token counts replacing the defaults (decode attention: "
-                  "batch sizes)");
+                  "Comma-separated token counts replacing the defaults (decode attention: batch sizes)");
+  cmd->add_option("--random", o->random,
+                  "Random property-based shapes per op (odd sizes, GQA ratios; default 3, 2 on --device cpu)");
   cmd->add_option("--case", o->case_labels, "Only the case with this exact label (repeatable; see --list)");
   cmd->add_option("--mode", o->mode, "cold (flush L2, rotate inputs; default), hot, or graph (CUDA graph of 20 calls)");
   cmd->add_option("--dtype", o->dtype, "Activation and weight dtype: bf16 (default), f16 or f32");
-  cmd->add_option("--seed", o->seed, "Seed of the inputs and weights");
+  cmd->add_option("--variant", o->variant,
+                  "baseline, or both (baseline vs candidate); default: both when a candidate is built");
+  cmd->add_option("--device", o->device, "cuda (default when a GPU is visible) or cpu (the CPU ops: harness checks)");
+  cmd->add_option("--seed", o->seed, "Seed of the inputs, weights and random shapes");
+  cmd->add_option("--seeds", o->seeds, "Validation seeds per case (default 3)");
   cmd->add_option("--json", o->json, "Write one row per case, with provenance and a rerun command, to this file");
   cmd->add_option("--markdown", o->markdown, "Write the tables as Markdown to this file");
-  cmd->add_flag("--list", o->list, "Print the cases (op, model, tp, case, bytes, FLOPs) without timing; works on CPU");
+  cmd->add_flag("--list", o->list, "Print the cases (op, model, tp, case, bytes, FLOPs) without running them");
   cmd->callback([o] { run(*o); });
 }
 

@@ -1,6 +1,8 @@
 #include "kbn/allocator.h"
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -13,7 +15,8 @@
 
 namespace kbn {
 
-void* cpu_alloc(size_t nbytes) {
+namespace {
+void* raw_cpu_alloc(size_t nbytes) {
   // 64-byte alignment: every vector width and cache line; zero-size allocations still get a unique pointer.
   size_t n = (nbytes + 63) / 64 * 64;
   if (n == 0) n = 64;
@@ -22,7 +25,8 @@ void* cpu_alloc(size_t nbytes) {
   return p;
 }
 
-void cpu_free(void* p) { std::free(p); }
+void raw_cpu_free(void* p) { std::free(p); }
+}  // namespace
 
 #ifdef KBN_WITH_CUDA
 
@@ -135,20 +139,236 @@ CachingAllocator& allocator() {
 
 }  // namespace
 
-void* cuda_alloc(size_t nbytes, int device, Stream stream) { return allocator().alloc(nbytes, device, stream); }
-void cuda_free(void* p) { allocator().free(p); }
+namespace {
+void* raw_cuda_alloc(size_t nbytes, int device, Stream stream) { return allocator().alloc(nbytes, device, stream); }
+void raw_cuda_free(void* p) { allocator().free(p); }
+}  // namespace
 AllocatorStats cuda_allocator_stats(int device) { return allocator().stats(device); }
 void cuda_empty_cache() { allocator().empty_cache(); }
 
 #else
 
-void* cuda_alloc(size_t nbytes, int device, Stream) {
+namespace {
+void* raw_cuda_alloc(size_t nbytes, int device, Stream) {
   KBN_FAIL("cuda_alloc: kb-nano was built without CUDA; cannot allocate ", nbytes, " bytes on cuda:", device);
 }
-void cuda_free(void*) { KBN_FAIL("cuda_free: kb-nano was built without CUDA"); }
+void raw_cuda_free(void*) { KBN_FAIL("cuda_free: kb-nano was built without CUDA"); }
+}  // namespace
 AllocatorStats cuda_allocator_stats(int) { return {}; }
 void cuda_empty_cache() {}
 
 #endif
+
+// ---- allocation audit ----
+
+namespace {
+
+struct AuditedBlock {
+  void* base = nullptr;  // what the raw allocator returned; the user pointer is base + kAuditGuardBytes
+  size_t nbytes = 0;
+  Device device;
+  Stream stream = nullptr;
+};
+
+struct AuditState {
+  std::mutex mu;
+  std::atomic<bool> active{false};
+  std::atomic<size_t> tracked{0};                  // live + retired, so the free path skips the map when 0
+  std::unordered_map<void*, AuditedBlock> live;    // keyed by the user pointer
+  std::vector<AuditedBlock> retired;               // freed while a CUDA graph was being captured
+  std::vector<GuardViolation> violations;
+};
+
+AuditState& audit() {
+  static auto* a = new AuditState();  // leaked on purpose, like the caching allocator
+  return *a;
+}
+
+// Position-dependent canary, so neither a memset nor a shifted copy of the pattern passes for it.
+unsigned char canary_byte(size_t i) { return static_cast<unsigned char>(0xA5 ^ (i * 29)); }
+
+const std::vector<unsigned char>& canary() {
+  static const std::vector<unsigned char> c = [] {
+    std::vector<unsigned char> v(kAuditGuardBytes);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = canary_byte(i);
+    return v;
+  }();
+  return c;
+}
+
+void write_guards_and_poison(const AuditedBlock& b) {
+  unsigned char* base = static_cast<unsigned char*>(b.base);
+  unsigned char* user = base + kAuditGuardBytes;
+  if (b.device.is_cpu()) {
+    std::memcpy(base, canary().data(), kAuditGuardBytes);
+    std::memset(user, kAuditPoisonByte, b.nbytes);
+    std::memcpy(user + b.nbytes, canary().data(), kAuditGuardBytes);
+    return;
+  }
+#ifdef KBN_WITH_CUDA
+  // Ordered on the block's stream, before any use of the block there.
+  KBN_CUDA_CHECK(cudaMemcpyAsync(base, canary().data(), kAuditGuardBytes, cudaMemcpyHostToDevice, b.stream));
+  KBN_CUDA_CHECK(cudaMemsetAsync(user, kAuditPoisonByte, b.nbytes, b.stream));
+  KBN_CUDA_CHECK(
+      cudaMemcpyAsync(user + b.nbytes, canary().data(), kAuditGuardBytes, cudaMemcpyHostToDevice, b.stream));
+  KBN_CUDA_CHECK(cudaStreamSynchronize(b.stream));  // the host canary buffer is pageable: finish the copies
+#endif
+}
+
+// Appends what is wrong with `b`'s guards to `out`. CUDA blocks: the caller synchronised.
+void verify_guards(const AuditedBlock& b, std::vector<GuardViolation>& out) {
+  std::vector<unsigned char> zone(kAuditGuardBytes);
+  const unsigned char* base = static_cast<const unsigned char*>(b.base);
+  for (int side = 0; side < 2; ++side) {
+    const unsigned char* src = side == 0 ? base : base + kAuditGuardBytes + b.nbytes;
+    if (b.device.is_cpu()) {
+      std::memcpy(zone.data(), src, kAuditGuardBytes);
+    } else {
+#ifdef KBN_WITH_CUDA
+      KBN_CUDA_CHECK(cudaMemcpy(zone.data(), src, kAuditGuardBytes, cudaMemcpyDeviceToHost));
+#endif
+    }
+    for (size_t i = 0; i < kAuditGuardBytes; ++i) {
+      if (zone[i] != canary_byte(i)) {
+        out.push_back(GuardViolation{b.nbytes, b.device, side == 0, i});
+        break;
+      }
+    }
+  }
+}
+
+void release(const AuditedBlock& b) {
+  if (b.device.is_cpu())
+    raw_cpu_free(b.base);
+  else
+    raw_cuda_free(b.base);
+}
+
+bool capturing(Stream s) {
+#ifdef KBN_WITH_CUDA
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    cudaGetLastError();
+    return true;  // cannot tell: do not touch the device
+  }
+  return st != cudaStreamCaptureStatusNone;
+#else
+  (void)s;
+  return false;
+#endif
+}
+
+void* audited_alloc(size_t nbytes, Device device, Stream stream) {
+  AuditedBlock b;
+  b.nbytes = nbytes;
+  b.device = device;
+  b.stream = stream;
+  const size_t total = nbytes + 2 * kAuditGuardBytes;
+  b.base = device.is_cpu() ? raw_cpu_alloc(total) : raw_cuda_alloc(total, device.index, stream);
+  write_guards_and_poison(b);
+  void* user = static_cast<unsigned char*>(b.base) + kAuditGuardBytes;
+  AuditState& a = audit();
+  std::lock_guard<std::mutex> lock(a.mu);
+  a.live.emplace(user, b);
+  a.tracked++;
+  return user;
+}
+
+// True when `p` was an audited block (now verified and released, or retired until it can be verified).
+bool audited_free(void* p) {
+  AuditState& a = audit();
+  if (a.tracked.load() == 0) return false;
+  AuditedBlock b;
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    auto it = a.live.find(p);
+    if (it == a.live.end()) return false;
+    b = it->second;
+    a.live.erase(it);
+    if (b.device.is_cuda() && capturing(b.stream)) {
+      a.retired.push_back(b);
+      return true;
+    }
+    a.tracked--;
+  }
+#ifdef KBN_WITH_CUDA
+  if (b.device.is_cuda()) KBN_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+#endif
+  std::vector<GuardViolation> found;
+  verify_guards(b, found);
+  release(b);
+  if (!found.empty()) {
+    std::lock_guard<std::mutex> lock(a.mu);
+    a.violations.insert(a.violations.end(), found.begin(), found.end());
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string GuardViolation::describe() const {
+  return std::string("a ") + std::to_string(nbytes) + "-byte buffer on " + device.str() + " was written " +
+         (before ? "before its start (" + std::to_string(kAuditGuardBytes - offset) + " bytes before)"
+                 : "past its end (at byte " + std::to_string(nbytes + offset) + ")");
+}
+
+AllocationAudit::AllocationAudit() {
+  bool expected = false;
+  KBN_CHECK(audit().active.compare_exchange_strong(expected, true),
+            "AllocationAudit: an audit is already active (audits do not nest)");
+}
+AllocationAudit::~AllocationAudit() { audit().active = false; }
+
+bool allocation_audit_active() { return audit().active.load(); }
+
+std::vector<GuardViolation> take_guard_violations() {
+  AuditState& a = audit();
+  std::vector<AuditedBlock> live, retired;
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    for (const auto& [p, b] : a.live) live.push_back(b);
+    retired.swap(a.retired);
+    a.tracked -= retired.size();
+  }
+#ifdef KBN_WITH_CUDA
+  bool any_cuda = false;
+  for (const auto* v : {&live, &retired})
+    for (const auto& b : *v) any_cuda |= b.device.is_cuda();
+  if (any_cuda) KBN_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+  std::vector<GuardViolation> found;
+  for (const auto& b : live) verify_guards(b, found);
+  for (const auto& b : retired) {
+    verify_guards(b, found);
+    release(b);
+  }
+  std::lock_guard<std::mutex> lock(a.mu);
+  found.insert(found.begin(), a.violations.begin(), a.violations.end());
+  a.violations.clear();
+  return found;
+}
+
+size_t audited_block_count() {
+  std::lock_guard<std::mutex> lock(audit().mu);
+  return audit().live.size();
+}
+
+void* cpu_alloc(size_t nbytes) {
+  if (audit().active.load()) return audited_alloc(nbytes, Device::cpu(), nullptr);
+  return raw_cpu_alloc(nbytes);
+}
+
+void cpu_free(void* p) {
+  if (!audited_free(p)) raw_cpu_free(p);
+}
+
+void* cuda_alloc(size_t nbytes, int device, Stream stream) {
+  if (audit().active.load()) return audited_alloc(nbytes, Device::cuda(device), stream);
+  return raw_cuda_alloc(nbytes, device, stream);
+}
+
+void cuda_free(void* p) {
+  if (!audited_free(p)) raw_cuda_free(p);
+}
 
 }  // namespace kbn

@@ -5,6 +5,8 @@
 // allocation inside a CUDA-graph capture reuses cached blocks (capture-time cudaMalloc is allowed in the
 // thread-local capture mode the engine uses).
 #include <cstddef>
+#include <string>
+#include <vector>
 
 #include "kbn/device.h"
 
@@ -17,6 +19,38 @@ struct AllocatorStats {
   size_t num_device_mallocs = 0;  // cudaMalloc calls so far
   size_t num_cache_hits = 0;
 };
+
+// ---- Allocation audit (the kernel bench's validation) ----
+// While an audit is active, every allocation (CPU and CUDA, any thread) is returned POISONED (every byte
+// 0xFF: NaN in f32/f16/bf16, -1 in integers) and surrounded by guard zones of kAuditGuardBytes filled with a
+// canary. An op that leaves part of its output unwritten leaves NaN/-1 behind; one that writes past either
+// end of any buffer (its output, a scratch buffer, an in-place input the bench allocated) breaks a canary.
+// Guards are verified when such a block is freed (even after the audit ended) and on demand.
+constexpr size_t kAuditGuardBytes = 256;
+constexpr unsigned char kAuditPoisonByte = 0xFF;
+
+struct GuardViolation {
+  size_t nbytes = 0;      // the allocation's requested size
+  Device device;          // where it lives
+  bool before = false;    // the zone before the buffer (else after it)
+  size_t offset = 0;      // first corrupted byte, counted from the guard zone's start
+  std::string describe() const;
+};
+
+class AllocationAudit {
+ public:
+  AllocationAudit();   // starts auditing new allocations (nesting is an error)
+  ~AllocationAudit();  // stops; blocks allocated meanwhile stay guarded until freed
+  AllocationAudit(const AllocationAudit&) = delete;
+  AllocationAudit& operator=(const AllocationAudit&) = delete;
+};
+
+bool allocation_audit_active();
+// Checks the canaries of every live audited block (synchronises CUDA devices first) and returns the
+// violations found now plus those found when audited blocks were freed since the last call (then cleared).
+std::vector<GuardViolation> take_guard_violations();
+// Number of live audited blocks (tests use it to see that the audit reached an allocation).
+size_t audited_block_count();
 
 void* cpu_alloc(size_t nbytes);
 void cpu_free(void* p);

@@ -58,6 +58,18 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
   KBN_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+OwnedStream::OwnedStream(Device device) {
+  if (device.is_cpu()) return;
+  KBN_CUDA_CHECK(cudaSetDevice(device.index));
+  KBN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+OwnedStream::~OwnedStream() {
+  if (!stream_) return;
+  cudaStreamSynchronize(stream_);
+  cudaStreamDestroy(stream_);
+}
+
 void synchronize(Device device) {
   if (device.is_cpu()) return;
   KBN_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
@@ -73,6 +85,11 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
             src_dev.str(), " -> ", dst_dev.str());
   if (nbytes) std::memmove(dst, src, nbytes);
 }
+
+OwnedStream::OwnedStream(Device device) {
+  KBN_CHECK(device.is_cpu(), "OwnedStream: kb-nano was built without CUDA; no device ", device.str());
+}
+OwnedStream::~OwnedStream() = default;
 
 void synchronize(Device device) {
   KBN_CHECK(device.is_cpu(), "synchronize: kb-nano was built without CUDA; no device ", device.str());

@@ -34,6 +34,20 @@ int cuda_device_count();
 Stream current_stream();
 void set_current_stream(Stream s);
 
+// A stream created for one job (cudaStreamNonBlocking: no implicit synchronisation with the legacy default
+// stream, so work another stream does is never waited for by accident); destroyed after a sync.
+class OwnedStream {
+ public:
+  explicit OwnedStream(Device device);
+  ~OwnedStream();
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  Stream get() const { return stream_; }
+
+ private:
+  Stream stream_ = nullptr;
+};
+
 class StreamGuard {
  public:
   explicit StreamGuard(Stream s) : prev_(current_stream()) { set_current_stream(s); }

@@ -55,6 +55,9 @@ struct OpEntry {
   // L4 only: the HF architectures served and the model factory.
   std::vector<std::string> architectures;
   std::function<std::unique_ptr<CausalLM>(const ModelConfig&, const ParamOptions&)> make_model;
+  // Validation: outputs must equal the baseline's and the oracle's exactly (copies, gathers, integer
+  // results) rather than within the dtype's tolerance.
+  bool exact_outputs = false;
 };
 
 class Registry {
