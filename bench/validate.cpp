@@ -258,20 +258,7 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
       }
 
       if (s == 0 && dist == "normal") {
-        // Determinism: identical inputs, bit-identical outputs.
-        std::vector<Tensor> again_in = clone_all(pristine);
-        const std::vector<Tensor> again = candidate.call(again_in);
-        synchronize(device);
-        v.runs++;
-        for (size_t j = 0; j < again.size() && j < rec.snapshots.size(); ++j) {
-          int64_t first = -1;
-          const int64_t n = count_bitwise_mismatches(again[j], rec.snapshots[j], &first);
-          if (n > 0)
-            return fail({"determinism", describe_output(entry, j) + " differs between two calls on identical inputs in " +
-                                            std::to_string(n) + " elements (first at " +
-                                            unravel_index(again[j].shape(), first) + ")"},
-                        context);
-        }
+        const std::vector<Tensor> first_snapshots = rec.snapshots;
         // New values written into the same input buffers (and the old outputs scrambled) must give new,
         // correct outputs: a cache keyed on pointers or shapes returns the old result.
         const std::vector<Tensor> fresh_values = c.make_inputs(device, run_seed ^ 0x5eedf00dULL);
@@ -288,6 +275,20 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
           return fail({"fresh output", "after new values were written into the same input buffers: " + f.reason},
                       context);
         rec = CheckedCall{};  // its outputs were scrambled on purpose; do not hold them against the next run
+        // Determinism: identical inputs, bit-identical outputs.
+        std::vector<Tensor> again_in = clone_all(pristine);
+        const std::vector<Tensor> again = candidate.call(again_in);
+        synchronize(device);
+        v.runs++;
+        for (size_t j = 0; j < again.size() && j < first_snapshots.size(); ++j) {
+          int64_t first = -1;
+          const int64_t n = count_bitwise_mismatches(again[j], first_snapshots[j], &first);
+          if (n > 0)
+            return fail({"determinism", describe_output(entry, j) + " differs between two calls on identical inputs in " +
+                                            std::to_string(n) + " elements (first at " +
+                                            unravel_index(again[j].shape(), first) + ")"},
+                        context);
+        }
       }
       previous = std::move(rec);
     }

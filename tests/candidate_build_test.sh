@@ -9,6 +9,9 @@
 #             and a build with all stubs as candidates generates the same tokens as the baseline.
 # CASE hidden: a candidate L3 decoder layer that no longer includes L1/rms_norm.h hides the candidate
 #              L1/rms_norm.cu from it, and `kb_nano list --candidates` says so, naming the L3 file.
+# CASE cheats: tests/cheats/ (one rms_norm candidate, behaviour picked by KBN_CHEAT) through `kb_nano kernels
+#             --device cpu`: the honest candidate PASSes and is faster than the CPU baseline; each cheat FAILs
+#             with the check named in tests/cheats/README.md, and the command exits non-zero.
 set -u
 src=$1; work=$2; case=$3; main_bin=${4:-}
 build="$work/candidate-$case"
@@ -52,6 +55,34 @@ case "$case" in
     for op in $affects; do grep -qw -- "$op" <<<"$ops" || { echo "FAIL: $file should change $op: $line"; exit 1; }; done
     for op in $spares; do ! grep -qw -- "$op" <<<"$ops" || { echo "FAIL: $file should not change $op: $line"; exit 1; }; done
     echo "baseline: $base"; echo "candidate: $cand"; echo "$line"; echo "PASS"
+    ;;
+  cheats)
+    cfg "$src/tests/cheats" || { cat "$build.log"; exit 1; }
+    ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
+    kern() {  # cheat -> exit status; writes $build/<cheat>.json and .out
+      KBN_CHEAT=$1 "$build/kb_nano" kernels --device cpu --model tiny-llama --target rms_norm --tokens 5,33 \
+        --random 2 --seeds 2 --json "$build/$1.json" >"$build/$1.out" 2>&1
+    }
+    kern honest || { echo "FAIL: the honest candidate did not pass"; cat "$build/honest.out"; exit 1; }
+    expect_in "$(cat "$build/honest.out")" "4 of 4 cases pass"
+    speedup=$(grep -o '"geomean_speedup": [0-9.e+-]*' "$build/honest.json" | awk '{print $2}')
+    awk -v s="$speedup" 'BEGIN { exit !(s > 1.0) }' || { echo "FAIL: honest candidate not faster (geomean $speedup)"; exit 1; }
+    for spec in cached_output:"fresh output" side_stream:unwritten zero_skip:tolerance shape_specialised:tolerance \
+                stale_output:"fresh output" low_precision:"tolerance|precision" partial_write:unwritten \
+                mutate_input:immutable; do
+      cheat=${spec%%:*}; want=${spec#*:}
+      if kern "$cheat"; then echo "FAIL: cheat '$cheat' passed"; cat "$build/$cheat.out"; exit 1; fi
+      checks=$(grep -o '"check": "[a-z ]*"' "$build/$cheat.json" | sed 's/"check": //; s/"//g' | grep -v '^$' | sort -u)
+      [ -n "$checks" ] || { echo "FAIL: cheat '$cheat' failed without a validation check"; cat "$build/$cheat.out"; exit 1; }
+      if grep -qvxE "$want" <<<"$checks"; then
+        echo "FAIL: cheat '$cheat' should fail '$want', failed: $checks"; cat "$build/$cheat.out"; exit 1
+      fi
+      echo "$cheat: FAIL as expected ($checks)"
+    done
+    # The shape-specialised cheat is right on every config shape and wrong on random odd ones.
+    [ "$(grep -c '"verdict": "PASS"' "$build/shape_specialised.json")" = 2 ] ||
+      { echo "FAIL: shape_specialised should pass exactly the 2 config shapes"; exit 1; }
+    echo "PASS"
     ;;
   bad_signature|bad_class)
     cfg || { cat "$build.log"; exit 1; }
