@@ -1,0 +1,554 @@
+// kb_nano eval: end-to-end serving numbers of the continuous-batching engine on a canonical seeded workload,
+// baseline and candidate side by side on the same weights, with the greedy alignment of their outputs.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/ceilings.h"
+#include "cli/commands.h"
+#include "engine/llm_engine.h"
+#include "engine/model_loader.h"
+#include "engine/workloads.h"
+#include "kbn/allocator.h"
+#include "kbn/version.h"
+
+namespace kbn::cli {
+namespace {
+
+// On CPU (the reference oracle, no GPU) the canonical sizes take hours even on the tiny model: unless told
+// otherwise, run this many requests at this fraction of the canonical lengths.
+constexpr int64_t kCpuDefaultRequests = 32;
+constexpr double kCpuDefaultScale = 0.25;
+
+struct Options {
+  std::string model;
+  std::string device;
+  std::string dtype;
+  std::string weights;
+  std::string workload = "balanced";
+  std::string mode = "eager";
+  std::string variant;  // empty = both when a candidate is built, else baseline
+  int64_t num_requests = 0;
+  double scale = 0;
+  uint64_t seed = 0;
+  int64_t max_num_batched_tokens = 8192;
+  int64_t max_num_seqs = 0;  // 0 = the workload's concurrency, else 256
+  int64_t block_size = 16;
+  int64_t num_kv_blocks = 0;
+  int64_t max_model_len = 0;
+  double gpu_memory_utilization = 0.9;
+  std::string json;
+};
+
+struct VariantRun {
+  Variant variant;
+  engine::RunResult result;
+  engine::ServingMetrics metrics;
+  engine::KVCacheSizing sizing;
+  // Graph mode: what was captured at start-up, and how many of the measured run's steps replayed a graph.
+  std::vector<int64_t> graph_sizes;
+  double graph_capture_s = 0;
+  int64_t graph_capture_bytes = 0;
+  int64_t graph_steps = 0;
+};
+
+struct Alignment {
+  int64_t requests = 0;
+  int64_t exact = 0;
+  double mean_prefix = 0;       // tokens
+  double mean_prefix_frac = 0;  // of the baseline's output length
+  int64_t min_prefix = 0;
+  std::vector<int64_t> prefix;  // per request
+};
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// The exact command as the shell passed it.
+std::string command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()), out;
+  std::stringstream ss(all);
+  std::string arg;
+  while (std::getline(ss, arg, '\0')) {
+    const bool plain = !arg.empty() && arg.find_first_of(" \t'\"$\\*?;&|<>()") == std::string::npos;
+    out += (out.empty() ? "" : " ") + (plain ? arg : "'" + arg + "'");
+  }
+  return out;
+}
+
+std::string device_name(Device d) {
+  if (d.is_cuda()) return bench::query_device(d.index).name;
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
+  return "cpu";
+}
+
+Alignment align(const engine::RunResult& base, const engine::RunResult& cand) {
+  Alignment a;
+  a.requests = int64_t(base.outputs.size());
+  a.min_prefix = INT64_MAX;
+  double frac = 0;
+  for (size_t i = 0; i < base.outputs.size(); ++i) {
+    const auto &x = base.outputs[i].tokens, &y = cand.outputs[i].tokens;
+    const int64_t p = std::mismatch(x.begin(), x.end(), y.begin(), y.end()).first - x.begin();
+    a.prefix.push_back(p);
+    a.exact += x == y;
+    a.mean_prefix += double(p);
+    frac += x.empty() ? 1.0 : double(p) / double(x.size());
+    a.min_prefix = std::min(a.min_prefix, p);
+  }
+  if (a.requests > 0) {
+    a.mean_prefix /= double(a.requests);
+    a.mean_prefix_frac = frac / double(a.requests);
+  } else {
+    a.min_prefix = 0;
+  }
+  return a;
+}
+
+nlohmann::json dist_json(const engine::Distribution& d) {
+  return {{"count", d.count}, {"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}};
+}
+
+nlohmann::json metrics_json(const VariantRun& r) {
+  const engine::ServingMetrics& m = r.metrics;
+  return {{"num_requests", m.num_requests},
+          {"prompt_tokens", m.prompt_tokens},
+          {"output_tokens", m.output_tokens},
+          {"duration_s", m.duration_s},
+          {"output_tokens_per_s", m.output_tokens_per_s},
+          {"total_tokens_per_s", m.total_tokens_per_s},
+          {"requests_per_s", m.requests_per_s},
+          {"ttft_s", dist_json(m.ttft_s)},
+          {"tpot_s", dist_json(m.tpot_s)},
+          {"itl_s", dist_json(m.itl_s)},
+          {"e2e_latency_s", dist_json(m.e2e_s)},
+          {"steps", m.steps},
+          {"preemptions", m.preemptions},
+          {"num_kv_blocks", r.sizing.num_blocks},
+          {"kv_cache_sizing", r.sizing.explanation},
+          {"cuda_graphs",
+           {{"sizes", r.graph_sizes},
+            {"capture_s", r.graph_capture_s},
+            {"capture_bytes", r.graph_capture_bytes},
+            {"graph_steps", r.graph_steps}}}};
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string dist_ms(const engine::Distribution& d) {
+  if (d.count == 0) return "-";
+  return fmt("%.2f", 1e3 * d.mean) + " / " + fmt("%.2f", 1e3 * d.p50) + " / " + fmt("%.2f", 1e3 * d.p90) + " / " +
+         fmt("%.2f", 1e3 * d.p99);
+}
+
+void print_table(const std::vector<VariantRun>& runs) {
+  struct Row {
+    std::string name;
+    std::function<std::string(const engine::ServingMetrics&)> value;
+    std::function<double(const engine::ServingMetrics&)> ratio;  // candidate / baseline of this number, if any
+  };
+  const std::vector<Row> rows = {
+      {"output tokens/s", [](const auto& m) { return fmt("%.1f", m.output_tokens_per_s); },
+       [](const auto& m) { return m.output_tokens_per_s; }},
+      {"total tokens/s", [](const auto& m) { return fmt("%.1f", m.total_tokens_per_s); },
+       [](const auto& m) { return m.total_tokens_per_s; }},
+      {"requests/s", [](const auto& m) { return fmt("%.3f", m.requests_per_s); },
+       [](const auto& m) { return m.requests_per_s; }},
+      {"TTFT ms mean/p50/p90/p99", [](const auto& m) { return dist_ms(m.ttft_s); },
+       [](const auto& m) { return m.ttft_s.mean; }},
+      {"TPOT ms mean/p50/p90/p99", [](const auto& m) { return dist_ms(m.tpot_s); },
+       [](const auto& m) { return m.tpot_s.mean; }},
+      {"ITL ms mean/p50/p90/p99", [](const auto& m) { return dist_ms(m.itl_s); },
+       [](const auto& m) { return m.itl_s.mean; }},
+      {"E2E ms mean/p50/p90/p99", [](const auto& m) { return dist_ms(m.e2e_s); },
+       [](const auto& m) { return m.e2e_s.mean; }},
+      {"duration s", [](const auto& m) { return fmt("%.3f", m.duration_s); },
+       [](const auto& m) { return m.duration_s; }},
+      {"requests", [](const auto& m) { return std::to_string(m.num_requests); }, nullptr},
+      {"prompt / output tokens",
+       [](const auto& m) { return std::to_string(m.prompt_tokens) + " / " + std::to_string(m.output_tokens); },
+       nullptr},
+      {"steps", [](const auto& m) { return std::to_string(m.steps); }, nullptr},
+      {"preemptions", [](const auto& m) { return std::to_string(m.preemptions); }, nullptr},
+  };
+  // Cells first, so that every column is as wide as its widest cell.
+  std::vector<std::vector<std::string>> cells = {{""}};
+  for (const auto& r : runs) cells[0].push_back(variant_name(r.variant));
+  if (runs.size() == 2) cells[0].push_back("candidate/baseline");
+  for (const Row& row : rows) {
+    std::vector<std::string> line{row.name};
+    for (const auto& r : runs) line.push_back(row.value(r.metrics));
+    if (runs.size() == 2 && row.ratio) {
+      const double b = row.ratio(runs[0].metrics), c = row.ratio(runs[1].metrics);
+      line.push_back(b > 0 ? fmt("%.3fx", c / b) : "-");
+    }
+    cells.push_back(std::move(line));
+  }
+  if (!runs.front().graph_sizes.empty()) {
+    std::vector<std::string> steps{"graph steps / steps"}, capture{"graph capture s"};
+    for (const auto& r : runs) {
+      steps.push_back(std::to_string(r.graph_steps) + " / " + std::to_string(r.metrics.steps));
+      capture.push_back(fmt("%.2f", r.graph_capture_s));
+    }
+    cells.push_back(std::move(steps));
+    cells.push_back(std::move(capture));
+  }
+  std::vector<size_t> width;
+  for (const auto& line : cells)
+    for (size_t c = 0; c < line.size(); ++c) {
+      if (width.size() <= c) width.push_back(0);
+      width[c] = std::max(width[c], line[c].size());
+    }
+  for (const auto& line : cells) {
+    std::string out;
+    for (size_t c = 0; c < line.size(); ++c)
+      out += c + 1 < line.size() ? line[c] + std::string(width[c] - line[c].size() + 3, ' ') : line[c];
+    std::printf("%s\n", out.c_str());
+  }
+}
+
+// Progress on stderr: rewritten in place on a terminal, one line every 10 s otherwise.
+class Progress {
+ public:
+  explicit Progress(const char* label) : label_(label), tty_(isatty(2)) {}
+  void operator()(const engine::EngineProgress& p) {
+    const bool done = p.finished == p.total;
+    if (!done && p.elapsed_s - last_ < (tty_ ? 0.5 : 10.0)) return;
+    last_ = p.elapsed_s;
+    std::fprintf(stderr, "%s[%s] %lld/%lld requests, %lld output tokens, %.1f tok/s, %lld steps, %.1f s%s",
+                 tty_ ? "\r" : "", label_, (long long)p.finished, (long long)p.total, (long long)p.output_tokens,
+                 p.elapsed_s > 0 ? double(p.output_tokens) / p.elapsed_s : 0.0, (long long)p.steps, p.elapsed_s,
+                 tty_ && !done ? "" : "\n");
+    std::fflush(stderr);
+  }
+
+ private:
+  const char* label_;
+  bool tty_;
+  double last_ = -1e9;
+};
+
+// All requests arrive at once (wave = 0), or in waves of `wave` requests, each arriving when the previous
+// wave has finished (the latency workloads: vLLM's latency benchmark also times whole batches). The duration
+// is the sum of the waves' durations.
+engine::RunResult run_workload(engine::LLMEngine& eng, const std::vector<engine::Request>& requests, int64_t wave,
+                               Progress& progress) {
+  if (wave <= 0 || wave >= int64_t(requests.size())) return eng.run_to_completion(requests, std::ref(progress));
+  engine::RunResult all;
+  engine::EngineProgress before;
+  before.total = int64_t(requests.size());
+  double duration = 0;
+  for (size_t first = 0; first < requests.size(); first += size_t(wave)) {
+    const std::vector<engine::Request> part(requests.begin() + long(first),
+                                            requests.begin() + long(std::min(requests.size(), first + size_t(wave))));
+    engine::RunResult r = eng.run_to_completion(part, [&](const engine::EngineProgress& p) {
+      engine::EngineProgress q = p;
+      q.finished += before.finished;
+      q.total = before.total;
+      q.output_tokens += before.output_tokens;
+      q.steps += before.steps;
+      q.elapsed_s += before.elapsed_s;
+      progress(q);
+    });
+    if (first == 0) all.start_time = r.start_time;
+    duration += r.end_time - r.start_time;
+    all.steps += r.steps;
+    all.preemptions += r.preemptions;
+    for (auto& out : r.outputs) {
+      before.output_tokens += int64_t(out.tokens.size());
+      all.outputs.push_back(std::move(out));
+    }
+    before.finished += int64_t(part.size());
+    before.steps += r.steps;
+    before.elapsed_s += r.end_time - r.start_time;
+  }
+  all.end_time = all.start_time + duration;
+  return all;
+}
+
+void run(const Options& o, bool max_num_seqs_given) {
+  Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
+  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
+            cuda_device_count(), " CUDA devices visible)");
+  KBN_CHECK(o.mode == "eager" || o.mode == "graph", "--mode: expected eager or graph, got '", o.mode, "'");
+  const engine::ExecutionMode mode = engine::parse_execution_mode(o.mode);
+  KBN_CHECK(mode == engine::ExecutionMode::eager || device.is_cuda(),
+            "--mode graph: CUDA graphs need a CUDA device; got ", device.str(), " (use --mode eager)");
+  KBN_CHECK(o.num_requests >= 0, "--num-requests: expected a count >= 1, got ", o.num_requests);
+  KBN_CHECK(o.scale >= 0, "--scale: expected a factor > 0, got ", o.scale);
+  KBN_CHECK(o.max_num_batched_tokens >= 1, "--max-num-batched-tokens: expected >= 1, got ", o.max_num_batched_tokens);
+  KBN_CHECK(!max_num_seqs_given || o.max_num_seqs >= 1, "--max-num-seqs: expected >= 1, got ", o.max_num_seqs);
+  KBN_CHECK(o.block_size >= 1, "--block-size: expected >= 1, got ", o.block_size);
+  KBN_CHECK(o.num_kv_blocks >= 0, "--num-kv-blocks: expected >= 1 (0 = sized automatically), got ", o.num_kv_blocks);
+  KBN_CHECK(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1,
+            "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
+
+  std::vector<Variant> variants;
+  if (o.variant.empty()) {
+    variants = candidate_built() ? std::vector<Variant>{Variant::baseline, Variant::candidate}
+                                 : std::vector<Variant>{Variant::baseline};
+  } else if (o.variant == "baseline") {
+    variants = {Variant::baseline};
+  } else if (o.variant == "candidate" || o.variant == "both") {
+    KBN_CHECK(candidate_built(), "--variant ", o.variant,
+              ": no candidate is compiled into this binary (tasks/candidate/ held no task files at build time)");
+    variants = o.variant == "both" ? std::vector<Variant>{Variant::baseline, Variant::candidate}
+                                   : std::vector<Variant>{Variant::candidate};
+  } else {
+    KBN_FAIL("--variant: expected baseline, candidate or both, got '", o.variant, "'");
+  }
+
+  engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
+  if (!o.weights.empty()) spec.weights_path = o.weights;
+  DType dtype = engine::default_dtype(spec, device);
+  if (!o.dtype.empty()) {
+    try {
+      dtype = parse_dtype(o.dtype);
+    } catch (const Error&) {
+      dtype = DType::u8;  // refused just below, with the flag's name
+    }
+    KBN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+              "--dtype: expected f32, bf16 or f16, got '", o.dtype, "'");
+  }
+  ParamOptions popts{dtype, device};
+  const int64_t max_pos = spec.config.get_int("max_position_embeddings");
+  const int64_t max_model_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
+  KBN_CHECK(max_model_len >= 2 && max_model_len <= max_pos, "--max-model-len: expected 2..", max_pos,
+            " (the model's max_position_embeddings), got ", max_model_len);
+
+  const engine::WorkloadSpec& wspec = engine::workload_spec(o.workload);
+  std::string shrunk;
+  engine::WorkloadOptions wo;
+  wo.seed = o.seed;
+  wo.vocab_size = spec.config.get_int("vocab_size");
+  wo.max_model_len = max_model_len;
+  wo.num_requests = o.num_requests;
+  wo.scale = o.scale > 0 ? o.scale : 1.0;
+  if (device.is_cpu() && o.num_requests == 0) {
+    wo.num_requests = std::min(kCpuDefaultRequests, wspec.num_requests);
+    shrunk += " " + std::to_string(wo.num_requests) + " requests (not " + std::to_string(wspec.num_requests) + ")";
+  }
+  if (device.is_cpu() && o.scale == 0) {
+    wo.scale = kCpuDefaultScale;
+    shrunk += std::string(shrunk.empty() ? "" : ",") + " lengths x " + fmt("%g", kCpuDefaultScale);
+  }
+  const engine::Workload workload = engine::make_workload(o.workload, wo);
+
+  engine::EngineConfig ecfg;
+  ecfg.block_size = o.block_size;
+  ecfg.num_kv_blocks = o.num_kv_blocks;
+  ecfg.max_num_batched_tokens = o.max_num_batched_tokens;
+  ecfg.max_num_seqs = max_num_seqs_given ? o.max_num_seqs : (wspec.max_num_seqs > 0 ? wspec.max_num_seqs : 256);
+  ecfg.max_model_len = max_model_len;
+  ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
+  ecfg.mode = mode;
+
+  if (o.num_kv_blocks > 0) {
+    int64_t largest = 0;  // tokens of the longest request
+    for (const auto& r : workload.requests)
+      largest = std::max(largest, std::min(int64_t(r.prompt.size()) + r.sampling.max_tokens, max_model_len));
+    const int64_t need = (largest + o.block_size - 1) / o.block_size;
+    KBN_CHECK(need <= o.num_kv_blocks, "--num-kv-blocks: the longest request (", largest, " tokens) needs ", need,
+              " blocks of ", o.block_size, " tokens; got ", o.num_kv_blocks);
+  }
+
+  int64_t prompt_tokens = 0, output_tokens = 0, in_min = INT64_MAX, in_max = 0, out_min = INT64_MAX, out_max = 0;
+  for (const auto& r : workload.requests) {
+    const int64_t in = int64_t(r.prompt.size()), out = r.sampling.max_tokens;
+    prompt_tokens += in;
+    output_tokens += out;
+    in_min = std::min(in_min, in);
+    in_max = std::max(in_max, in);
+    out_min = std::min(out_min, out);
+    out_max = std::max(out_max, out);
+  }
+  const double n = double(std::max<size_t>(workload.requests.size(), 1));
+  const std::string weights =
+      spec.weights_path.empty() ? "random weights (seed " + std::to_string(o.seed) + ")" : spec.weights_path;
+  std::printf("kb_nano eval: workload %s (%s) on %s\n", wspec.name.c_str(), wspec.description.c_str(),
+              spec.name.c_str());
+  std::printf("  %s %s, %s, %s\n", device.str().c_str(), device_name(device).c_str(), dtype_name(popts.dtype),
+              weights.c_str());
+  std::printf("  %zu requests: prompt %lld..%lld (mean %.1f), output %lld..%lld (mean %.1f) tokens, greedy, seed %llu",
+              workload.requests.size(), (long long)in_min, (long long)in_max, double(prompt_tokens) / n,
+              (long long)out_min, (long long)out_max, double(output_tokens) / n, (unsigned long long)o.seed);
+  if (workload.clipped > 0)
+    std::printf("; %lld clipped to max_model_len %lld", (long long)workload.clipped, (long long)max_model_len);
+  std::printf("\n");
+  if (!shrunk.empty())
+    std::printf("  CPU run, shrunk:%s; --num-requests and --scale 1 give the canonical workload\n", shrunk.c_str());
+  std::printf("  engine: %s, block size %lld, max_num_batched_tokens %lld, max_num_seqs %lld, max_model_len %lld\n",
+              o.mode.c_str(), (long long)ecfg.block_size, (long long)ecfg.max_num_batched_tokens,
+              (long long)ecfg.max_num_seqs, (long long)ecfg.max_model_len);
+  const int64_t wave = wspec.max_num_seqs > 0 ? ecfg.max_num_seqs : 0;
+  if (wave > 0)
+    std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)wave);
+  std::fflush(stdout);
+
+  std::vector<VariantRun> runs;
+  for (Variant v : variants) {
+    VariantRun run;
+    run.variant = v;
+    {
+      // Same seed for every variant: the same weights (a checkpoint is the same anyway).
+      std::unique_ptr<CausalLM> model = engine::build_model(spec, v, popts, o.seed);
+      engine::LLMEngine eng(*model, v, device, ecfg);
+      run.sizing = eng.kv_cache_sizing();
+      std::printf("  [%s] KV cache: %s\n", variant_name(v), run.sizing.explanation.c_str());
+      if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
+        run.graph_sizes = graphs->sizes();
+        run.graph_capture_s = graphs->capture_seconds();
+        run.graph_capture_bytes = graphs->capture_bytes();
+        std::printf("  [%s] CUDA graphs: %zu decode batch sizes (%lld..%lld) captured in %.2f s, %.1f MiB\n",
+                    variant_name(v), run.graph_sizes.size(), (long long)run.graph_sizes.front(),
+                    (long long)run.graph_sizes.back(), run.graph_capture_s,
+                    double(run.graph_capture_bytes) / double(1 << 20));
+      }
+      std::fflush(stdout);
+      // Warm-up outside the timed run: the first step of a process pays one-time costs (library handles,
+      // kernel loading, first allocations).
+      engine::Request warm;
+      warm.id = -1;
+      warm.prompt.assign(size_t(std::min<int64_t>(16, max_model_len - 4)), 1);
+      warm.sampling.max_tokens = 4;
+      warm.sampling.ignore_eos = true;
+      eng.run_to_completion({warm});
+      Progress progress(variant_name(v));
+      const int64_t graph_steps_before = eng.runner().num_graph_steps();
+      run.result = run_workload(eng, workload.requests, wave, progress);
+      run.metrics = run.result.metrics();
+      run.graph_steps = eng.runner().num_graph_steps() - graph_steps_before;
+    }
+    // The next variant's model and cache get the whole device.
+    if (device.is_cuda()) cuda_empty_cache();
+    runs.push_back(std::move(run));
+  }
+
+  std::printf("\n");
+  print_table(runs);
+  Alignment al;
+  if (runs.size() == 2) {
+    al = align(runs[0].result, runs[1].result);
+    std::printf(
+        "\ngreedy alignment, candidate vs baseline: %lld/%lld requests identical (%.1f%%); matching prefix mean %.1f "
+        "tokens (%.1f%% of the baseline output), min %lld\n",
+        (long long)al.exact, (long long)al.requests, al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0,
+        al.mean_prefix, 100.0 * al.mean_prefix_frac, (long long)al.min_prefix);
+  }
+
+  if (!o.json.empty()) {
+    const BuildInfo& b = build_info();
+    nlohmann::json j;
+    j["provenance"] = {{"commit", b.git_commit},
+                       {"build_type", b.build_type},
+                       {"with_cuda", b.with_cuda},
+                       {"cuda_version", b.cuda_version},
+                       {"gencode", b.cuda_flags},
+                       {"device", device.str()},
+                       {"device_name", device_name(device)},
+                       {"date", utc_now()},
+                       {"command_line", command_line()},
+                       {"seed", o.seed}};
+    j["config"] = {{"model", spec.name},
+                   {"config_path", spec.config_path},
+                   {"weights", spec.weights_path.empty() ? "random" : spec.weights_path},
+                   {"dtype", dtype_name(popts.dtype)},
+                   {"mode", o.mode},
+                   {"workload", wspec.name},
+                   {"workload_description", wspec.description},
+                   {"num_requests", int64_t(workload.requests.size())},
+                   {"scale", wo.scale},
+                   {"clipped_requests", workload.clipped},
+                   {"block_size", ecfg.block_size},
+                   {"num_kv_blocks_requested", o.num_kv_blocks},
+                   {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
+                   {"max_num_seqs", ecfg.max_num_seqs},
+                   {"wave_size", wave},
+                   {"max_model_len", ecfg.max_model_len},
+                   {"gpu_memory_utilization", ecfg.gpu_memory_utilization}};
+    j["workload"] = {{"prompt_tokens", prompt_tokens},
+                     {"output_tokens", output_tokens},
+                     {"prompt_len", {{"min", in_min}, {"max", in_max}, {"mean", double(prompt_tokens) / n}}},
+                     {"output_len", {{"min", out_min}, {"max", out_max}, {"mean", double(output_tokens) / n}}}};
+    for (const auto& r : runs) j["results"][variant_name(r.variant)] = metrics_json(r);
+    if (runs.size() == 2) {
+      j["alignment"] = {{"requests", al.requests},
+                        {"exact_match", al.exact},
+                        {"exact_match_rate", al.requests ? double(al.exact) / double(al.requests) : 0.0},
+                        {"mean_matching_prefix", al.mean_prefix},
+                        {"mean_matching_prefix_fraction", al.mean_prefix_frac},
+                        {"min_matching_prefix", al.min_prefix},
+                        {"matching_prefix", al.prefix}};
+    }
+    std::ofstream out(o.json);
+    KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
+    out << j.dump(2) << "\n";
+  }
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("eval",
+                                     "Serving throughput and latency of the continuous-batching engine on a seeded "
+                                     "workload; baseline and candidate side by side with greedy alignment");
+  cmd->add_option("--model", o->model,
+                  "Model name from models/, a config.json, or a local HF folder "
+                  "(default: tiny-llama on CPU, llama-3.1-8b-instruct on GPU)");
+  std::string names;
+  for (const auto& w : engine::workload_specs()) names += (names.empty() ? "" : ", ") + w.name;
+  cmd->add_option("--workload", o->workload, "One of " + names + " (default balanced)");
+  cmd->add_option("--mode", o->mode,
+                  "eager (default) or graph: decode-only steps replay CUDA graphs captured at start-up for batch "
+                  "sizes 1, 2, 4, 8, 16, 24, ... up to min(max-num-seqs, 512) (CUDA only)");
+  cmd->add_option("--num-requests", o->num_requests,
+                  "Requests to run (default: the workload's count; " + std::to_string(kCpuDefaultRequests) +
+                      " on CPU; 0 = default)");
+  cmd->add_option(
+      "--scale", o->scale,
+      "Multiply every prompt and output length (default 1; " + fmt("%g", kCpuDefaultScale) + " on CPU; 0 = default)");
+  cmd->add_option("--json", o->json, "Write metrics per variant, alignment, config and provenance to this file");
+  cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)");
+  cmd->add_option("--variant", o->variant, "baseline, candidate or both (default: both when a candidate is built)");
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget per step (default 8192)");
+  CLI::Option* seqs = cmd->add_option("--max-num-seqs", o->max_num_seqs,
+                                      "Running sequences at most (default 256; latency-b1/b32: 1/32)");
+  cmd->add_option("--block-size", o->block_size, "KV cache block size in tokens (default 16)");
+  cmd->add_option("--num-kv-blocks", o->num_kv_blocks,
+                  "KV cache blocks (default: from free GPU memory; on CPU enough for max_num_seqs x max_model_len "
+                  "up to 1 GiB)");
+  cmd->add_option("--max-model-len", o->max_model_len,
+                  "Prompt + output tokens per request at most (default: the config's max_position_embeddings)");
+  cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
+                  "Share of GPU memory for weights, activations and KV cache (default 0.9)");
+  cmd->add_option("--weights", o->weights, "HF folder or .safetensors file (default: seeded random weights)");
+  cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16 (default: f32 on CPU, the config's dtype on GPU)");
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (default: cuda:0 when a GPU is present)");
+  cmd->callback([o, seqs] { run(*o, seqs->count() > 0); });
+}
+
+}  // namespace kbn::cli

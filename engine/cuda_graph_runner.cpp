@@ -1,0 +1,258 @@
+#include "engine/cuda_graph_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "kbn/allocator.h"
+#ifdef KBN_WITH_CUDA
+#include "kbn/cuda_check.h"
+#endif
+
+namespace kbn::engine {
+
+namespace {
+constexpr int64_t kMaxCaptureSize = 512;  // vLLM's default largest capture size
+}  // namespace
+
+std::vector<int64_t> cuda_graph_capture_sizes(int64_t max_num_seqs, int64_t max_num_batched_tokens) {
+  KBN_CHECK(max_num_seqs >= 1 && max_num_batched_tokens >= 1,
+            "cuda_graph_capture_sizes: max_num_seqs and max_num_batched_tokens must be >= 1, got ", max_num_seqs,
+            " and ", max_num_batched_tokens);
+  const int64_t cap = std::min({max_num_seqs, max_num_batched_tokens, kMaxCaptureSize});
+  std::vector<int64_t> sizes;
+  for (int64_t s : {1, 2, 4})
+    if (s <= cap) sizes.push_back(s);
+  for (int64_t s = 8; s <= cap; s += 8) sizes.push_back(s);
+  if (sizes.back() != cap) sizes.push_back(cap);
+  return sizes;
+}
+
+#ifdef KBN_WITH_CUDA
+
+// NOTE: one stream for everything. The graphs are captured on the engine's stream and replayed on it, and the
+// eager steps of a graph-mode engine run on it too (ModelRunner makes it the current stream of every call).
+// So the input copies, a replay, the eager logits and sampling after it, and the next step are ordered with no
+// event between them; and the memory the graphs use may be shared. When a capture ends, the intermediate
+// tensors of the captured forward are freed back to the caching allocator (only each graph's output stays
+// held); their blocks sit in this stream's free list, so smaller graphs captured later, and eager steps, reuse
+// them, and every replay writes into them again. That is safe because all users of those blocks are
+// serialised on this one stream, and nothing allocated after the capture is kept across a replay: an eager
+// step frees its tensors before it ends, and a graph step copies host data straight into the static buffers
+// and computes its logits after the replay. (Device state an op keeps across calls, such as cuBLASLt's
+// workspace of this stream, is taken from the allocator once, during a warm-up, and never freed, so it is
+// never in a free list.) The allocator hands cached blocks back to the driver only in
+// cuda_empty_cache(), which the engine does not call while it holds graphs, and when a cudaMalloc fails (an
+// eager step out of memory): that would unmap memory the graphs address, so the device must keep room for the
+// eager steps (gpu_memory_utilization < 1, as the KV cache sizing does).
+
+CudaGraphRunner::CudaGraphRunner(CausalLM& model, std::vector<KVCache>& kv_caches, Device device, Stream stream,
+                                 const std::vector<int64_t>& sizes, int64_t max_model_len, int64_t block_size)
+    : device_(device), stream_(stream), max_model_len_(max_model_len), block_size_(block_size), sizes_(sizes) {
+  KBN_CHECK(device.is_cuda(), "CUDA graphs need a CUDA device, got ", device.str());
+  KBN_CHECK(stream != nullptr,
+            "CUDA graphs: capture needs a created stream (the legacy default stream cannot capture)");
+  KBN_CHECK(!kv_caches.empty(), "CUDA graphs: capture needs the allocated KV caches (the graphs hold their addresses)");
+  KBN_CHECK(max_model_len >= 1 && block_size >= 1, "CUDA graphs: max_model_len and block_size must be >= 1, got ",
+            max_model_len, " and ", block_size);
+  KBN_CHECK(!sizes_.empty() && sizes_.front() >= 1 && std::is_sorted(sizes_.begin(), sizes_.end()) &&
+                std::adjacent_find(sizes_.begin(), sizes_.end()) == sizes_.end(),
+            "CUDA graphs: capture sizes must be distinct, ascending and >= 1");
+  const auto start = std::chrono::steady_clock::now();
+  const StreamGuard guard(stream_);
+  const int64_t reserved_before = int64_t(cuda_allocator_stats(device.index).reserved_bytes);
+  max_batch_ = sizes_.back();
+  max_blocks_per_seq_ = (max_model_len + block_size - 1) / block_size;
+
+  const size_t rows_bytes = size_t(3 * max_batch_) * sizeof(int64_t);
+  const size_t seq_lens_bytes = size_t(max_batch_) * sizeof(int32_t);
+  const size_t tables_bytes = size_t(max_batch_ * max_blocks_per_seq_) * sizeof(int32_t);
+  KBN_CUDA_CHECK(cudaHostAlloc(&host_, rows_bytes + seq_lens_bytes + tables_bytes, cudaHostAllocDefault));
+  try {
+    host_rows_ = static_cast<int64_t*>(host_);
+    host_seq_lens_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_) + rows_bytes);
+    host_block_tables_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_) + rows_bytes + seq_lens_bytes);
+    KBN_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_copied_, cudaEventDisableTiming));
+
+    // Every row starts as padding: token 0 at position 0, not stored (slot -1), no keys (seq_len 0).
+    std::memset(host_, 0, rows_bytes + seq_lens_bytes + tables_bytes);
+    std::fill(host_rows_ + 2 * max_batch_, host_rows_ + 3 * max_batch_, int64_t(-1));
+    token_rows_ = Tensor::empty({3, max_batch_}, DType::i64, device);
+    seq_lens_ = Tensor::empty({max_batch_}, DType::i32, device);
+    block_tables_ = Tensor::empty({max_batch_, max_blocks_per_seq_}, DType::i32, device);
+    query_start_loc_ = Tensor::zeros({1}, DType::i32, device);
+    KBN_CUDA_CHECK(cudaMemcpyAsync(token_rows_.data_ptr(), host_rows_, rows_bytes, cudaMemcpyHostToDevice, stream_));
+    KBN_CUDA_CHECK(
+        cudaMemcpyAsync(seq_lens_.data_ptr(), host_seq_lens_, seq_lens_bytes, cudaMemcpyHostToDevice, stream_));
+    KBN_CUDA_CHECK(
+        cudaMemcpyAsync(block_tables_.data_ptr(), host_block_tables_, tables_bytes, cudaMemcpyHostToDevice, stream_));
+    KBN_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
+
+    // Largest first: the smaller graphs' activations then fit in blocks the larger ones already freed.
+    for (auto it = sizes_.rbegin(); it != sizes_.rend(); ++it) capture(model, kv_caches, *it);
+    std::reverse(graphs_.begin(), graphs_.end());
+    KBN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  } catch (...) {
+    release();
+    throw;
+  }
+  capture_bytes_ = int64_t(cuda_allocator_stats(device.index).reserved_bytes) - reserved_before;
+  capture_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+CudaGraphRunner::~CudaGraphRunner() { release(); }
+
+void CudaGraphRunner::release() {
+  // No replay may still read the host buffer or run when its exec goes away.
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (Graph& g : graphs_)
+    if (g.exec) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
+  if (inputs_copied_) cudaEventDestroy(inputs_copied_);
+  inputs_copied_ = nullptr;
+  if (host_) cudaFreeHost(host_);
+  host_ = nullptr;
+}
+
+AttentionMetadata CudaGraphRunner::decode_metadata(int64_t size) const {
+  AttentionMetadata md;
+  md.num_decodes = size;
+  md.slot_mapping = token_rows_.select(0, 2).slice(0, 0, size);
+  md.query_start_loc = query_start_loc_;
+  md.seq_lens = seq_lens_.slice(0, 0, size);
+  md.block_tables = block_tables_.slice(0, 0, size);
+  // The decode attention picks its key partitioning on the host from this bound, once, at capture: it must
+  // cover every sequence a replay can serve (can_run keeps them within max_model_len); per sequence, the
+  // kernels stop at its own seq_len.
+  md.max_decode_seq_len = max_model_len_;
+  return md;
+}
+
+void CudaGraphRunner::capture(CausalLM& model, std::vector<KVCache>& kv_caches, int64_t size) {
+  const AttentionMetadata md = decode_metadata(size);
+  const Tensor input_ids = token_rows_.select(0, 0).slice(0, 0, size);
+  const Tensor positions = token_rows_.select(0, 1).slice(0, 0, size);
+  const ForwardContextGuard context({&md, &kv_caches});
+  // Warm-up first, eagerly, on the same inputs: each op's one-time work (cuBLASLt plans for this batch size and
+  // the workspace of this stream, kernel attributes) happens outside the capture, and the caching allocator
+  // then holds blocks for every tensor the captured forward asks for, in the same order.
+  model.forward(input_ids, positions);
+  KBN_CUDA_CHECK(cudaStreamSynchronize(stream_));  // a fault of the warm-up surfaces here, named as such
+
+  // Thread-local mode: an unsafe call from this thread (a synchronisation, a host read of device memory)
+  // fails the capture; other threads are not affected.
+  KBN_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  Graph g;
+  g.size = size;
+  cudaGraph_t graph = nullptr;
+  try {
+    g.output = model.forward(input_ids, positions);
+  } catch (const Error& e) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // the capture's error is reported below, not left for the next call
+    KBN_FAIL("CUDA graph capture of a decode batch of ", size, " sequences failed: ", e.what(),
+             " (a decode forward must not synchronise or read device memory on the host)");
+  }
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+  if (ended != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    (void)cudaGetLastError();
+    KBN_FAIL("CUDA graph capture of a decode batch of ", size, " sequences failed: ", cudaGetErrorName(ended), " (",
+             cudaGetErrorString(ended), "); an operation of the decode forward is not capturable");
+  }
+  const cudaError_t instantiated = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);  // the executable graph is independent of the captured one
+  KBN_CUDA_CHECK(instantiated);
+  graphs_.push_back(std::move(g));
+  KBN_CUDA_CHECK(cudaGraphUpload(graphs_.back().exec, stream_));  // the first replay then pays no upload
+}
+
+bool CudaGraphRunner::can_run(const SchedulerOutput& out) const {
+  if (graphs_.empty() || out.num_prefills != 0 || out.seqs.empty() || int64_t(out.seqs.size()) > max_batch_)
+    return false;
+  for (const ScheduledSequence& e : out.seqs) {
+    if (e.num_new_tokens != 1 || e.num_computed_tokens + 1 > max_model_len_ ||
+        int64_t(e.seq->block_table.size()) > max_blocks_per_seq_)
+      return false;
+  }
+  return true;
+}
+
+Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
+  KBN_CHECK(can_run(out), "CudaGraphRunner::run: not a decode-only step of at most ", max_batch_,
+            " sequences within max_model_len ", max_model_len_);
+  KBN_CHECK(current_stream() == stream_, "CudaGraphRunner::run: the current stream is not the one the graphs were ",
+            "captured on, so the step's eager work would not be ordered with the replay");
+  const int64_t n = int64_t(out.seqs.size());
+  const Graph& g = *std::find_if(graphs_.begin(), graphs_.end(), [n](const Graph& x) { return x.size >= n; });
+
+  // The last replay's copies read the pinned buffers asynchronously; they finished long ago (that step
+  // synchronised to sample), so this returns at once, but it is what makes rewriting the buffers safe.
+  KBN_CUDA_CHECK(cudaEventSynchronize(inputs_copied_));
+  int64_t* ids = host_rows_;
+  int64_t* positions = host_rows_ + max_batch_;
+  int64_t* slots = host_rows_ + 2 * max_batch_;
+  int64_t width = 1;  // block-table columns the real rows need
+  for (int64_t i = 0; i < n; ++i) {
+    const Sequence& s = *out.seqs[size_t(i)].seq;
+    const int64_t t = out.seqs[size_t(i)].num_computed_tokens;  // the token decoded now
+    KBN_CHECK(int64_t(s.block_table.size()) * block_size_ > t, "CUDA graphs: sequence ", s.id, " has ",
+              s.block_table.size(), " blocks for ", t + 1, " tokens");
+    ids[i] = s.token(t);
+    positions[i] = t;
+    slots[i] = int64_t(s.block_table[size_t(t / block_size_)]) * block_size_ + t % block_size_;
+    host_seq_lens_[i] = int32_t(t + 1);
+    width = std::max(width, int64_t(s.block_table.size()));
+  }
+  // Padding rows up to the graph's size: seq_len 0 makes both decode kernels read no key and write zeros
+  // (split-KV: every split returns at once and the merge gives 0 for a sequence without keys), and slot -1
+  // makes the KV store skip the row, so padding never touches the cache; token 0 and position 0 are valid
+  // inputs for the embedding and the rotary tables. Their block-table rows are never read.
+  for (int64_t i = n; i < g.size; ++i) {
+    ids[i] = 0;
+    positions[i] = 0;
+    slots[i] = -1;
+    host_seq_lens_[i] = 0;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int32_t>& table = out.seqs[size_t(i)].seq->block_table;
+    int32_t* row = host_block_tables_ + i * max_blocks_per_seq_;
+    std::copy(table.begin(), table.end(), row);
+    std::fill(row + table.size(), row + width, 0);
+  }
+
+  const size_t row_pitch = size_t(max_batch_) * sizeof(int64_t);
+  const size_t table_pitch = size_t(max_blocks_per_seq_) * sizeof(int32_t);
+  KBN_CUDA_CHECK(cudaMemcpy2DAsync(token_rows_.data_ptr(), row_pitch, host_rows_, row_pitch,
+                                   size_t(g.size) * sizeof(int64_t), 3, cudaMemcpyHostToDevice, stream_));
+  KBN_CUDA_CHECK(cudaMemcpyAsync(seq_lens_.data_ptr(), host_seq_lens_, size_t(g.size) * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream_));
+  KBN_CUDA_CHECK(cudaMemcpy2DAsync(block_tables_.data_ptr(), table_pitch, host_block_tables_, table_pitch,
+                                   size_t(width) * sizeof(int32_t), size_t(n), cudaMemcpyHostToDevice, stream_));
+  KBN_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
+  KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
+  return g.output.slice(0, 0, n);
+}
+
+#else
+
+CudaGraphRunner::CudaGraphRunner(CausalLM&, std::vector<KVCache>&, Device device, Stream stream,
+                                 const std::vector<int64_t>& sizes, int64_t max_model_len, int64_t block_size)
+    : device_(device), stream_(stream), max_model_len_(max_model_len), block_size_(block_size), sizes_(sizes) {
+  KBN_FAIL("CUDA graphs need a CUDA device; this kb-nano was built without CUDA (device ", device.str(), ")");
+}
+
+CudaGraphRunner::~CudaGraphRunner() = default;
+
+void CudaGraphRunner::release() {}
+
+bool CudaGraphRunner::can_run(const SchedulerOutput&) const { return false; }
+
+Tensor CudaGraphRunner::run(const SchedulerOutput&) {
+  KBN_FAIL("CUDA graphs need a CUDA device; this kb-nano was built without CUDA");
+}
+
+#endif
+
+}  // namespace kbn::engine

@@ -1,0 +1,117 @@
+#include "engine/llm_engine.h"
+
+#include <chrono>
+#include <unordered_map>
+
+namespace kbn::engine {
+
+namespace {
+
+RequestOutput to_output(const Sequence& s) {
+  RequestOutput o;
+  o.id = s.id;
+  o.num_prompt_tokens = int64_t(s.prompt.size());
+  o.tokens = s.output;
+  o.finish_reason = s.finish_reason;
+  o.num_preemptions = s.num_preemptions;
+  o.arrival_time = s.arrival_time;
+  o.token_times = s.token_times;
+  o.finish_time = s.finish_time;
+  return o;
+}
+
+}  // namespace
+
+ServingMetrics RunResult::metrics() const {
+  return compute_metrics(outputs, end_time - start_time, steps, preemptions);
+}
+
+double LLMEngine::now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+LLMEngine::LLMEngine(CausalLM& model, Variant variant, Device device, const EngineConfig& config)
+    : config_(config),
+      runner_(model, variant, device, config.block_size, config.mode),
+      vocab_size_(model.vocab_size()) {
+  KBN_CHECK(config.max_model_len >= 2, "engine: max_model_len must be >= 2, got ", config.max_model_len,
+            " (set it, e.g. to the model config's max_position_embeddings)");
+  KBN_CHECK(config.num_kv_blocks >= 0, "engine: num_kv_blocks must be >= 0 (0 = automatic), got ",
+            config.num_kv_blocks);
+  KBN_CHECK(config.max_num_batched_tokens >= 1, "engine: max_num_batched_tokens must be >= 1, got ",
+            config.max_num_batched_tokens);
+  KBN_CHECK(config.max_num_seqs >= 1, "engine: max_num_seqs must be >= 1, got ", config.max_num_seqs);
+  if (config.num_kv_blocks > 0) {
+    sizing_.num_blocks = config.num_kv_blocks;
+    sizing_.bytes_per_block = runner_.kv_bytes_per_block();
+    sizing_.explanation = "given: " + std::to_string(config.num_kv_blocks) + " blocks";
+  } else {
+    sizing_ = runner_.auto_num_kv_blocks(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
+                                         config.gpu_memory_utilization);
+  }
+  config_.num_kv_blocks = sizing_.num_blocks;
+  runner_.allocate_kv_cache(sizing_.num_blocks);
+  if (config.mode == ExecutionMode::graph)
+    runner_.capture_cuda_graphs(cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens),
+                                config.max_model_len);
+  blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size);
+  scheduler_ = std::make_unique<Scheduler>(
+      SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len}, *blocks_);
+}
+
+void LLMEngine::add_request(const Request& r, double arrival_time) {
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    KBN_CHECK(r.prompt[i] >= 0 && r.prompt[i] < vocab_size_, "request ", r.id, ": prompt token ", i, " is ",
+              r.prompt[i], ", outside the vocabulary [0, ", vocab_size_, ")");
+  scheduler_->add(std::make_unique<Sequence>(r, arrival_time));
+}
+
+std::vector<RequestOutput> LLMEngine::step() {
+  SchedulerOutput out = scheduler_->schedule();
+  if (out.empty()) return {};
+  const std::vector<int64_t> sampled = runner_.execute(out);
+  // The sampled ids are on the host now, so the step's device work is done: this is when the tokens exist.
+  const double t = now();
+  std::vector<std::unique_ptr<Sequence>> finished = scheduler_->update(out, sampled, t);
+  ++steps_;
+  std::vector<RequestOutput> outputs;
+  for (const auto& s : finished) outputs.push_back(to_output(*s));
+  return outputs;
+}
+
+RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,
+                                       const std::function<void(const EngineProgress&)>& progress) {
+  KBN_CHECK(!has_unfinished(), "engine: run_to_completion() needs an idle engine; ",
+            scheduler_->num_waiting() + scheduler_->num_running(), " requests are still unfinished");
+  RunResult res;
+  std::unordered_map<int64_t, size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) index[requests[i].id] = i;
+  const int64_t steps0 = steps_, preemptions0 = num_preemptions();
+  res.start_time = now();
+  for (const Request& r : requests) add_request(r, res.start_time);
+  res.outputs.resize(requests.size());
+  EngineProgress p;
+  p.total = int64_t(requests.size());
+  while (has_unfinished()) {
+    for (RequestOutput& o : step()) {
+      p.output_tokens += int64_t(o.tokens.size());
+      ++p.finished;
+      const size_t i = index.at(o.id);
+      res.outputs[i] = std::move(o);
+    }
+    if (progress) {
+      EngineProgress q = p;
+      for (const Sequence* s : scheduler_->running()) q.output_tokens += int64_t(s->output.size());
+      for (const Sequence* s : scheduler_->waiting()) q.output_tokens += int64_t(s->output.size());
+      q.steps = steps_ - steps0;
+      q.elapsed_s = now() - res.start_time;
+      progress(q);
+    }
+  }
+  res.end_time = now();
+  res.steps = steps_ - steps0;
+  res.preemptions = num_preemptions() - preemptions0;
+  return res;
+}
+
+}  // namespace kbn::engine

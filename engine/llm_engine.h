@@ -1,0 +1,88 @@
+#pragma once
+// The continuous-batching engine (nano-vllm's LLMEngine with vLLM V1's scheduling): requests go into the
+// scheduler; each step() schedules one token budget of decodes and (chunked) prefills, runs the model once
+// over all of them, samples, and returns the requests that finished. The model is seen only through the
+// registry's L4 interface (kbn::CausalLM).
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/metrics.h"
+#include "engine/model_runner.h"
+#include "engine/scheduler.h"
+#include "engine/sequence.h"
+
+namespace kbn::engine {
+
+struct EngineConfig {
+  int64_t block_size = 16;                // token slots per KV block
+  int64_t num_kv_blocks = 0;              // 0 = sized automatically (ModelRunner::auto_num_kv_blocks)
+  int64_t max_num_batched_tokens = 8192;  // token budget of one step
+  int64_t max_num_seqs = 256;             // sequences running at once
+  int64_t max_model_len = 0;              // prompt + output tokens per sequence; required (e.g. the config's
+                                          // max_position_embeddings)
+  double gpu_memory_utilization = 0.9;    // share of the GPU's memory the engine may fill (auto sizing on CUDA)
+  // graph (CUDA only): decode-only steps replay CUDA graphs captured at construction for the batch sizes of
+  // cuda_graph_capture_sizes(max_num_seqs, max_num_batched_tokens), after the KV cache is allocated.
+  ExecutionMode mode = ExecutionMode::eager;
+};
+
+struct EngineProgress {
+  int64_t finished = 0;
+  int64_t total = 0;
+  int64_t output_tokens = 0;  // generated so far, finished requests or not
+  int64_t steps = 0;
+  double elapsed_s = 0;
+};
+
+struct RunResult {
+  std::vector<RequestOutput> outputs;  // in the order of the requests given
+  double start_time = 0;               // steady-clock seconds; every request arrived then
+  double end_time = 0;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+
+  ServingMetrics metrics() const;
+};
+
+class LLMEngine {
+ public:
+  // Sizes and allocates the KV cache (config.num_kv_blocks = 0: automatically, which on CUDA runs one
+  // profile step of the model), then in graph mode captures the decode graphs.
+  LLMEngine(CausalLM& model, Variant variant, Device device, const EngineConfig& config);
+
+  const EngineConfig& config() const { return config_; }  // num_kv_blocks resolved
+  const KVCacheSizing& kv_cache_sizing() const { return sizing_; }
+  const ModelRunner& runner() const { return runner_; }  // the captured graphs, graph steps so far
+  const Scheduler& scheduler() const { return *scheduler_; }
+  int64_t num_steps() const { return steps_; }
+  int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
+
+  // Throws naming the request and the problem (empty prompt, token id outside the vocabulary, too long for
+  // max_model_len or for the whole KV cache, bad sampling parameters, duplicate id).
+  void add_request(const Request& request, double arrival_time);
+  void add_request(const Request& request) { add_request(request, now()); }
+  bool has_unfinished() const { return scheduler_->has_unfinished(); }
+  // One scheduled model step; returns the requests that finished in it.
+  std::vector<RequestOutput> step();
+  // Adds `requests` (all arriving now) and steps until every one has finished. `progress` is called after
+  // every step. The engine must hold no other unfinished request.
+  RunResult run_to_completion(const std::vector<Request>& requests,
+                              const std::function<void(const EngineProgress&)>& progress = {});
+
+  // Steady-clock seconds, the time base of arrival and token times.
+  static double now();
+
+ private:
+  EngineConfig config_;
+  ModelRunner runner_;
+  KVCacheSizing sizing_;
+  std::unique_ptr<BlockManager> blocks_;
+  std::unique_ptr<Scheduler> scheduler_;
+  int64_t vocab_size_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace kbn::engine

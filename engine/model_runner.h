@@ -1,0 +1,102 @@
+#pragma once
+// Runs one scheduled step on the model: builds input_ids, positions and the attention metadata from a
+// SchedulerOutput, runs CausalLM::forward under a ForwardContextGuard, computes logits only for the last
+// token of each sequence that samples this step, and samples them. Owns the paged KV caches, and in graph
+// mode the stream every step runs on and the CUDA graphs that serve decode-only steps.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/cuda_graph_runner.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "kbn/causal_lm.h"
+
+namespace kbn::engine {
+
+// eager: every step launches its kernels one by one. graph: decode-only steps of up to the largest captured
+// batch replay a CUDA graph (the C++ counterpart of vLLM's compiled mode); other steps run eagerly.
+enum class ExecutionMode { eager, graph };
+const char* execution_mode_name(ExecutionMode mode);
+// "eager" or "graph"; the error names what was expected.
+ExecutionMode parse_execution_mode(const std::string& s);
+
+// The tensors of one step, on the runner's device, and the hidden-state rows whose logits are needed.
+struct StepInputs {
+  Tensor input_ids;  // [num_tokens] i64: prefill chunks sequence by sequence, then one token per decode
+  Tensor positions;  // [num_tokens] i64
+  AttentionMetadata metadata;
+  std::vector<int64_t> logit_rows;  // row of each sampling sequence's last token, in SchedulerOutput order
+};
+
+// How the automatic KV cache size was reached (for the CLI and the results' provenance).
+struct KVCacheSizing {
+  int64_t num_blocks = 0;
+  int64_t bytes_per_block = 0;  // K and V of every layer
+  std::string explanation;
+};
+
+class ModelRunner {
+ public:
+  // Graph mode needs a CUDA device; the runner then creates a non-blocking stream of its own and runs all its
+  // device work on it (sizing, KV allocation, capture, every step), after waiting for the device to drain the
+  // work queued on other streams (the weights).
+  ModelRunner(CausalLM& model, Variant variant, Device device, int64_t block_size,
+              ExecutionMode mode = ExecutionMode::eager);
+
+  Device device() const { return device_; }
+  ExecutionMode mode() const { return mode_; }
+  int64_t block_size() const { return block_size_; }
+  int64_t num_kv_blocks() const { return num_kv_blocks_; }
+  // K and V bytes of one block over all layers.
+  int64_t kv_bytes_per_block() const;
+
+  // Number of blocks when the user gave none. CUDA: gpu_memory_utilization x total device memory, minus what
+  // is in use now (weights, the CUDA context, other processes), minus the memory a profile run of the largest
+  // step (max_num_batched_tokens tokens in min(max_num_seqs, tokens) sequences) makes the allocator hold.
+  // CPU: enough for max_num_seqs sequences of max_model_len tokens, capped at 1 GiB of cache (at least one
+  // max_model_len sequence).
+  KVCacheSizing auto_num_kv_blocks(int64_t max_num_batched_tokens, int64_t max_num_seqs, int64_t max_model_len,
+                                   double gpu_memory_utilization);
+  // Allocates the paged caches (engine::allocate_kv_caches); once.
+  void allocate_kv_cache(int64_t num_blocks);
+
+  // Graph mode, after allocate_kv_cache(): captures a decode graph per batch size (ascending, e.g.
+  // cuda_graph_capture_sizes()); sequences up to max_model_len tokens; once.
+  void capture_cuda_graphs(const std::vector<int64_t>& sizes, int64_t max_model_len);
+  // The captured graphs; null in eager mode and before capture.
+  const CudaGraphRunner* cuda_graphs() const { return graphs_.get(); }
+
+  StepInputs prepare_inputs(const SchedulerOutput& out) const;
+  // Runs `out`; returns one token per entry with samples = true, in out.seqs order.
+  std::vector<int64_t> execute(const SchedulerOutput& out);
+  // Steps execute() served by a graph replay so far.
+  int64_t num_graph_steps() const { return num_graph_steps_; }
+
+  // Forward + logits + sampling of a dummy all-prefill step (num_tokens tokens in num_seqs sequences) on
+  // temporary caches: the largest step the scheduler can produce. Used for sizing; callable on CPU too.
+  void profile_run(int64_t num_tokens, int64_t num_seqs);
+
+ private:
+  // The stream the runner's device work goes to: its own in graph mode, else the caller's current stream.
+  Stream stream() const { return stream_ ? stream_->get() : current_stream(); }
+  std::vector<int64_t> run(const SchedulerOutput& out, std::vector<KVCache>& caches);
+  // Logits of hidden rows `rows` (the sampling sequences' last tokens, in out.seqs order), then sampling.
+  std::vector<int64_t> sample(const SchedulerOutput& out, const Tensor& hidden, const std::vector<int64_t>& rows);
+
+  CausalLM& model_;
+  Device device_;
+  int64_t block_size_;
+  ExecutionMode mode_;
+  Sampler sampler_;
+  // Declared before the device tensors and the graphs, so it is destroyed after them; its destructor waits for
+  // the work that used them.
+  std::unique_ptr<OwnedStream> stream_;
+  int64_t num_kv_blocks_ = 0;
+  std::vector<KVCache> kv_caches_;
+  std::unique_ptr<CudaGraphRunner> graphs_;  // destroyed before the caches whose addresses it holds
+  int64_t num_graph_steps_ = 0;
+};
+
+}  // namespace kbn::engine

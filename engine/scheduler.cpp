@@ -1,0 +1,164 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "kbn/error.h"
+
+namespace kbn::engine {
+
+int64_t SchedulerOutput::num_sampling() const {
+  return std::count_if(seqs.begin(), seqs.end(), [](const ScheduledSequence& s) { return s.samples; });
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks) : config_(config), blocks_(blocks) {
+  KBN_CHECK(config.max_num_batched_tokens >= 1, "scheduler: max_num_batched_tokens must be >= 1, got ",
+            config.max_num_batched_tokens);
+  KBN_CHECK(config.max_num_seqs >= 1, "scheduler: max_num_seqs must be >= 1, got ", config.max_num_seqs);
+  KBN_CHECK(config.max_model_len >= 2, "scheduler: max_model_len must be >= 2 (a prompt token and a new one), got ",
+            config.max_model_len);
+}
+
+void Scheduler::add(std::unique_ptr<Sequence> seq) {
+  KBN_CHECK(seq != nullptr, "scheduler: add() needs a sequence");
+  KBN_CHECK(!seq->prompt.empty(), "request ", seq->id, ": the prompt is empty");
+  KBN_CHECK(int64_t(seq->prompt.size()) < config_.max_model_len, "request ", seq->id, ": prompt of ",
+            seq->prompt.size(), " tokens leaves no room for a new token within max_model_len ", config_.max_model_len);
+  seq->sampling.validate();
+  // A sequence alone must fit in the whole cache; otherwise preempting everything else could not save it.
+  const int64_t max_len = std::min(int64_t(seq->prompt.size()) + seq->sampling.max_tokens, config_.max_model_len);
+  KBN_CHECK(blocks_.blocks_for(max_len) <= blocks_.num_blocks(), "request ", seq->id, ": up to ", max_len,
+            " tokens need ", blocks_.blocks_for(max_len), " KV blocks of ", blocks_.block_size(), " but the cache has ",
+            blocks_.num_blocks(), " (raise the number of KV blocks or lower max_tokens / max_model_len)");
+  for (const auto& o : owned_) KBN_CHECK(o->id != seq->id, "request id ", seq->id, " is already in the engine");
+  seq->status = SequenceStatus::waiting;
+  seq->num_computed_tokens = 0;
+  waiting_.push_back(seq.get());
+  owned_.push_back(std::move(seq));
+}
+
+void Scheduler::preempt(Sequence* victim, SchedulerOutput& out, int64_t& budget) {
+  running_.erase(std::find(running_.begin(), running_.end(), victim));
+  auto it = std::find_if(out.seqs.begin(), out.seqs.end(), [&](const ScheduledSequence& s) { return s.seq == victim; });
+  if (it != out.seqs.end()) {  // scheduled earlier in this step (a decode, when a prefill needs its blocks)
+    budget += it->num_new_tokens;
+    out.num_tokens -= it->num_new_tokens;
+    out.seqs.erase(it);
+  }
+  blocks_.free(*victim);
+  victim->num_computed_tokens = 0;
+  victim->status = SequenceStatus::waiting;
+  victim->num_preemptions++;
+  num_preemptions_++;
+  waiting_.push_front(victim);
+  out.preempted_ids.push_back(victim->id);
+}
+
+bool Scheduler::allocate_or_preempt(Sequence* seq, int64_t num_tokens, SchedulerOutput& out, int64_t& budget) {
+  while (!blocks_.can_allocate(*seq, num_tokens)) {
+    // The lowest priority is the most recently admitted; seq itself is running, so running_ is not empty.
+    Sequence* victim = running_.back();
+    preempt(victim, out, budget);
+    if (victim == seq) return false;
+  }
+  blocks_.allocate(*seq, num_tokens);
+  return true;
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  int64_t budget = config_.max_num_batched_tokens;
+  auto add_entry = [&](Sequence* s, int64_t n) {
+    out.seqs.push_back({s, s->num_computed_tokens, n, s->num_computed_tokens + n == s->num_tokens()});
+    out.num_tokens += n;
+    budget -= n;
+  };
+  auto scheduled = [&](const Sequence* s) {
+    return std::any_of(out.seqs.begin(), out.seqs.end(), [&](const ScheduledSequence& e) { return e.seq == s; });
+  };
+
+  // Running sequences: decodes (one uncomputed token) first, then those still in prefill. running_ only
+  // shrinks from the back while this runs, never below index i.
+  for (bool decodes : {true, false}) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence* s = running_[i];
+      if ((s->num_uncomputed_tokens() == 1) != decodes || scheduled(s)) continue;
+      const int64_t n = std::min(s->num_uncomputed_tokens(), budget);
+      if (allocate_or_preempt(s, s->num_computed_tokens + n, out, budget)) add_entry(s, n);
+    }
+  }
+
+  // New requests, first come first served, while nothing was preempted in this step (a preempted sequence
+  // is at the front of the queue and would be re-admitted into the same shortage).
+  while (out.preempted_ids.empty() && !waiting_.empty() && budget > 0 &&
+         int64_t(running_.size()) < config_.max_num_seqs) {
+    Sequence* s = waiting_.front();
+    const int64_t n = std::min(s->num_uncomputed_tokens(), budget);
+    if (!blocks_.can_allocate(*s, n)) break;  // FCFS: a later request does not overtake the first
+    blocks_.allocate(*s, n);
+    waiting_.pop_front();
+    s->status = SequenceStatus::running;
+    running_.push_back(s);
+    add_entry(s, n);
+  }
+
+  std::stable_partition(out.seqs.begin(), out.seqs.end(),
+                        [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
+  out.num_prefills =
+      std::count_if(out.seqs.begin(), out.seqs.end(), [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
+  KBN_CHECK(!out.empty() || !has_unfinished(), "scheduler: nothing could be scheduled with ", waiting_.size(),
+            " waiting and ", running_.size(), " running sequences (", blocks_.num_free_blocks(), " of ",
+            blocks_.num_blocks(), " KV blocks free)");
+  return out;
+}
+
+std::vector<std::unique_ptr<Sequence>> Scheduler::update(const SchedulerOutput& out,
+                                                         const std::vector<int64_t>& sampled, double now) {
+  KBN_CHECK(int64_t(sampled.size()) == out.num_sampling(), "scheduler: ", sampled.size(),
+            " sampled tokens for a step where ", out.num_sampling(), " sequences sample");
+  std::vector<std::unique_ptr<Sequence>> finished;
+  size_t k = 0;
+  for (const ScheduledSequence& e : out.seqs) {
+    Sequence* s = e.seq;
+    s->num_computed_tokens = e.num_computed_tokens + e.num_new_tokens;
+    if (!e.samples) continue;
+    const int64_t token = sampled[k++];
+    s->output.push_back(token);
+    s->token_times.push_back(now);
+    const auto& eos = s->sampling.eos_token_ids;
+    if (!s->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end())
+      s->finish_reason = FinishReason::eos;
+    else if (int64_t(s->output.size()) >= s->sampling.max_tokens)
+      s->finish_reason = FinishReason::max_tokens;
+    else if (s->num_tokens() >= config_.max_model_len)
+      s->finish_reason = FinishReason::max_model_len;
+    else
+      continue;
+    s->status = SequenceStatus::finished;
+    s->finish_time = now;
+    blocks_.free(*s);
+    running_.erase(std::find(running_.begin(), running_.end(), s));
+    auto it = std::find_if(owned_.begin(), owned_.end(), [&](const auto& o) { return o.get() == s; });
+    finished.push_back(std::move(*it));
+    owned_.erase(it);
+  }
+  return finished;
+}
+
+void Scheduler::check_invariants() const {
+  KBN_CHECK(int64_t(running_.size()) <= config_.max_num_seqs, "scheduler invariant: ", running_.size(),
+            " running sequences > max_num_seqs ", config_.max_num_seqs);
+  KBN_CHECK(running_.size() + waiting_.size() == owned_.size(), "scheduler invariant: ", running_.size(), " running + ",
+            waiting_.size(), " waiting != ", owned_.size(), " unfinished sequences");
+  for (const Sequence* s : running_)
+    KBN_CHECK(s->status == SequenceStatus::running, "scheduler invariant: sequence ", s->id,
+              " is in the running list with another status");
+  for (const Sequence* s : waiting_)
+    KBN_CHECK(s->status == SequenceStatus::waiting && s->num_computed_tokens == 0 && s->block_table.empty(),
+              "scheduler invariant: waiting sequence ", s->id, " has status ", int(s->status), ", ",
+              s->num_computed_tokens, " computed tokens and ", s->block_table.size(), " blocks");
+  std::vector<const Sequence*> holders;
+  for (const auto& o : owned_) holders.push_back(o.get());
+  blocks_.check_invariants(holders);
+}
+
+}  // namespace kbn::engine

@@ -1,0 +1,84 @@
+#pragma once
+// Continuous batching with one token budget per step (vLLM V1's scheduler): every step, running sequences
+// that decode get one token each, then running sequences still in (chunked) prefill get what is left of the
+// budget, then waiting requests are admitted first-come first-served, each prefill chunked to fit. When a
+// running sequence cannot get a KV block, the most recently admitted running sequence is preempted by
+// recompute: its blocks are freed, its num_computed_tokens reset to 0, and it goes back to the front of the
+// waiting queue keeping the tokens it generated (they are re-prefilled with its prompt).
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "engine/block_manager.h"
+#include "engine/sequence.h"
+
+namespace kbn::engine {
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 8192;  // token budget of one step
+  int64_t max_num_seqs = 256;             // running sequences at most
+  int64_t max_model_len = 0;              // prompt + output tokens of one sequence at most (required)
+};
+
+struct ScheduledSequence {
+  Sequence* seq = nullptr;
+  int64_t num_computed_tokens = 0;  // tokens already in the cache (the first new token's position)
+  int64_t num_new_tokens = 0;       // tokens computed this step (the query length)
+  // The chunk reaches the sequence's last token, so a token is sampled from its last position this step.
+  bool samples = false;
+};
+
+struct SchedulerOutput {
+  // Prefills (query length > 1) first, then decodes (query length 1): the order kbn::AttentionMetadata
+  // requires. Within each group, budget order (running before newly admitted).
+  std::vector<ScheduledSequence> seqs;
+  int64_t num_prefills = 0;
+  int64_t num_tokens = 0;              // sum of num_new_tokens
+  std::vector<int64_t> preempted_ids;  // sequences preempted while building this step
+
+  int64_t num_decodes() const { return int64_t(seqs.size()) - num_prefills; }
+  int64_t num_sampling() const;
+  bool empty() const { return seqs.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, BlockManager& blocks);
+
+  const SchedulerConfig& config() const { return config_; }
+  // Takes a new sequence (status waiting, nothing computed); it is served after those already waiting.
+  void add(std::unique_ptr<Sequence> seq);
+  bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
+  int64_t num_waiting() const { return int64_t(waiting_.size()); }
+  int64_t num_running() const { return int64_t(running_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  const std::deque<Sequence*>& waiting() const { return waiting_; }
+  const std::vector<Sequence*>& running() const { return running_; }  // in admission order
+
+  // Picks this step's tokens and allocates their KV blocks. Empty only when nothing is unfinished.
+  SchedulerOutput schedule();
+  // After the model ran `out`: advances num_computed_tokens, appends `sampled` (one token per entry of
+  // out.seqs with samples = true, in that order) stamped `now`, and applies the stop rules (EOS unless
+  // ignore_eos, max_tokens, max_model_len). Returns the sequences that finished; their blocks are freed.
+  std::vector<std::unique_ptr<Sequence>> update(const SchedulerOutput& out, const std::vector<int64_t>& sampled,
+                                                double now);
+
+  // BlockManager::check_invariants over every sequence held here; also checks the running bound.
+  void check_invariants() const;
+
+ private:
+  // Allocates blocks so `seq` covers `num_tokens` tokens, preempting from the back of running_ while blocks
+  // are short. Returns false when `seq` itself had to be preempted.
+  bool allocate_or_preempt(Sequence* seq, int64_t num_tokens, SchedulerOutput& out, int64_t& budget);
+  void preempt(Sequence* victim, SchedulerOutput& out, int64_t& budget);
+
+  SchedulerConfig config_;
+  BlockManager& blocks_;
+  std::vector<std::unique_ptr<Sequence>> owned_;  // every unfinished sequence
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace kbn::engine

@@ -1,0 +1,631 @@
+// The continuous-batching engine: scheduler and block-manager invariants under random request mixes (a
+// model-free driver whose fake KV cache checks that every sequence reads back exactly the tokens it wrote),
+// and the real tiny Llama on CPU: Hugging Face's greedy tokens, batching / chunked prefill / preemption not
+// changing them, seeded sampling, stop rules; plus workloads and metrics.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "engine/generate.h"
+#include "engine/llm_engine.h"
+#include "engine/model_loader.h"
+#include "engine/workloads.h"
+#include "test_paths.h"
+
+using namespace kbn;
+using namespace kbn::engine;
+
+namespace {
+
+// ---- a model-free driver ----
+
+// The fake model's next token: a hash of every token of the sequence, so it depends on the whole history
+// (a lost or duplicated token changes everything after it).
+int64_t fake_next_token(const std::vector<int64_t>& tokens, int64_t vocab) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t t : tokens) h = (h ^ uint64_t(t)) * 1099511628211ull;
+  return int64_t((h >> 17) % uint64_t(vocab));
+}
+
+std::vector<int64_t> all_tokens(const Sequence& s) {
+  std::vector<int64_t> t = s.prompt;
+  t.insert(t.end(), s.output.begin(), s.output.end());
+  return t;
+}
+
+// What a request must produce, generated one token at a time with no scheduler at all.
+std::vector<int64_t> expected_fake_output(const Request& r, int64_t vocab, int64_t max_model_len) {
+  std::vector<int64_t> tokens = r.prompt, out;
+  while (true) {
+    const int64_t t = fake_next_token(tokens, vocab);
+    out.push_back(t);
+    tokens.push_back(t);
+    const auto& eos = r.sampling.eos_token_ids;
+    if (!r.sampling.ignore_eos && std::find(eos.begin(), eos.end(), t) != eos.end()) break;
+    if (int64_t(out.size()) >= r.sampling.max_tokens || int64_t(tokens.size()) >= max_model_len) break;
+  }
+  return out;
+}
+
+struct DriveStats {
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t chunked_steps = 0;  // steps where some prefill chunk did not reach its sequence's end
+  int64_t mixed_steps = 0;    // steps with prefills and decodes together
+};
+
+// Runs `requests` to completion through Scheduler + BlockManager, checking every step's contract and the
+// invariants; the fake KV cache stores (sequence, position, token) per slot and every scheduled sequence reads
+// its whole history back through its block table. Returns the outputs by request id.
+std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_t num_blocks, int64_t block_size,
+                                              const std::vector<Request>& requests, int64_t vocab,
+                                              DriveStats* stats = nullptr) {
+  struct Slot {
+    int64_t seq = -1, pos = -1, token = -1;
+  };
+  BlockManager blocks(num_blocks, block_size);
+  Scheduler sched(cfg, blocks);
+  for (const Request& r : requests) sched.add(std::make_unique<Sequence>(r, 0.0));
+  std::vector<Slot> kv(size_t(num_blocks * block_size));
+  std::map<int64_t, std::vector<int64_t>> outputs;
+  DriveStats st;
+  auto slot = [&](const Sequence& s, int64_t t) {
+    return int64_t(s.block_table[size_t(t / block_size)]) * block_size + t % block_size;
+  };
+  while (sched.has_unfinished()) {
+    KBN_CHECK(st.steps < 100000, "drive: no completion after ", st.steps, " steps");
+    std::vector<int64_t> running_decodes;
+    for (const Sequence* s : sched.running())
+      if (s->num_uncomputed_tokens() == 1) running_decodes.push_back(s->id);
+    const SchedulerOutput out = sched.schedule();
+    sched.check_invariants();
+
+    // The step's contract.
+    KBN_CHECK(!out.empty(), "drive: empty step with unfinished requests");
+    KBN_CHECK(out.num_tokens <= cfg.max_num_batched_tokens, "drive: ", out.num_tokens, " tokens > budget ",
+              cfg.max_num_batched_tokens);
+    KBN_CHECK(int64_t(out.seqs.size()) <= cfg.max_num_seqs, "drive: ", out.seqs.size(), " sequences > max_num_seqs");
+    int64_t sum = 0;
+    bool any_prefill_work = false;
+    std::set<int64_t> ids;
+    for (size_t i = 0; i < out.seqs.size(); ++i) {
+      const ScheduledSequence& e = out.seqs[i];
+      KBN_CHECK(ids.insert(e.seq->id).second, "drive: sequence ", e.seq->id, " scheduled twice");
+      KBN_CHECK(e.num_new_tokens >= 1, "drive: empty chunk");
+      KBN_CHECK((int64_t(i) < out.num_prefills) == (e.num_new_tokens > 1), "drive: entry ", i,
+                " breaks prefills-then-decodes order (num_prefills ", out.num_prefills, ")");
+      KBN_CHECK(e.num_computed_tokens == e.seq->num_computed_tokens, "drive: stale num_computed_tokens");
+      KBN_CHECK(e.samples == (e.num_computed_tokens + e.num_new_tokens == e.seq->num_tokens()),
+                "drive: samples flag wrong for sequence ", e.seq->id);
+      KBN_CHECK(int64_t(e.seq->block_table.size()) * block_size >= e.num_computed_tokens + e.num_new_tokens,
+                "drive: sequence ", e.seq->id, " lacks blocks");
+      sum += e.num_new_tokens;
+      if (std::find(running_decodes.begin(), running_decodes.end(), e.seq->id) == running_decodes.end())
+        any_prefill_work = true;
+    }
+    KBN_CHECK(sum == out.num_tokens, "drive: num_tokens ", out.num_tokens, " != sum of chunks ", sum);
+    // Decodes come first in the budget: if anything else got tokens, every running decode was served or
+    // preempted.
+    if (any_prefill_work)
+      for (int64_t id : running_decodes)
+        KBN_CHECK(ids.count(id) || std::count(out.preempted_ids.begin(), out.preempted_ids.end(), id),
+                  "drive: decode of sequence ", id, " skipped while prefill work was scheduled");
+    if (std::any_of(out.seqs.begin(), out.seqs.end(), [](const auto& e) { return !e.samples; })) st.chunked_steps++;
+    if (out.num_prefills > 0 && out.num_decodes() > 0) st.mixed_steps++;
+
+    // The fake forward: write this step's tokens, then every sequence reads its history back.
+    for (const ScheduledSequence& e : out.seqs)
+      for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
+        kv[size_t(slot(*e.seq, t))] = {e.seq->id, t, e.seq->token(t)};
+    std::vector<int64_t> sampled;
+    for (const ScheduledSequence& e : out.seqs) {
+      for (int64_t t = 0; t < e.num_computed_tokens + e.num_new_tokens; ++t) {
+        const Slot& s = kv[size_t(slot(*e.seq, t))];
+        KBN_CHECK(s.seq == e.seq->id && s.pos == t && s.token == e.seq->token(t), "drive: sequence ", e.seq->id,
+                  " position ", t, " reads back (seq ", s.seq, ", pos ", s.pos, ", token ", s.token, ")");
+      }
+      if (e.samples) sampled.push_back(fake_next_token(all_tokens(*e.seq), vocab));
+    }
+    for (auto& done : sched.update(out, sampled, double(st.steps))) {
+      KBN_CHECK(done->status == SequenceStatus::finished && done->block_table.empty(), "drive: sequence ", done->id,
+                " finished without releasing its blocks");
+      outputs[done->id] = done->output;
+    }
+    sched.check_invariants();
+    st.steps++;
+  }
+  KBN_CHECK(blocks.num_free_blocks() == num_blocks, "drive: ", num_blocks - blocks.num_free_blocks(),
+            " blocks leaked after every request finished");
+  st.preemptions = sched.num_preemptions();
+  if (stats) *stats = st;
+  return outputs;
+}
+
+// ---- the tiny Llama fixture ----
+
+ModelSpec tiny_spec() { return resolve_model(kbn::test::fixture_dir() + "/tiny-llama"); }
+
+std::unique_ptr<CausalLM> tiny_model() {
+  return build_model(tiny_spec(), Variant::baseline, {DType::f32, Device::cpu()}, 0);
+}
+
+EngineConfig small_config() {
+  EngineConfig c;
+  c.max_model_len = 2048;
+  c.num_kv_blocks = 256;
+  c.block_size = 4;  // sequences span several blocks
+  return c;
+}
+
+Request greedy_request(int64_t id, std::vector<int64_t> prompt, int64_t max_tokens) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+std::vector<std::vector<int64_t>> run_tokens(CausalLM& model, const EngineConfig& cfg, const std::vector<Request>& reqs,
+                                             RunResult* result = nullptr) {
+  LLMEngine engine(model, Variant::baseline, Device::cpu(), cfg);
+  RunResult r = engine.run_to_completion(reqs);
+  std::vector<std::vector<int64_t>> tokens;
+  for (const auto& o : r.outputs) tokens.push_back(o.tokens);
+  if (result) *result = std::move(r);
+  return tokens;
+}
+
+// Prompts of mixed lengths (1 to 23 tokens) with ids from a fixed pattern.
+std::vector<Request> mixed_requests(int64_t max_tokens) {
+  std::vector<Request> reqs;
+  const std::vector<int64_t> lens = {7, 1, 23, 12, 5, 16};
+  for (size_t i = 0; i < lens.size(); ++i) {
+    std::vector<int64_t> p;
+    for (int64_t j = 0; j < lens[i]; ++j) p.push_back((int64_t(i) * 97 + j * 31 + 5) % 512);
+    reqs.push_back(greedy_request(int64_t(i), p, max_tokens));
+  }
+  return reqs;
+}
+
+}  // namespace
+
+// ---- block manager and scheduler, no model ----
+
+TEST(EngineBlockManager, AllocatesAsSequencesGrowAndFreesEverything) {
+  BlockManager bm(5, 4);
+  Sequence a, b;
+  a.id = 1;
+  b.id = 2;
+  EXPECT_EQ(bm.blocks_needed(a, 9), 3);
+  bm.allocate(a, 9);
+  EXPECT_EQ(a.block_table.size(), 3u);
+  bm.allocate(a, 12);  // still fits in 3 blocks
+  EXPECT_EQ(a.block_table.size(), 3u);
+  EXPECT_TRUE(bm.can_allocate(b, 8));
+  EXPECT_FALSE(bm.can_allocate(b, 9));
+  bm.allocate(b, 8);
+  bm.check_invariants({&a, &b});
+  EXPECT_THROW(bm.allocate(a, 13), Error);
+  bm.free(a);
+  EXPECT_EQ(bm.num_free_blocks(), 3);
+  bm.check_invariants({&a, &b});
+  bm.free(b);
+  EXPECT_EQ(bm.num_free_blocks(), 5);
+}
+
+TEST(EngineBlockManager, InvariantCheckCatchesSharedAndLeakedBlocks) {
+  BlockManager bm(4, 2);
+  Sequence a, b;
+  a.id = 1;
+  b.id = 2;
+  bm.allocate(a, 3);
+  b.block_table = {a.block_table[0]};  // forged: a block owned twice
+  EXPECT_THROW(bm.check_invariants({&a, &b}), Error);
+  b.block_table.clear();
+  EXPECT_THROW(bm.check_invariants({&b}), Error);  // a's blocks are held by no listed sequence: leaked
+  bm.check_invariants({&a, &b});
+}
+
+RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, ()) {
+  SchedulerConfig cfg;
+  const int64_t block_size = *rc::gen::inRange<int64_t>(1, 9);
+  const int64_t vocab = *rc::gen::inRange<int64_t>(2, 40);
+  cfg.max_model_len = *rc::gen::inRange<int64_t>(2, 80);
+  cfg.max_num_batched_tokens = *rc::gen::inRange<int64_t>(1, 100);
+  cfg.max_num_seqs = *rc::gen::inRange<int64_t>(1, 10);
+  const int64_t n = *rc::gen::inRange<int64_t>(1, 16);
+  std::vector<Request> reqs;
+  int64_t largest = 1;  // blocks of the longest request
+  for (int64_t i = 0; i < n; ++i) {
+    Request r;
+    r.id = i * 3 - 7;  // any int64 is an id, negative ones too
+    const int64_t len = *rc::gen::inRange<int64_t>(1, cfg.max_model_len);
+    r.prompt = *rc::gen::container<std::vector<int64_t>>(size_t(len), rc::gen::inRange<int64_t>(0, vocab));
+    r.sampling.max_tokens = *rc::gen::inRange<int64_t>(1, 40);
+    r.sampling.ignore_eos = *rc::gen::arbitrary<bool>();
+    r.sampling.eos_token_ids = {0};
+    largest =
+        std::max(largest, (std::min(len + r.sampling.max_tokens, cfg.max_model_len) + block_size - 1) / block_size);
+    reqs.push_back(std::move(r));
+  }
+  // From "one sequence at a time" (constant preemption) to plenty.
+  const int64_t num_blocks = largest + *rc::gen::inRange<int64_t>(0, 3 * largest);
+  RC_LOG() << "block_size " << block_size << " num_blocks " << num_blocks << " budget " << cfg.max_num_batched_tokens
+           << " max_num_seqs " << cfg.max_num_seqs << " max_model_len " << cfg.max_model_len << "\n";
+  DriveStats st;
+  auto outputs = drive(cfg, num_blocks, block_size, reqs, vocab, &st);
+  RC_ASSERT(outputs.size() == reqs.size());
+  for (const Request& r : reqs) RC_ASSERT(outputs.at(r.id) == expected_fake_output(r, vocab, cfg.max_model_len));
+  RC_TAG(st.preemptions > 0 ? "preempted" : "no preemption");
+  RC_TAG(st.chunked_steps > 0 ? "chunked" : "unchunked");
+}
+
+TEST(EngineScheduler, SmallPoolPreemptsAndStillProducesEveryToken) {
+  SchedulerConfig cfg{64, 8, 256};
+  std::vector<Request> reqs;
+  for (int64_t i = 0; i < 6; ++i) {
+    Request r;
+    r.id = i;
+    r.prompt.assign(size_t(10 + i), i + 1);
+    r.sampling.max_tokens = 30;
+    r.sampling.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  DriveStats st;
+  auto outputs = drive(cfg, /*num_blocks=*/14, /*block_size=*/4, reqs, 50, &st);
+  EXPECT_GT(st.preemptions, 0);
+  for (const Request& r : reqs) EXPECT_EQ(outputs.at(r.id), expected_fake_output(r, 50, cfg.max_model_len));
+}
+
+TEST(EngineScheduler, ChunksPrefillsToTheBudgetAndMixesThemWithDecodes) {
+  SchedulerConfig cfg{8, 4, 256};
+  std::vector<Request> reqs;
+  for (int64_t i = 0; i < 3; ++i) {
+    Request r;
+    r.id = i;
+    r.prompt.assign(size_t(20), 3);
+    r.sampling.max_tokens = 6;
+    r.sampling.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  DriveStats st;
+  drive(cfg, 64, 4, reqs, 50, &st);
+  EXPECT_GT(st.chunked_steps, 0);
+  EXPECT_GT(st.mixed_steps, 0);
+
+  // The first step: 8 tokens of the first prompt only, which samples nothing.
+  BlockManager bm(64, 4);
+  Scheduler s(cfg, bm);
+  for (const Request& r : reqs) s.add(std::make_unique<Sequence>(r, 0.0));
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.seqs.size(), 1u);
+  EXPECT_EQ(out.seqs[0].num_new_tokens, 8);
+  EXPECT_FALSE(out.seqs[0].samples);
+  EXPECT_TRUE(s.update(out, {}, 0.0).empty());
+}
+
+TEST(EngineScheduler, RejectsRequestsThatCannotFit) {
+  BlockManager bm(4, 4);
+  Scheduler s(SchedulerConfig{64, 8, 32}, bm);
+  Request r;
+  r.id = 1;
+  r.prompt.assign(20, 1);
+  r.sampling.max_tokens = 8;  // 28 tokens need 7 blocks; the cache has 4
+  try {
+    s.add(std::make_unique<Sequence>(r, 0.0));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KV blocks"), std::string::npos) << e.what();
+  }
+  r.prompt.assign(32, 1);  // no room for a new token within max_model_len
+  EXPECT_THROW(s.add(std::make_unique<Sequence>(r, 0.0)), Error);
+  r.prompt.clear();
+  EXPECT_THROW(s.add(std::make_unique<Sequence>(r, 0.0)), Error);
+}
+
+// ---- sampler ----
+
+TEST(EngineSampler, FiltersAndDeterminism) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.9f, -1.0f, 3.0f, std::nanf("")};
+  const int64_t v = int64_t(logits.size());
+  SamplingParams greedy;
+  EXPECT_EQ(sample_from_logits(logits.data(), v, greedy, 0), 1);  // lowest id among equal maxima; NaN never wins
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.top_k = 1;
+  for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(sample_from_logits(logits.data(), v, p, i), 1);
+  p.top_k = 3;  // ids 1, 4, 2
+  std::map<int64_t, int> seen;
+  for (int64_t i = 0; i < 400; ++i) seen[sample_from_logits(logits.data(), v, p, i)]++;
+  EXPECT_EQ(seen.size(), 3u);
+  EXPECT_TRUE(seen.count(1) && seen.count(4) && seen.count(2));
+  p.top_k = 0;
+  p.top_p = 0.5;  // ids 1 and 4 hold ~36% each: the smallest set reaching 50% is both
+  seen.clear();
+  for (int64_t i = 0; i < 400; ++i) seen[sample_from_logits(logits.data(), v, p, i)]++;
+  EXPECT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(seen.count(1) && seen.count(4));
+  // Unfiltered frequencies follow the softmax (loose: 4000 draws).
+  p.top_p = 1.0;
+  seen.clear();
+  const int draws = 4000;
+  for (int64_t i = 0; i < draws; ++i) seen[sample_from_logits(logits.data(), v, p, i)]++;
+  double z = 0;
+  for (int64_t i = 0; i < v - 1; ++i) z += std::exp(double(logits[size_t(i)]));
+  for (int64_t i = 0; i < v - 1; ++i)
+    EXPECT_NEAR(double(seen[i]) / draws, std::exp(double(logits[size_t(i)])) / z, 0.03) << "token " << i;
+  EXPECT_EQ(seen.count(5), 0u);
+  // Same (seed, index) -> same token; the seed changes the stream.
+  int differ = 0;
+  for (int64_t i = 0; i < 50; ++i) {
+    SamplingParams q = p;
+    EXPECT_EQ(sample_from_logits(logits.data(), v, q, i), sample_from_logits(logits.data(), v, q, i));
+    q.seed = 12345;
+    differ += sample_from_logits(logits.data(), v, q, i) != sample_from_logits(logits.data(), v, p, i);
+  }
+  EXPECT_GT(differ, 0);
+}
+
+// ---- workloads and metrics ----
+
+TEST(EngineWorkloads, SeededLengthsWithinSpecAndClipped) {
+  WorkloadOptions o;
+  o.seed = 5;
+  o.vocab_size = 1000;
+  o.max_model_len = 131072;
+  Workload a = make_workload("balanced", o), b = make_workload("balanced", o);
+  ASSERT_EQ(a.requests.size(), 1000u);
+  int64_t in_sum = 0;
+  for (size_t i = 0; i < a.requests.size(); ++i) {
+    const Request& r = a.requests[i];
+    EXPECT_EQ(r.prompt, b.requests[i].prompt);
+    EXPECT_GE(int64_t(r.prompt.size()), 384);
+    EXPECT_LE(int64_t(r.prompt.size()), 640);
+    EXPECT_GE(r.sampling.max_tokens, 384);
+    EXPECT_LE(r.sampling.max_tokens, 640);
+    EXPECT_TRUE(r.sampling.ignore_eos && r.sampling.greedy());
+    for (int64_t t : r.prompt) ASSERT_TRUE(t >= 0 && t < 1000);
+    in_sum += int64_t(r.prompt.size());
+  }
+  EXPECT_NEAR(double(in_sum) / 1000.0, 512.0, 10.0);
+  o.seed = 6;
+  EXPECT_NE(make_workload("balanced", o).requests[0].prompt, a.requests[0].prompt);
+
+  o.num_requests = 7;
+  o.max_model_len = 300;
+  o.scale = 0.5;
+  Workload c = make_workload("long-context", o);
+  ASSERT_EQ(c.requests.size(), 7u);
+  EXPECT_EQ(c.clipped, 7);
+  for (const Request& r : c.requests)
+    EXPECT_LE(int64_t(r.prompt.size()) + r.sampling.max_tokens, 300) << r.prompt.size() << "+" << r.sampling.max_tokens;
+  try {
+    make_workload("nope", o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("latency-b32"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EngineMetrics, LatenciesAndPercentiles) {
+  Distribution d = summarize({4, 1, 3, 2, 5});
+  EXPECT_DOUBLE_EQ(d.mean, 3.0);
+  EXPECT_DOUBLE_EQ(d.p50, 3.0);
+  EXPECT_DOUBLE_EQ(d.p90, 4.6);
+  RequestOutput a, b;
+  a.num_prompt_tokens = 10;
+  a.tokens = {1, 2, 3};
+  a.arrival_time = 100;
+  a.token_times = {101, 102, 104};
+  b.num_prompt_tokens = 6;
+  b.tokens = {7};
+  b.arrival_time = 100;
+  b.token_times = {100.5};
+  ServingMetrics m = compute_metrics({a, b}, 4.0, 9, 1);
+  EXPECT_EQ(m.output_tokens, 4);
+  EXPECT_DOUBLE_EQ(m.total_tokens_per_s, 20.0 / 4.0);
+  EXPECT_DOUBLE_EQ(m.requests_per_s, 0.5);
+  EXPECT_DOUBLE_EQ(m.ttft_s.mean, 0.75);
+  EXPECT_EQ(m.tpot_s.count, 1);  // b has one token: no TPOT
+  EXPECT_DOUBLE_EQ(m.tpot_s.mean, 1.5);
+  EXPECT_EQ(m.itl_s.count, 2);
+  EXPECT_DOUBLE_EQ(m.itl_s.p50, 1.5);
+  EXPECT_DOUBLE_EQ(m.e2e_s.p50, 2.25);
+}
+
+// ---- the real tiny Llama on CPU ----
+
+TEST(EngineModelRunner, ChunkedPrefillMetadata) {
+  auto model = tiny_model();
+  ModelRunner runner(*model, Variant::baseline, Device::cpu(), 4);
+  runner.allocate_kv_cache(16);
+  Sequence a, b;
+  a.id = 0;
+  a.prompt = {1, 2, 3, 4, 5, 6, 7};
+  a.num_computed_tokens = 3;  // a chunk of 4 after 3 cached tokens
+  a.block_table = {5, 2};
+  b.id = 1;
+  b.prompt = {9, 8};
+  b.output = {7};
+  b.num_computed_tokens = 2;
+  b.block_table = {0};
+  SchedulerOutput out;
+  out.seqs = {{&a, 3, 4, true}, {&b, 2, 1, true}};
+  out.num_prefills = 1;
+  out.num_tokens = 5;
+  StepInputs in = runner.prepare_inputs(out);
+  EXPECT_EQ(in.input_ids.to_ints(), (std::vector<int64_t>{4, 5, 6, 7, 7}));
+  EXPECT_EQ(in.positions.to_ints(), (std::vector<int64_t>{3, 4, 5, 6, 2}));
+  EXPECT_EQ(in.metadata.slot_mapping.to_ints(), (std::vector<int64_t>{23, 8, 9, 10, 2}));
+  EXPECT_EQ(in.metadata.query_start_loc.to_ints(), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(in.metadata.seq_lens.to_ints(), (std::vector<int64_t>{7, 3}));
+  EXPECT_EQ(in.metadata.block_tables.to_ints(), (std::vector<int64_t>{5, 2, 0, 0}));
+  EXPECT_EQ(in.metadata.num_prefill_tokens, 4);
+  EXPECT_EQ(in.metadata.num_decodes, 1);
+  EXPECT_EQ(in.metadata.max_prefill_query_len, 4);
+  EXPECT_EQ(in.metadata.max_prefill_seq_len, 7);
+  EXPECT_EQ(in.metadata.max_decode_seq_len, 3);
+  EXPECT_EQ(in.logit_rows, (std::vector<int64_t>{3, 4}));
+  runner.profile_run(40, 3);  // the sizing step runs on CPU too
+}
+
+TEST(EngineLlama, GreedyTokensMatchHuggingFace) {
+  std::ifstream f(kbn::test::fixture_dir() + "/tiny-llama/expected.json");
+  const auto expected = nlohmann::json::parse(f);
+  auto model = tiny_model();
+  std::vector<Request> reqs;
+  for (const auto& p : expected["prompts"])
+    reqs.push_back(greedy_request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(),
+                                  int64_t(p["greedy_ids"].size())));
+  EngineConfig cfg = small_config();
+  cfg.block_size = 16;
+  auto tokens = run_tokens(*model, cfg, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i)
+    EXPECT_EQ(tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
+}
+
+TEST(EngineLlama, BatchedEqualsOneAtATimeAndGreedyGenerate) {
+  auto model = tiny_model();
+  const auto reqs = mixed_requests(8);
+  auto batched = run_tokens(*model, small_config(), reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(batched[i], run_tokens(*model, small_config(), {reqs[i]})[0]) << "request " << i;
+    GenerateOptions g;
+    g.max_new_tokens = 8;
+    EXPECT_EQ(batched[i], greedy_generate(*model, {reqs[i].prompt}, Device::cpu(), Variant::baseline, g).tokens[0])
+        << "request " << i;
+  }
+}
+
+TEST(EngineLlama, ChunkedPrefillGivesTheSameTokens) {
+  auto model = tiny_model();
+  const auto reqs = mixed_requests(6);
+  RunResult whole, chunked;
+  auto a = run_tokens(*model, small_config(), reqs, &whole);
+  EngineConfig cfg = small_config();
+  cfg.max_num_batched_tokens = 5;  // the 23-token prompt takes 5 steps; decodes share steps with chunks
+  auto b = run_tokens(*model, cfg, reqs, &chunked);
+  EXPECT_EQ(a, b);
+  EXPECT_GT(chunked.steps, whole.steps);
+}
+
+TEST(EngineLlama, PreemptedSequencesResumeWithTheSameTokens) {
+  auto model = tiny_model();
+  const auto reqs = mixed_requests(16);
+  auto reference = run_tokens(*model, small_config(), reqs);
+  EngineConfig cfg = small_config();
+  cfg.num_kv_blocks = 10;  // 4-token blocks; the 23-token prompt alone grows to 10 blocks
+  RunResult r;
+  auto tokens = run_tokens(*model, cfg, reqs, &r);
+  EXPECT_GT(r.preemptions, 0);
+  EXPECT_TRUE(std::any_of(r.outputs.begin(), r.outputs.end(), [](const auto& o) { return o.num_preemptions > 0; }));
+  EXPECT_EQ(tokens, reference);
+}
+
+TEST(EngineLlama, SeededSamplingIsDeterministicAndTopKOneIsGreedy) {
+  auto model = tiny_model();
+  auto reqs = mixed_requests(10);
+  const auto greedy = run_tokens(*model, small_config(), reqs);
+  for (auto& r : reqs) {
+    r.sampling.temperature = 1.0;
+    r.sampling.seed = 1000 + uint64_t(r.id);
+  }
+  const auto a = run_tokens(*model, small_config(), reqs);
+  EXPECT_EQ(a, run_tokens(*model, small_config(), reqs));
+  // Counter-based draws: the same request alone gives the same tokens as in the batch.
+  EXPECT_EQ(a[2], run_tokens(*model, small_config(), {reqs[2]})[0]);
+  EXPECT_NE(a, greedy);
+  auto reseeded = reqs;
+  for (auto& r : reseeded) r.sampling.seed += 1;
+  EXPECT_NE(run_tokens(*model, small_config(), reseeded), a);
+  for (auto& r : reqs) r.sampling.top_k = 1;
+  EXPECT_EQ(run_tokens(*model, small_config(), reqs), greedy);
+}
+
+TEST(EngineLlama, StopsAtEosUnlessIgnored) {
+  auto model = tiny_model();
+  Request r = greedy_request(0, {5, 6, 7}, 12);
+  const auto full = run_tokens(*model, small_config(), {r})[0];
+  ASSERT_EQ(full.size(), 12u);
+  const int64_t eos = full[4];
+  const auto first = std::find(full.begin(), full.end(), eos) - full.begin();
+  r.sampling.eos_token_ids = {eos};
+  EXPECT_EQ(run_tokens(*model, small_config(), {r})[0], full);  // ignore_eos is set
+  r.sampling.ignore_eos = false;
+  RunResult res;
+  const auto stopped = run_tokens(*model, small_config(), {r}, &res)[0];
+  EXPECT_EQ(stopped, std::vector<int64_t>(full.begin(), full.begin() + first + 1));
+  EXPECT_EQ(res.outputs[0].finish_reason, FinishReason::eos);
+  EXPECT_EQ(res.outputs[0].token_times.size(), stopped.size());
+}
+
+TEST(EngineLlama, RejectsBadRequests) {
+  auto model = tiny_model();
+  LLMEngine engine(*model, Variant::baseline, Device::cpu(), small_config());
+  try {
+    engine.add_request(greedy_request(0, {1, 512}, 4));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("512"), std::string::npos) << e.what();
+  }
+  Request bad = greedy_request(1, {1}, 4);
+  bad.sampling.top_p = 0.0;
+  EXPECT_THROW(engine.add_request(bad), Error);
+  engine.add_request(greedy_request(2, {1}, 4));
+  EXPECT_THROW(engine.add_request(greedy_request(2, {3}, 4)), Error);  // duplicate id
+  EXPECT_TRUE(engine.has_unfinished());
+  while (engine.has_unfinished()) engine.step();
+}
+
+// ---- execution modes (CUDA graphs themselves run in tests/gpu/test_engine_graph.cpp) ----
+
+TEST(EngineCudaGraphs, CaptureSizesFollowVllmAndCoverEveryDecodeBatch) {
+  std::vector<int64_t> up_to_256 = {1, 2, 4};
+  for (int64_t s = 8; s <= 256; s += 8) up_to_256.push_back(s);
+  EXPECT_EQ(cuda_graph_capture_sizes(256, 8192), up_to_256);
+  const auto capped = cuda_graph_capture_sizes(1024, 8192);
+  EXPECT_EQ(capped.back(), 512);
+  EXPECT_EQ(capped.size(), 3u + 64u);
+  EXPECT_EQ(cuda_graph_capture_sizes(1, 8192), (std::vector<int64_t>{1}));
+  EXPECT_EQ(cuda_graph_capture_sizes(3, 8192), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(cuda_graph_capture_sizes(13, 8192), (std::vector<int64_t>{1, 2, 4, 8, 13}));
+  // The token budget bounds a decode batch too.
+  EXPECT_EQ(cuda_graph_capture_sizes(256, 20), (std::vector<int64_t>{1, 2, 4, 8, 16, 20}));
+  for (int64_t seqs = 1; seqs <= 600; seqs += 7) {
+    const auto sizes = cuda_graph_capture_sizes(seqs, 8192);
+    EXPECT_TRUE(std::is_sorted(sizes.begin(), sizes.end()));
+    EXPECT_EQ(sizes.back(), std::min<int64_t>(seqs, 512)) << "max_num_seqs " << seqs;
+  }
+  EXPECT_THROW(cuda_graph_capture_sizes(0, 8192), Error);
+}
+
+TEST(EngineCudaGraphs, ModeNamesAndGraphModeNeedsACudaDevice) {
+  EXPECT_EQ(parse_execution_mode("eager"), ExecutionMode::eager);
+  EXPECT_EQ(parse_execution_mode("graph"), ExecutionMode::graph);
+  EXPECT_STREQ(execution_mode_name(ExecutionMode::graph), "graph");
+  EXPECT_THROW(parse_execution_mode("compiled"), Error);
+
+  auto model = tiny_model();
+  EngineConfig cfg = small_config();
+  cfg.mode = ExecutionMode::graph;
+  try {
+    LLMEngine engine(*model, Variant::baseline, Device::cpu(), cfg);
+    FAIL() << "graph mode on CPU was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA graphs need a CUDA device"), std::string::npos) << e.what();
+  }
+
+  // Eager mode captures nothing and replays nothing.
+  LLMEngine eager(*model, Variant::baseline, Device::cpu(), small_config());
+  eager.run_to_completion(mixed_requests(3));
+  EXPECT_EQ(eager.runner().cuda_graphs(), nullptr);
+  EXPECT_EQ(eager.runner().num_graph_steps(), 0);
+  EXPECT_EQ(eager.config().mode, ExecutionMode::eager);
+}

@@ -1,0 +1,181 @@
+// CUDA graphs in the engine. Graph mode (decode-only steps replayed from graphs captured at start-up, padded up
+// to the next captured batch size) gives exactly the greedy tokens of eager mode on the tiny Llama in f32 (the
+// generic attention kernel), through whole and chunked prefills, mixed steps and preemption; and a replay on
+// the tensor-core split-KV decode kernel (bf16, head size 64, partitions chosen for max_model_len) agrees with
+// an eager decode of the same step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "engine/generate.h"
+#include "engine/llm_engine.h"
+#include "engine/model_loader.h"
+#include "test_paths.h"
+
+using namespace kbn;
+using namespace kbn::engine;
+
+namespace {
+
+// `n` greedy requests with prompts of 1..max_prompt tokens and 3..31 output tokens: every request is admitted
+// at once (n <= max_num_seqs), so the decode batches shrink from n to 1 as requests finish, and most of them
+// (13, 11, 7, 5, 3, ...) need padding up to a captured size.
+std::vector<Request> mixed_requests(int64_t n, int64_t max_prompt, int64_t vocab) {
+  std::vector<Request> reqs;
+  for (int64_t i = 0; i < n; ++i) {
+    Request r;
+    r.id = i;
+    const int64_t len = 1 + (i * 7) % max_prompt;
+    for (int64_t j = 0; j < len; ++j) r.prompt.push_back((i * 97 + j * 31 + 5) % vocab);
+    r.sampling.max_tokens = 3 + (i * 5) % 29;
+    r.sampling.ignore_eos = true;
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+struct EngineRun {
+  std::vector<std::vector<int64_t>> tokens;
+  int64_t steps = 0;
+  int64_t preemptions = 0;
+  int64_t graph_steps = 0;
+  std::vector<int64_t> graph_sizes;
+};
+
+EngineRun run_engine(CausalLM& model, EngineConfig cfg, ExecutionMode mode, const std::vector<Request>& reqs) {
+  cfg.mode = mode;
+  LLMEngine engine(model, Variant::baseline, Device::cuda(0), cfg);
+  const RunResult r = engine.run_to_completion(reqs);
+  EngineRun out;
+  for (const auto& o : r.outputs) out.tokens.push_back(o.tokens);
+  out.steps = r.steps;
+  out.preemptions = r.preemptions;
+  out.graph_steps = engine.runner().num_graph_steps();
+  if (const CudaGraphRunner* g = engine.runner().cuda_graphs()) out.graph_sizes = g->sizes();
+  return out;
+}
+
+}  // namespace
+
+TEST(EngineGraphGpu, TinyLlamaGraphModeGivesTheEagerTokens) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  auto model = build_model(resolve_model(kbn::test::fixture_dir() + "/tiny-llama"), Variant::baseline,
+                           {DType::f32, Device::cuda(0)}, 0);
+  const std::vector<Request> reqs = mixed_requests(13, 40, model->vocab_size());
+
+  struct Case {
+    const char* name;
+    EngineConfig config;
+    bool preempts = false;
+  };
+  EngineConfig whole;
+  whole.max_model_len = 256;
+  whole.num_kv_blocks = 512;
+  whole.max_num_seqs = 16;  // captured sizes 1, 2, 4, 8, 16
+  EngineConfig chunked = whole;
+  chunked.max_num_batched_tokens = 24;  // prefills in chunks, sharing steps with decodes
+  EngineConfig preempting = whole;
+  preempting.block_size = 4;
+  preempting.num_kv_blocks = 40;  // about a third of what the 13 sequences grow to
+
+  for (const Case& c :
+       {Case{"whole prefills", whole}, Case{"chunked prefills", chunked}, Case{"preemption", preempting, true}}) {
+    SCOPED_TRACE(c.name);
+    const EngineRun eager = run_engine(*model, c.config, ExecutionMode::eager, reqs);
+    const EngineRun graph = run_engine(*model, c.config, ExecutionMode::graph, reqs);
+    EXPECT_EQ(graph.graph_sizes, (std::vector<int64_t>{1, 2, 4, 8, 16}));
+    EXPECT_EQ(eager.graph_steps, 0);
+    EXPECT_GT(graph.graph_steps, 0);
+    EXPECT_LT(graph.graph_steps, graph.steps);  // prefill steps stay eager
+    EXPECT_EQ(graph.steps, eager.steps);
+    if (c.preempts) {
+      EXPECT_GT(graph.preemptions, 0);
+    }
+    ASSERT_EQ(graph.tokens.size(), reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(int64_t(graph.tokens[i].size()), reqs[i].sampling.max_tokens) << "request " << i;
+      EXPECT_EQ(graph.tokens[i], eager.tokens[i]) << "request " << i;
+    }
+  }
+}
+
+TEST(EngineGraphGpu, SplitKvDecodeReplayMatchesEagerDecode) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  // A two-layer Llama in bf16 with head size 64: the tensor-core decode kernel, which splits the keys.
+  std::ifstream f(kbn::test::fixture_dir() + "/tiny-llama/config.json");
+  nlohmann::json config = nlohmann::json::parse(f);
+  config["hidden_size"] = 256;
+  config["num_attention_heads"] = 4;
+  config["num_key_value_heads"] = 2;
+  config["head_dim"] = 64;
+  config["intermediate_size"] = 512;
+  config["max_position_embeddings"] = 4096;
+  config["dtype"] = "bfloat16";
+  const std::string path = ::testing::TempDir() + "/kbn_graph_bf16_llama.json";
+  std::ofstream(path) << config.dump(2);
+  auto model = build_model(resolve_model(path), Variant::baseline, {DType::bf16, Device::cuda(0)}, 5);
+  std::filesystem::remove(path);
+
+  const Device dev = Device::cuda(0);
+  const int64_t block_size = 16, max_model_len = 4096;
+  synchronize(dev);  // the random weights were written on the legacy stream
+  const OwnedStream stream(dev);
+  const StreamGuard on_stream(stream.get());
+  std::vector<KVCache> caches = allocate_kv_caches(model->kv_cache_spec(), 512, block_size, dev);
+  ModelRunner layout(*model, Variant::baseline, dev, block_size);  // prepare_inputs only; its own cache is unused
+
+  // Five sequences from 2 to 1500 tokens (one to six 256-key partitions eagerly; the graph partitions for
+  // 4096): prefill them eagerly, then decode one token each, eagerly and by replaying the graph of size 8.
+  const std::vector<int64_t> lens = {700, 2, 300, 1500, 33};
+  std::vector<Sequence> seqs(lens.size());
+  int32_t next_block = 0;
+  SchedulerOutput prefill, decode;
+  for (size_t i = 0; i < lens.size(); ++i) {
+    Sequence& s = seqs[i];
+    s.id = int64_t(i);
+    for (int64_t j = 0; j < lens[i]; ++j) s.prompt.push_back((int64_t(i) * 131 + j * 17 + 3) % model->vocab_size());
+    for (int64_t b = 0; b < lens[i] / block_size + 1; ++b) s.block_table.push_back(next_block++);
+    prefill.seqs.push_back({&s, 0, lens[i], true});
+    prefill.num_tokens += lens[i];
+  }
+  prefill.num_prefills = int64_t(lens.size());
+  {
+    StepInputs in = layout.prepare_inputs(prefill);
+    ForwardContextGuard ctx({&in.metadata, &caches});
+    model->forward(in.input_ids, in.positions);
+  }
+  for (size_t i = 0; i < lens.size(); ++i) {
+    seqs[i].output = {int64_t(i) + 1};
+    seqs[i].num_computed_tokens = lens[i];
+    decode.seqs.push_back({&seqs[i], lens[i], 1, true});
+  }
+  decode.num_tokens = int64_t(lens.size());
+
+  std::vector<float> eager;
+  {
+    StepInputs in = layout.prepare_inputs(decode);
+    ForwardContextGuard ctx({&in.metadata, &caches});
+    eager = model->forward(in.input_ids, in.positions).to_floats();
+  }
+  CudaGraphRunner graphs(*model, caches, dev, stream.get(), {1, 2, 4, 8}, max_model_len, block_size);
+  ASSERT_TRUE(graphs.can_run(decode));
+  const Tensor replayed = graphs.run(decode);
+  ASSERT_EQ(replayed.shape(), (Shape{int64_t(lens.size()), 256}));
+  const std::vector<float> graph = replayed.to_floats();
+
+  // Different key partitions and GEMM batch sizes change bf16 roundings, not the result: a wrong row, block
+  // or split would be off by the whole signal.
+  double diff2 = 0, ref2 = 0;
+  for (size_t i = 0; i < eager.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(graph[i])) << "element " << i;
+    diff2 += (double(graph[i]) - eager[i]) * (double(graph[i]) - eager[i]);
+    ref2 += double(eager[i]) * eager[i];
+  }
+  EXPECT_LT(std::sqrt(diff2 / ref2), 2e-2);
+
+  // A second replay of the same step reads the same inputs and gives the same bits.
+  EXPECT_EQ(graphs.run(decode).to_floats(), graph);
+}
