@@ -8,4 +8,5 @@ void add_generate_command(CLI::App& app);
 void add_stubs_command(CLI::App& app);
 void add_kernels_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_profile_command(CLI::App& app);
 }  // namespace kbn::cli
