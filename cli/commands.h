@@ -9,4 +9,5 @@ void add_stubs_command(CLI::App& app);
 void add_kernels_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 }  // namespace kbn::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   kbn::cli::add_kernels_command(app);
   kbn::cli::add_eval_command(app);
   kbn::cli::add_profile_command(app);
+  kbn::cli::add_report_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,40 @@
+// kb_nano report: result files of `kb_nano eval --json` and `kb_nano kernels --json` turned into SVG plots and
+// an index with the key numbers (bench/report.h).
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/report.h"
+#include "cli/commands.h"
+
+namespace kbn::cli {
+namespace {
+
+struct Options {
+  std::vector<std::string> files;
+  bench::ReportOptions report;
+};
+
+void run(const Options& o) {
+  // Every file is read before anything is written: a bad file fails the command without a partial report.
+  std::vector<bench::ResultFile> results;
+  for (const auto& path : o.files) results.push_back(bench::load_result(path));
+  for (const auto& path : bench::write_report(results, o.report)) std::printf("%s\n", path.c_str());
+}
+
+}  // namespace
+
+void add_report_command(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("report",
+                                     "Plot result files of 'kb_nano eval --json' and 'kb_nano kernels --json' as SVG "
+                                     "(throughput and latency per workload, alignment, speedup and % of the "
+                                     "ceilings per case) with an index.md and index.html of the key numbers");
+  cmd->add_option("files", o->files, "Result JSON files (eval and kernels results may be mixed)")->required();
+  cmd->add_option("--out", o->report.out_dir, "Folder for the plots and the index (default: report)");
+  cmd->add_option("--title", o->report.title, "Title of the index (default: kb_nano report)");
+  cmd->callback([o] { run(*o); });
+}
+
+}  // namespace kbn::cli
