@@ -6,6 +6,8 @@
 #include <numeric>
 #include <random>
 
+#include <nlohmann/json.hpp>
+
 #include "kbn/error.h"
 #include "kbn/rng.h"
 
@@ -406,9 +408,200 @@ std::vector<BenchCase> cases_for(const std::string& op, const std::string& model
   return out;
 }
 
-std::vector<BenchCase> random_cases(const std::string& op, const LlamaConfig& like, int count, uint64_t seed,
+const std::vector<std::string>& llama_block_ops(int level) {
+  static const std::vector<std::string> l2 = {"qkv_parallel_linear", "merged_column_parallel_linear",
+                                              "row_parallel_linear", "llama_attention", "llama_mlp"};
+  static const std::vector<std::string> l3 = {"llama_decoder_layer"};
+  KBN_CHECK(level == 2 || level == 3, "--level: blocks are level 2 or 3, got ", level);
+  return level == 2 ? l2 : l3;
+}
+
+const std::vector<int64_t>& block_token_counts() {
+  static const std::vector<int64_t> v = {1, 32, 128, 512, 4096};
+  return v;
+}
+
+namespace {
+
+constexpr int64_t kDecodeContext = 1024;  // cached tokens per sequence in a block decode case
+constexpr int64_t kDecodeMaxTokens = 256;
+
+// One step's sequences: query length and cached tokens per sequence (prefills first, as the metadata wants).
+struct StepShape {
+  bool decode = false;
+  std::vector<int64_t> query, cached;
+  int64_t tokens() const {
+    int64_t t = 0;
+    for (int64_t q : query) t += q;
+    return t;
+  }
+};
+
+StepShape step_shape(int64_t T, int64_t max_positions) {
+  StepShape st;
+  st.decode = T <= kDecodeMaxTokens;
+  if (st.decode) {
+    const int64_t ctx = std::min(kDecodeContext, max_positions - 1);
+    st.query.assign(size_t(T), 1);
+    st.cached.assign(size_t(T), ctx);
+  } else {
+    for (int64_t left = T; left > 0; left -= kPrefillSequence) {
+      st.query.push_back(std::min(left, kPrefillSequence));
+      st.cached.push_back(0);
+    }
+  }
+  return st;
+}
+
+// Positions of the step's new tokens, sequence by sequence.
+std::vector<int64_t> step_positions(const StepShape& st) {
+  std::vector<int64_t> pos;
+  for (size_t i = 0; i < st.query.size(); ++i)
+    for (int64_t j = 0; j < st.query[i]; ++j) pos.push_back(st.cached[i] + j);
+  return pos;
+}
+
+std::shared_ptr<StepContext> make_step_context(const StepShape& st, int64_t kv_heads, int64_t head_dim, DType dt,
+                                               Device d, uint64_t seed) {
+  const int64_t seqs = int64_t(st.query.size());
+  int64_t max_len = 0, max_q = 0;
+  for (int64_t i = 0; i < seqs; ++i) {
+    max_len = std::max(max_len, st.cached[size_t(i)] + st.query[size_t(i)]);
+    max_q = std::max(max_q, st.query[size_t(i)]);
+  }
+  const int64_t bps = ceil_div(max_len, kKvBlockSize), blocks = seqs * bps;
+  // Blocks scattered over the cache from a seeded permutation, as a long-running server's would be.
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::mt19937_64 gen(hash_seed(seed, "block_tables"));
+  std::shuffle(table.begin(), table.end(), gen);
+  std::vector<int64_t> slots;
+  std::vector<int32_t> qsl{0}, seq_lens;
+  for (int64_t i = 0; i < seqs; ++i) {
+    for (int64_t j = 0; j < st.query[size_t(i)]; ++j) {
+      const int64_t p = st.cached[size_t(i)] + j;
+      slots.push_back(int64_t(table[size_t(i * bps + p / kKvBlockSize)]) * kKvBlockSize + p % kKvBlockSize);
+    }
+    if (!st.decode) qsl.push_back(qsl.back() + int32_t(st.query[size_t(i)]));
+    seq_lens.push_back(int32_t(st.cached[size_t(i)] + st.query[size_t(i)]));
+  }
+  auto ctx = std::make_shared<StepContext>();
+  AttentionMetadata& md = ctx->metadata;
+  md.num_prefills = st.decode ? 0 : seqs;
+  md.num_prefill_tokens = st.decode ? 0 : st.tokens();
+  md.num_decodes = st.decode ? seqs : 0;
+  md.slot_mapping = Tensor::from_i64(slots, {int64_t(slots.size())}).to(d);
+  md.query_start_loc = Tensor::from_i32(qsl, {int64_t(qsl.size())}).to(d);
+  md.seq_lens = Tensor::from_i32(seq_lens, {seqs}).to(d);
+  md.block_tables = Tensor::from_i32(table, {seqs, bps}).to(d);
+  md.max_prefill_query_len = st.decode ? 0 : max_q;
+  md.max_prefill_seq_len = st.decode ? 0 : max_len;
+  md.max_decode_seq_len = st.decode ? max_len : 0;
+  // The cached tokens' K and V: random, like any earlier step's output; the step writes its own slots.
+  ctx->kv_caches.push_back({normal({blocks, kKvBlockSize, kv_heads, head_dim}, dt, d, seed, "key_cache", 1.0),
+                            normal({blocks, kKvBlockSize, kv_heads, head_dim}, dt, d, seed, "value_cache", 1.0)});
+  return ctx;
+}
+
+// A model config with the shape keys of `c` written over `base`'s (random block shapes keep everything else).
+std::shared_ptr<const ModelConfig> config_with_shapes(const ModelConfig& base, const LlamaConfig& c) {
+  nlohmann::json j = nlohmann::json::parse(base.dump());
+  j["hidden_size"] = c.hidden_size;
+  j["intermediate_size"] = c.intermediate_size;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_key_value_heads"] = c.num_key_value_heads;
+  j["head_dim"] = c.head_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  return std::make_shared<const ModelConfig>(ModelConfig::parse(j.dump(), "random shapes from " + base.source()));
+}
+
+bool is_block_op(const std::string& op) {
+  for (int level : {2, 3}) {
+    const auto& ops = llama_block_ops(level);
+    if (std::find(ops.begin(), ops.end(), op) != ops.end()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<BenchCase> block_cases_for(const std::string& op, const std::string& model, const ModelConfig& config,
+                                       const CaseOptions& options) {
+  KBN_CHECK(is_block_op(op), "--target: '", op, "' is not a benchmarked Llama L2/L3 op; level 2: ",
+            "qkv_parallel_linear, merged_column_parallel_linear, row_parallel_linear, llama_attention, llama_mlp; "
+            "level 3: llama_decoder_layer");
+  const DType dt = options.dtype;
+  KBN_CHECK(dt == DType::bf16 || dt == DType::f16 || dt == DType::f32, "--dtype: expected bf16, f16 or f32, got ",
+            dtype_name(dt));
+  for (int64_t t : options.tokens) KBN_CHECK(t > 0, "--tokens: expected positive token counts, got ", t);
+  auto mc = std::make_shared<const ModelConfig>(config);
+  const LlamaConfig c = LlamaConfig::from(config);
+  const int64_t es = int64_t(dtype_size(dt)), H = c.hidden_size, I = c.intermediate_size;
+  const int64_t Hq = c.num_attention_heads, Hk = c.num_key_value_heads, D = c.head_dim;
+  const int64_t qkv_params = H * (Hq + 2 * Hk) * D, o_params = Hq * D * H, gate_up_params = H * 2 * I,
+                down_params = I * H;
+  const bool attention = op == "llama_attention" || op == "llama_decoder_layer";
+  const std::vector<int64_t>& tokens = options.tokens.empty() ? block_token_counts() : options.tokens;
+  std::vector<BenchCase> out;
+  for (int64_t T : tokens) {
+    const StepShape st = step_shape(T, c.max_position_embeddings);
+    BenchCase b = base_case(op, model, 1, T, dt);
+    b.label = st.decode ? "decode B=" + str(T) + " ctx=" + str(st.cached[0]) : "prefill T=" + str(T);
+    b.model_config = mc;
+    b.args.config = mc.get();
+    int64_t in_features = H, params = 0, out_features = H;
+    if (op == "qkv_parallel_linear") {
+      params = qkv_params;
+      out_features = (Hq + 2 * Hk) * D;
+    } else if (op == "merged_column_parallel_linear") {
+      params = gate_up_params;
+      out_features = 2 * I;
+    } else if (op == "row_parallel_linear") {
+      params = down_params;
+      in_features = I;
+    } else if (op == "llama_mlp") {
+      params = gate_up_params + down_params;
+    } else if (op == "llama_attention") {
+      params = qkv_params + o_params;
+    } else {
+      params = qkv_params + o_params + gate_up_params + down_params + 2 * H;
+    }
+    const std::vector<int64_t> positions = step_positions(st);
+    const bool layer = op == "llama_decoder_layer";
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      if (!attention) return std::vector<Tensor>{normal({T, in_features}, dt, d, seed, "x", 1.0)};
+      std::vector<Tensor> in{Tensor::from_i64(positions, {T}).to(d), normal({T, H}, dt, d, seed, "hidden_states", 1.0)};
+      if (layer) in.push_back(normal({T, H}, dt, d, seed, "residual", 1.0));
+      return in;
+    };
+    if (attention) b.make_context = [=](Device d, uint64_t seed) { return make_step_context(st, Hk, D, dt, d, seed); };
+    // Roofline: every weight read once, the step's activations in and out, and (attention) the cached K/V
+    // read; intermediate activations between the block's kernels are not counted (an ideal fused block).
+    int64_t kv_read = 0, attn_flops = 0;
+    for (size_t i = 0; attention && i < st.query.size(); ++i) {
+      const int64_t q = st.query[i], kv = st.cached[i] + q;
+      kv_read += 2 * kv * Hk * D * es;
+      // Causal: query j of a prefill attends to cached + j + 1 keys.
+      const int64_t pairs = st.decode ? kv : q * st.cached[i] + q * (q + 1) / 2;
+      attn_flops += 4 * Hq * D * pairs;
+    }
+    const int64_t act_in = (layer ? 2 : 1) * T * in_features * es, act_out = (layer ? 2 : 1) * T * out_features * es;
+    b.bytes = params * es + act_in + act_out + kv_read;
+    b.flops = 2 * T * params + attn_flops;
+    b.input_bytes = act_in + (attention ? kv_read + T * 8 : 0);
+    b.output_numel = (layer ? 2 : 1) * T * out_features;
+    b.note = "bytes and FLOPs of an ideal fused block: weights, step activations and cached K/V once";
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+std::vector<BenchCase> random_cases(const std::string& op, const ModelConfig& like_config, int count, uint64_t seed,
                                     bool small, DType dtype) {
   KBN_CHECK(count >= 0, "--random: expected a count >= 0, got ", count);
+  const LlamaConfig like = LlamaConfig::from(like_config);
+  const bool block = is_block_op(op);
   std::vector<BenchCase> out;
   std::mt19937_64 gen(hash_seed(seed, ("random-shapes/" + op).c_str()));
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(gen); };
@@ -424,9 +617,17 @@ std::vector<BenchCase> random_cases(const std::string& op, const LlamaConfig& li
     c.max_position_embeddings = std::max<int64_t>(like.max_position_embeddings, 8192);
     const int64_t tokens = small ? pick(1, 40) : pick(1, 2500);
     CaseOptions o;
-    o.tokens = {op == "flash_attn_decode" ? pick(1, small ? 3 : 48) : tokens};
     o.dtype = dtype;
-    for (auto& b : cases_for(op, "random", c, 1, o)) {
+    std::vector<BenchCase> made;
+    if (block) {
+      // Blocks: small decode batches (the cache holds 1024 tokens per sequence) or a short prefill.
+      o.tokens = {pick(0, 1) ? pick(1, small ? 3 : 64) : pick(kDecodeMaxTokens + 1, small ? 300 : 2500)};
+      made = block_cases_for(op, "random", *config_with_shapes(like_config, c), o);
+    } else {
+      o.tokens = {op == "flash_attn_decode" ? pick(1, small ? 3 : 48) : tokens};
+      made = cases_for(op, "random", c, 1, o);
+    }
+    for (auto& b : made) {
       b.label = "random#" + std::to_string(i) + " " + b.label;
       if (small && b.op == "flash_attn_decode" && b.label.find("ctx=1024") == std::string::npos) continue;
       out.push_back(std::move(b));

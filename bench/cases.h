@@ -4,14 +4,23 @@
 // counts for the roofline (each op carries its own test facts, as ggml's test-backend-ops does).
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kbn/config.h"
+#include "kbn/forward_context.h"
 #include "kbn/registry.h"
 #include "kbn/tensor.h"
 
 namespace kbn::bench {
+
+// What an attention-bearing block (L2 llama_attention, L3 llama_decoder_layer) reads from the forward
+// context: one step's metadata and a one-layer paged KV cache holding the sequences' earlier tokens.
+struct StepContext {
+  AttentionMetadata metadata;
+  std::vector<KVCache> kv_caches;
+};
 
 struct BenchCase {
   std::string op;     // registry name, e.g. "rms_norm"
@@ -31,6 +40,11 @@ struct BenchCase {
   int64_t output_numel = 0;      // elements of all outputs (gates the CPU correctness check)
   bool graph_capturable = true;  // false when a call does host work a CUDA graph cannot hold
   std::string note;              // a caveat stamped on the result row (e.g. host work inside the timed call)
+  // L2/L3 cases: the model config the op is built from (args.config points into it), and, for ops that
+  // contain attention, the forward context every call must run under (same seed: same cache contents on
+  // any device).
+  std::shared_ptr<const ModelConfig> model_config;
+  std::function<std::shared_ptr<StepContext>(Device device, uint64_t seed)> make_context;
 };
 
 struct CaseOptions {
@@ -58,8 +72,16 @@ std::vector<BenchCase> cases_for(const std::string& op, const std::string& model
 // derived from `like` (odd hidden and intermediate sizes, 1..16 query heads per kv head, head size 64 or 128,
 // vocabularies that are not multiples of 64), each with one random token count, all drawn from `seed`.
 // Labels start with "random#i". `small` keeps them cheap enough for CPU ops and the CPU oracle.
-std::vector<BenchCase> random_cases(const std::string& op, const LlamaConfig& like, int count, uint64_t seed,
+std::vector<BenchCase> random_cases(const std::string& op, const ModelConfig& like, int count, uint64_t seed,
                                     bool small, DType dtype);
+
+// The L2 and L3 ops of a Llama layer that `kb_nano kernels --level 2|3` validates and times (tp = 1).
+const std::vector<std::string>& llama_block_ops(int level);
+// Cases of an L2/L3 op: each token count T <= 256 is a decode step (T sequences with 1024 cached tokens each,
+// one new token), larger T a prefill step (sequences of at most 4096 new tokens, nothing cached).
+std::vector<BenchCase> block_cases_for(const std::string& op, const std::string& model, const ModelConfig& config,
+                                       const CaseOptions& options);
+const std::vector<int64_t>& block_token_counts();  // {1, 32, 128, 512, 4096}
 
 // One line per case: op, model, tp, label, bytes, FLOPs (what `kb_nano kernels --list` prints).
 std::string format_case_list(const std::vector<BenchCase>& cases);

@@ -48,6 +48,7 @@ struct Options {
   std::string json;
   std::string markdown;
   bool list = false;
+  bool composition = true;  // L1 candidate: also run the L2/L3 ops whose code includes it
 };
 
 struct Row {
@@ -137,13 +138,48 @@ bool comparing(const Options& o) {
   return candidate_built();
 }
 
+// The level of each requested op (from the registry), or the ops of --level.
+std::vector<std::string> selected_ops(const Options& o) {
+  if (o.targets.empty()) {
+    if (o.level == 1) return bench::llama_l1_ops();
+    KBN_CHECK(o.level == 2 || o.level == 3, "--level: expected 1 (single kernels), 2 (blocks) or 3 (decoder layer), got ",
+              o.level, "; whole models are measured end to end by 'kb_nano eval'");
+    return bench::llama_block_ops(o.level);
+  }
+  return o.targets;
+}
+
+bool is_l1(const std::string& op) {
+  const auto& l1 = bench::llama_l1_ops();
+  return std::find(l1.begin(), l1.end(), op) != l1.end();
+}
+
+bool comparing(const Options& o);
+
+// The benchmarked L2/L3 ops whose candidate include closure holds a candidate file of L1 op `op`.
+std::vector<std::string> blocks_including(const std::string& op) {
+  std::vector<std::string> out;
+  if (!candidate_built()) return out;
+  const std::string header = registry(Variant::candidate).get(op).header;
+  const std::string impl = header.substr(0, header.rfind('.')) + ".cu";
+  const auto& files = candidate_files();
+  const bool replaced = std::find(files.begin(), files.end(), header) != files.end() ||
+                        std::find(files.begin(), files.end(), impl) != files.end();
+  if (!replaced) return out;
+  for (int level : {2, 3}) {
+    for (const auto& b : bench::llama_block_ops(level)) {
+      const auto closure = include_graph(Variant::candidate).closure(registry(Variant::candidate).get(b).header);
+      if (closure.count(header) || closure.count(impl)) out.push_back(b);
+    }
+  }
+  return out;
+}
+
 std::vector<bench::BenchCase> build_cases(const Options& o, bool small) {
-  KBN_CHECK(o.level == 1, "--level: kb_nano kernels validates and times level-1 ops (single kernels); got ", o.level,
-            ". Blocks, layers and models are measured end to end by 'kb_nano eval'");
   bench::CaseOptions copts;
   copts.tokens = parse_tokens(o.tokens);
   copts.dtype = parse_dtype(o.dtype);
-  const std::vector<std::string>& targets = o.targets.empty() ? bench::llama_l1_ops() : o.targets;
+  const std::vector<std::string> targets = selected_ops(o);
   const std::vector<int64_t> tps = o.tps.empty() ? std::vector<int64_t>{1} : o.tps;
   const int random = o.random >= 0 ? o.random : (small ? 2 : 3);
   std::vector<bench::BenchCase> cases;
@@ -155,13 +191,37 @@ std::vector<bench::BenchCase> build_cases(const Options& o, bool small) {
     const LlamaConfig config = LlamaConfig::from(spec.config);
     for (int64_t tp : tps) {
       for (const auto& op : targets) {
-        for (auto& c : bench::cases_for(op, spec.name, config, tp, copts)) cases.push_back(std::move(c));
+        if (is_l1(op)) {
+          for (auto& c : bench::cases_for(op, spec.name, config, tp, copts)) cases.push_back(std::move(c));
+        } else {
+          KBN_CHECK(tp == 1, "--tp: blocks (", op, ") run on one GPU here; tensor-parallel blocks need a process "
+                             "group (use --tp with level-1 ops for per-rank shapes)");
+          for (auto& c : bench::block_cases_for(op, spec.name, spec.config, copts)) cases.push_back(std::move(c));
+        }
         if (tp != tps.front() || random == 0) continue;  // random shapes once per (model, op)
-        for (auto& c : bench::random_cases(op, config, random, o.seed, small, copts.dtype)) {
+        for (auto& c : bench::random_cases(op, spec.config, random, o.seed, small, copts.dtype)) {
           c.model = spec.name;
           cases.push_back(std::move(c));
         }
       }
+    }
+  }
+  // An L1 candidate's gain must survive composition: the blocks and layer that include its file run too
+  // (baseline blocks vs blocks built with the candidate), at their default step shapes.
+  if (o.composition && !o.list && comparing(o) && o.case_labels.empty()) {
+    std::set<std::string> blocks;
+    for (const auto& op : targets)
+      if (is_l1(op))
+        for (const auto& b : blocks_including(op)) blocks.insert(b);
+    for (const auto& model : expand_models(o.models)) {
+      engine::ModelSpec spec = engine::resolve_model(model);
+      bench::CaseOptions bopts;
+      bopts.dtype = copts.dtype;
+      if (small) bopts.tokens = {2, 300};
+      for (int level : {2, 3})
+        for (const auto& op : bench::llama_block_ops(level))
+          if (blocks.count(op))
+            for (auto& c : bench::block_cases_for(op, spec.name, spec.config, bopts)) cases.push_back(std::move(c));
     }
   }
   if (!o.case_labels.empty()) {
@@ -244,11 +304,29 @@ struct Context {
   bench::ValidationOptions vopts;
 };
 
+// An op that runs every call under its own forward context (blocks containing attention): a one-layer KV
+// cache holding the cached tokens and the step's metadata, identical for every variant and device.
+class ContextOp final : public AnyOp {
+ public:
+  ContextOp(std::unique_ptr<AnyOp> inner, std::shared_ptr<bench::StepContext> ctx)
+      : inner_(std::move(inner)), ctx_(std::move(ctx)) {}
+  Module& module() override { return inner_->module(); }
+  std::vector<Tensor> call(const std::vector<Tensor>& args) override {
+    ForwardContextGuard guard({&ctx_->metadata, &ctx_->kv_caches});
+    return inner_->call(args);
+  }
+
+ private:
+  std::unique_ptr<AnyOp> inner_;
+  std::shared_ptr<bench::StepContext> ctx_;
+};
+
 std::unique_ptr<AnyOp> build_op(const OpEntry& e, const bench::BenchCase& c, Device d, uint64_t seed) {
   OpArgs a = c.args;
   a.opts = ParamOptions{c.dtype, d};
   std::unique_ptr<AnyOp> op = e.make(a);
   init_random_weights(op->module(), seed, kWeightStd);  // same seed: every variant gets the same weights
+  if (c.make_context) return std::make_unique<ContextOp>(std::move(op), c.make_context(d, seed));
   return op;
 }
 
@@ -366,14 +444,20 @@ void print_table(const Group& g, bool compare, bool roofline) {
 
 struct Summary {
   int cases = 0, passed = 0, failed = 0, errors = 0;
-  double geomean_speedup = 0;  // over passing rows with both times (0 when none)
+  double geomean_speedup = 0;              // over passing rows of the requested ops with both times (0: none)
+  double composition_geomean_speedup = 0;  // over passing rows of the blocks run for composition
 };
 
-Summary summarise(const std::vector<Row>& rows) {
+Summary summarise(const std::vector<Row>& rows, const std::vector<std::string>& requested) {
   Summary s;
-  double log_sum = 0;
-  int n = 0;
+  double log_sum = 0, comp_log_sum = 0;
+  int n = 0, comp_n = 0;
   for (const auto& r : rows) {
+    const bool composition = std::find(requested.begin(), requested.end(), r.c->op) == requested.end();
+    if (composition && r.passed() && r.speedup > 0) {
+      comp_log_sum += std::log(r.speedup);
+      comp_n++;
+    }
     s.cases++;
     if (!r.error.empty())
       s.errors++;
@@ -381,12 +465,13 @@ Summary summarise(const std::vector<Row>& rows) {
       s.passed++;
     else
       s.failed++;
-    if (r.passed() && r.speedup > 0) {
+    if (!composition && r.passed() && r.speedup > 0) {
       log_sum += std::log(r.speedup);
       n++;
     }
   }
   if (n) s.geomean_speedup = std::exp(log_sum / n);
+  if (comp_n) s.composition_geomean_speedup = std::exp(comp_log_sum / comp_n);
   return s;
 }
 
@@ -599,9 +684,11 @@ void run(const Options& o) {
     print_table(group, ctx.compare, ctx.device.is_cuda());
     groups.push_back(std::move(group));
   }
-  const Summary sum = summarise(rows);
+  const Summary sum = summarise(rows, selected_ops(o));
   std::printf("\nSummary: %d of %d cases pass, %d fail, %d errors", sum.passed, sum.cases, sum.failed, sum.errors);
   if (sum.geomean_speedup > 0) std::printf("; geometric-mean speedup over passing cases %.3fx", sum.geomean_speedup);
+  if (sum.composition_geomean_speedup > 0)
+    std::printf("; in the blocks that include it %.3fx", sum.composition_geomean_speedup);
   std::printf(" (%.0f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   if (ctx.compare) print_composition(std::vector<std::string>(ops.begin(), ops.end()));
 
@@ -612,7 +699,8 @@ void run(const Options& o) {
                     {"passed", sum.passed},
                     {"failed", sum.failed},
                     {"errors", sum.errors},
-                    {"geomean_speedup", sum.geomean_speedup}};
+                    {"geomean_speedup", sum.geomean_speedup},
+                    {"composition_geomean_speedup", sum.composition_geomean_speedup}};
     j["rows"] = nlohmann::json::array();
     for (const auto& r : rows) j["rows"].push_back(row_json(r, o, ctx.compare));
     std::ofstream out(o.json);
@@ -635,7 +723,9 @@ void add_kernels_command(CLI::App& app) {
                                      "caching and determinism checks), then time both against ceilings measured "
                                      "at start-up");
   cmd->add_option("--target", o->targets, "Op to run (repeatable; default: every Llama L1 op)");
-  cmd->add_option("--level", o->level, "Op level (1; blocks and models are measured by 'kb_nano eval')");
+  cmd->add_option("--level", o->level,
+                  "1: single kernels (default), 2: blocks (parallel linears, llama_attention, llama_mlp), "
+                  "3: llama_decoder_layer; whole models are measured by 'kb_nano eval'");
   cmd->add_option("--model", o->models,
                   "Model name from models/ (repeatable; 'all' = every real Llama config; "
                   "default llama-3.1-8b-instruct)");
@@ -655,6 +745,8 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--seeds", o->seeds, "Validation seeds per case (default 3)");
   cmd->add_option("--json", o->json, "Write one row per case, with provenance and a rerun command, to this file");
   cmd->add_option("--markdown", o->markdown, "Write the tables as Markdown to this file");
+  cmd->add_flag("!--no-composition", o->composition,
+                "With an L1 candidate, do not also run the L2/L3 blocks that include it");
   cmd->add_flag("--list", o->list, "Print the cases (op, model, tp, case, bytes, FLOPs) without running them");
   cmd->callback([o] { run(*o); });
 }
