@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The H200 runs the open issues need, in as few device calls as possible. Binaries are built on the
+# development machine and carried (device `run` with carry=[build, build-cheats]):
+#   build/          CUDA build of the main tree (kb_nano, tests/kbn_gpu_tests, tests/kbn_tests)
+#   build-cheats/   CUDA build with -DKBN_CANDIDATE_DIR=tests/cheats -DKBN_BUILD_TESTS=OFF (kb_nano only)
+# Usage, from the repo root on the GPU machine:  tools/h200_session.sh PART [PART ...]
+#   gpu-tests  every GPU test (incl. the engine's CUDA-graph tests) and the main job (tools/gpu_check.sh)
+#   kernels    kb_nano kernels, every Llama L1 op, baseline alone, 8B shapes (JSON + Markdown)
+#   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels
+#   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
+#   eval       kb_nano eval on Llama-3.1-8B: latency b1/b32 and balanced, eager and graph modes
+#   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
+# Everything lands in $OUT/session/ and is packed into $OUT/session.tar.gz (the device returns at most 8
+# files), with a log per part and the exit status of every command in $OUT/session/status.txt.
+set -uo pipefail
+out=${OUT:-out}/session
+mkdir -p "$out"
+export KBN_FIXTURE_DIR=$PWD/tests/fixtures KBN_MODELS_DIR=$PWD/models
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >"$out/gpu.txt"
+git rev-parse --short=12 HEAD >"$out/commit.txt" 2>/dev/null || true
+
+step() {  # name, command...: runs it, logs it, records the status; never stops the session
+  local name=$1
+  shift
+  local start=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - start))s: $*" | tee -a "$out/status.txt"
+}
+
+for part in "$@"; do
+  case "$part" in
+    gpu-tests)
+      step gpu_tests build/tests/kbn_gpu_tests --gtest_output=json:"$out/gpu_tests.json"
+      step generate_8b build/kb_nano generate --max-new-tokens 64 --json "$out/generate_8b.json"
+      ;;
+    kernels)
+      step kernels_8b build/kb_nano kernels --model llama-3.1-8b-instruct --variant baseline \
+        --json "$out/kernels_8b.json" --markdown "$out/kernels_8b.md"
+      ;;
+    cheats)
+      for c in cached_output side_stream zero_skip shape_specialised stale_output low_precision partial_write \
+               mutate_input; do
+        step "cheat_$c" env KBN_CHEAT=$c build-cheats/kb_nano kernels --target rms_norm --tokens 1,4096 \
+          --random 1 --seeds 1 --no-composition --json "$out/cheat_$c.json"
+      done
+      ;;
+    honest)
+      step honest_rms_norm env KBN_CHEAT=honest build-cheats/kb_nano kernels --target rms_norm \
+        --json "$out/honest_rms_norm.json" --markdown "$out/honest_rms_norm.md"
+      ;;
+    eval)
+      for mode in eager graph; do
+        for w in latency-b1 latency-b32 balanced; do
+          step "eval_${w}_$mode" build/kb_nano eval --workload "$w" --mode "$mode" --variant baseline \
+            --max-model-len 4096 --json "$out/eval_${w}_$mode.json"
+        done
+      done
+      ;;
+    profile)
+      mkdir -p "$out/ncu"
+      step profile_rms_norm build/kb_nano profile --target rms_norm --case 'T=4096 H=4096' --variant baseline \
+        --save-csv "$out/ncu" --json "$out/profile_rms_norm.json" --markdown "$out/profile_rms_norm.md"
+      step profile_prefill build/kb_nano profile --target flash_attn_prefill \
+        --case 'seqs=1x4096 heads=32 kv=8 D=128' --variant baseline --save-csv "$out/ncu" \
+        --json "$out/profile_prefill.json" --markdown "$out/profile_prefill.md"
+      ;;
+    *)
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval profile)" >&2
+      exit 2
+      ;;
+  esac
+done
+tar -czf "${OUT:-out}/session.tar.gz" -C "$(dirname "$out")" session
+cat "$out/status.txt"
