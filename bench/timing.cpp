@@ -134,21 +134,49 @@ bool keep_going(int iterations, double measured_ms, const TimingOptions& o) {
   return measured_ms < o.min_measured_ms && iterations < o.max_iterations;
 }
 
+struct Iteration {
+  double stream_ms = 0;       // start -> end event on the bench stream
+  double device_wide_ms = 0;  // start event -> an event recorded after cudaDeviceSynchronize returned
+  double wall_ms = 0;         // host clock around the whole iteration
+};
+
 // One timed iteration: `enqueue` between the events on `stream`, then a device-wide sync before reading.
-// Returns {event ms, host wall ms}.
 template <class Enqueue>
-std::pair<double, double> timed_iteration(cudaStream_t stream, const EventPair& ev, Enqueue enqueue) {
+Iteration timed_iteration(cudaStream_t stream, const EventPair& ev, cudaEvent_t after_sync, Enqueue enqueue) {
   const auto wall_start = std::chrono::steady_clock::now();
   KBN_CUDA_CHECK(cudaEventRecord(ev.start, stream));
   enqueue();
   KBN_CUDA_CHECK(cudaEventRecord(ev.end, stream));
-  // NOTE: a device-wide sync, not a stream sync: work the call left on other streams finishes here, before
-  // the next iteration starts.
+  // NOTE: a device-wide sync, not a stream sync: work the call left on other streams or threads finishes here,
+  // before the next iteration starts. The event recorded after it measures that work (device-wide time).
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
+  KBN_CUDA_CHECK(cudaEventRecord(after_sync, stream));
+  KBN_CUDA_CHECK(cudaEventSynchronize(after_sync));
   const auto wall_end = std::chrono::steady_clock::now();
-  float ms = 0;
+  float ms = 0, all = 0;
   KBN_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.end));
-  return {double(ms), std::chrono::duration<double, std::milli>(wall_end - wall_start).count()};
+  KBN_CUDA_CHECK(cudaEventElapsedTime(&all, ev.start, after_sync));
+  return {double(ms), double(all), std::chrono::duration<double, std::milli>(wall_end - wall_start).count()};
+}
+
+struct OwnedEvent {
+  cudaEvent_t e = nullptr;
+  OwnedEvent() { KBN_CUDA_CHECK(cudaEventCreate(&e)); }
+  ~OwnedEvent() { cudaEventDestroy(e); }
+  OwnedEvent(const OwnedEvent&) = delete;
+  OwnedEvent& operator=(const OwnedEvent&) = delete;
+};
+
+// Median of (device-wide - stream) time of an iteration that enqueues nothing: the host round trip of the
+// sync and the last event, subtracted before judging a call's work outside the bench stream.
+double sync_overhead_ms(cudaStream_t stream, const EventPair& ev, cudaEvent_t after_sync) {
+  std::vector<double> gaps;
+  for (int i = 0; i < 21; ++i) {
+    const Iteration it = timed_iteration(stream, ev, after_sync, [] {});
+    gaps.push_back(it.device_wide_ms - it.stream_ms);
+  }
+  std::sort(gaps.begin(), gaps.end());
+  return gaps[gaps.size() / 2];
 }
 
 Timing time_eager(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
@@ -157,24 +185,29 @@ Timing time_eager(const std::function<void(int)>& call, int input_sets, const Ti
   const bool cold = o.mode == TimingMode::cold;
   const cudaStream_t stream = current_stream();
   EventPair ev;
+  OwnedEvent after_sync;
   std::unique_ptr<DeviceBuffer> flush;
   if (cold) flush = std::make_unique<DeviceBuffer>(kFlushBytes);
 
   for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
+  const double overhead = sync_overhead_ms(stream, ev, after_sync.e);
 
-  std::vector<double> per_call, wall;
+  std::vector<double> per_call, wall, outside;
   double measured = 0;
   for (int it = 0; keep_going(it, measured, o); ++it) {
     // NOTE: the flush is enqueued before the start event, so it is not timed; its varying byte value keeps
     // the writes from being elided.
     if (cold) KBN_CUDA_CHECK(cudaMemsetAsync(flush->ptr, it & 0xff, kFlushBytes, stream));
-    auto [ms, wall_ms] = timed_iteration(stream, ev, [&] { call(it % input_sets); });
-    per_call.push_back(ms);
-    wall.push_back(wall_ms);
-    measured += ms;
+    const Iteration r = timed_iteration(stream, ev, after_sync.e, [&] { call(it % input_sets); });
+    per_call.push_back(r.stream_ms);
+    wall.push_back(r.wall_ms);
+    outside.push_back(r.device_wide_ms - r.stream_ms);
+    measured += r.stream_ms;
   }
   summarise(t, std::move(per_call), std::move(wall));
+  std::sort(outside.begin(), outside.end());
+  t.outside_stream_ms = std::max(0.0, percentile(outside, 0.5) - overhead);
   return t;
 }
 
@@ -207,17 +240,22 @@ Timing time_graph(const std::function<void(int)>& call, int input_sets, const Ti
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
 
   EventPair ev;
-  std::vector<double> per_call, wall;
+  OwnedEvent after_sync;
+  const double overhead = sync_overhead_ms(capture_stream.stream, ev, after_sync.e);
+  std::vector<double> per_call, wall, outside;
   double measured = 0;
   const double n = double(o.graph_calls);
   for (int it = 0; keep_going(it, measured, o); ++it) {
-    auto [ms, wall_ms] = timed_iteration(capture_stream.stream, ev,
-                                         [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream)); });
-    per_call.push_back(ms / n);
-    wall.push_back(wall_ms / n);
-    measured += ms;
+    const Iteration r = timed_iteration(capture_stream.stream, ev, after_sync.e,
+                                        [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream)); });
+    per_call.push_back(r.stream_ms / n);
+    wall.push_back(r.wall_ms / n);
+    outside.push_back(r.device_wide_ms - r.stream_ms);
+    measured += r.stream_ms;
   }
   summarise(t, std::move(per_call), std::move(wall));
+  std::sort(outside.begin(), outside.end());
+  t.outside_stream_ms = std::max(0.0, percentile(outside, 0.5) - overhead) / n;
   return t;
 }
 

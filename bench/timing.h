@@ -8,11 +8,12 @@
 // What is counted: everything the call enqueues on the bench stream between the two events, and any gap
 // in which that stream waits (for another stream it joins through an event, or for the host, e.g. a
 // device-to-host copy inside the call).
-// What is NOT counted: work the call pushes to another stream or thread that the bench stream never waits
-// for. The device-wide sync only makes such work finish before the next iteration starts (so it cannot
-// overlap and slow the next measurement); its duration is not added. As a cross-check every iteration also
-// records the host wall time from before the start event to after the device sync (all device work plus
-// launch and sync overhead); a host wall time far above the event time points at unbracketed work.
+// Work the call pushes to another stream or thread that the bench stream never waits for is not between the
+// events. The device-wide sync after each iteration makes such work finish before the next iteration starts,
+// and an event recorded after that sync measures it: Timing::outside_stream_ms is how long device work ran
+// past the end event (net of the sync's own round trip, measured on empty iterations first). kb_nano
+// kernels FAILs a case whose outside time is more than 5 us and 10% of its time ("streams"). Every
+// iteration also records the host wall time from before the start event to after the sync.
 //
 // Modes: cold (default) writes a 256 MiB flush buffer with cudaMemsetAsync before each call (outside the
 // events) and rotates among several input sets that together exceed 3x the L2 size; hot skips both; graph
@@ -43,6 +44,10 @@ struct Timing {
   std::string skipped;                           // why no time was taken (e.g. "graph: n/a"), when !ok
   double median_ms = 0, p10_ms = 0, p90_ms = 0;  // per call
   double host_wall_median_ms = 0;                // per iteration (per graph launch / graph_calls in graph mode)
+  // Device work per call that ended after the bench stream's end event (work left on another stream or
+  // thread): median of (event after a device-wide sync - end event), minus the same gap for an empty
+  // iteration. About 0 for a call whose work is all on (or joined back into) the bench stream.
+  double outside_stream_ms = 0;
   int iterations = 0;
   int input_sets = 1;
 };
