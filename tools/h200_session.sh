@@ -9,6 +9,7 @@
 #   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
 #   eval       kb_nano eval on Llama-3.1-8B: latency b1/b32 and balanced, eager and graph modes
+#   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
 # Everything lands in $OUT/session/ and is packed into $OUT/session.tar.gz (the device returns at most 8
 # files), with a log per part and the exit status of every command in $OUT/session/status.txt.
@@ -58,6 +59,10 @@ for part in "$@"; do
         done
       done
       ;;
+    peer)
+      step latency_peer python3 tools/hf_latency_peer.py --config models/llama-3.1-8b-instruct.json \
+        --kb-nano build/kb_nano --workdir /tmp/peer8b --json "$out/latency_peer.json" --markdown "$out/latency_peer.md"
+      ;;
     profile)
       mkdir -p "$out/ncu"
       step profile_rms_norm build/kb_nano profile --target rms_norm --case 'T=4096 H=4096' --variant baseline \
@@ -67,7 +72,7 @@ for part in "$@"; do
         --json "$out/profile_prefill.json" --markdown "$out/profile_prefill.md"
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval profile)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer profile)" >&2
       exit 2
       ;;
   esac
