@@ -14,6 +14,8 @@
 #include <set>
 #include <sstream>
 
+#include "bench/timing.h"
+#include "bench/validate.h"
 #include "kbn/error.h"
 
 namespace kbn::bench {
@@ -843,6 +845,15 @@ std::string ncu_version(const std::string& ncu) {
   for (std::string line; std::getline(in, line);)
     if (!trim(line).empty()) last = trim(line);
   return code == 0 ? last : "";
+}
+
+int calls_before_timing(int64_t input_bytes, bool candidate, int validation_seeds) {
+  const ValidationOptions v;
+  const int distributions = input_bytes <= v.max_distribution_bytes ? int(bench::distributions().size()) : 1;
+  const int runs = distributions + (validation_seeds - 1);
+  const int per_run = candidate ? 1 : 2;
+  const int first_run_extra = candidate ? 2 : 3;  // fresh values in the same buffers (both), determinism (cand)
+  return runs * per_run + first_run_extra + TimingOptions{}.warmup_calls;
 }
 
 }  // namespace kbn::bench

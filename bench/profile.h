@@ -162,4 +162,11 @@ NcuResult run_ncu(NcuInvocation inv);
 // The last line of `ncu --version` ("Version 2025.3.1.0 (build ...)"), or "" when it cannot be run.
 std::string ncu_version(const std::string& ncu);
 
+// Calls of the op `kb_nano kernels --seeds S` makes before its first timed call, counted in the kernels ncu
+// matches: with `candidate`, the candidate's own calls (validation, then the timing warm-up after the
+// baseline was timed); otherwise both baseline instances' calls (the baseline validated against a second
+// instance of itself). tests/cpu/test_validate.cpp counts the real calls and checks this stays in step with
+// bench/validate.cpp.
+int calls_before_timing(int64_t input_bytes, bool candidate, int validation_seeds);
+
 }  // namespace kbn::bench

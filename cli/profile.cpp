@@ -464,12 +464,7 @@ std::vector<std::string> workload(const std::string& exe, const bench::BenchCase
 // ncu slows each profiled call far past the 200 ms timing budget, so the timed loop stops at its minimum of
 // 10 calls: the profiled launches must fall within them (the default --launch-count 4 does).
 int calls_before_timing(const bench::BenchCase& c, bool candidate) {
-  const bench::ValidationOptions v;
-  const int distributions = c.input_bytes <= v.max_distribution_bytes ? int(bench::distributions().size()) : 1;
-  const int runs = distributions + (kValidationSeeds - 1);
-  const int per_run = candidate ? 1 : 2;
-  const int first_run_extra = candidate ? 2 : 3;
-  return runs * per_run + first_run_extra + bench::TimingOptions{}.warmup_calls;
+  return bench::calls_before_timing(c.input_bytes, candidate, kValidationSeeds);
 }
 
 std::string file_slug(const std::string& s) {

@@ -8,6 +8,8 @@
 #include <string>
 
 #include "bench/cases.h"
+#include "bench/profile.h"
+#include "bench/timing.h"
 #include "bench/validate.h"
 #include "kbn/allocator.h"
 #include "kbn/compare.h"
@@ -203,6 +205,40 @@ TEST(Validate, DistributionsChangeFloatsOnly) {
   const auto sparse = bench::apply_distribution(in, "sparse", 1);
   EXPECT_EQ(sparse[0].to_floats(), (std::vector<float>{0, 0, 1, 1, 0, 0, 1, 1}));
   EXPECT_THROW(bench::apply_distribution(in, "uniform", 1), Error);
+}
+
+}  // namespace
+
+namespace {
+
+class CountingOp : public AnyOp {
+ public:
+  explicit CountingOp(std::unique_ptr<AnyOp> inner) : inner_(std::move(inner)) {}
+  Module& module() override { return inner_->module(); }
+  std::vector<Tensor> call(const std::vector<Tensor>& args) override {
+    calls++;
+    return inner_->call(args);
+  }
+  int calls = 0;
+
+ private:
+  std::unique_ptr<AnyOp> inner_;
+};
+
+// kb_nano profile skips the calls validation and warm-up make before the first timed call; the count it uses
+// must follow bench/validate.cpp and the timing warm-up.
+TEST(Validate, CallsBeforeTimingMatchWhatProfileSkips) {
+  for (const int seeds : {1, 2}) {
+    Fixture f = rms_fixture();
+    CountingOp base(f.make()), cand(f.make());
+    auto oracle = f.make();
+    bench::ValidationOptions vo;
+    vo.seeds = seeds;
+    ASSERT_TRUE(bench::validate_candidate(f.c, *f.entry, base, cand, oracle.get(), Device::cpu(), 3, vo).pass);
+    const int warmup = bench::TimingOptions{}.warmup_calls;
+    EXPECT_EQ(cand.calls + warmup, bench::calls_before_timing(f.c.input_bytes, true, seeds));
+    EXPECT_EQ(base.calls + cand.calls + warmup, bench::calls_before_timing(f.c.input_bytes, false, seeds));
+  }
 }
 
 }  // namespace
