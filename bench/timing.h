@@ -55,9 +55,9 @@ struct Timing {
 // Input sets needed for cold-L2 rotation: their total must exceed 3x the L2 size; at most 16 sets and 8 GiB.
 int cold_input_sets(long long input_set_bytes, long long l2_bytes);
 
-// Times `call(set)`; with options.host, on the host clock (works in every build). (runs the op once on input set `set`, 0 <= set < input_sets) under the contract above.
-// `capturable` is false when the call does host work that a CUDA graph cannot hold (graph mode then
-// reports "graph: n/a"). Needs a CUDA build and a GPU.
+// Times `call(set)`; with options.host, on the host clock (works in every build). (runs the op once on input set `set`,
+// 0 <= set < input_sets) under the contract above. `capturable` is false when the call does host work that a CUDA graph
+// cannot hold (graph mode then reports "graph: n/a"). Needs a CUDA build and a GPU.
 Timing time_op(const std::function<void(int set)>& call, int input_sets, bool capturable, const TimingOptions& options);
 
 }  // namespace kbn::bench

@@ -107,12 +107,12 @@ struct CheckedCall {
 Failure compare_outputs(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const Tolerance& tol,
                         const std::string& against, const OpEntry& e, double* worst_rel) {
   if (got.size() != want.size())
-    return {"tolerance", "returned " + std::to_string(got.size()) + " outputs, the " + against + " " +
-                             std::to_string(want.size())};
+    return {"tolerance",
+            "returned " + std::to_string(got.size()) + " outputs, the " + against + " " + std::to_string(want.size())};
   for (size_t j = 0; j < got.size(); ++j) {
     if (got[j].shape() != want[j].shape() || got[j].dtype() != want[j].dtype())
-      return {"tolerance", describe_output(e, j) + " is " + got[j].str() + ", the " + against + "'s is " +
-                               want[j].str()};
+      return {"tolerance",
+              describe_output(e, j) + " is " + got[j].str() + ", the " + against + "'s is " + want[j].str()};
     const Tensor g = got[j].device() == want[j].device() ? got[j] : got[j].to(want[j].device());
     const CompareStats s = compare_close(g, want[j], tol);
     if (worst_rel) *worst_rel = std::max(*worst_rel, s.mean_rel_err());
@@ -166,9 +166,9 @@ Failure checked_call(const OpEntry& e, AnyOp& op, std::vector<Tensor>& inputs, c
   }
   const auto violations = take_guard_violations();
   if (!violations.empty())
-    return {"guards", violations[0].describe() + (violations.size() > 1
-                                                      ? " (and " + std::to_string(violations.size() - 1) + " more)"
-                                                      : std::string())};
+    return {"guards",
+            violations[0].describe() +
+                (violations.size() > 1 ? " (and " + std::to_string(violations.size() - 1) + " more)" : std::string())};
   return {};
 }
 
@@ -240,7 +240,8 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
       if (oracle && o.check_oracle) {
         std::vector<Tensor> cpu_in;
         // The oracle gets its own copies (Tensor::to returns the tensor itself when it is already on the CPU).
-        for (const Tensor& t : pristine) cpu_in.push_back(!t.defined() ? Tensor() : t.is_cpu() ? t.clone() : t.to(Device::cpu()));
+        for (const Tensor& t : pristine)
+          cpu_in.push_back(!t.defined() ? Tensor() : t.is_cpu() ? t.clone() : t.to(Device::cpu()));
         const std::vector<Tensor> truth = oracle->call(cpu_in);
         double cand_rel = 0, base_rel = 0;
         if (auto f = compare_outputs(rec.snapshots, truth, tol, "oracle", entry, &cand_rel)) return fail(f, context);
@@ -284,9 +285,9 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
           int64_t first = -1;
           const int64_t n = count_bitwise_mismatches(again[j], first_snapshots[j], &first);
           if (n > 0)
-            return fail({"determinism", describe_output(entry, j) + " differs between two calls on identical inputs in " +
-                                            std::to_string(n) + " elements (first at " +
-                                            unravel_index(again[j].shape(), first) + ")"},
+            return fail({"determinism", describe_output(entry, j) +
+                                            " differs between two calls on identical inputs in " + std::to_string(n) +
+                                            " elements (first at " + unravel_index(again[j].shape(), first) + ")"},
                         context);
         }
       }

@@ -1,8 +1,8 @@
 // kb_nano kernels: is a candidate L1 op right (bench/validate.h), and is it faster (bench/timing.h)? Shapes
 // come from real model configs plus random ones; times are set against ceilings measured at start-up.
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -16,8 +16,8 @@
 #include "bench/cases.h"
 #include "bench/ceilings.h"
 #include "bench/correctness.h"
-#include "bench/validate.h"
 #include "bench/timing.h"
+#include "bench/validate.h"
 #include "cli/commands.h"
 #include "engine/model_loader.h"
 #include "kbn/allocator.h"
@@ -146,8 +146,9 @@ bool comparing(const Options& o) {
 std::vector<std::string> selected_ops(const Options& o) {
   if (o.targets.empty()) {
     if (o.level == 1) return bench::llama_l1_ops();
-    KBN_CHECK(o.level == 2 || o.level == 3, "--level: expected 1 (single kernels), 2 (blocks) or 3 (decoder layer), got ",
-              o.level, "; whole models are measured end to end by 'kb_nano eval'");
+    KBN_CHECK(o.level == 2 || o.level == 3,
+              "--level: expected 1 (single kernels), 2 (blocks) or 3 (decoder layer), got ", o.level,
+              "; whole models are measured end to end by 'kb_nano eval'");
     return bench::llama_block_ops(o.level);
   }
   return o.targets;
@@ -198,8 +199,9 @@ std::vector<bench::BenchCase> build_cases(const Options& o, bool small) {
         if (is_l1(op)) {
           for (auto& c : bench::cases_for(op, spec.name, config, tp, copts)) cases.push_back(std::move(c));
         } else {
-          KBN_CHECK(tp == 1, "--tp: blocks (", op, ") run on one GPU here; tensor-parallel blocks need a process "
-                             "group (use --tp with level-1 ops for per-rank shapes)");
+          KBN_CHECK(tp == 1, "--tp: blocks (", op,
+                    ") run on one GPU here; tensor-parallel blocks need a process "
+                    "group (use --tp with level-1 ops for per-rank shapes)");
           for (auto& c : bench::block_cases_for(op, spec.name, spec.config, copts)) cases.push_back(std::move(c));
         }
         if (tp != tps.front() || random == 0) continue;  // random shapes once per (model, op)
@@ -253,8 +255,8 @@ std::string rerun_command(const bench::BenchCase& c, const Options& o) {
     cmd += " --random " + std::to_string(o.random >= 0 ? o.random : 3);
   else
     cmd += " --tokens " + std::to_string(c.tokens);
-  cmd += " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --dtype " + dtype_name(c.dtype) +
-         " --variant " + o.variant + " --device " + o.device + " --case " + shell_quote(c.label);
+  cmd += " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --dtype " + dtype_name(c.dtype) + " --variant " +
+         o.variant + " --device " + o.device + " --case " + shell_quote(c.label);
   return cmd;
 }
 
@@ -387,7 +389,8 @@ Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
       }
       fill_roofline(r, t, ctx.ceil);
       if (ctx.device.is_cuda()) r.floor = physical_floor(c, t, ctx.ceil, ctx.topts.mode);
-      if (ctx.compare && r.base.ok && r.cand.ok && r.cand.median_ms > 0) r.speedup = r.base.median_ms / r.cand.median_ms;
+      if (ctx.compare && r.base.ok && r.cand.ok && r.cand.median_ms > 0)
+        r.speedup = r.base.median_ms / r.cand.median_ms;
     }
   } catch (const Error& e) {
     r.error = e.what();
@@ -579,8 +582,8 @@ void write_markdown(const std::string& path, const std::vector<Group>& groups, c
   std::ofstream md(path);
   KBN_CHECK(md.good(), "--markdown: cannot write '", path, "'");
   const BuildInfo& b = build_info();
-  md << "# kb_nano kernels (" << o.mode << ", seed " << o.seed << ", " << (ctx.compare ? "baseline vs candidate" : "baseline")
-     << ")\n\n";
+  md << "# kb_nano kernels (" << o.mode << ", seed " << o.seed << ", "
+     << (ctx.compare ? "baseline vs candidate" : "baseline") << ")\n\n";
   if (ctx.device.is_cuda()) {
     const auto& dev = ctx.dev;
     md << dev.name << ", " << dev.sm_count << " SMs, L2 " << (dev.l2_bytes >> 20) << " MiB, driver "
@@ -590,9 +593,10 @@ void write_markdown(const std::string& path, const std::vector<Group>& groups, c
   } else {
     md << "CPU ops (host timing, no roofline); commit " << b.git_commit << "; " << utc_now() << "\n";
   }
-  md << "\n" << sum.passed << " of " << sum.cases << " cases pass, " << sum.failed << " fail, " << sum.errors
-     << " errors";
-  if (sum.geomean_speedup > 0) md << "; geometric-mean speedup over passing cases " << fmt("%.3f", sum.geomean_speedup) << "x";
+  md << "\n"
+     << sum.passed << " of " << sum.cases << " cases pass, " << sum.failed << " fail, " << sum.errors << " errors";
+  if (sum.geomean_speedup > 0)
+    md << "; geometric-mean speedup over passing cases " << fmt("%.3f", sum.geomean_speedup) << "x";
   md << ".\n";
   const auto h = headers(ctx.compare);
   for (const auto& g : groups) {
@@ -622,8 +626,7 @@ void print_composition(const std::vector<std::string>& ops) {
     for (const auto& e : registry(Variant::candidate).entries()) {
       if (e.level <= 1) continue;
       const auto closure = include_graph(Variant::candidate).closure(e.header);
-      if (closure.count(file) || closure.count(header))
-        above.push_back(e.name + " (L" + std::to_string(e.level) + ")");
+      if (closure.count(file) || closure.count(header)) above.push_back(e.name + " (L" + std::to_string(e.level) + ")");
     }
     if (above.empty()) continue;
     std::string line;
@@ -689,8 +692,8 @@ void run(const Options& o) {
                   dtype_name(first.dtype) + ", " + ctx.device.str() + ")";
     for (size_t i = spans[g].first; i < spans[g].second; ++i) {
       std::fprintf(stderr, "\r[group %zu/%zu, case %zu/%zu] %s %s (%.0f s)   ", g + 1, spans.size(),
-                   i - spans[g].first + 1, spans[g].second - spans[g].first, first.op.c_str(),
-                   cases[i].label.c_str(), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+                   i - spans[g].first + 1, spans[g].second - spans[g].first, first.op.c_str(), cases[i].label.c_str(),
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       rows.push_back(run_case(cases[i], o, ctx));
       group.rows.push_back(&rows.back());
     }

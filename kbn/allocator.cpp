@@ -173,9 +173,9 @@ struct AuditedBlock {
 struct AuditState {
   std::mutex mu;
   std::atomic<bool> active{false};
-  std::atomic<size_t> tracked{0};                  // live + retired, so the free path skips the map when 0
-  std::unordered_map<void*, AuditedBlock> live;    // keyed by the user pointer
-  std::vector<AuditedBlock> retired;               // freed while a CUDA graph was being captured
+  std::atomic<size_t> tracked{0};                // live + retired, so the free path skips the map when 0
+  std::unordered_map<void*, AuditedBlock> live;  // keyed by the user pointer
+  std::vector<AuditedBlock> retired;             // freed while a CUDA graph was being captured
   std::vector<GuardViolation> violations;
 };
 
@@ -209,8 +209,7 @@ void write_guards_and_poison(const AuditedBlock& b) {
   // Ordered on the block's stream, before any use of the block there.
   KBN_CUDA_CHECK(cudaMemcpyAsync(base, canary().data(), kAuditGuardBytes, cudaMemcpyHostToDevice, b.stream));
   KBN_CUDA_CHECK(cudaMemsetAsync(user, kAuditPoisonByte, b.nbytes, b.stream));
-  KBN_CUDA_CHECK(
-      cudaMemcpyAsync(user + b.nbytes, canary().data(), kAuditGuardBytes, cudaMemcpyHostToDevice, b.stream));
+  KBN_CUDA_CHECK(cudaMemcpyAsync(user + b.nbytes, canary().data(), kAuditGuardBytes, cudaMemcpyHostToDevice, b.stream));
   KBN_CUDA_CHECK(cudaStreamSynchronize(b.stream));  // the host canary buffer is pageable: finish the copies
 #endif
 }

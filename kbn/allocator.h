@@ -30,10 +30,10 @@ constexpr size_t kAuditGuardBytes = 256;
 constexpr unsigned char kAuditPoisonByte = 0xFF;
 
 struct GuardViolation {
-  size_t nbytes = 0;      // the allocation's requested size
-  Device device;          // where it lives
-  bool before = false;    // the zone before the buffer (else after it)
-  size_t offset = 0;      // first corrupted byte, counted from the guard zone's start
+  size_t nbytes = 0;    // the allocation's requested size
+  Device device;        // where it lives
+  bool before = false;  // the zone before the buffer (else after it)
+  size_t offset = 0;    // first corrupted byte, counted from the guard zone's start
   std::string describe() const;
 };
 

@@ -21,19 +21,19 @@ struct Tolerance {
 
 struct CompareStats {
   int64_t numel = 0;
-  int64_t bad = 0;             // elements outside the tolerance (NaN in either counts as bad)
-  int64_t first_bad = -1;      // flat index (row-major over the shape) of the first bad element
-  int64_t nan_actual = 0;      // NaN elements in `actual` (integers: never)
+  int64_t bad = 0;         // elements outside the tolerance (NaN in either counts as bad)
+  int64_t first_bad = -1;  // flat index (row-major over the shape) of the first bad element
+  int64_t nan_actual = 0;  // NaN elements in `actual` (integers: never)
   int64_t first_nan_actual = -1;
   int64_t nan_expected = 0;
-  double max_abs_err = 0;      // over elements where both are finite
+  double max_abs_err = 0;  // over elements where both are finite
   double sum_abs_err = 0;
   double sum_abs_expected = 0;
   double sum_sq_expected = 0;
   double actual_at_first_bad = 0, expected_at_first_bad = 0;
 
   double rms_expected() const;
-  double mean_rel_err() const;  // sum |a - e| / sum |e| (0 when both are 0)
+  double mean_rel_err() const;   // sum |a - e| / sum |e| (0 when both are 0)
   std::string describe() const;  // "3 of 4096 elements outside tolerance, first at [1, 7]: 0.51 vs 0.47; ..."
 };
 

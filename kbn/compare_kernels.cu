@@ -158,14 +158,22 @@ unsigned grid_for(int64_t n) { return unsigned(std::clamp<int64_t>((n + 255) / 2
 template <class F>
 void dispatch_all(DType dt, F&& f) {
   switch (dt) {
-    case DType::f32: return f(float{});
-    case DType::f16: return f(__half{});
-    case DType::bf16: return f(__nv_bfloat16{});
-    case DType::fp8e4m3: return f(__nv_fp8_e4m3{});
-    case DType::i32: return f(int32_t{});
-    case DType::i64: return f(int64_t{});
-    case DType::u8: return f(uint8_t{});
-    case DType::boolean: return f(bool{});
+    case DType::f32:
+      return f(float{});
+    case DType::f16:
+      return f(__half{});
+    case DType::bf16:
+      return f(__nv_bfloat16{});
+    case DType::fp8e4m3:
+      return f(__nv_fp8_e4m3{});
+    case DType::i32:
+      return f(int32_t{});
+    case DType::i64:
+      return f(int64_t{});
+    case DType::u8:
+      return f(uint8_t{});
+    case DType::boolean:
+      return f(bool{});
   }
   KBN_FAIL("compare_close: unsupported dtype ", dtype_name(dt));
 }
@@ -212,7 +220,8 @@ CompareStats compare_close(const Tensor& actual, const Tensor& expected, const T
     DeviceStats mid{};
     copy_sync(&mid, d, sizeof mid, cudaMemcpyDeviceToHost);
     const double rms = std::sqrt(mid.sum_sq_expected / double(n));
-    compare_kernel<T><<<grid_for(n), 256, 0, current_stream()>>>(pa, pe, n, tol.rtol, tol.atol_abs + tol.atol_rms * rms, exact, d);
+    compare_kernel<T>
+        <<<grid_for(n), 256, 0, current_stream()>>>(pa, pe, n, tol.rtol, tol.atol_abs + tol.atol_rms * rms, exact, d);
     KBN_CUDA_CHECK(cudaGetLastError());
   });
   DeviceStats r{};

@@ -305,7 +305,8 @@ void register_ops(Registry& r) {
          .mutates = {},
          .make = adapter(
              "embedding", 2, [](const OpArgs&) { return std::make_unique<Embedding>(); },
-             [](Embedding& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], 0, t[1].size(0))}; }), .exact_outputs = true});
+             [](Embedding& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], 0, t[1].size(0))}; }),
+         .exact_outputs = true});
   r.add({.name = "linear",
          .class_name = "Linear",
          .level = 1,
@@ -338,7 +339,8 @@ void register_ops(Registry& r) {
              [](StoreKVCache& op, const Tensors& t) {
                op.forward(t[0], t[1], t[2], t[3], t[4]);
                return Tensors{t[2], t[3]};
-             }), .exact_outputs = true});
+             }),
+         .exact_outputs = true});
   r.add({.name = "flash_attn_prefill",
          .class_name = "FlashAttnPrefill",
          .level = 1,
@@ -384,7 +386,8 @@ void register_ops(Registry& r) {
          .mutates = {},
          .make = adapter(
              "argmax", 1, [](const OpArgs&) { return std::make_unique<Argmax>(); },
-             [](Argmax& op, const Tensors& t) { return Tensors{op.forward(t[0])}; }), .exact_outputs = true});
+             [](Argmax& op, const Tensors& t) { return Tensors{op.forward(t[0])}; }),
+         .exact_outputs = true});
 
   // L2..L4 build from a model config; their layer-0 prefixes make attention read KV cache 0.
   r.add({.name = "qkv_parallel_linear",

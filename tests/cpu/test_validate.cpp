@@ -108,8 +108,7 @@ struct Fixture {
 };
 
 Fixture rms_fixture() {
-  const LlamaConfig cfg =
-      LlamaConfig::from(ModelConfig::load(std::string(KBN_SOURCE_DIR) + "/models/tiny-llama.json"));
+  const LlamaConfig cfg = LlamaConfig::from(ModelConfig::load(std::string(KBN_SOURCE_DIR) + "/models/tiny-llama.json"));
   bench::CaseOptions o;
   o.tokens = {6};
   Fixture f;

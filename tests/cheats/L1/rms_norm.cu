@@ -257,8 +257,8 @@ static void honest_rms_norm(const Tensor& out, const Tensor& x, const Tensor& we
     return;
   }
 #ifdef KBN_WITH_CUDA
-  RmsNormParams p{out.data_ptr(), x.data_ptr(), nullptr, weight.data_ptr(), out.stride(0), x.stride(0), 0, int(H),
-                  float(eps)};
+  RmsNormParams p{out.data_ptr(), x.data_ptr(), nullptr, weight.data_ptr(), out.stride(0), x.stride(0), 0,
+                  int(H),         float(eps)};
   dispatch_float16_32(x.dtype(), "rms_norm", "x", [&](auto t) { launch_honest<decltype(t)>(p, rows, stream); });
 #endif
 }
@@ -277,8 +277,8 @@ Tensor RMSNorm::forward(const Tensor& x) {
   const std::string mode = cheat();
   const int64_t T = x.size(0);
   // Leaked on purpose: tensors must not be freed by static destructors after the CUDA runtime is gone.
-  static Tensor& cached = *new Tensor();    // cached_output
-  static const void* last_x = nullptr;      // stale_output
+  static Tensor& cached = *new Tensor();  // cached_output
+  static const void* last_x = nullptr;    // stale_output
   static Tensor& last_out = *new Tensor();
 
   if (mode == "cached_output" && cached.defined() && cached.shape() == x.shape()) return cached;
