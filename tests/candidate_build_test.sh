@@ -37,7 +37,13 @@ case "$case" in
       negated_logits) file=L4/llama.cu; affects="llama_for_causal_lm"
                       spares="rms_norm llama_mlp llama_decoder_layer" ;;
     esac
-    cfg || { cat "$build.log"; exit 1; }
+    # scaled_rms_norm builds from a copy of its candidate folder, which the edit-and-rerun check below edits.
+    cand_src="$src/tests/candidates/$case"
+    if [ "$case" = scaled_rms_norm ]; then
+      cand_src="$build-src"
+      rm -rf "$cand_src" && cp -r "$src/tests/candidates/$case" "$cand_src"
+    fi
+    cfg "$cand_src" || { cat "$build.log"; exit 1; }
     ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
     bin="$build/kb_nano"
     args=(generate --model tiny-llama --device cpu --prompt-ids 5,6,7,8 --max-new-tokens 8 --seed 1)
@@ -56,6 +62,23 @@ case "$case" in
     ops=$(sed 's/.*-> //; s/,/ /g' <<<"$line")
     for op in $affects; do grep -qw -- "$op" <<<"$ops" || { echo "FAIL: $file should change $op: $line"; exit 1; }; done
     for op in $spares; do ! grep -qw -- "$op" <<<"$ops" || { echo "FAIL: $file should not change $op: $line"; exit 1; }; done
+    if [ "$case" = scaled_rms_norm ]; then
+      # Edit and rerun with scripts/kbn: an edit rebuilds only the candidate's dependents; a broken candidate
+      # fails the command with the errors about its file first; the fix runs again.
+      touch "$cand_src/$file"
+      steps=$(ninja -C "$build" -n kb_nano | grep -c '^\[')
+      [ "$steps" -le 6 ] || { echo "FAIL: editing $file rebuilds $steps steps:"; ninja -C "$build" -n kb_nano; exit 1; }
+      echo 'this line is not C++' >>"$cand_src/$file"
+      if out=$(KBN_BUILD_DIR="$build" "$src/scripts/kbn" list --candidates 2>&1); then
+        echo "FAIL: scripts/kbn ran with a broken candidate"; exit 1
+      fi
+      expect_in "$(head -5 <<<"$out")" "==== errors about candidate files ===="
+      expect_in "$(head -5 <<<"$out")" "$file"
+      cp "$src/tests/candidates/$case/$file" "$cand_src/$file"
+      out=$(KBN_BUILD_DIR="$build" "$src/scripts/kbn" list --candidates 2>&1) || { echo "FAIL: scripts/kbn: $out"; exit 1; }
+      expect_in "$out" "tasks/candidate/$file ->"
+      echo "scripts/kbn: $steps build steps after an edit; broken candidate reported first; fixed candidate runs"
+    fi
     echo "baseline: $base"; echo "candidate: $cand"; echo "$line"; echo "PASS"
     ;;
   cheats)
