@@ -5,8 +5,12 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
+#include "kbn/cuda_check.h"
 #include "kbn/dtype.h"
 #include "kbn/error.h"
 
@@ -103,6 +107,28 @@ void dispatch_head_size(int64_t head_size, const char* op, F&& f) {
 // sizes in step with dispatch_head_size just above.
 inline bool tensor_core_attention_supports(DType dt, int64_t head_size) {
   return (dt == DType::bf16 || dt == DType::f16) && (head_size == 64 || head_size == 128);
+}
+
+// What a launch needs to know of a kernel that never changes between launches on one device: its dynamic
+// shared-memory opt-in (set here) and its occupancy. Queried once per (kernel, device): otherwise every launch
+// (every decode step of every layer) pays for three driver calls, and none of them is stream work a CUDA graph
+// could hold. The caller launches on `device` (its current device).
+struct KernelLaunchFacts {
+  int num_sms = 0;
+  int blocks_per_sm = 0;
+};
+
+inline const KernelLaunchFacts& kernel_launch_facts(const void* kernel, int device, int threads, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, KernelLaunchFacts> facts;  // node-based: references stay valid
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kernel, device);
+  if (auto it = facts.find(key); it != facts.end()) return it->second;
+  KernelLaunchFacts f;
+  KBN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  KBN_CUDA_CHECK(cudaDeviceGetAttribute(&f.num_sms, cudaDevAttrMultiProcessorCount, device));
+  KBN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.blocks_per_sm, kernel, threads, smem));
+  return facts.emplace(key, f).first->second;
 }
 
 }  // namespace

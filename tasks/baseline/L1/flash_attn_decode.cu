@@ -341,10 +341,9 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
                               int64_t max_seq_len, Stream stream) {
   const size_t smem = size_t(kRows + 2 * kStages * kTileKeys) * kHeadDim * sizeof(T);
   auto* kernel = flash_attn_decode_split_kernel<T, kHeadDim>;
-  KBN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int num_sms = 0, blocks_per_sm = 0;
-  KBN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device.index));
-  KBN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, kThreads, smem));
+  const KernelLaunchFacts& facts =
+      kernel_launch_facts(reinterpret_cast<const void*>(kernel), device.index, kThreads, smem);
+  const int num_sms = facts.num_sms, blocks_per_sm = facts.blocks_per_sm;
 
   const int64_t blocks_per_split = num_seqs * num_kv_heads * p.head_chunks;
   const auto [num_splits, partition_keys] = choose_splits(max_seq_len, blocks_per_split, num_sms, blocks_per_sm);

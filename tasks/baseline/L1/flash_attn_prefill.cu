@@ -306,7 +306,9 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
             " query heads per kv head needs ", m_tiles, " query tiles of ", kBlockM, " rows; at most 65535 supported");
   const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T);
   auto* kernel = flash_attn_prefill_kernel<T, kHeadDim>;
-  KBN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int device = 0;
+  KBN_CUDA_CHECK(cudaGetDevice(&device));
+  (void)kernel_launch_facts(reinterpret_cast<const void*>(kernel), device, kThreads, smem);  // smem opt-in, once
   const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
   kernel<<<grid, kThreads, smem, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
