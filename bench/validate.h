@@ -4,7 +4,8 @@
 // CI tests the harness without a GPU) and names what failed:
 //
 //   tolerance     outputs within the op's tolerance of the baseline's (per dtype; exact for copies and
-//                 integer results) and of the reference oracle's, when the case fits the CPU oracle;
+//                 integer results), and of the reference oracle's on the first seed's inputs when the case
+//                 fits the CPU oracle;
 //   precision     mean error against the oracle at most 2x the baseline's (or a quarter of the tolerance),
 //                 so a kernel that quietly computes in lower precision fails even inside the tolerance;
 //   inputs        several seeds and value distributions: normal, large (x64), outliers, sparse (zero rows);
