@@ -20,6 +20,7 @@
 #include "bench/profile.h"
 #include "kbn/error.h"
 #include "test_paths.h"
+#include "test_process.h"
 
 using namespace kbn;
 using bench::Bound;
@@ -56,38 +57,9 @@ bench::KernelLaunch launch(const std::map<std::string, double>& values, const st
   return k;
 }
 
-fs::path temp_dir() {
-  std::string templ = (fs::temp_directory_path() / "kbn_profile_test_XXXXXX").string();
-  EXPECT_NE(::mkdtemp(templ.data()), nullptr);
-  return templ;
-}
-
 void write_executable(const fs::path& path, const std::string& text) {
   std::ofstream(path) << text;
   ::chmod(path.c_str(), 0755);
-}
-
-struct ShellResult {
-  int code = -1;
-  std::string output;
-};
-
-ShellResult shell(const std::string& command) {
-  ShellResult r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-// The kb_nano built next to this test binary (build/tests/kbn_tests -> build/kb_nano).
-std::string kb_nano() {
-  const fs::path p = fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "kb_nano";
-  return fs::exists(p) ? p.string() : "";
 }
 
 }  // namespace
@@ -445,7 +417,7 @@ TEST(ProfileRunner, LocateNcu) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--ncu: '/nonexistent/ncu' is not an executable file"), std::string::npos);
   }
-  const fs::path dir = temp_dir();
+  const fs::path dir = kbn::test::temp_dir("kbn_profile_test");
   write_executable(dir / "ncu", "#!/bin/sh\n");
   EXPECT_EQ(bench::locate_ncu("", "/nonexistent-dir:" + dir.string()), (dir / "ncu").string());
   EXPECT_EQ(bench::locate_ncu((dir / "ncu").string(), ""), (dir / "ncu").string());
@@ -493,7 +465,7 @@ TEST(ProfileRunner, UnknownMetricsMatchWholeNames) {
 // run_ncu against a stand-in ncu: the first call rejects a metric (as an ncu that lacks it does), the second
 // writes a capture to --log-file while the "program" prints its own output.
 TEST(ProfileRunner, RunNcuRetriesWithoutAnUnknownMetric) {
-  const fs::path dir = temp_dir();
+  const fs::path dir = kbn::test::temp_dir("kbn_profile_test");
   write_executable(dir / "ncu",
                    "#!/bin/bash\n"
                    "log=''; metrics=''\n"
@@ -530,13 +502,13 @@ TEST(ProfileRunner, RunNcuRetriesWithoutAnUnknownMetric) {
 // ---- the CLI ----
 
 TEST(ProfileCli, FromCsvBaselineAndCandidateSideBySide) {
-  const std::string exe = kb_nano();
+  const std::string exe = kbn::test::kb_nano();
   if (exe.empty()) GTEST_SKIP() << "kb_nano is not built next to the test binary";
-  const fs::path dir = temp_dir();
-  const ShellResult r = shell(exe + " profile --target rms_norm --case 'T=4096 H=4096' --from-csv " +
-                              fixture("synthetic_rms_norm_baseline.csv") + " --candidate-csv " +
-                              fixture("synthetic_rms_norm_candidate.csv") + " --json " + (dir / "p.json").string() +
-                              " --markdown " + (dir / "p.md").string());
+  const fs::path dir = kbn::test::temp_dir("kbn_profile_test");
+  const kbn::test::ShellResult r = kbn::test::shell(
+      exe + " profile --target rms_norm --case 'T=4096 H=4096' --from-csv " +
+      fixture("synthetic_rms_norm_baseline.csv") + " --candidate-csv " + fixture("synthetic_rms_norm_candidate.csv") +
+      " --json " + (dir / "p.json").string() + " --markdown " + (dir / "p.md").string());
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string& out = r.output;
   const size_t advice = out.find("Advice (most impactful first)");
@@ -572,10 +544,10 @@ TEST(ProfileCli, FromCsvBaselineAndCandidateSideBySide) {
 }
 
 TEST(ProfileCli, MissingNcuIsAClearError) {
-  const std::string exe = kb_nano();
+  const std::string exe = kbn::test::kb_nano();
   if (exe.empty()) GTEST_SKIP() << "kb_nano is not built next to the test binary";
-  const ShellResult r =
-      shell(exe + " profile --target rms_norm --case 'T=4096 H=4096' --variant baseline --ncu /nonexistent/ncu");
+  const kbn::test::ShellResult r = kbn::test::shell(
+      exe + " profile --target rms_norm --case 'T=4096 H=4096' --variant baseline --ncu /nonexistent/ncu");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--ncu: '/nonexistent/ncu' is not an executable file"), std::string::npos) << r.output;
 }

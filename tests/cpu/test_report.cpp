@@ -21,6 +21,7 @@
 #include "bench/report.h"
 #include "kbn/error.h"
 #include "test_paths.h"
+#include "test_process.h"
 
 using namespace kbn;
 
@@ -100,35 +101,6 @@ std::vector<std::string> names(const std::vector<bench::Plot>& plots) {
   std::vector<std::string> out;
   for (const auto& p : plots) out.push_back(p.file);
   return out;
-}
-
-fs::path temp_dir() {
-  std::string templ = (fs::temp_directory_path() / "kbn_report_test_XXXXXX").string();
-  EXPECT_NE(::mkdtemp(templ.data()), nullptr);
-  return templ;
-}
-
-struct ShellResult {
-  int code = -1;
-  std::string output;
-};
-
-ShellResult shell(const std::string& command) {
-  ShellResult r;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-// The kb_nano built next to this test binary (build/tests/kbn_tests -> build/kb_nano).
-std::string kb_nano() {
-  const fs::path p = fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "kb_nano";
-  return fs::exists(p) ? p.string() : "";
 }
 
 const char* const kEvalFixtures[] = {"eval_balanced_vs_candidate.json", "eval_decode-heavy_vs_candidate.json",
@@ -470,7 +442,7 @@ TEST(ReportIndex, WritesPlotsAndTables) {
   for (const char* name : kEvalFixtures) files.push_back(bench::load_result(fixture(name)));
   for (const char* name : {"kernels_rms_norm_vs_candidate.json", "kernels_h200_subset.json"})
     files.push_back(bench::load_result(fixture(name)));
-  const fs::path dir = temp_dir() / "out";
+  const fs::path dir = kbn::test::temp_dir("kbn_report_test") / "out";
   bench::ReportOptions o;
   o.out_dir = dir.string();
   o.title = "Run <42> & more";
@@ -504,7 +476,7 @@ TEST(ReportIndex, WritesPlotsAndTables) {
 
 TEST(ReportIndex, SameGroupInTwoFilesDoesNotOverwrite) {
   const auto f = bench::load_result(fixture("kernels_rms_norm_baseline.json"));
-  const fs::path dir = temp_dir();
+  const fs::path dir = kbn::test::temp_dir("kbn_report_test");
   bench::ReportOptions o;
   o.out_dir = dir.string();
   const auto written = bench::write_report({f, f}, o);
@@ -514,14 +486,14 @@ TEST(ReportIndex, SameGroupInTwoFilesDoesNotOverwrite) {
 }
 
 TEST(ReportCli, EndToEnd) {
-  const std::string exe = kb_nano();
+  const std::string exe = kbn::test::kb_nano();
   if (exe.empty()) GTEST_SKIP() << "kb_nano is not built next to the test binary";
-  const fs::path dir = temp_dir();
+  const fs::path dir = kbn::test::temp_dir("kbn_report_test");
   std::string cmd = exe + " report";
   for (const char* name :
        {"eval_balanced_vs_candidate.json", "eval_latency-b1_baseline.json", "kernels_rms_norm_vs_candidate.json"})
     cmd += " " + fixture(name);
-  const ShellResult r = shell(cmd + " --out " + (dir / "r").string() + " --title 'CPU <run>'");
+  const kbn::test::ShellResult r = kbn::test::shell(cmd + " --out " + (dir / "r").string() + " --title 'CPU <run>'");
   ASSERT_EQ(r.code, 0) << r.output;
   std::vector<std::string> lines;
   std::stringstream ss(r.output);
@@ -534,24 +506,24 @@ TEST(ReportCli, EndToEnd) {
 }
 
 TEST(ReportCli, RefusalsNameTheFile) {
-  const std::string exe = kb_nano();
+  const std::string exe = kbn::test::kb_nano();
   if (exe.empty()) GTEST_SKIP() << "kb_nano is not built next to the test binary";
-  const fs::path dir = temp_dir();
+  const fs::path dir = kbn::test::temp_dir("kbn_report_test");
   const std::string config = kbn::test::fixture_dir() + "/tiny-llama/config.json";
-  ShellResult r = shell(exe + " report " + fixture("eval_balanced_vs_candidate.json") + " " + config + " --out " +
-                        (dir / "r").string());
+  kbn::test::ShellResult r = kbn::test::shell(exe + " report " + fixture("eval_balanced_vs_candidate.json") + " " +
+                                              config + " --out " + (dir / "r").string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("kb_nano: error: " + config + ": not a kb_nano eval or kernels result"), std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(dir / "r")) << "nothing is written when a file is refused";
 
-  r = shell(exe + " report /nonexistent/k.json --out " + (dir / "r").string());
+  r = kbn::test::shell(exe + " report /nonexistent/k.json --out " + (dir / "r").string());
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("kb_nano: error: /nonexistent/k.json: cannot read (No such file or directory)"),
             std::string::npos)
       << r.output;
 
-  r = shell(exe + " report");
+  r = kbn::test::shell(exe + " report");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("files is required"), std::string::npos) << r.output;
   fs::remove_all(dir);
