@@ -46,41 +46,6 @@ int cold_input_sets(long long input_set_bytes, long long l2_bytes) {
 
 namespace {
 
-double percentile_of(const std::vector<double>& sorted, double q) {
-  const size_t i = size_t(std::lround(q * double(sorted.size() - 1)));
-  return sorted[std::min(i, sorted.size() - 1)];
-}
-
-Timing time_host(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
-  Timing t;
-  t.input_sets = input_sets;
-  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
-  std::vector<double> ms;
-  double measured = 0;
-  for (int it = 0; it < o.min_iterations || (measured < o.min_measured_ms && it < o.max_iterations); ++it) {
-    const auto start = std::chrono::steady_clock::now();
-    call(it % input_sets);
-    const double m = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    ms.push_back(m);
-    measured += m;
-  }
-  std::sort(ms.begin(), ms.end());
-  t.ok = true;
-  t.iterations = int(ms.size());
-  t.median_ms = percentile_of(ms, 0.5);
-  t.p10_ms = percentile_of(ms, 0.1);
-  t.p90_ms = percentile_of(ms, 0.9);
-  t.host_wall_median_ms = t.median_ms;
-  return t;
-}
-
-}  // namespace
-
-#ifdef KBN_WITH_CUDA
-namespace {
-
-constexpr size_t kFlushBytes = size_t(256) << 20;
-
 double percentile(const std::vector<double>& sorted, double q) {
   const size_t i = size_t(std::lround(q * double(sorted.size() - 1)));
   return sorted[std::min(i, sorted.size() - 1)];
@@ -97,6 +62,35 @@ void summarise(Timing& t, std::vector<double> per_call_ms, std::vector<double> w
   t.host_wall_median_ms = percentile(wall_ms, 0.5);
 }
 
+bool keep_going(int iterations, double measured_ms, const TimingOptions& o) {
+  if (iterations < o.min_iterations) return true;
+  return measured_ms < o.min_measured_ms && iterations < o.max_iterations;
+}
+
+Timing time_host(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
+  Timing t;
+  t.input_sets = input_sets;
+  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
+  std::vector<double> ms;
+  double measured = 0;
+  for (int it = 0; keep_going(it, measured, o); ++it) {
+    const auto start = std::chrono::steady_clock::now();
+    call(it % input_sets);
+    const double m = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    ms.push_back(m);
+    measured += m;
+  }
+  summarise(t, ms, ms);  // on the host clock, per call and wall time are the same measurement
+  return t;
+}
+
+}  // namespace
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+constexpr size_t kFlushBytes = size_t(256) << 20;
+
 // Owns a device allocation for one measurement, released on every path (including errors).
 struct DeviceBuffer {
   void* ptr = nullptr;
@@ -104,17 +98,6 @@ struct DeviceBuffer {
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-struct OwnedStream {
-  cudaStream_t stream = nullptr;
-  OwnedStream() { KBN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
-  ~OwnedStream() {
-    cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-  }
-  OwnedStream(const OwnedStream&) = delete;
-  OwnedStream& operator=(const OwnedStream&) = delete;
 };
 
 struct OwnedGraph {
@@ -128,11 +111,6 @@ struct OwnedGraph {
   OwnedGraph(const OwnedGraph&) = delete;
   OwnedGraph& operator=(const OwnedGraph&) = delete;
 };
-
-bool keep_going(int iterations, double measured_ms, const TimingOptions& o) {
-  if (iterations < o.min_iterations) return true;
-  return measured_ms < o.min_measured_ms && iterations < o.max_iterations;
-}
 
 struct Iteration {
   double stream_ms = 0;       // start -> end event on the bench stream
@@ -215,39 +193,42 @@ Timing time_graph(const std::function<void(int)>& call, int input_sets, const Ti
   Timing t;
   t.input_sets = input_sets;
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
-  OwnedStream capture_stream;
-  StreamGuard guard(capture_stream.stream);
+  int device = 0;
+  KBN_CUDA_CHECK(cudaGetDevice(&device));
+  const OwnedStream capture_stream(Device::cuda(device));
+  const cudaStream_t stream = capture_stream.get();
+  StreamGuard guard(stream);
   // Warm-up on the capture stream itself: per-stream workspaces (cuBLASLt) and cached output blocks exist
   // before capture, so the captured calls allocate nothing new.
   for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
 
   OwnedGraph g;
-  KBN_CUDA_CHECK(cudaStreamBeginCapture(capture_stream.stream, cudaStreamCaptureModeThreadLocal));
+  KBN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
     for (int i = 0; i < o.graph_calls; ++i) call(i % input_sets);
   } catch (const Error& e) {
     cudaGraph_t partial = nullptr;
-    cudaStreamEndCapture(capture_stream.stream, &partial);
+    cudaStreamEndCapture(stream, &partial);
     if (partial) cudaGraphDestroy(partial);
     (void)cudaGetLastError();  // clear the capture error so later cases run
     t.skipped = std::string("graph: capture failed: ") + e.what();
     return t;
   }
-  KBN_CUDA_CHECK(cudaStreamEndCapture(capture_stream.stream, &g.graph));
+  KBN_CUDA_CHECK(cudaStreamEndCapture(stream, &g.graph));
   KBN_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
-  KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream));  // warm-up launch (uploads the graph)
+  KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream));  // warm-up launch (uploads the graph)
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
 
   EventPair ev;
   OwnedEvent after_sync;
-  const double overhead = sync_overhead_ms(capture_stream.stream, ev, after_sync.e);
+  const double overhead = sync_overhead_ms(stream, ev, after_sync.e);
   std::vector<double> per_call, wall, outside;
   double measured = 0;
   const double n = double(o.graph_calls);
   for (int it = 0; keep_going(it, measured, o); ++it) {
-    const Iteration r = timed_iteration(capture_stream.stream, ev, after_sync.e,
-                                        [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, capture_stream.stream)); });
+    const Iteration r =
+        timed_iteration(stream, ev, after_sync.e, [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream)); });
     per_call.push_back(r.stream_ms / n);
     wall.push_back(r.wall_ms / n);
     outside.push_back(r.device_wide_ms - r.stream_ms);
