@@ -20,6 +20,13 @@ std::string Validation::summary() const {
   return "FAIL " + check + ": " + reason;
 }
 
+bool fits_cpu_oracle(const BenchCase& c) {
+  constexpr int64_t kMaxOutputs = int64_t(1) << 20;
+  constexpr int64_t kMaxFlops = 300'000'000;
+  constexpr int64_t kMaxInputBytes = int64_t(1126) << 20;
+  return c.output_numel <= kMaxOutputs && c.flops <= kMaxFlops && c.input_bytes <= kMaxInputBytes;
+}
+
 Tolerance tolerance_for(const OpEntry& entry, DType dtype) {
   if (entry.exact_outputs) return {};
   // Two ulps of the output type, relative to each element and to the output's rms (kbn/compare.h): two

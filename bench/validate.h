@@ -44,6 +44,10 @@ struct Validation {
   std::string summary() const;    // "PASS (12 runs, oracle 4)" / "FAIL unwritten: ..."
 };
 
+// NOTE: the CPU oracle accumulates in double and is single-threaded, so oracle checks stop at 2^20 output
+// elements, 3e8 FLOPs and 1.1 GiB of inputs (about a second of CPU per call at most).
+bool fits_cpu_oracle(const BenchCase& c);
+
 // The declared tolerance of `entry`'s outputs in `dtype`.
 Tolerance tolerance_for(const OpEntry& entry, DType dtype);
 

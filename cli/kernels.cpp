@@ -15,7 +15,6 @@
 
 #include "bench/cases.h"
 #include "bench/ceilings.h"
-#include "bench/correctness.h"
 #include "bench/timing.h"
 #include "bench/validate.h"
 #include "cli/commands.h"

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "bench/cases.h"
-#include "bench/correctness.h"
 #include "bench/timing.h"
+#include "bench/validate.h"
 #include "kbn/config.h"
 #include "kbn/error.h"
 #include "kbn/module.h"
@@ -144,8 +144,8 @@ TEST(BenchCases, CpuOutputCheckPassesOnIdenticalOps) {
   auto a = entry.make(args), b = entry.make(args);
   init_random_weights(a->module(), 3, 0.02);
   init_random_weights(b->module(), 3, 0.02);
-  auto result = bench::check_against_cpu(*a, *b, c.make_inputs(Device::cpu(), 3));
-  EXPECT_EQ(result.status, bench::CheckStatus::pass) << result.detail;
+  const auto result = bench::validate_candidate(c, entry, *a, *b, nullptr, Device::cpu(), 3, {});
+  EXPECT_TRUE(result.pass) << result.summary();
   EXPECT_FALSE(bench::fits_cpu_oracle(cases("linear", 1, {16384})[0]));
 }
 
