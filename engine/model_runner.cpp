@@ -231,12 +231,11 @@ KVCacheSizing ModelRunner::auto_num_kv_blocks(int64_t max_num_batched_tokens, in
   const int64_t activations = int64_t(cuda_allocator_stats(device_.index).reserved_bytes) - reserved_before;
   cuda_empty_cache();  // the KV tensors are a few large allocations; cached activation blocks would not fit them
 
-  int prev = 0;
-  KBN_CUDA_CHECK(cudaGetDevice(&prev));
-  KBN_CUDA_CHECK(cudaSetDevice(device_.index));
   size_t free_bytes = 0, total_bytes = 0;
-  KBN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  KBN_CUDA_CHECK(cudaSetDevice(prev));
+  {
+    const DeviceGuard device_guard(device_);
+    KBN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  }
   const double in_use = double(total_bytes - free_bytes);  // weights, CUDA context, cuBLAS workspace, others
   const double budget = gpu_memory_utilization * double(total_bytes) - in_use - double(activations);
   r.num_blocks = budget > 0 ? int64_t(budget / double(r.bytes_per_block)) : 0;

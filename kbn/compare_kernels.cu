@@ -185,22 +185,10 @@ struct Scratch {
   void* ptr = nullptr;
 };
 
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    KBN_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ != device) KBN_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
-
 }  // namespace
 
 CompareStats compare_close(const Tensor& actual, const Tensor& expected, const Tolerance& tol) {
-  DeviceScope scope(actual.device().index);
+  const DeviceGuard scope(actual.device());
   const int64_t n = actual.numel();
   CompareStats s;
   s.numel = n;
@@ -246,7 +234,7 @@ CompareStats compare_close(const Tensor& actual, const Tensor& expected, const T
 
 namespace {
 int64_t run_bytes_kernel(const Tensor& a, const Tensor* b, int mode, unsigned char byte, int64_t* first) {
-  DeviceScope scope(a.device().index);
+  const DeviceGuard scope(a.device());
   const int64_t n = a.numel();
   if (first) *first = -1;
   if (n == 0) return 0;

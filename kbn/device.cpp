@@ -58,9 +58,22 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
   KBN_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+DeviceGuard::DeviceGuard(Device device) {
+  if (device.is_cpu()) return;
+  int prev = 0;
+  KBN_CUDA_CHECK(cudaGetDevice(&prev));
+  if (prev == device.index) return;
+  KBN_CUDA_CHECK(cudaSetDevice(device.index));
+  prev_ = prev;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (prev_ >= 0) cudaSetDevice(prev_);
+}
+
 OwnedStream::OwnedStream(Device device) {
   if (device.is_cpu()) return;
-  KBN_CUDA_CHECK(cudaSetDevice(device.index));
+  const DeviceGuard guard(device);
   KBN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
 }
 
@@ -85,6 +98,11 @@ void copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size
             src_dev.str(), " -> ", dst_dev.str());
   if (nbytes) std::memmove(dst, src, nbytes);
 }
+
+DeviceGuard::DeviceGuard(Device device) {
+  KBN_CHECK(device.is_cpu(), "DeviceGuard: kb-nano was built without CUDA; no device ", device.str());
+}
+DeviceGuard::~DeviceGuard() = default;
 
 OwnedStream::OwnedStream(Device device) {
   KBN_CHECK(device.is_cpu(), "OwnedStream: kb-nano was built without CUDA; no device ", device.str());

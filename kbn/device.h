@@ -34,6 +34,19 @@ int cuda_device_count();
 Stream current_stream();
 void set_current_stream(Stream s);
 
+// RAII: makes `device` the calling thread's current CUDA device and restores the previous one (no-op for the
+// CPU).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;  // -1: nothing to restore
+};
+
 // A stream created for one job (cudaStreamNonBlocking: no implicit synchronisation with the legacy default
 // stream, so work another stream does is never waited for by accident); destroyed after a sync.
 class OwnedStream {
