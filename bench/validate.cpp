@@ -97,7 +97,7 @@ bool aliases_any(const Tensor& t, const std::vector<Tensor>& v) {
   return std::any_of(v.begin(), v.end(), [&](const Tensor& u) { return same_memory(t, u); });
 }
 
-std::string describe_output(const OpEntry& e, size_t j) { return "output " + std::to_string(j); }
+std::string describe_output(size_t j) { return "output " + std::to_string(j); }
 
 struct Failure {
   std::string check, reason;
@@ -118,14 +118,13 @@ Failure compare_outputs(const std::vector<Tensor>& got, const std::vector<Tensor
             "returned " + std::to_string(got.size()) + " outputs, the " + against + " " + std::to_string(want.size())};
   for (size_t j = 0; j < got.size(); ++j) {
     if (got[j].shape() != want[j].shape() || got[j].dtype() != want[j].dtype())
-      return {"tolerance",
-              describe_output(e, j) + " is " + got[j].str() + ", the " + against + "'s is " + want[j].str()};
+      return {"tolerance", describe_output(j) + " is " + got[j].str() + ", the " + against + "'s is " + want[j].str()};
     const Tensor g = got[j].device() == want[j].device() ? got[j] : got[j].to(want[j].device());
     const CompareStats s = compare_close(g, want[j], tol);
     if (worst_rel) *worst_rel = std::max(*worst_rel, s.mean_rel_err());
     if (s.bad) {
       std::string where = s.first_bad >= 0 ? " at " + unravel_index(want[j].shape(), s.first_bad) : "";
-      return {"tolerance", describe_output(e, j) + " vs " + against + ": " + std::to_string(s.bad) + " of " +
+      return {"tolerance", describe_output(j) + " vs " + against + ": " + std::to_string(s.bad) + " of " +
                                std::to_string(s.numel) + " elements outside tolerance" + where + " (" +
                                std::to_string(s.actual_at_first_bad) + " vs " +
                                std::to_string(s.expected_at_first_bad) + "; max |err| " +
@@ -154,7 +153,7 @@ Failure checked_call(const OpEntry& e, AnyOp& op, std::vector<Tensor>& inputs, c
     int64_t first = -1;
     const int64_t n = count_poisoned(rec.snapshots[j], kAuditPoisonByte, &first);
     if (n > 0)
-      return {"unwritten", describe_output(e, j) + ": " + std::to_string(n) + " of " +
+      return {"unwritten", describe_output(j) + ": " + std::to_string(n) + " of " +
                                std::to_string(rec.snapshots[j].numel()) + " elements still hold the poison (first at " +
                                unravel_index(rec.snapshots[j].shape(), first) +
                                ") when the call's stream finished: skipped work, or work left on another stream or "
@@ -234,12 +233,12 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
         if (j >= previous.fresh.size() || !previous.fresh[j]) continue;
         for (size_t i = 0; i < rec.outputs.size(); ++i)
           if (rec.fresh[i] && same_memory(rec.outputs[i], previous.outputs[j]))
-            return fail({"fresh output", describe_output(entry, i) + " is the buffer of the previous call's " +
-                                             describe_output(entry, j) +
-                                             ", which the caller still holds (a cached or reused output)"},
-                        context);
+            return fail(
+                {"fresh output", describe_output(i) + " is the buffer of the previous call's " + describe_output(j) +
+                                     ", which the caller still holds (a cached or reused output)"},
+                context);
         if (count_bitwise_mismatches(previous.outputs[j], previous.snapshots[j]) > 0)
-          return fail({"fresh output", "this call overwrote the previous call's " + describe_output(entry, j) +
+          return fail({"fresh output", "this call overwrote the previous call's " + describe_output(j) +
                                            ", which the caller still holds"},
                       context);
       }
@@ -294,9 +293,9 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
           int64_t first = -1;
           const int64_t n = count_bitwise_mismatches(again[j], first_snapshots[j], &first);
           if (n > 0)
-            return fail({"determinism", describe_output(entry, j) +
-                                            " differs between two calls on identical inputs in " + std::to_string(n) +
-                                            " elements (first at " + unravel_index(again[j].shape(), first) + ")"},
+            return fail({"determinism", describe_output(j) + " differs between two calls on identical inputs in " +
+                                            std::to_string(n) + " elements (first at " +
+                                            unravel_index(again[j].shape(), first) + ")"},
                         context);
         }
       }
