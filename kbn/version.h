@@ -4,7 +4,7 @@
 
 namespace kbn {
 struct BuildInfo {
-  std::string git_commit;  // short hash, "+dirty" when the tree had changes at configure time
+  std::string git_commit;  // short hash, "+dirty" when tracked files had changes at build time
   std::string build_type;
   std::string cuda_version;  // toolkit used to build, empty without CUDA
   std::string cuda_flags;

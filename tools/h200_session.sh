@@ -10,6 +10,7 @@
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
 #   eval       kb_nano eval on Llama-3.1-8B: latency b1/b32 and balanced, eager and graph modes
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
+#   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
 # Everything lands in $OUT/session/ and is packed into $OUT/session.tar.gz (the device returns at most 8
 # files), with a log per part and the exit status of every command in $OUT/session/status.txt.
@@ -21,11 +22,11 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PA
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >"$out/gpu.txt"
 git rev-parse --short=12 HEAD >"$out/commit.txt" 2>/dev/null || true
 
-step() {  # name, command...: runs it, logs it, records the status; never stops the session
-  local name=$1
-  shift
+step() {  # name, seconds, command...: runs it under a time limit, logs it, records the status; never stops the session
+  local name=$1 limit=$2
+  shift 2
   local start=$SECONDS
-  "$@" >"$out/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   echo "$name rc=$rc $((SECONDS - start))s: $*" | tee -a "$out/status.txt"
 }
@@ -33,46 +34,56 @@ step() {  # name, command...: runs it, logs it, records the status; never stops 
 for part in "$@"; do
   case "$part" in
     gpu-tests)
-      step gpu_tests build/tests/kbn_gpu_tests --gtest_output=json:"$out/gpu_tests.json"
-      step generate_8b build/kb_nano generate --max-new-tokens 64 --json "$out/generate_8b.json"
+      step gpu_tests 300 build/tests/kbn_gpu_tests --gtest_output=json:"$out/gpu_tests.json"
+      step generate_8b 90 build/kb_nano generate --max-new-tokens 64 --json "$out/generate_8b.json"
       ;;
     kernels)
-      step kernels_8b build/kb_nano kernels --model llama-3.1-8b-instruct --variant baseline \
-        --json "$out/kernels_8b.json" --markdown "$out/kernels_8b.md"
+      # One step per op so that a time limit loses one op's rows, not the run's.
+      for op in rms_norm fused_add_rms_norm silu_and_mul rotary_embedding store_kvcache embedding argmax linear \
+                flash_attn_decode flash_attn_prefill; do
+        step "kernels_8b_$op" 240 build/kb_nano kernels --model llama-3.1-8b-instruct --variant baseline --target "$op" \
+          --json "$out/kernels_8b_$op.json" --markdown "$out/kernels_8b_$op.md"
+      done
       ;;
     cheats)
       for c in cached_output side_stream zero_skip shape_specialised stale_output low_precision partial_write \
                mutate_input; do
-        step "cheat_$c" env KBN_CHEAT=$c build-cheats/kb_nano kernels --target rms_norm --tokens 1,4096 \
+        step "cheat_$c" 45 env KBN_CHEAT=$c build-cheats/kb_nano kernels --target rms_norm --tokens 1,4096 \
           --random 1 --seeds 1 --no-composition --json "$out/cheat_$c.json"
       done
       ;;
     honest)
-      step honest_rms_norm env KBN_CHEAT=honest build-cheats/kb_nano kernels --target rms_norm \
+      step honest_rms_norm 150 env KBN_CHEAT=honest build-cheats/kb_nano kernels --target rms_norm \
         --json "$out/honest_rms_norm.json" --markdown "$out/honest_rms_norm.md"
       ;;
     eval)
       for mode in eager graph; do
         for w in latency-b1 latency-b32 balanced; do
-          step "eval_${w}_$mode" build/kb_nano eval --workload "$w" --mode "$mode" --variant baseline \
+          step "eval_${w}_$mode" 300 build/kb_nano eval --workload "$w" --mode "$mode" --variant baseline \
             --max-model-len 4096 --json "$out/eval_${w}_$mode.json"
         done
       done
       ;;
     peer)
-      step latency_peer python3 tools/hf_latency_peer.py --config models/llama-3.1-8b-instruct.json \
+      step latency_peer 480 python3 tools/hf_latency_peer.py --config models/llama-3.1-8b-instruct.json \
         --kb-nano build/kb_nano --workdir /tmp/peer8b --json "$out/latency_peer.json" --markdown "$out/latency_peer.md"
       ;;
     profile)
       mkdir -p "$out/ncu"
-      step profile_rms_norm build/kb_nano profile --target rms_norm --case 'T=4096 H=4096' --variant baseline \
+      step profile_rms_norm 120 build/kb_nano profile --target rms_norm --case 'T=4096 H=4096' --variant baseline \
         --save-csv "$out/ncu" --json "$out/profile_rms_norm.json" --markdown "$out/profile_rms_norm.md"
-      step profile_prefill build/kb_nano profile --target flash_attn_prefill \
+      step profile_prefill 120 build/kb_nano profile --target flash_attn_prefill \
         --case 'seqs=1x4096 heads=32 kv=8 D=128' --variant baseline --save-csv "$out/ncu" \
         --json "$out/profile_prefill.json" --markdown "$out/profile_prefill.md"
       ;;
+    smoke-eval)  # a short eval in each mode: does the engine run on the GPU, and do CUDA graphs capture?
+      for mode in eager graph; do
+        step "smoke_eval_$mode" 120 build/kb_nano eval --workload latency-b32 --num-requests 32 --mode "$mode" \
+          --variant baseline --max-model-len 4096 --json "$out/smoke_eval_$mode.json"
+      done
+      ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer profile)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer profile smoke-eval)" >&2
       exit 2
       ;;
   esac
