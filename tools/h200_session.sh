@@ -8,7 +8,8 @@
 #   kernels    kb_nano kernels, every Llama L1 op, baseline alone, 8B shapes (JSON + Markdown)
 #   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
-#   eval       kb_nano eval on Llama-3.1-8B: latency b1/b32 and balanced, eager and graph modes
+#   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
+#              $EVAL_MODES (default eager graph)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -57,8 +58,8 @@ for part in "$@"; do
         --json "$out/honest_rms_norm.json" --markdown "$out/honest_rms_norm.md"
       ;;
     eval)
-      for mode in eager graph; do
-        for w in latency-b1 latency-b32 balanced; do
+      for mode in ${EVAL_MODES:-eager graph}; do
+        for w in ${EVAL_WORKLOADS:-latency-b1 latency-b32 balanced}; do
           step "eval_${w}_$mode" 300 build/kb_nano eval --workload "$w" --mode "$mode" --variant baseline \
             --max-model-len 4096 --json "$out/eval_${w}_$mode.json"
         done
