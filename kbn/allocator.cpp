@@ -94,6 +94,27 @@ class CachingAllocator {
     free_[{b.device, b.stream}].emplace(b.size, b);
   }
 
+  // `stream` is about to be destroyed (its work has finished): blocks tagged with it, live or cached, move to
+  // the legacy default stream's tag, so that no free list keys on a dead handle that a new stream may reuse.
+  void retire_stream(Stream stream) {
+    if (stream == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [p, b] : live_)
+      if (b.stream == stream) b.stream = nullptr;
+    for (auto it = free_.begin(); it != free_.end();) {
+      if (it->first.second != stream) {
+        ++it;
+        continue;
+      }
+      auto& to = free_[{it->first.first, nullptr}];
+      for (auto& [size, b] : it->second) {
+        b.stream = nullptr;
+        to.emplace(size, b);
+      }
+      it = free_.erase(it);
+    }
+  }
+
   AllocatorStats stats(int device) {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_[device];
@@ -142,6 +163,7 @@ CachingAllocator& allocator() {
 namespace {
 void* raw_cuda_alloc(size_t nbytes, int device, Stream stream) { return allocator().alloc(nbytes, device, stream); }
 void raw_cuda_free(void* p) { allocator().free(p); }
+void raw_retire_stream(Stream s) { allocator().retire_stream(s); }
 }  // namespace
 AllocatorStats cuda_allocator_stats(int device) { return allocator().stats(device); }
 void cuda_empty_cache() { allocator().empty_cache(); }
@@ -153,6 +175,7 @@ void* raw_cuda_alloc(size_t nbytes, int device, Stream) {
   KBN_FAIL("cuda_alloc: kb-nano was built without CUDA; cannot allocate ", nbytes, " bytes on cuda:", device);
 }
 void raw_cuda_free(void*) { KBN_FAIL("cuda_free: kb-nano was built without CUDA"); }
+void raw_retire_stream(Stream) {}
 }  // namespace
 AllocatorStats cuda_allocator_stats(int) { return {}; }
 void cuda_empty_cache() {}
@@ -354,6 +377,19 @@ std::vector<GuardViolation> take_guard_violations() {
   found.insert(found.begin(), a.violations.begin(), a.violations.end());
   a.violations.clear();
   return found;
+}
+
+void cuda_stream_retiring(Stream stream) {
+  if (stream == nullptr) return;
+  {
+    AuditState& a = audit();
+    std::lock_guard<std::mutex> lock(a.mu);
+    for (auto& [p, b] : a.live)
+      if (b.stream == stream) b.stream = nullptr;
+    for (auto& b : a.retired)
+      if (b.stream == stream) b.stream = nullptr;
+  }
+  raw_retire_stream(stream);
 }
 
 size_t audited_block_count() {

@@ -49,6 +49,10 @@ bool allocation_audit_active();
 // Checks the canaries of every live audited block (synchronises CUDA devices first) and returns the
 // violations found now plus those found when audited blocks were freed since the last call (then cleared).
 std::vector<GuardViolation> take_guard_violations();
+// Call before destroying a stream whose work has finished (kbn::OwnedStream does): blocks allocated on it
+// (live, cached or audited) are re-tagged with the legacy default stream, so that a tensor outliving its
+// stream (a candidate caching an output across bench cases) is later freed without touching the dead handle.
+void cuda_stream_retiring(Stream stream);
 // Number of live audited blocks (tests use it to see that the audit reached an allocation).
 size_t audited_block_count();
 

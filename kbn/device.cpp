@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "kbn/allocator.h"
 #include "kbn/error.h"
 #include "kbn/tensor.h"
 #ifdef KBN_WITH_CUDA
@@ -80,6 +81,7 @@ OwnedStream::OwnedStream(Device device) {
 OwnedStream::~OwnedStream() {
   if (!stream_) return;
   cudaStreamSynchronize(stream_);
+  cuda_stream_retiring(stream_);
   cudaStreamDestroy(stream_);
 }
 

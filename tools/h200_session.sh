@@ -60,8 +60,10 @@ for part in "$@"; do
     eval)
       for mode in ${EVAL_MODES:-eager graph}; do
         for w in ${EVAL_WORKLOADS:-latency-b1 latency-b32 balanced}; do
+          len=4096
+          [[ $w == long-context ]] && len=33024  # prompts up to 32k + 320 output tokens
           step "eval_${w}_$mode" 300 build/kb_nano eval --workload "$w" --mode "$mode" --variant baseline \
-            --max-model-len 4096 --json "$out/eval_${w}_$mode.json"
+            --max-model-len "$len" --json "$out/eval_${w}_$mode.json"
         done
       done
       ;;

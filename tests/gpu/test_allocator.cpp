@@ -2,6 +2,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "kbn/allocator.h"
 #include "kbn/tensor.h"
 
@@ -69,4 +71,32 @@ TEST(CudaTensor, CopiesFillsAndConversionsRoundTrip) {
   EXPECT_EQ(d.to_floats(), (std::vector<float>{1.5f, 7.0f, 3.0f, 4.0f, 7.0f, -6.0f}));
   Tensor z = Tensor::full({5}, 3.0, DType::f16, Device::cuda(0));
   EXPECT_EQ(z.to_floats(), std::vector<float>(5, 3.0f));
+}
+
+// A tensor that outlives the stream it was allocated on (a candidate caching its output across bench cases,
+// each of which runs on its own OwnedStream) is freed later without touching the dead stream handle, both
+// when the allocation was audited (poisoned, guarded) and when it was not; the block is then reusable on the
+// legacy default stream only.
+TEST(CudaAllocator, TensorsOutliveTheirOwnedStream) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const bool audited : {false, true}) {
+    Tensor kept;
+    {
+      OwnedStream stream(Device::cuda(0));
+      StreamGuard guard(stream.get());
+      std::optional<AllocationAudit> audit;
+      if (audited) audit.emplace();
+      kept = Tensor::zeros({1 << 16}, DType::f32, Device::cuda(0));
+      kept.fill_(2.0);
+    }
+    // A new stream that may reuse the dead handle's value must not be handed the kept block on free.
+    OwnedStream other(Device::cuda(0));
+    void* p = kept.data_ptr();
+    EXPECT_EQ(kept.to(Device::cpu()).to_floats()[123], 2.0f) << "audited=" << audited;
+    kept = Tensor();  // the free: must neither crash nor use the retired handle
+    StreamGuard on_other(other.get());
+    Tensor fresh = Tensor::empty({1 << 16}, DType::f32, Device::cuda(0));
+    EXPECT_NE(fresh.data_ptr(), p) << "audited=" << audited;
+  }
+  EXPECT_TRUE(take_guard_violations().empty());
 }
