@@ -65,18 +65,31 @@ class CachingAllocator {
     KBN_CUDA_CHECK(cudaGetDevice(&prev));
     if (prev != device) KBN_CUDA_CHECK(cudaSetDevice(device));
     void* p = nullptr;
+    // cudaMalloc is an "unsafe" call inside a stream capture in the global and thread-local modes (the engine
+    // captures its decode graphs in thread-local mode, so that host syncs fail the capture): the malloc itself
+    // runs in relaxed mode, like PyTorch's allocator does. The block is then an ordinary cached block of this
+    // stream (see cuda_graph_runner.cpp for why sharing it with the graphs is safe).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) cudaGetLastError();
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&mode);
     cudaError_t err = cudaMalloc(&p, size);
-    if (err == cudaErrorMemoryAllocation) {
+    if (err == cudaErrorMemoryAllocation && capture == cudaStreamCaptureStatusNone) {
+      // Out of memory outside a capture: hand the cached blocks back to the driver and try once more (not
+      // during a capture, where the device-wide sync this needs is not allowed).
       cudaGetLastError();
       release_cached_locked(device);
       err = cudaMalloc(&p, size);
     }
+    cudaThreadExchangeStreamCaptureMode(&mode);
     if (prev != device) cudaSetDevice(prev);
     if (err != cudaSuccess) {
       cudaGetLastError();
       AllocatorStats& s = stats_[device];
-      KBN_FAIL("cuda_alloc: out of memory on cuda:", device, " allocating ", nbytes, " bytes (", s.allocated_bytes,
-               " bytes in use by tensors, ", s.reserved_bytes, " reserved): ", cudaGetErrorString(err));
+      KBN_FAIL("cuda_alloc: ", err == cudaErrorMemoryAllocation ? "out of memory" : "cudaMalloc failed", " on cuda:",
+               device, " allocating ", nbytes, " bytes (", s.allocated_bytes, " bytes in use by tensors, ",
+               s.reserved_bytes, " reserved", capture != cudaStreamCaptureStatusNone ? ", during a graph capture" : "",
+               "): ", cudaGetErrorString(err));
     }
     AllocatorStats& s = stats_[device];
     s.reserved_bytes += size;

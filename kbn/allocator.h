@@ -2,8 +2,9 @@
 // Memory for tensors. CUDA memory comes from a caching allocator: freed blocks go back to a free list
 // of the stream they were allocated on and are reused by later allocations on that stream, which is safe
 // without events because work on one stream is ordered. The free lists never call cudaFree during use, so
-// allocation inside a CUDA-graph capture reuses cached blocks (capture-time cudaMalloc is allowed in the
-// thread-local capture mode the engine uses).
+// allocation inside a CUDA-graph capture reuses cached blocks; a block the cache lacks is cudaMalloc'ed with the
+// thread's capture mode switched to relaxed for that call (the thread-local mode the engine captures in forbids
+// cudaMalloc, and the H200's long-context eval needed one).
 #include <cstddef>
 #include <string>
 #include <vector>

@@ -100,3 +100,30 @@ TEST(CudaAllocator, TensorsOutliveTheirOwnedStream) {
   }
   EXPECT_TRUE(take_guard_violations().empty());
 }
+
+// The engine captures its decode graphs in thread-local mode, which forbids cudaMalloc; a tensor whose size
+// the cache has no block for must still be allocatable inside the capture (the H200's long-context eval hit
+// this), and the captured work must use it.
+TEST(CudaAllocator, AllocatesInsideAThreadLocalCapture) {
+  KBN_SKIP_WITHOUT_GPU();
+  OwnedStream stream(Device::cuda(0));
+  StreamGuard guard(stream.get());
+  Tensor out = Tensor::zeros({1}, DType::f32, Device::cuda(0));
+  const AllocatorStats before = cuda_allocator_stats(0);
+  ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  {
+    Tensor t = Tensor::empty({(37 << 20) / 4 + 3}, DType::f32, Device::cuda(0));  // a size nothing else uses
+    t.fill_(3.0);
+    out.copy_(t.slice(0, 5, 6));
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  EXPECT_GT(cuda_allocator_stats(0).num_device_mallocs, before.num_device_mallocs);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  EXPECT_EQ(out.to(Device::cpu()).to_floats()[0], 3.0f);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
