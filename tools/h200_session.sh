@@ -12,6 +12,8 @@
 #              $EVAL_MODES (default eager graph)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
+#   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
+#   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
 # Everything lands in $OUT/session/ and is packed into $OUT/session.tar.gz (the device returns at most 8
 # files), with a log per part and the exit status of every command in $OUT/session/status.txt.
@@ -79,6 +81,14 @@ for part in "$@"; do
         --case 'seqs=1x4096 heads=32 kv=8 D=128' --variant baseline --save-csv "$out/ncu" \
         --json "$out/profile_prefill.json" --markdown "$out/profile_prefill.md"
       ;;
+    torch)  # PyTorch's own ops at the same shapes, same protocol (the side-by-side table of issue 3)
+      step torch_bench 300 python3 tools/torch_bench.py --model models/llama-3.1-8b-instruct.json \
+        --json "$out/torch_bench.json"
+      ;;
+    tune)  # candidates being tried for the baseline (a build with -DKBN_CANDIDATE_DIR=<them>, carried in build-tune/)
+      step tune 240 build-tune/kb_nano kernels --variant both ${TUNE_TARGETS:---target store_kvcache --target embedding} \
+        --no-composition --json "$out/tune.json" --markdown "$out/tune.md"
+      ;;
     smoke-eval)  # a short eval in each mode: does the engine run on the GPU, and do CUDA graphs capture?
       for mode in eager graph; do
         step "smoke_eval_$mode" 120 build/kb_nano eval --workload latency-b32 --num-requests 32 --mode "$mode" \
@@ -86,7 +96,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer profile smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune profile smoke-eval)" >&2
       exit 2
       ;;
   esac
