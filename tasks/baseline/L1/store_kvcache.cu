@@ -30,30 +30,46 @@ struct StoreKVCacheParams {
 
 constexpr int kThreads = 128;
 
-// One block per token copies its key and value rows into slot s of the caches: with contiguous caches
+// One block per kTok tokens copies their key and value rows into slot s of the caches: with contiguous caches
 // [num_blocks, block_size, kv_heads, head] the row of slot s (block s / block_size, offset s % block_size)
 // starts at s * kv_heads * head, so no division by block_size is needed. Negative slots are padding.
 // NOTE: a byte copy, templated on the copy unit (16-byte uint4 when heads and pointers allow, else
 // 2 bytes) rather than on the dtype. A Llama-3-8B token (8 kv heads x 128 in bf16) is 128 uint4 per
-// cache: one key and one value load in flight per thread of a 128-thread block.
+// cache: with kTok = 1 one key and one value load in flight per thread of a 128-thread block; kTok = 4
+// (prefill-size batches) issues four of each before the stores, 1.05-1.07x at 2k-4k tokens on the H200
+// (bench/results/h200/tune_store_kvcache_embedding.md).
 // NOTE: slots >= num_slots are skipped rather than written out of bounds (a kernel cannot raise).
-template <class Unit>
-__global__ void __launch_bounds__(kThreads) store_kvcache_kernel(StoreKVCacheParams p) {
-  const int64_t t = blockIdx.x;
-  const int64_t slot = p.slot_mapping[t * p.slot_stride];
-  if (slot < 0 || slot >= p.num_slots) return;
+template <class Unit, int kTok>
+__global__ void __launch_bounds__(kThreads) store_kvcache_kernel(StoreKVCacheParams p, int64_t num_tokens) {
+  const int64_t t0 = int64_t(blockIdx.x) * kTok;
+  int64_t slot[kTok];
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) {
+    const int64_t t = t0 + j;
+    slot[j] = t < num_tokens ? p.slot_mapping[t * p.slot_stride] : -1;
+    if (slot[j] >= p.num_slots) slot[j] = -1;
+  }
   const int row_units = p.num_kv_heads * p.head_units;
-  const Unit* key = static_cast<const Unit*>(p.key) + t * p.key_token_stride;
-  const Unit* value = static_cast<const Unit*>(p.value) + t * p.value_token_stride;
-  Unit* key_cache = static_cast<Unit*>(p.key_cache) + slot * row_units;
-  Unit* value_cache = static_cast<Unit*>(p.value_cache) + slot * row_units;
+  const Unit* key = static_cast<const Unit*>(p.key);
+  const Unit* value = static_cast<const Unit*>(p.value);
+  Unit* key_cache = static_cast<Unit*>(p.key_cache);
+  Unit* value_cache = static_cast<Unit*>(p.value_cache);
   for (int i = threadIdx.x; i < row_units; i += kThreads) {
     const int head = i / p.head_units;
-    const int j = i - head * p.head_units;
-    const Unit k = key[head * p.key_head_stride + j];
-    const Unit v = value[head * p.value_head_stride + j];
-    key_cache[i] = k;
-    value_cache[i] = v;
+    const int u = i - head * p.head_units;
+    Unit k[kTok], v[kTok];
+#pragma unroll
+    for (int j = 0; j < kTok; ++j) {
+      if (slot[j] < 0) continue;
+      k[j] = key[(t0 + j) * p.key_token_stride + head * p.key_head_stride + u];
+      v[j] = value[(t0 + j) * p.value_token_stride + head * p.value_head_stride + u];
+    }
+#pragma unroll
+    for (int j = 0; j < kTok; ++j) {
+      if (slot[j] < 0) continue;
+      key_cache[slot[j] * row_units + i] = k[j];
+      value_cache[slot[j] * row_units + i] = v[j];
+    }
   }
 }
 
@@ -70,7 +86,12 @@ void launch_store_kvcache(StoreKVCacheParams p, int64_t num_tokens, int64_t head
   p.key_head_stride = p.key_head_stride * e / U;
   p.value_token_stride = p.value_token_stride * e / U;
   p.value_head_stride = p.value_head_stride * e / U;
-  store_kvcache_kernel<Unit><<<unsigned(num_tokens), kThreads, 0, stream>>>(p);
+  // Four tokens per block once there are enough blocks to fill the GPU several times over: each thread then
+  // has four key and four value loads in flight instead of one, and the grid has a quarter of the blocks.
+  if (num_tokens >= 2048)
+    store_kvcache_kernel<Unit, 4><<<unsigned((num_tokens + 3) / 4), kThreads, 0, stream>>>(p, num_tokens);
+  else
+    store_kvcache_kernel<Unit, 1><<<unsigned(num_tokens), kThreads, 0, stream>>>(p, num_tokens);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
