@@ -165,6 +165,9 @@ TEST(ProfileCsv, ShortKernelName) {
                                      "false, true, 256>(kbn::baseline::(anonymous namespace)::RmsNormParams)"),
             "rms_norm_kernel<__nv_bfloat16, false, true, 256>");
   EXPECT_EQ(bench::short_kernel_name("void f<(anonymous namespace)::X>(int)"), "f<(anonymous namespace)::X>");
+  // How ncu 2025.3 on the H200 wrote the anonymous namespace (recorded_rms_norm_*.csv).
+  EXPECT_EQ(bench::short_kernel_name("void unnamed>::rms_norm_kernel<__nv_bfloat16, 0, 1, 256>(unnamed>::RmsNormParams)"),
+            "rms_norm_kernel<__nv_bfloat16, 0, 1, 256>");
   EXPECT_EQ(bench::short_kernel_name("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"),
             "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64");
   EXPECT_EQ(bench::short_kernel_name("ns::k(int)"), "k");
@@ -369,7 +372,10 @@ TEST(ProfileRecorded, EveryRecordedCaptureParsesAndClassifies) {
       EXPECT_FALSE(a.occupancy_limiter.empty()) << name << " " << k.short_name;
       const double tensor = a.hmma_instructions.value_or(0) + a.gmma_instructions.value_or(0);
       if (name.find("rms_norm") != std::string::npos) {
-        EXPECT_EQ(tensor, 0) << name;
+        // No matrix work: the H200 capture counts one tensor-pipe instruction per block (4096, 0.05% of
+        // cycles), so the signal is the pipe's activity, not a zero count.
+        EXPECT_LT(a.tensor_pipe_pct.value_or(0), 1.0) << name;
+        EXPECT_LE(tensor, a.grid_size.value_or(0)) << name;
       }
       if (name.find("flash_attn_prefill") != std::string::npos) {
         EXPECT_GT(tensor, 0) << name;  // the baseline runs mma.sync
