@@ -11,6 +11,7 @@
 #   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
 #              $EVAL_MODES (default eager graph)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
+#   modes      kb_nano kernels in hot and graph timing modes (rms_norm, silu_and_mul, linear, decode attention)
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
@@ -89,6 +90,13 @@ for part in "$@"; do
       step tune 240 build-tune/kb_nano kernels --variant both ${TUNE_TARGETS:---target store_kvcache --target embedding} \
         --no-composition --json "$out/tune.json" --markdown "$out/tune.md"
       ;;
+    modes)  # the hot and graph timing modes of kb_nano kernels on a few ops (cold is every other part's default)
+      for mode in hot graph; do
+        step "kernels_$mode" 120 build/kb_nano kernels --mode "$mode" --variant baseline --target rms_norm \
+          --target silu_and_mul --target linear --target flash_attn_decode --tokens 1,64,4096 \
+          --json "$out/kernels_$mode.json" --markdown "$out/kernels_$mode.md"
+      done
+      ;;
     smoke-eval)  # a short eval in each mode: does the engine run on the GPU, and do CUDA graphs capture?
       for mode in eager graph; do
         step "smoke_eval_$mode" 120 build/kb_nano eval --workload latency-b32 --num-requests 32 --mode "$mode" \
@@ -96,7 +104,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune profile smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune modes profile smoke-eval)" >&2
       exit 2
       ;;
   esac
