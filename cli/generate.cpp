@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "engine/generate.h"
 #include "engine/model_loader.h"
+#include "engine/tp_group.h"
 #include "kbn/rng.h"
 #include "kbn/safetensors.h"
 #include "kbn/version.h"
@@ -24,6 +25,7 @@ struct Options {
   std::vector<std::string> prompt_ids;
   int64_t max_new_tokens = 16;
   int64_t block_size = 16;
+  int tp = 1;
   uint64_t seed = 0;
   std::string variant = "baseline";
   bool stop_at_eos = false;
@@ -70,17 +72,46 @@ void run(const Options& o) {
   }
 
   std::fprintf(
-      stderr, "kb_nano generate: %s (%s) on %s, %s, %s weights, %s variant\n", spec.name.c_str(),
-      spec.config_path.c_str(), device.str().c_str(), dtype_name(popts.dtype),
+      stderr, "kb_nano generate: %s (%s) on %s%s, %s, %s weights, %s variant\n", spec.name.c_str(),
+      spec.config_path.c_str(), device.str().c_str(),
+      o.tp > 1 ? (", tensor parallel " + std::to_string(o.tp) + (device.is_cpu() ? " (CPU ranks)" : " (cuda:0..)"))
+                     .c_str()
+               : "",
+      dtype_name(popts.dtype),
       spec.weights_path.empty() ? ("random (seed " + std::to_string(o.seed) + ")").c_str() : spec.weights_path.c_str(),
       o.variant.c_str());
-  auto model = engine::build_model(spec, variant, popts, o.seed);
   engine::GenerateOptions gopts;
   gopts.max_new_tokens = o.max_new_tokens;
   gopts.block_size = o.block_size;
   if (o.stop_at_eos) gopts.eos_token_ids = spec.config.get_int_list("eos_token_id");
   gopts.return_prompt_logits = !o.save_logits.empty();
-  engine::GenerateResult r = engine::greedy_generate(*model, prompts, device, variant, gopts);
+  engine::GenerateResult r;
+  if (o.tp == 1) {
+    auto model = engine::build_model(spec, variant, popts, o.seed);
+    r = engine::greedy_generate(*model, prompts, device, variant, gopts);
+  } else {
+    KBN_CHECK(device.is_cpu() || device.index == 0, "--tp ", o.tp, ": rank r runs on cuda:r, so --device must be cpu "
+              "or cuda:0, got ", device.str());
+    if (spec.weights_path.empty())
+      std::fprintf(stderr, "  note: random weights are drawn per shard, so --tp %d is a different random model from "
+                   "--tp 1 (a checkpoint gives the same model at every --tp)\n", o.tp);
+    engine::TensorParallelGroup group(o.tp, device);
+    std::vector<std::unique_ptr<CausalLM>> models(static_cast<size_t>(o.tp));
+    std::vector<engine::GenerateResult> results(static_cast<size_t>(o.tp));
+    group.run([&](int rank) {
+      ParamOptions p = popts;
+      p.device = group.device_of(rank);
+      models[size_t(rank)] = engine::build_model(spec, variant, p, o.seed);
+    });
+    group.run([&](int rank) {
+      results[size_t(rank)] = engine::greedy_generate(*models[size_t(rank)], prompts, group.device_of(rank), variant,
+                                                      gopts);
+    });
+    for (int rank = 1; rank < o.tp; ++rank)
+      KBN_CHECK(results[size_t(rank)].tokens == results[0].tokens, "--tp ", o.tp, ": rank ", rank,
+                " generated other tokens than rank 0 (the ranks' logits must be identical after the gather)");
+    r = std::move(results[0]);
+  }
 
   int64_t prompt_tokens = 0;
   for (const auto& p : prompts) prompt_tokens += int64_t(p.size());
@@ -108,6 +139,7 @@ void run(const Options& o) {
     j["weights"] = spec.weights_path.empty() ? "random" : spec.weights_path;
     j["seed"] = o.seed;
     j["variant"] = o.variant;
+    j["tp"] = o.tp;
     j["prompts"] = prompts;
     j["tokens"] = r.tokens;
     j["prefill_seconds"] = r.prefill_seconds;
@@ -134,6 +166,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--prompt-ids", o->prompt_ids, "Comma-separated token ids; repeat for a batch");
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")->check(CLI::PositiveNumber);
   cmd->add_option("--block-size", o->block_size, "KV cache block size")->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", o->tp,
+                  "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
+                  "CPU (default 1)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--seed", o->seed, "Seed for random weights and the default prompt");
   cmd->add_option("--variant", o->variant, "baseline or candidate");
   cmd->add_flag("--stop-at-eos", o->stop_at_eos, "Stop a sequence at the config's eos_token_id");

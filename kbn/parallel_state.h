@@ -1,14 +1,16 @@
 #pragma once
-// Tensor-parallel state of the calling thread (one thread or process per GPU). Parallel linears read it to
-// size their shards; the all-reduce op reads the communicator.
+// Tensor-parallel state of the calling thread (one thread per rank: engine::TensorParallelGroup). Parallel
+// linears read it to size their shards; the all-reduce op and the LM head's logits gather use the communicator.
 #include <cstdint>
 
 namespace kbn {
 
+class Communicator;  // kbn/comm.h
+
 struct ParallelState {
   int tp_rank = 0;
   int tp_size = 1;
-  void* nccl_comm = nullptr;  // ncclComm_t when tp_size > 1
+  Communicator* comm = nullptr;  // this rank's communicator when tp_size > 1 (not owned)
 };
 
 const ParallelState& parallel_state();

@@ -11,6 +11,7 @@
 #   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
 #              $EVAL_MODES (default eager graph)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
+#   tp         NCCL tests and Llama-3.1-8B generate at --tp 1 and 2 (run on nvidia-h200-x2)
 #   modes      kb_nano kernels in hot and graph timing modes (rms_norm, silu_and_mul, linear, decode attention)
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
@@ -90,6 +91,11 @@ for part in "$@"; do
       step tune 240 build-tune/kb_nano kernels --variant both ${TUNE_TARGETS:---target store_kvcache --target embedding} \
         --no-composition --json "$out/tune.json" --markdown "$out/tune.md"
       ;;
+    tp)  # tensor parallelism over NCCL: needs the nvidia-h200-x2 kind (2 GPUs)
+      step tp_gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='Nccl*:AllReduce*'
+      step tp_generate_8b_tp1 120 build/kb_nano generate --max-new-tokens 64 --json "$out/tp_generate_8b_tp1.json"
+      step tp_generate_8b_tp2 180 build/kb_nano generate --tp 2 --max-new-tokens 64 --json "$out/tp_generate_8b_tp2.json"
+      ;;
     modes)  # the hot and graph timing modes of kb_nano kernels on a few ops (cold is every other part's default)
       for mode in hot graph; do
         step "kernels_$mode" 120 build/kb_nano kernels --mode "$mode" --variant baseline --target rms_norm \
@@ -104,7 +110,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune modes profile smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune modes tp profile smoke-eval)" >&2
       exit 2
       ;;
   esac

@@ -424,7 +424,7 @@ TEST(AllReduceGpu, MultiRankRefusesWhatItCannotReduce) {
   ParallelStateGuard guard;
   set_parallel_state({0, 2, nullptr});
   AllReduce op;
-  // CPU tensors cannot be reduced across ranks; a GPU tensor needs NCCL and a communicator.
+  // Without a communicator (outside engine::TensorParallelGroup) nothing can be reduced.
   EXPECT_THROW(op.forward(Tensor::zeros({4, 8}, DType::bf16, kCpu)), Error);
   EXPECT_THROW(op.forward(Tensor::zeros({4, 8}, DType::bf16, kGpu)), Error);
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kbn/checks.h"
+#include "kbn/parallel_state.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
@@ -127,7 +128,9 @@ Tensor Embedding::forward(const Tensor& input_ids, const Tensor& weight, int64_t
   const int64_t num_tokens = input_ids.size(0), hidden = weight.size(1);
   Tensor out = Tensor::empty({num_tokens, hidden}, weight.dtype(), weight.device());
   if (weight.is_cpu()) {
-    if (vocab_start == 0 && vocab_end == weight.size(0))
+    // The oracle when this is the whole vocabulary (it rejects out-of-range ids); a tensor-parallel shard
+    // that happens to start at 0 (rank 0) still masks the ids of the other ranks' rows.
+    if (vocab_start == 0 && vocab_end == weight.size(0) && parallel_state().tp_size == 1)
       reference::embedding(out, input_ids, weight);
     else
       masked_gather_cpu(out, input_ids, weight, vocab_start, vocab_end);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kbn/checks.h"
+#include "kbn/comm.h"
 #include "kbn/parallel_state.h"
 
 namespace kbn::KBN_VARIANT {
@@ -65,11 +66,22 @@ void ParallelLMHead::tie_weights(const VocabParallelEmbedding& embedding) {
 }
 
 Tensor ParallelLMHead::forward(const Tensor& hidden_states) {
-  // NOTE: logits for the full vocabulary need an all-gather across ranks; kb-nano's TP path (NCCL) provides
-  // all-reduce only so far, so the head refuses tp > 1 rather than return a shard silently.
-  KBN_CHECK(parallel_state().tp_size == 1, "ParallelLMHead: gathering logits across ", parallel_state().tp_size,
-            " tensor-parallel ranks is not supported yet; run the LM head with tp_size 1");
-  Tensor logits = linear_.forward(hidden_states, weight.slice(0, 0, num_embeddings_), Tensor());
+  const ParallelState& ps = parallel_state();
+  if (ps.tp_size == 1) {
+    Tensor logits = linear_.forward(hidden_states, weight.slice(0, 0, num_embeddings_), Tensor());
+    return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
+  }
+  // Each rank holds rows_per_rank vocabulary rows (the last rank's tail zero-padded): its logits are columns
+  // [rank * per, (rank + 1) * per) of the full row. Gather them as [tp, T, per], lay them side by side as
+  // [T, tp * per] and drop the padding; every rank ends with the same full logits.
+  KBN_CHECK(ps.comm != nullptr, "ParallelLMHead: tensor-parallel size ", ps.tp_size, " but rank ", ps.tp_rank,
+            " has no communicator");
+  const Tensor local = linear_.forward(hidden_states, weight, Tensor());
+  const Tensor gathered = ps.comm->all_gather(local.is_contiguous() ? local : local.contiguous());
+  const int64_t tokens = local.size(0), per = local.size(1);
+  Tensor logits = gathered.transpose(0, 1).contiguous().view({tokens, int64_t(ps.tp_size) * per});
+  logits = logits.slice(1, 0, num_embeddings_);
+  logits = logits.contiguous();
   return logits.dtype() == DType::f32 ? logits : logits.to(DType::f32);
 }
 

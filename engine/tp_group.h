@@ -1,0 +1,41 @@
+#pragma once
+// Tensor parallelism in one process: one thread per rank, each with its own model shard, device and
+// communicator (kbn/comm.h). run(fn) executes fn(rank) on every rank's thread at once, with that rank's
+// parallel_state() and (on GPUs) current device set, and returns when all have finished; the collectives
+// inside the model keep the ranks in step. Everything a rank builds (its model, KV caches, streams) must be
+// built inside run(), on its own thread, because parallel linears size their shards from parallel_state().
+//
+// Ranks on CPU (device cpu) exchange through shared memory: the whole TP path, sharding and collectives,
+// runs and is tested without a GPU. Ranks on GPUs use NCCL, rank r on cuda:r.
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kbn/comm.h"
+#include "kbn/device.h"
+
+namespace kbn::engine {
+
+class TensorParallelGroup {
+ public:
+  // `size` ranks; `device` cpu puts every rank on the CPU, cuda (any index) puts rank r on cuda:r.
+  TensorParallelGroup(int size, Device device);
+  ~TensorParallelGroup();
+  TensorParallelGroup(const TensorParallelGroup&) = delete;
+  TensorParallelGroup& operator=(const TensorParallelGroup&) = delete;
+
+  int size() const { return int(comms_.size()); }
+  Device device_of(int rank) const;  // cpu, or cuda:rank
+  Communicator& comm(int rank) { return *comms_[size_t(rank)]; }
+
+  // Runs fn(rank) on one thread per rank and waits for all. When a rank throws, the group is aborted (ranks
+  // blocked in a CPU collective throw too) and the first error in rank order is rethrown here; an aborted
+  // group stays aborted (its collectives throw), so build a new one.
+  void run(const std::function<void(int rank)>& fn);
+
+ private:
+  Device device_;
+  std::vector<std::unique_ptr<Communicator>> comms_;
+};
+
+}  // namespace kbn::engine

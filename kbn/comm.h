@@ -1,0 +1,45 @@
+#pragma once
+// Collectives among the ranks of one tensor-parallel group living in this process, one thread per rank (the
+// way kb-nano runs TP: engine::TensorParallelGroup starts the threads and installs each rank's communicator
+// in its kbn::parallel_state()). Every rank calls each collective, in the same order, with tensors of the
+// same shape and dtype, from its own thread.
+//
+// Two backends:
+//  - CPU tensors: the ranks exchange through shared memory. Sums are taken in rank order, so every rank ends
+//    with bit-identical values and runs are deterministic. This is what lets CI test the TP sharding of every
+//    layer without a GPU.
+//  - CUDA tensors: NCCL, one communicator per GPU created together (ncclCommInitAll), collectives enqueued on
+//    the calling thread's current stream (so CUDA graphs capture them). libnccl is loaded at run time
+//    (dlopen), so a binary that never runs TP > 1 does not need it: $KBN_NCCL_LIBRARY, else libnccl.so.2 on
+//    the loader's path, the CUDA toolkit's lib64, or pip's nvidia-nccl package; the error lists every place
+//    tried.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kbn/tensor.h"
+
+namespace kbn {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "cpu" or "nccl"
+  // x <- sum of x over the ranks, in place (x contiguous, f32/f16/bf16).
+  virtual void all_reduce_sum(const Tensor& x) = 0;
+  // Returns [size, x.shape...] with rank r's x at index r, on x's device (x contiguous).
+  virtual Tensor all_gather(const Tensor& x) = 0;
+  // Marks the group failed (a rank's thread threw): ranks waiting in or entering a CPU collective throw
+  // instead of waiting forever. NCCL collectives already enqueued cannot be interrupted.
+  virtual void abort(const std::string& why) = 0;
+};
+
+// `size` communicators over CPU tensors, rank i at index i.
+std::vector<std::unique_ptr<Communicator>> make_cpu_group(int size);
+
+// One NCCL communicator per device in `devices` (rank i on devices[i]). Needs a CUDA build.
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices);
+
+}  // namespace kbn
