@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
+#include "engine/tp_group.h"
 #include "engine/workloads.h"
 #include "kbn/allocator.h"
 #include "kbn/version.h"
@@ -47,6 +48,7 @@ struct Options {
   int64_t num_kv_blocks = 0;
   int64_t max_model_len = 0;
   double gpu_memory_utilization = 0.9;
+  int tp = 1;
   std::string json;
 };
 
@@ -324,6 +326,9 @@ void run(const Options& o, bool max_num_seqs_given) {
             o.max_num_batched_tokens);
   KBN_CHECK(!max_num_seqs_given || o.max_num_seqs >= 1, "--max-num-seqs: expected >= 1, got ", o.max_num_seqs);
   KBN_CHECK(o.block_size >= 1, "--block-size: expected >= 1, got ", o.block_size);
+  KBN_CHECK(o.tp >= 1, "--tp: expected a tensor-parallel size >= 1, got ", o.tp);
+  KBN_CHECK(o.tp == 1 || device.is_cpu() || device.index == 0, "--tp ", o.tp,
+            ": rank r runs on cuda:r, so --device must be cpu or cuda:0, got ", device.str());
   KBN_CHECK(o.num_kv_blocks >= 0, "--num-kv-blocks: expected >= 1 (0 = sized automatically), got ", o.num_kv_blocks);
   KBN_CHECK(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1,
             "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
@@ -432,14 +437,40 @@ void run(const Options& o, bool max_num_seqs_given) {
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)wave);
   std::fflush(stdout);
 
+  // Tensor parallel: one rank thread per GPU (or CPU rank), kept for every variant.
+  std::unique_ptr<engine::TensorParallelGroup> group;
+  if (o.tp > 1) {
+    group = std::make_unique<engine::TensorParallelGroup>(o.tp, device);
+    std::printf("  tensor parallel %d: %s\n", o.tp,
+                device.is_cpu() ? "CPU ranks (shared-memory collectives)" : "rank r on cuda:r, NCCL");
+    if (spec.weights_path.empty())
+      std::printf("  note: random weights are drawn per shard, so --tp %d is a different random model from --tp 1\n",
+                  o.tp);
+  }
   std::vector<VariantRun> runs;
   for (Variant v : variants) {
     VariantRun run;
     run.variant = v;
     {
       // Same seed for every variant: the same weights (a checkpoint is the same anyway).
-      std::unique_ptr<CausalLM> model = engine::build_model(spec, v, popts, o.seed);
-      engine::LLMEngine eng(*model, v, device, ecfg);
+      std::unique_ptr<CausalLM> model;
+      std::vector<std::unique_ptr<CausalLM>> shards;
+      std::unique_ptr<engine::LLMEngine> engine_ptr;
+      if (!group) {
+        model = engine::build_model(spec, v, popts, o.seed);
+        engine_ptr = std::make_unique<engine::LLMEngine>(*model, v, device, ecfg);
+      } else {
+        shards.resize(size_t(o.tp));
+        group->run([&](int rank) {
+          ParamOptions p = popts;
+          p.device = group->device_of(rank);
+          shards[size_t(rank)] = engine::build_model(spec, v, p, o.seed);
+        });
+        std::vector<CausalLM*> ptrs;
+        for (auto& m : shards) ptrs.push_back(m.get());
+        engine_ptr = std::make_unique<engine::LLMEngine>(ptrs, *group, v, ecfg);
+      }
+      engine::LLMEngine& eng = *engine_ptr;
       run.sizing = eng.kv_cache_sizing();
       std::printf("  [%s] KV cache: %s\n", variant_name(v), run.sizing.explanation.c_str());
       if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
@@ -510,6 +541,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                    {"num_kv_blocks_requested", o.num_kv_blocks},
                    {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
                    {"max_num_seqs", ecfg.max_num_seqs},
+                   {"tp", o.tp},
                    {"wave_size", wave},
                    {"max_model_len", ecfg.max_model_len},
                    {"gpu_memory_utilization", ecfg.gpu_memory_utilization}};
@@ -565,6 +597,9 @@ void add_eval_command(CLI::App& app) {
                                       "Running sequences at most (default as vLLM's offline engine: 1024 on a >= 70 GiB GPU other "
                                       "than an A100, else 256; latency-b1/b32: 1/32)");
   cmd->add_option("--block-size", o->block_size, "KV cache block size in tokens (default 16)");
+  cmd->add_option("--tp", o->tp,
+                  "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
+                  "CPU (default 1)");
   cmd->add_option("--num-kv-blocks", o->num_kv_blocks,
                   "KV cache blocks (default: from free GPU memory; on CPU enough for max_num_seqs x max_model_len "
                   "up to 1 GiB)");

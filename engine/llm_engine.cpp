@@ -31,9 +31,31 @@ double LLMEngine::now() {
 }
 
 LLMEngine::LLMEngine(CausalLM& model, Variant variant, Device device, const EngineConfig& config)
-    : config_(config),
-      runner_(model, variant, device, config.block_size, config.mode),
-      vocab_size_(model.vocab_size()) {
+    : config_(config), vocab_size_(model.vocab_size()) {
+  init({&model}, variant, {device});
+}
+
+LLMEngine::LLMEngine(const std::vector<CausalLM*>& models, TensorParallelGroup& group, Variant variant,
+                     const EngineConfig& config)
+    : config_(config), group_(&group) {
+  KBN_CHECK(int(models.size()) == group.size(), "engine: ", models.size(), " model shards for a tensor-parallel group of ",
+            group.size());
+  for (const CausalLM* m : models) KBN_CHECK(m != nullptr, "engine: a tensor-parallel model shard is null");
+  vocab_size_ = models[0]->vocab_size();
+  std::vector<Device> devices;
+  for (int r = 0; r < group.size(); ++r) devices.push_back(group.device_of(r));
+  init(models, variant, devices);
+}
+
+void LLMEngine::for_each_rank(const std::function<void(int rank)>& fn) {
+  if (group_)
+    group_->run(fn);
+  else
+    fn(0);
+}
+
+void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, const std::vector<Device>& devices) {
+  const EngineConfig& config = config_;
   KBN_CHECK(config.max_model_len >= 2, "engine: max_model_len must be >= 2, got ", config.max_model_len,
             " (set it, e.g. to the model config's max_position_embeddings)");
   KBN_CHECK(config.num_kv_blocks >= 0, "engine: num_kv_blocks must be >= 0 (0 = automatic), got ",
@@ -41,19 +63,37 @@ LLMEngine::LLMEngine(CausalLM& model, Variant variant, Device device, const Engi
   KBN_CHECK(config.max_num_batched_tokens >= 1, "engine: max_num_batched_tokens must be >= 1, got ",
             config.max_num_batched_tokens);
   KBN_CHECK(config.max_num_seqs >= 1, "engine: max_num_seqs must be >= 1, got ", config.max_num_seqs);
+  const int n = int(models.size());
+  runners_.resize(size_t(n));
+  for_each_rank([&](int r) {
+    runners_[size_t(r)] =
+        std::make_unique<ModelRunner>(*models[size_t(r)], variant, devices[size_t(r)], config.block_size, config.mode);
+  });
   if (config.num_kv_blocks > 0) {
     sizing_.num_blocks = config.num_kv_blocks;
-    sizing_.bytes_per_block = runner_.kv_bytes_per_block();
+    sizing_.bytes_per_block = runners_[0]->kv_bytes_per_block();
     sizing_.explanation = "given: " + std::to_string(config.num_kv_blocks) + " blocks";
   } else {
-    sizing_ = runner_.auto_num_kv_blocks(config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
-                                         config.gpu_memory_utilization);
+    std::vector<KVCacheSizing> per_rank(static_cast<size_t>(n));
+    for_each_rank([&](int r) {
+      per_rank[size_t(r)] = runners_[size_t(r)]->auto_num_kv_blocks(
+          config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len, config.gpu_memory_utilization);
+    });
+    size_t smallest = 0;
+    for (size_t r = 1; r < per_rank.size(); ++r)
+      if (per_rank[r].num_blocks < per_rank[smallest].num_blocks) smallest = r;
+    sizing_ = per_rank[smallest];
+    if (n > 1)
+      sizing_.explanation = "the smallest of " + std::to_string(n) + " ranks, rank " + std::to_string(smallest) +
+                            ": " + sizing_.explanation;
   }
   config_.num_kv_blocks = sizing_.num_blocks;
-  runner_.allocate_kv_cache(sizing_.num_blocks);
-  if (config.mode == ExecutionMode::graph)
-    runner_.capture_cuda_graphs(cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens),
-                                config.max_model_len);
+  for_each_rank([&](int r) {
+    runners_[size_t(r)]->allocate_kv_cache(sizing_.num_blocks);
+    if (config.mode == ExecutionMode::graph)
+      runners_[size_t(r)]->capture_cuda_graphs(
+          cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens), config.max_model_len);
+  });
   blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len}, *blocks_);
@@ -69,7 +109,12 @@ void LLMEngine::add_request(const Request& r, double arrival_time) {
 std::vector<RequestOutput> LLMEngine::step() {
   SchedulerOutput out = scheduler_->schedule();
   if (out.empty()) return {};
-  const std::vector<int64_t> sampled = runner_.execute(out);
+  std::vector<std::vector<int64_t>> per_rank(runners_.size());
+  for_each_rank([&](int r) { per_rank[size_t(r)] = runners_[size_t(r)]->execute(out); });
+  for (size_t r = 1; r < per_rank.size(); ++r)
+    KBN_CHECK(per_rank[r] == per_rank[0], "engine: tensor-parallel rank ", r,
+              " sampled other tokens than rank 0 (the gathered logits must be identical on every rank)");
+  const std::vector<int64_t>& sampled = per_rank[0];
   // The sampled ids are on the host now, so the step's device work is done: this is when the tokens exist.
   const double t = now();
   std::vector<std::unique_ptr<Sequence>> finished = scheduler_->update(out, sampled, t);

@@ -13,6 +13,7 @@
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/tp_group.h"
 
 namespace kbn::engine {
 
@@ -52,10 +53,18 @@ class LLMEngine {
   // Sizes and allocates the KV cache (config.num_kv_blocks = 0: automatically, which on CUDA runs one
   // profile step of the model), then in graph mode captures the decode graphs.
   LLMEngine(CausalLM& model, Variant variant, Device device, const EngineConfig& config);
+  // Tensor parallel: models[r] is rank r's shard, built on rank r's thread of `group` (which must outlive the
+  // engine). Every rank gets a runner, the same number of KV blocks (the smallest any rank can hold) and, in
+  // graph mode, its own graphs (captured on all ranks at once: the collectives are in them); each step runs
+  // on all ranks, and rank 0's sampled tokens (equal on every rank: the logits are gathered) drive the
+  // scheduler.
+  LLMEngine(const std::vector<CausalLM*>& models, TensorParallelGroup& group, Variant variant,
+            const EngineConfig& config);
 
   const EngineConfig& config() const { return config_; }  // num_kv_blocks resolved
   const KVCacheSizing& kv_cache_sizing() const { return sizing_; }
-  const ModelRunner& runner() const { return runner_; }  // the captured graphs, graph steps so far
+  const ModelRunner& runner() const { return *runners_[0]; }  // rank 0's: the captured graphs, graph steps
+  int tp_size() const { return int(runners_.size()); }
   const Scheduler& scheduler() const { return *scheduler_; }
   int64_t num_steps() const { return steps_; }
   int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
@@ -76,8 +85,13 @@ class LLMEngine {
   static double now();
 
  private:
+  // Runs fn(rank) on every rank (on the group's threads with TP, else here).
+  void for_each_rank(const std::function<void(int rank)>& fn);
+  void init(const std::vector<CausalLM*>& models, Variant variant, const std::vector<Device>& devices);
+
   EngineConfig config_;
-  ModelRunner runner_;
+  TensorParallelGroup* group_ = nullptr;
+  std::vector<std::unique_ptr<ModelRunner>> runners_;
   KVCacheSizing sizing_;
   std::unique_ptr<BlockManager> blocks_;
   std::unique_ptr<Scheduler> scheduler_;

@@ -224,12 +224,12 @@ KVCacheSizing ModelRunner::auto_num_kv_blocks(int64_t max_num_batched_tokens, in
   // Measure what the largest step makes the caching allocator hold: start from an empty cache so that every
   // block the profile run keeps reserved was needed by it (its own small temporary KV cache included, which
   // errs on the safe side).
-  cuda_empty_cache();
+  cuda_empty_cache(device_.index);
   const int64_t reserved_before = int64_t(cuda_allocator_stats(device_.index).reserved_bytes);
   const int64_t num_tokens = std::max<int64_t>(max_num_batched_tokens, 1);
   profile_run(num_tokens, std::min(max_num_seqs, num_tokens));
   const int64_t activations = int64_t(cuda_allocator_stats(device_.index).reserved_bytes) - reserved_before;
-  cuda_empty_cache();  // the KV tensors are a few large allocations; cached activation blocks would not fit them
+  cuda_empty_cache(device_.index);  // the KV tensors are a few large allocations; cached activation blocks would not fit them
 
   size_t free_bytes = 0, total_bytes = 0;
   {

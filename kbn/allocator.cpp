@@ -133,9 +133,10 @@ class CachingAllocator {
     return stats_[device];
   }
 
-  void empty_cache() {
+  void empty_cache(int only_device) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [dev, s] : stats_) release_cached_locked(dev);
+    for (auto& [dev, s] : stats_)
+      if (only_device < 0 || dev == only_device) release_cached_locked(dev);
   }
 
  private:
@@ -148,7 +149,11 @@ class CachingAllocator {
   }
 
   void release_cached_locked(int device) {
-    KBN_CUDA_CHECK(cudaDeviceSynchronize());
+    {
+      // The device whose blocks are released must have finished with them (not merely the caller's current one).
+      const DeviceGuard on(Device::cuda(device));
+      KBN_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     for (auto& [key, pool] : free_) {
       if (key.first != device) continue;
       for (auto& [size, b] : pool) {
@@ -179,7 +184,8 @@ void raw_cuda_free(void* p) { allocator().free(p); }
 void raw_retire_stream(Stream s) { allocator().retire_stream(s); }
 }  // namespace
 AllocatorStats cuda_allocator_stats(int device) { return allocator().stats(device); }
-void cuda_empty_cache() { allocator().empty_cache(); }
+void cuda_empty_cache() { allocator().empty_cache(-1); }
+void cuda_empty_cache(int device) { allocator().empty_cache(device); }
 
 #else
 
@@ -192,6 +198,7 @@ void raw_retire_stream(Stream) {}
 }  // namespace
 AllocatorStats cuda_allocator_stats(int) { return {}; }
 void cuda_empty_cache() {}
+void cuda_empty_cache(int) {}
 
 #endif
 

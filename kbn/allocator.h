@@ -64,7 +64,9 @@ void cpu_free(void* p);
 void* cuda_alloc(size_t nbytes, int device, Stream stream);
 void cuda_free(void* p);
 AllocatorStats cuda_allocator_stats(int device);
-// Returns every cached (free) block to the driver. Synchronises the device.
+// Returns every cached (free) block to the driver. Synchronises each device it releases blocks of.
 void cuda_empty_cache();
+// Only `device`'s cached blocks (what a tensor-parallel rank thread may release without touching the others').
+void cuda_empty_cache(int device);
 
 }  // namespace kbn

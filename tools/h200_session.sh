@@ -11,7 +11,7 @@
 #   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
 #              $EVAL_MODES (default eager graph)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
-#   tp         NCCL tests and Llama-3.1-8B generate at --tp 1 and 2 (run on nvidia-h200-x2)
+#   tp         NCCL tests, Llama-3.1-8B generate and eval latency-b1 at --tp 1 and 2 (run on nvidia-h200-x2)
 #   modes      kb_nano kernels in hot and graph timing modes (rms_norm, silu_and_mul, linear, decode attention)
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
@@ -95,6 +95,10 @@ for part in "$@"; do
       step tp_gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='Nccl*:AllReduce*'
       step tp_generate_8b_tp1 120 build/kb_nano generate --max-new-tokens 64 --json "$out/tp_generate_8b_tp1.json"
       step tp_generate_8b_tp2 180 build/kb_nano generate --tp 2 --max-new-tokens 64 --json "$out/tp_generate_8b_tp2.json"
+      for tp in 1 2; do
+        step "tp_eval_latency-b1_tp$tp" 240 build/kb_nano eval --tp "$tp" --workload latency-b1 --mode graph \
+          --variant baseline --max-model-len 4096 --json "$out/tp_eval_latency-b1_tp$tp.json"
+      done
       ;;
     modes)  # the hot and graph timing modes of kb_nano kernels on a few ops (cold is every other part's default)
       for mode in hot graph; do

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/generate.h"
+#include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "engine/tp_group.h"
 #include "kbn/comm.h"
@@ -165,4 +166,75 @@ TEST(TensorParallelLlama, UnevenSplitNamesWhatCannotBeSplit) {
     EXPECT_NE(std::string(e.what()).find("is not divisible by the tensor-parallel size 3"), std::string::npos)
         << e.what();
   }
+}
+
+// ---- the serving engine on CPU ranks ----
+
+namespace {
+
+engine::Request tp_request(int64_t id, std::vector<int64_t> prompt, int64_t max_tokens) {
+  engine::Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+std::vector<std::vector<int64_t>> tokens_of(const engine::RunResult& r) {
+  std::vector<std::vector<int64_t>> t;
+  for (const auto& o : r.outputs) t.push_back(o.tokens);
+  return t;
+}
+
+}  // namespace
+
+// Continuous batching with chunked prefill and preemption (a small KV pool) at TP 2 gives the tokens of TP 1,
+// and both give transformers' greedy tokens.
+TEST(TensorParallelEngine, Tp2EqualsTp1WithChunkingAndPreemption) {
+  const std::string dir = kbn::test::fixture_dir() + "/tiny-llama";
+  std::ifstream f(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(f);
+  const engine::ModelSpec spec = engine::resolve_model(dir);
+  std::vector<engine::Request> reqs;
+  for (const auto& p : expected["prompts"])
+    reqs.push_back(tp_request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(),
+                              int64_t(p["greedy_ids"].size())));
+  for (int64_t i = 0; i < 4; ++i) {  // more requests than the pool holds at once
+    std::vector<int64_t> p;
+    for (int64_t j = 0; j < 9 + 5 * i; ++j) p.push_back((i * 97 + j * 31 + 5) % 512);
+    reqs.push_back(tp_request(100 + i, p, 12));
+  }
+  engine::EngineConfig cfg;
+  cfg.max_model_len = 256;
+  cfg.block_size = 4;
+  cfg.num_kv_blocks = 16;
+  cfg.max_num_batched_tokens = 7;
+
+  auto single = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  engine::LLMEngine one(*single, Variant::baseline, Device::cpu(), cfg);
+  const engine::RunResult r1 = one.run_to_completion(reqs);
+
+  engine::TensorParallelGroup group(2, Device::cpu());
+  std::vector<std::unique_ptr<CausalLM>> shards(2);
+  group.run([&](int rank) {
+    shards[size_t(rank)] = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  });
+  engine::LLMEngine two({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);
+  EXPECT_EQ(two.tp_size(), 2);
+  const engine::RunResult r2 = two.run_to_completion(reqs);
+
+  EXPECT_GT(r1.preemptions, 0);
+  EXPECT_EQ(tokens_of(r2), tokens_of(r1));
+  for (size_t i = 0; i < expected["prompts"].size(); ++i)
+    EXPECT_EQ(r2.outputs[i].tokens, expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << i;
+}
+
+TEST(TensorParallelEngine, ShardCountMustMatchTheGroup) {
+  const engine::ModelSpec spec = engine::resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
+  auto model = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  engine::TensorParallelGroup group(2, Device::cpu());
+  engine::EngineConfig cfg;
+  cfg.max_model_len = 64;
+  EXPECT_THROW(engine::LLMEngine({model.get()}, group, Variant::baseline, cfg), Error);
 }
