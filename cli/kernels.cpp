@@ -650,6 +650,8 @@ void run(const Options& o) {
   KBN_CHECK(o.seeds >= 1, "--seeds: expected at least 1 validation seed, got ", o.seeds);
   ctx.vopts.seeds = o.seeds;
   if (ctx.device.is_cpu()) {
+    KBN_CHECK(ctx.topts.mode != bench::TimingMode::graph, "--mode graph: CUDA graphs need --device cuda; CPU ops "
+              "are timed on the host clock (use --mode cold or hot, which are the same on CPU)");
     // Host timing of CPU ops: enough iterations for a stable median, no more (CPU ops are the oracle).
     ctx.topts.host = true;
     ctx.topts.warmup_calls = 1;
