@@ -1,7 +1,6 @@
 #include "engine/tp_group.h"
 
-#include <exception>
-#include <thread>
+#include <string>
 
 #include "kbn/error.h"
 #include "kbn/parallel_state.h"
@@ -12,36 +11,56 @@ TensorParallelGroup::TensorParallelGroup(int size, Device device) : device_(devi
   KBN_CHECK(size >= 1, "--tp: the tensor-parallel size must be >= 1, got ", size);
   if (device.is_cpu()) {
     comms_ = make_cpu_group(size);
-    return;
+  } else {
+    KBN_CHECK(size <= cuda_device_count(), "--tp ", size, ": needs ", size, " GPUs (rank r on cuda:r), but ",
+              cuda_device_count(), " are visible");
+    std::vector<int> devices;
+    for (int r = 0; r < size; ++r) devices.push_back(r);
+    comms_ = make_nccl_group(devices);
   }
-  KBN_CHECK(size <= cuda_device_count(), "--tp ", size, ": needs ", size, " GPUs (rank r on cuda:r), but ",
-            cuda_device_count(), " are visible");
-  std::vector<int> devices;
-  for (int r = 0; r < size; ++r) devices.push_back(r);
-  comms_ = make_nccl_group(devices);
+  errors_.resize(size_t(size));
+  for (int r = 0; r < size; ++r) threads_.emplace_back([this, r] { worker(r); });
 }
 
-TensorParallelGroup::~TensorParallelGroup() = default;
+TensorParallelGroup::~TensorParallelGroup() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  job_ready_.notify_all();
+  for (auto& t : threads_) t.join();
+}
 
 Device TensorParallelGroup::device_of(int rank) const {
   return device_.is_cpu() ? Device::cpu() : Device::cuda(rank);
 }
 
-void TensorParallelGroup::run(const std::function<void(int rank)>& fn) {
-  const int n = size();
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  threads.reserve(size_t(n));
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([this, r, n, &fn, &errors] {
+void TensorParallelGroup::worker(int rank) {
+  // The rank's state, once for the thread's life: its place in the group and its current device.
+  set_parallel_state({rank, size(), comms_[size_t(rank)].get()});
+  std::unique_ptr<DeviceGuard> on_device;
+  try {
+    on_device = std::make_unique<DeviceGuard>(device_of(rank));
+  } catch (...) {
+    errors_[size_t(rank)] = std::current_exception();  // reported by every run()
+  }
+  int64_t seen = 0;
+  while (true) {
+    const std::function<void(int)>* job = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      job_ready_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      job = job_;
+    }
+    std::exception_ptr error = on_device ? nullptr : errors_[size_t(rank)];
+    if (!error) {
       try {
-        set_parallel_state({r, n, comms_[size_t(r)].get()});
-        const Device d = device_of(r);
-        const DeviceGuard on_device(d);  // the thread's current device for everything it allocates and launches
-        fn(r);
+        (*job)(rank);
       } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-        std::string why = "rank " + std::to_string(r) + " failed";
+        error = std::current_exception();
+        std::string why = "rank " + std::to_string(rank) + " failed";
         try {
           throw;
         } catch (const std::exception& e) {
@@ -50,12 +69,26 @@ void TensorParallelGroup::run(const std::function<void(int rank)>& fn) {
         }
         for (auto& c : comms_) c->abort(why);
       }
-    });
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    errors_[size_t(rank)] = error;
+    if (++finished_ == size()) job_done_.notify_all();
   }
-  for (auto& t : threads) t.join();
+}
+
+void TensorParallelGroup::run(const std::function<void(int rank)>& fn) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    job_ = &fn;
+    finished_ = 0;
+    ++generation_;
+    job_ready_.notify_all();
+    job_done_.wait(lock, [&] { return finished_ == size(); });
+    job_ = nullptr;
+  }
   // The rank that failed first in rank order, preferring an original error over "the group was aborted".
   std::exception_ptr first;
-  for (const auto& e : errors) {
+  for (const auto& e : errors_) {
     if (!e) continue;
     try {
       std::rethrow_exception(e);
