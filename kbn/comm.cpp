@@ -160,7 +160,10 @@ std::vector<std::string> nccl_candidates() {
   // pip's nvidia-nccl-cu1x wheels (PyTorch's NCCL).
   for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
                               "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/usr/lib/python3/dist-packages/nvidia/nccl/lib/libnccl.so.2"}) {
+                              "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                              "/usr/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                              "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                              "/root/.local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
     glob_t g{};
     if (glob(pattern, 0, nullptr, &g) == 0)
       for (size_t i = 0; i < g.gl_pathc; ++i) c.push_back(g.gl_pathv[i]);
