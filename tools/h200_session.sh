@@ -92,6 +92,11 @@ for part in "$@"; do
         --no-composition --json "$out/tune.json" --markdown "$out/tune.md"
       ;;
     tp)  # tensor parallelism over NCCL: needs the nvidia-h200-x2 kind (2 GPUs)
+      # PyTorch's NCCL (pip's nvidia-nccl) when the system has none on the loader path.
+      if [[ -z ${KBN_NCCL_LIBRARY:-} ]]; then
+        KBN_NCCL_LIBRARY=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null) || true
+        export KBN_NCCL_LIBRARY
+      fi
       step tp_gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='Nccl*:AllReduce*'
       step tp_generate_8b_tp1 120 build/kb_nano generate --max-new-tokens 64 --json "$out/tp_generate_8b_tp1.json"
       step tp_generate_8b_tp2 180 build/kb_nano generate --tp 2 --max-new-tokens 64 --json "$out/tp_generate_8b_tp2.json"
