@@ -140,6 +140,7 @@ EvalResult parse_eval(const Node& root) {
   const Node config = root["config"];
   r.workload = config["workload"].str();
   r.model = config["model"].str();
+  r.mode = config.str_or("mode", "");
   if (root.has("provenance")) {
     const Node p = root["provenance"];
     r.device = device_of(p);
@@ -581,14 +582,23 @@ std::string slug(const std::string& s) {
 
 // The column label of each eval file: its workload, plus the file name when two files ran the same one (and a
 // number when the same file is given twice).
+// The workload's name; when several files ran it, their execution modes tell them apart ("balanced, graph"),
+// and where that is not enough, the file's name without its extension.
 std::vector<std::string> workload_labels(const std::vector<const ResultFile*>& files) {
-  std::map<std::string, int> runs;
-  for (const auto* f : files) runs[f->eval.workload]++;
+  std::map<std::string, int> runs, runs_with_mode;
+  for (const auto* f : files) {
+    runs[f->eval.workload]++;
+    runs_with_mode[f->eval.workload + "/" + f->eval.mode]++;
+  }
   std::vector<std::string> out;
   std::map<std::string, int> seen;
   for (const auto* f : files) {
     std::string label = f->eval.workload;
-    if (runs[label] > 1) label += " (" + file_name(f->path) + ")";
+    if (runs[label] > 1) {
+      if (!f->eval.mode.empty()) label += ", " + f->eval.mode;
+      if (f->eval.mode.empty() || runs_with_mode[f->eval.workload + "/" + f->eval.mode] > 1)
+        label += " (" + std::filesystem::path(f->path).stem().string() + ")";
+    }
     const int n = ++seen[label];
     out.push_back(n > 1 ? label + " #" + std::to_string(n) : label);
   }

@@ -39,6 +39,7 @@ struct EvalAlignment {
 
 struct EvalResult {
   std::string workload, model, device, commit, date;
+  std::string mode;                   // eager or graph ("" in files written before the engine had modes)
   std::vector<EvalVariant> variants;  // baseline first
   bool has_alignment = false;
   EvalAlignment alignment;

@@ -376,8 +376,18 @@ TEST(ReportPlots, EvalSameWorkloadTwice) {
   const auto f = bench::load_result(fixture("eval_balanced_vs_candidate.json"));
   const auto plots = bench::eval_plots({&f, &f});
   EXPECT_EQ(names(plots), (std::vector<std::string>{
-                              "eval_throughput.svg", "eval_latency_balanced_eval_balanced_vs_candidate.json.svg",
-                              "eval_latency_balanced_eval_balanced_vs_candidate.json_2.svg", "eval_alignment.svg"}));
+                              "eval_throughput.svg", "eval_latency_balanced_eager_eval_balanced_vs_candidate.svg",
+                              "eval_latency_balanced_eager_eval_balanced_vs_candidate_2.svg", "eval_alignment.svg"}));
+}
+
+// The same workload in eager and graph mode: the modes name the plots, no file names needed.
+TEST(ReportPlots, EvalSameWorkloadInTwoModes) {
+  const auto eager = bench::load_result(fixture("eval_balanced_vs_candidate.json"));
+  auto graph = eager;
+  graph.eval.mode = "graph";
+  const auto plots = bench::eval_plots({&eager, &graph});
+  EXPECT_EQ(names(plots), (std::vector<std::string>{"eval_throughput.svg", "eval_latency_balanced_eager.svg",
+                                                    "eval_latency_balanced_graph.svg", "eval_alignment.svg"}));
 }
 
 TEST(ReportPlots, KernelsSpeedupColouredByVerdict) {
