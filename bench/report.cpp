@@ -15,17 +15,12 @@
 #include <sstream>
 
 #include "kbn/error.h"
+#include "kbn/format.h"
 
 namespace kbn::bench {
 namespace {
 
 using json = nlohmann::json;
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 // At least three significant digits and no exponent, for the magnitudes results have (tokens/s, ms, %, x).
 std::string short_number(double v) {

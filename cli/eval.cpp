@@ -21,6 +21,7 @@
 #include "engine/tp_group.h"
 #include "engine/workloads.h"
 #include "kbn/allocator.h"
+#include "kbn/format.h"
 #include "kbn/version.h"
 
 namespace kbn::cli {
@@ -72,15 +73,6 @@ struct Alignment {
   int64_t min_prefix = 0;
   std::vector<int64_t> prefix;  // per request
 };
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // The exact command as the shell passed it.
 std::string command_line() {
@@ -153,12 +145,6 @@ nlohmann::json metrics_json(const VariantRun& r) {
             {"capture_s", r.graph_capture_s},
             {"capture_bytes", r.graph_capture_bytes},
             {"graph_steps", r.graph_steps}}}};
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
 }
 
 std::string dist_ms(const engine::Distribution& d) {
@@ -327,8 +313,6 @@ void run(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(!max_num_seqs_given || o.max_num_seqs >= 1, "--max-num-seqs: expected >= 1, got ", o.max_num_seqs);
   KBN_CHECK(o.block_size >= 1, "--block-size: expected >= 1, got ", o.block_size);
   KBN_CHECK(o.tp >= 1, "--tp: expected a tensor-parallel size >= 1, got ", o.tp);
-  KBN_CHECK(o.tp == 1 || device.is_cpu() || device.index == 0, "--tp ", o.tp,
-            ": rank r runs on cuda:r, so --device must be cpu or cuda:0, got ", device.str());
   KBN_CHECK(o.num_kv_blocks >= 0, "--num-kv-blocks: expected >= 1 (0 = sized automatically), got ", o.num_kv_blocks);
   KBN_CHECK(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1,
             "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
@@ -460,12 +444,7 @@ void run(const Options& o, bool max_num_seqs_given) {
         model = engine::build_model(spec, v, popts, o.seed);
         engine_ptr = std::make_unique<engine::LLMEngine>(*model, v, device, ecfg);
       } else {
-        shards.resize(size_t(o.tp));
-        group->run([&](int rank) {
-          ParamOptions p = popts;
-          p.device = group->device_of(rank);
-          shards[size_t(rank)] = engine::build_model(spec, v, p, o.seed);
-        });
+        shards = engine::build_model_shards(spec, v, popts, o.seed, *group);
         std::vector<CausalLM*> ptrs;
         for (auto& m : shards) ptrs.push_back(m.get());
         engine_ptr = std::make_unique<engine::LLMEngine>(ptrs, *group, v, ecfg);

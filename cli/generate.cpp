@@ -90,19 +90,12 @@ void run(const Options& o) {
     auto model = engine::build_model(spec, variant, popts, o.seed);
     r = engine::greedy_generate(*model, prompts, device, variant, gopts);
   } else {
-    KBN_CHECK(device.is_cpu() || device.index == 0, "--tp ", o.tp, ": rank r runs on cuda:r, so --device must be cpu "
-              "or cuda:0, got ", device.str());
     if (spec.weights_path.empty())
       std::fprintf(stderr, "  note: random weights are drawn per shard, so --tp %d is a different random model from "
                    "--tp 1 (a checkpoint gives the same model at every --tp)\n", o.tp);
     engine::TensorParallelGroup group(o.tp, device);
-    std::vector<std::unique_ptr<CausalLM>> models(static_cast<size_t>(o.tp));
+    const auto models = engine::build_model_shards(spec, variant, popts, o.seed, group);
     std::vector<engine::GenerateResult> results(static_cast<size_t>(o.tp));
-    group.run([&](int rank) {
-      ParamOptions p = popts;
-      p.device = group.device_of(rank);
-      models[size_t(rank)] = engine::build_model(spec, variant, p, o.seed);
-    });
     group.run([&](int rank) {
       results[size_t(rank)] = engine::greedy_generate(*models[size_t(rank)], prompts, group.device_of(rank), variant,
                                                       gopts);

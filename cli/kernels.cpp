@@ -15,11 +15,13 @@
 
 #include "bench/cases.h"
 #include "bench/ceilings.h"
+#include "bench/profile.h"
 #include "bench/timing.h"
 #include "bench/validate.h"
 #include "cli/commands.h"
 #include "engine/model_loader.h"
 #include "kbn/allocator.h"
+#include "kbn/format.h"
 #include "kbn/module.h"
 #include "kbn/registry.h"
 #include "kbn/rng.h"
@@ -245,8 +247,6 @@ std::vector<bench::BenchCase> build_cases(const Options& o, bool small) {
   return cases;
 }
 
-std::string shell_quote(const std::string& s) { return "'" + s + "'"; }
-
 std::string rerun_command(const bench::BenchCase& c, const Options& o) {
   const bool random = c.label.rfind("random#", 0) == 0;
   std::string cmd = "kb_nano kernels --target " + c.op + " --model " + c.model + " --tp " + std::to_string(c.tp);
@@ -255,17 +255,8 @@ std::string rerun_command(const bench::BenchCase& c, const Options& o) {
   else
     cmd += " --tokens " + std::to_string(c.tokens);
   cmd += " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --dtype " + dtype_name(c.dtype) + " --variant " +
-         o.variant + " --device " + o.device + " --case " + shell_quote(c.label);
+         o.variant + " --device " + o.device + " --case " + bench::shell_join({c.label});
   return cmd;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 // The roofline of the faster-measured variant of interest: the candidate's when comparing.
@@ -396,12 +387,6 @@ Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
   }
   if (ctx.device.is_cuda()) cuda_empty_cache();  // each case starts from an empty cache
   return r;
-}
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
 }
 
 struct Group {

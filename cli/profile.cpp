@@ -34,6 +34,7 @@
 #include "kbn/device.h"
 #include "kbn/dtype.h"
 #include "kbn/error.h"
+#include "kbn/format.h"
 #include "kbn/registry.h"
 #include "kbn/version.h"
 
@@ -80,12 +81,6 @@ struct CaseResult {
   int64_t tp = 1, tokens = 0, ideal_bytes = 0;
   std::vector<VariantResult> variants;
 };
-
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, v);
-  return buf;
-}
 
 std::string opt(const std::optional<double>& v, const char* f) { return v ? fmt(f, *v) : "n/a"; }
 
@@ -278,15 +273,6 @@ void print_case(const CaseResult& c) {
     std::printf("%s\n", line.c_str());
   }
   std::fflush(stdout);
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
 }
 
 void write_markdown(const std::string& path, const std::vector<CaseResult>& cases, const nlohmann::json& prov) {

@@ -87,4 +87,16 @@ std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, co
   return model;
 }
 
+std::vector<std::unique_ptr<CausalLM>> build_model_shards(const ModelSpec& spec, Variant variant,
+                                                          const ParamOptions& opts, uint64_t seed,
+                                                          TensorParallelGroup& group) {
+  std::vector<std::unique_ptr<CausalLM>> shards(static_cast<size_t>(group.size()));
+  group.run([&](int rank) {
+    ParamOptions p = opts;
+    p.device = group.device_of(rank);
+    shards[size_t(rank)] = build_model(spec, variant, p, seed);
+  });
+  return shards;
+}
+
 }  // namespace kbn::engine

@@ -8,6 +8,7 @@
 #include "kbn/causal_lm.h"
 #include "kbn/config.h"
 #include "kbn/registry.h"
+#include "engine/tp_group.h"
 
 namespace kbn::engine {
 
@@ -35,5 +36,12 @@ DType default_dtype(const ModelSpec& spec, Device device);
 // Builds the architecture's L4 model from `variant`'s registry and fills its weights: from
 // spec.weights_path when set, else N(0, initializer_range) drawn from `seed` (norms = 1).
 std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, const ParamOptions& opts, uint64_t seed);
+
+// Tensor parallel: one shard per rank of `group`, each built on its rank's thread and device (opts.device is
+// replaced by group.device_of(rank)), all from the same checkpoint or seed. Random weights are drawn per
+// shard, so a random model at TP > 1 is not the TP-1 model; a checkpoint gives the same model at every TP.
+std::vector<std::unique_ptr<CausalLM>> build_model_shards(const ModelSpec& spec, Variant variant,
+                                                          const ParamOptions& opts, uint64_t seed,
+                                                          TensorParallelGroup& group);
 
 }  // namespace kbn::engine

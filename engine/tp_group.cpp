@@ -9,6 +9,8 @@ namespace kbn::engine {
 
 TensorParallelGroup::TensorParallelGroup(int size, Device device) : device_(device) {
   KBN_CHECK(size >= 1, "--tp: the tensor-parallel size must be >= 1, got ", size);
+  KBN_CHECK(device.is_cpu() || device.index == 0, "--tp ", size,
+            ": rank r runs on cuda:r, so the device must be cpu or cuda:0, got ", device.str());
   if (device.is_cpu()) {
     comms_ = make_cpu_group(size);
   } else {
@@ -35,14 +37,30 @@ Device TensorParallelGroup::device_of(int rank) const {
   return device_.is_cpu() ? Device::cpu() : Device::cuda(rank);
 }
 
+namespace {
+
+std::string describe(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
 void TensorParallelGroup::worker(int rank) {
-  // The rank's state, once for the thread's life: its place in the group and its current device.
+  // The rank's state, once for the thread's life: its place in the group and its current device. A device
+  // that cannot be selected fails every run of this rank.
   set_parallel_state({rank, size(), comms_[size_t(rank)].get()});
   std::unique_ptr<DeviceGuard> on_device;
+  std::exception_ptr setup_error;
   try {
     on_device = std::make_unique<DeviceGuard>(device_of(rank));
   } catch (...) {
-    errors_[size_t(rank)] = std::current_exception();  // reported by every run()
+    setup_error = std::current_exception();
   }
   int64_t seen = 0;
   while (true) {
@@ -54,21 +72,23 @@ void TensorParallelGroup::worker(int rank) {
       seen = generation_;
       job = job_;
     }
-    std::exception_ptr error = on_device ? nullptr : errors_[size_t(rank)];
+    std::exception_ptr error = setup_error;
     if (!error) {
       try {
         (*job)(rank);
       } catch (...) {
         error = std::current_exception();
-        std::string why = "rank " + std::to_string(rank) + " failed";
-        try {
-          throw;
-        } catch (const std::exception& e) {
-          why += ": " + std::string(e.what());
-        } catch (...) {
-        }
-        for (auto& c : comms_) c->abort(why);
       }
+    }
+    if (error) {
+      // The first rank to fail is the one run() reports; it is recorded before the abort, so the ranks that
+      // the abort releases (they throw "the group was aborted") always come second.
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (first_failure_ < 0) first_failure_ = rank;
+      }
+      const std::string why = "rank " + std::to_string(rank) + " failed: " + describe(error);
+      for (auto& c : comms_) c->abort(why);
     }
     std::lock_guard<std::mutex> lock(mu_);
     errors_[size_t(rank)] = error;
@@ -77,29 +97,15 @@ void TensorParallelGroup::worker(int rank) {
 }
 
 void TensorParallelGroup::run(const std::function<void(int rank)>& fn) {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    job_ = &fn;
-    finished_ = 0;
-    ++generation_;
-    job_ready_.notify_all();
-    job_done_.wait(lock, [&] { return finished_ == size(); });
-    job_ = nullptr;
-  }
-  // The rank that failed first in rank order, preferring an original error over "the group was aborted".
-  std::exception_ptr first;
-  for (const auto& e : errors_) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      if (std::string(ex.what()).find("the group was aborted") == std::string::npos) std::rethrow_exception(e);
-      if (!first) first = e;
-    } catch (...) {
-      std::rethrow_exception(e);
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  std::unique_lock<std::mutex> lock(mu_);
+  job_ = &fn;
+  finished_ = 0;
+  first_failure_ = -1;
+  ++generation_;
+  job_ready_.notify_all();
+  job_done_.wait(lock, [&] { return finished_ == size(); });
+  job_ = nullptr;
+  if (first_failure_ >= 0) std::rethrow_exception(errors_[size_t(first_failure_)]);
 }
 
 }  // namespace kbn::engine

@@ -23,7 +23,7 @@ namespace kbn::engine {
 
 class TensorParallelGroup {
  public:
-  // `size` ranks; `device` cpu puts every rank on the CPU, cuda (any index) puts rank r on cuda:r.
+  // `size` ranks; `device` cpu puts every rank on the CPU, cuda:0 puts rank r on cuda:r.
   TensorParallelGroup(int size, Device device);
   ~TensorParallelGroup();
   TensorParallelGroup(const TensorParallelGroup&) = delete;
@@ -33,9 +33,9 @@ class TensorParallelGroup {
   Device device_of(int rank) const;  // cpu, or cuda:rank
   Communicator& comm(int rank) { return *comms_[size_t(rank)]; }
 
-  // Runs fn(rank) on every rank's thread and waits for all (not reentrant: one run at a time). When a rank throws, the group is aborted (ranks
-  // blocked in a CPU collective throw too) and the first error in rank order is rethrown here; an aborted
-  // group stays aborted (its collectives throw), so build a new one.
+  // Runs fn(rank) on every rank's thread and waits for all (not reentrant: one run at a time). When a rank
+  // throws, the group is aborted (ranks blocked in a CPU collective throw too) and the error of the rank that
+  // failed first is rethrown here; an aborted group stays aborted (its collectives throw), so build a new one.
   void run(const std::function<void(int rank)>& fn);
 
  private:
@@ -49,6 +49,7 @@ class TensorParallelGroup {
   const std::function<void(int)>* job_ = nullptr;
   int64_t generation_ = 0;
   int finished_ = 0;
+  int first_failure_ = -1;  // the rank whose error the current run reports
   bool stopping_ = false;
   std::vector<std::exception_ptr> errors_;
   std::vector<std::thread> threads_;

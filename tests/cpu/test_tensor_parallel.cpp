@@ -216,10 +216,7 @@ TEST(TensorParallelEngine, Tp2EqualsTp1WithChunkingAndPreemption) {
   const engine::RunResult r1 = one.run_to_completion(reqs);
 
   engine::TensorParallelGroup group(2, Device::cpu());
-  std::vector<std::unique_ptr<CausalLM>> shards(2);
-  group.run([&](int rank) {
-    shards[size_t(rank)] = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-  });
+  const auto shards = engine::build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
   engine::LLMEngine two({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);
   EXPECT_EQ(two.tp_size(), 2);
   const engine::RunResult r2 = two.run_to_completion(reqs);
