@@ -31,13 +31,7 @@ namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) { return kbn::test::fixture_dir() + "/ncu/" + name; }
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read(const std::string& path) { return kbn::test::read_file(path); }
 
 std::vector<bench::KernelProfile> load(const std::string& name) {
   return bench::group_launches(bench::parse_ncu_csv(read(fixture(name))));

@@ -31,13 +31,7 @@ namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) { return kbn::test::fixture_dir() + "/report/" + name; }
 
-std::string read(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read(const std::string& path) { return kbn::test::read_file(path); }
 
 size_t count(const std::string& text, const std::string& needle) {
   size_t n = 0;
