@@ -11,27 +11,16 @@
 
 #include "kbn/config.h"
 #include "kbn/error.h"
+#include "test_errors.h"
 
 using namespace kbn;
+using kbn::test::error_of;
 
 namespace {
 
 std::string model_config_path(const std::string& name) {
   const char* env = std::getenv("KBN_MODELS_DIR");
   return (env ? std::string(env) : std::string(KBN_SOURCE_DIR) + "/models") + "/" + name + ".json";
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected kbn::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected kbn::Error, nothing was thrown";
-  return "";
 }
 
 void expect_contains(const std::string& message, const std::vector<std::string>& parts) {

@@ -20,10 +20,12 @@
 
 #include "bench/report.h"
 #include "kbn/error.h"
+#include "test_errors.h"
 #include "test_paths.h"
 #include "test_process.h"
 
 using namespace kbn;
+using kbn::test::error_of;
 
 namespace {
 
@@ -72,16 +74,6 @@ std::string xml_problem(const std::string& doc) {
   if (!open.empty()) return "<" + open.back() + "> is never closed";
   if (roots != 1) return std::to_string(roots) + " root elements";
   return "";
-}
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 bench::Plot find_plot(const std::vector<bench::Plot>& plots, const std::string& file) {

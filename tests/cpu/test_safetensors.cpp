@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "kbn/safetensors.h"
+#include "test_errors.h"
 
 using namespace kbn;
+using kbn::test::error_of;
 namespace fs = std::filesystem;
 
 namespace {
@@ -65,20 +67,6 @@ std::string le_bytes(T v) {
 // A safetensors file with `header` as the JSON text and `data` as the data section.
 std::string safetensors_bytes(const std::string& header, const std::string& data) {
   return le64(header.size()) + header + data;
-}
-
-// The message of the kbn::Error that fn throws; a test failure when it throws nothing or something else.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected kbn::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected kbn::Error, nothing was thrown";
-  return "";
 }
 
 void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
