@@ -62,7 +62,6 @@ class CpuCommunicator final : public Communicator {
   CpuCommunicator(std::shared_ptr<CpuShared> shared, int rank) : shared_(std::move(shared)), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return shared_->size; }
-  std::string backend() const override { return "cpu"; }
 
   void all_reduce_sum(const Tensor& x) override {
     check_collective_input(x, "all_reduce (cpu group)");
@@ -221,7 +220,6 @@ class NcclCommunicator final : public Communicator {
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  std::string backend() const override { return "nccl"; }
 
   void all_reduce_sum(const Tensor& x) override {
     check_collective_input(x, "all_reduce (nccl)");

@@ -26,7 +26,6 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "cpu" or "nccl"
   // x <- sum of x over the ranks, in place (x contiguous, f32/f16/bf16).
   virtual void all_reduce_sum(const Tensor& x) = 0;
   // Returns [size, x.shape...] with rank r's x at index r, on x's device (x contiguous).
