@@ -17,6 +17,7 @@
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
+#   profile-decode  kb_nano profile for paged decode attention at batch 64 x 4k
 # Everything lands in $OUT/session/ and is packed into $OUT/session.tar.gz (the device returns at most 8
 # files), with a log per part and the exit status of every command in $OUT/session/status.txt.
 set -uo pipefail
@@ -83,6 +84,12 @@ for part in "$@"; do
         --case 'seqs=1x4096 heads=32 kv=8 D=128' --variant baseline --save-csv "$out/ncu" \
         --json "$out/profile_prefill.json" --markdown "$out/profile_prefill.md"
       ;;
+    profile-decode)  # ncu on paged decode attention at the issue's 64 x 4k shape
+      mkdir -p "$out/ncu"
+      step profile_decode 120 build/kb_nano profile --target flash_attn_decode \
+        --case 'B=64 ctx=4096 heads=32 kv=8 D=128' --variant baseline --save-csv "$out/ncu" \
+        --json "$out/profile_decode.json" --markdown "$out/profile_decode.md"
+      ;;
     torch)  # PyTorch's own ops at the same shapes, same protocol (the side-by-side table of issue 3)
       step torch_bench 300 python3 tools/torch_bench.py --model models/llama-3.1-8b-instruct.json \
         --json "$out/torch_bench.json"
@@ -119,7 +126,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune modes tp profile smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune modes tp profile profile-decode smoke-eval)" >&2
       exit 2
       ;;
   esac
