@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "kbn/device.h"
 #include "kbn/error.h"
+#include "kbn/format.h"
 #ifdef KBN_WITH_CUDA
 #include "bench/cuda_events.h"
 #include "kbn/cuda_check.h"
@@ -42,6 +44,15 @@ int cold_input_sets(long long input_set_bytes, long long l2_bytes) {
   const long long wanted = 3 * l2_bytes / input_set_bytes + 1;  // total strictly above 3x L2
   const long long by_memory = std::max(1LL, kMaxBytes / input_set_bytes);
   return int(std::max(1LL, std::min({wanted, by_memory, (long long)kMaxSets})));
+}
+
+std::string case_does_not_fit(long long input_set_bytes, int sets, long long device_bytes) {
+  const double need = double(input_set_bytes) * sets;
+  if (device_bytes <= 0 || need <= 0.9 * double(device_bytes)) return "";
+  constexpr double kGiB = double(1ll << 30);
+  return "does not fit: " + std::to_string(sets) + " input sets of " + fmt("%.1f", double(input_set_bytes) / kGiB) +
+         " GiB held at once need " + fmt("%.1f", need / kGiB) + " GiB, more than 90% of the device's " +
+         fmt("%.1f", double(device_bytes) / kGiB) + " GiB";
 }
 
 namespace {

@@ -55,6 +55,11 @@ struct Timing {
 // Input sets needed for cold-L2 rotation: their total must exceed 3x the L2 size; at most 16 sets and 8 GiB.
 int cold_input_sets(long long input_set_bytes, long long l2_bytes);
 
+// Why a case whose `sets` input sets of `input_set_bytes` each cannot be held at once on a device of `device_bytes`
+// is not run (more than 90% of the device: the rest is for outputs, weights, snapshots and allocator rounding);
+// empty when it fits or the device size is unknown (<= 0).
+std::string case_does_not_fit(long long input_set_bytes, int sets, long long device_bytes);
+
 // Times `call(set)`; with options.host, on the host clock (works in every build). (runs the op once on input set `set`,
 // 0 <= set < input_sets) under the contract above. `capturable` is false when the call does host work that a CUDA graph
 // cannot hold (graph mode then reports "graph: n/a"). Needs a CUDA build and a GPU.

@@ -61,17 +61,20 @@ struct Row {
   std::string after_timing;  // the post-timing re-check's failure, if any
   std::string floor;         // why the time is physically impossible, if it is
   std::string streams;       // device work outside the timed stream, if any
+  std::string skip;          // why the case was not run at all (it cannot fit on the device)
   double gb_per_s = 0, tflop_per_s = 0, pct_copy = 0, pct_bf16 = 0, speedup = 0;
   std::string bound;
   bool passed() const {
     return error.empty() && validated && validation.pass && after_timing.empty() && floor.empty() && streams.empty();
   }
   std::string verdict() const {
+    if (!skip.empty()) return "SKIP";
     if (!error.empty()) return "ERROR";
     if (!validated) return "-";
     return passed() ? "PASS" : "FAIL";
   }
   std::string why() const {
+    if (!skip.empty()) return skip;
     if (!error.empty()) return error;
     if (!validation.pass) return validation.check + ": " + validation.reason;
     if (!after_timing.empty()) return "after timing: " + after_timing;
@@ -326,9 +329,22 @@ std::unique_ptr<AnyOp> build_op(const OpEntry& e, const bench::BenchCase& c, Dev
   return op;
 }
 
+// Input sets one timed case holds at once: cold mode rotates sets totalling > 3x L2, hot and graph modes use two
+// (so a result cached from the previous call is never the right answer).
+int timing_input_sets(const bench::BenchCase& c, const Context& ctx) {
+  return ctx.topts.mode == bench::TimingMode::cold && ctx.device.is_cuda()
+             ? std::max(2, bench::cold_input_sets(c.input_bytes, ctx.dev.l2_bytes))
+             : 2;
+}
+
 Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
   Row r;
   r.c = &c;
+  const int sets = timing_input_sets(c, ctx);
+  if (ctx.device.is_cuda()) {
+    r.skip = bench::case_does_not_fit(c.input_bytes, sets, ctx.dev.memory_bytes);
+    if (!r.skip.empty()) return r;
+  }
   try {
     // NOTE: a dedicated non-blocking stream: the legacy default stream would implicitly wait for work a
     // candidate hides on another (blocking) stream, and the validation could no longer see it.
@@ -348,11 +364,7 @@ Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
     if (!r.validation.pass) {
       r.base.skipped = r.cand.skipped = "not timed: validation failed";
     } else {
-      // Every timed iteration gets a different input set: cold mode rotates sets totalling > 3x L2, hot and
-      // graph modes two sets (so a result cached from the previous call is never the right answer).
-      const int sets = ctx.topts.mode == bench::TimingMode::cold && ctx.device.is_cuda()
-                           ? std::max(2, bench::cold_input_sets(c.input_bytes, ctx.dev.l2_bytes))
-                           : 2;
+      // Every timed iteration gets a different input set (timing_input_sets).
       auto make_sets = [&] {
         std::vector<std::vector<Tensor>> in;
         for (int s = 0; s < sets; ++s) in.push_back(c.make_inputs(ctx.device, o.seed + 7919u * uint64_t(s + 1)));
@@ -443,7 +455,7 @@ void print_table(const Group& g, bool compare, bool roofline) {
 }
 
 struct Summary {
-  int cases = 0, passed = 0, failed = 0, errors = 0;
+  int cases = 0, passed = 0, failed = 0, errors = 0, skipped = 0;
   double geomean_speedup = 0;              // over passing rows of the requested ops with both times (0: none)
   double composition_geomean_speedup = 0;  // over passing rows of the blocks run for composition
 };
@@ -459,7 +471,9 @@ Summary summarise(const std::vector<Row>& rows, const std::vector<std::string>& 
       comp_n++;
     }
     s.cases++;
-    if (!r.error.empty())
+    if (!r.skip.empty())
+      s.skipped++;
+    else if (!r.error.empty())
       s.errors++;
     else if (r.passed())
       s.passed++;
@@ -689,6 +703,7 @@ void run(const Options& o) {
   }
   const Summary sum = summarise(rows, selected_ops(o));
   std::printf("\nSummary: %d of %d cases pass, %d fail, %d errors", sum.passed, sum.cases, sum.failed, sum.errors);
+  if (sum.skipped) std::printf(", %d skipped (too large for the device)", sum.skipped);
   if (sum.geomean_speedup > 0) std::printf("; geometric-mean speedup over passing cases %.3fx", sum.geomean_speedup);
   if (sum.composition_geomean_speedup > 0)
     std::printf("; in the blocks that include it %.3fx", sum.composition_geomean_speedup);
@@ -702,6 +717,7 @@ void run(const Options& o) {
                     {"passed", sum.passed},
                     {"failed", sum.failed},
                     {"errors", sum.errors},
+                    {"skipped", sum.skipped},
                     {"geomean_speedup", sum.geomean_speedup},
                     {"composition_geomean_speedup", sum.composition_geomean_speedup}};
     j["rows"] = nlohmann::json::array();

@@ -158,6 +158,15 @@ TEST(BenchTiming, ColdInputSetsExceedThreeL2s) {
   EXPECT_THROW(bench::parse_timing_mode("warm"), Error);
 }
 
+TEST(BenchTiming, CaseThatCannotFitIsSkippedWithItsSizes) {
+  const long long gib = 1LL << 30;
+  EXPECT_EQ(bench::case_does_not_fit(8 * gib, 2, 140 * gib), "");
+  EXPECT_EQ(bench::case_does_not_fit(64 * gib, 2, 140 * gib),
+            "does not fit: 2 input sets of 64.0 GiB held at once need 128.0 GiB, more than 90% of the device's "
+            "140.0 GiB");
+  EXPECT_EQ(bench::case_does_not_fit(64 * gib, 2, 0), "");  // unknown device size: run it
+}
+
 TEST(BenchCases, AttentionAdapterUsesTheHostMaximaItIsGiven) {
   // The decode adapter launches with the case's max_seq_len (no device read); on CPU the result is the oracle's.
   auto dec = cases("flash_attn_decode", 1, {2});
