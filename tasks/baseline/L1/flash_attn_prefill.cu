@@ -6,10 +6,13 @@
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
+#include "L1/wgmma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #endif
@@ -39,6 +42,8 @@ struct PrefillParams {
   float scale_log2;  // softmax scale * log2(e): scores live in the exp2 domain
 };
 
+namespace mma_path {
+
 // Tile shape. A block owns kBlockM packed query rows of one kv head; row m of a sequence is (token m / group,
 // query head kv_head * group + m % group), so the heads that share a kv head share every K/V tile load.
 constexpr int kWarps = 8;
@@ -53,10 +58,8 @@ constexpr int kStages = 3;            // K/V tiles in flight (cp.async ring)
 // the exp2 domain (running max / sum per row, 4 lanes per row), then O += P V with P re-packed from the S
 // accumulators as the A operand (no trip through shared memory).
 //
+// The kernel for GPUs other than Hopper (sm_80 and later): Hopper runs the wgmma kernel below.
 // NOTE: where the next gains are (measure first):
-//  - Hopper-native path: TMA loads of K/V pages + wgmma (64xNx16 per warpgroup, operands from shared memory) with
-//    producer/consumer warp specialisation and ping-pong softmax between two warpgroups (FlashAttention-3). mma.sync
-//    tops out near 2/3 of the H100/H200 dense rate, so the >= 500 TFLOP/s goal needs this rewrite.
 //  - Split the cp.async group per tile into K and V so S = Q K^T starts while V is still landing.
 //  - 32 query rows per warp (two m16 atoms) would halve the shared-memory traffic per mma for K and V (the
 //    ldmatrix bandwidth, not the tensor cores, bounds this kernel near 60% of the mma.sync rate), at the cost of
@@ -68,7 +71,7 @@ constexpr int kStages = 3;            // K/V tiles in flight (cp.async ring)
 //  - Causal load balance: query tiles are issued heaviest-first per (seq, kv head); a persistent-kernel tile
 //    scheduler across sequences would remove the remaining tail for very uneven varlen batches.
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_kernel(PrefillParams p) {
+__global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(PrefillParams p) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   constexpr int kTileElems = kBlockN * kHeadDim;
   static_assert(kBlockN * kChunks % kThreads == 0 && kBlockM * kChunks % kThreads == 0, "whole copy rounds");
@@ -298,20 +301,317 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_kernel(Prefill
   }
 }
 
+}  // namespace mma_path
+
+namespace wgmma_path {
+
+// Tile shape. A block owns kBlockM packed query rows of one kv head; row m of a sequence is (token m / group,
+// query head kv_head * group + m % group), so the heads that share a kv head share every K/V tile load. Each of the
+// kWarpGroups warpgroups owns 64 of the rows (the M of one wgmma).
+constexpr int kWarpGroups = 2;
+constexpr int kThreads = kWarpGroups * 128;
+constexpr int kBlockM = kWarpGroups * 64;
+constexpr int kBlockN = 128;  // keys per K/V tile (the N of S = Q K^T, the K of O += P V)
+constexpr int kStages = 2;    // K/V tiles in shared memory: one being read by the tensor cores, one landing
+
+// FlashAttention forward over a paged KV cache on Hopper tensor cores, causal, varlen, GQA-packed.
+// grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles, all
+// 128-byte swizzled (wgmma.cuh). Per K/V tile: S = Q K^T by wgmma with both operands in shared memory (64 x 128 per
+// warpgroup, fp32 in registers), online softmax in the exp2 domain (running max / sum per row, 4 lanes per row),
+// then O += P V by wgmma with P re-packed from the S accumulators as the register A operand and V read transposed
+// from shared memory. The next tile's K/V stream in by cp.async (16-byte copies through the block table) while the
+// tensor cores work on this one.
+//
+// NOTE: where the next gains are (measure first): a producer warp with TMA page copies and mbarriers instead of
+// cp.async issued by the math warps; K and V in separate stages so S starts before V lands; overlap of one tile's
+// softmax with the next tile's S (FlashAttention-3's intra-warpgroup pipelining) and ping-pong scheduling of the two
+// warpgroups so that one's softmax hides under the other's matrix work.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(PrefillParams p) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
+  constexpr uint32_t kTileBytes = kBlockN * kHeadDim * 2;
+  constexpr int kSAcc = kBlockN / 2;   // S accumulators per thread: 64 rows x kBlockN keys / 128 threads
+  constexpr int kOAcc = kHeadDim / 2;  // O accumulators per thread
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes instantiated for head sizes 64 and 128");
+  static_assert(kBlockN * kChunks % kThreads == 0 && kBlockM * kChunks % kThreads == 0, "whole copy rounds");
+
+  extern __shared__ unsigned char smem_raw[];
+  // The swizzle atoms must start 1024-byte aligned; the launcher adds 1024 bytes of slack.
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
+  unsigned char* q_ptr = smem_raw + (q_s - raw_addr);
+  const uint32_t k_s = q_s + kQBytes;                // [kStages][tile]
+  const uint32_t v_s = k_s + kStages * kTileBytes;  // [kStages][tile]
+
+  const int kv_head = blockIdx.x;
+  const int seq = blockIdx.z;
+  const int m_tile = gridDim.y - 1 - blockIdx.y;  // heaviest (longest causal span) tiles first
+  const int group = p.group_size;
+  const int q_begin = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - q_begin;
+  const int num_rows = q_len * group;
+  const int m0 = m_tile * kBlockM;
+  if (m0 >= num_rows) return;
+
+  const int seq_len = p.seq_lens[seq];
+  const int offset = seq_len - q_len;  // query token j sits at key position offset + j
+  const int first_token = m0 / group;
+  const int last_token = min((m0 + kBlockM - 1) / group, q_len - 1);
+  const int key_end = last_token + offset + 1;        // keys [0, key_end) are visible to some row of the tile
+  const int unmasked_end = first_token + offset + 1;  // keys [0, unmasked_end) are visible to every row
+  const int num_tiles = key_end > 0 ? ceil_div(key_end, kBlockN) : 0;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;           // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
+  const int warp_in_wg = (tid / 32) % 4;
+  const int lane = tid % 32;
+
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
+  const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
+  const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
+
+  // Q tile: rows past the sequence's last token are zero-filled.
+#pragma unroll
+  for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
+    const int i = tid + j * kThreads;
+    const int r = i / kChunks, c = i % kChunks;
+    const int m = m0 + r;
+    const bool valid = m < num_rows;
+    const T* src = q;
+    if (valid) {
+      const int token = q_begin + m / group;
+      const int head = kv_head * group + m % group;
+      src = q + token * p.q_stride_token + head * p.q_stride_head + c * 8;
+    }
+    cp_async_16(q_s + sw128_offset<kBlockM>(r, c), src, valid);
+  }
+
+  // K and V tile `tile` into stage `stage`; keys at or past key_end (never visible, possibly unallocated pages)
+  // are zero-filled so that masked probabilities multiply zeros, not garbage.
+  auto load_kv = [&](int tile, int stage) {
+    const uint32_t ks = k_s + stage * kTileBytes;
+    const uint32_t vs = v_s + stage * kTileBytes;
+    const int n0 = tile * kBlockN;
+#pragma unroll
+    for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const int key = n0 + r;
+      const bool valid = key < key_end;
+      const T* k_src = k_head;
+      const T* v_src = v_head;
+      if (valid) {
+        const int64_t block = block_table[key / p.block_size];
+        const int64_t slot = key % p.block_size;
+        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
+        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+      }
+      const uint32_t dst = sw128_offset<kBlockN>(r, c);
+      cp_async_16(ks + dst, k_src, valid);
+      cp_async_16(vs + dst, v_src, valid);
+    }
+  };
+
+  if (num_tiles > 0) load_kv(0, 0);
+  cp_async_commit();  // Q and the first K/V tile
+
+  // Per-thread rows: g and g + 8 of this warp's 16. Rows past the last token clamp to it (never stored).
+  const int g = lane / 4, t4 = lane % 4;
+  const int warp_row = wg * 64 + warp_in_wg * 16;
+  int row_last_key[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int m = m0 + warp_row + g + 8 * r;
+    row_last_key[r] = min(m / group, q_len - 1) + offset;
+  }
+
+  float o[kOAcc];
+#pragma unroll
+  for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // exp2 domain
+  float row_sum[2] = {0.f, 0.f};              // this lane's partial sums; reduced over the quad at the end
+  const uint32_t q_wg = q_s + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block of Q
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    cp_async_wait<0>();          // this thread's copies of tile (and Q) have landed
+    fence_proxy_async_shared();  // ... and are visible to the tensor cores' (async proxy) reads
+    __syncthreads();             // everyone's copies landed; the stage read by the previous tile is free
+    if (tile + 1 < num_tiles) load_kv(tile + 1, (tile + 1) % kStages);
+    cp_async_commit();
+
+    const uint32_t ks = k_s + (tile % kStages) * kTileBytes;
+    const uint32_t vs = v_s + (tile % kStages) * kTileBytes;
+
+    // S = Q K^T: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a
+    // 64-column block).
+    float s[kSAcc];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      const uint32_t col = (kk % 4) * 32;
+      const uint64_t da = sw128_desc(q_wg + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
+      const uint64_t db = sw128_desc(ks + (kk / 4) * (kBlockN * 128) + col, 16, 1024);
+      wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(s);
+
+    const int n0 = tile * kBlockN;
+    if (n0 + kBlockN > unmasked_end) {  // the tile crosses the causal diagonal of some row
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + n * 8 + 2 * t4 + (e & 1);
+          if (key > row_last_key[e / 2]) s[4 * n + e] = -INFINITY;
+        }
+      }
+    }
+
+    // Online softmax: rescale the running state to the new row maximum, exponentiate the tile.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+      // A row with no visible key yet keeps max -inf; subtracting 0 then keeps every exponent at exp2(-inf) = 0.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      const float alpha = exp2f(row_max[r] - base);
+      row_max[r] = new_max;
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+        s[4 * n + 2 * r] = exp2f(fmaf(s[4 * n + 2 * r], p.scale_log2, -base));
+        s[4 * n + 2 * r + 1] = exp2f(fmaf(s[4 * n + 2 * r + 1], p.scale_log2, -base));
+        tile_sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + tile_sum;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        o[4 * n + 2 * r] *= alpha;
+        o[4 * n + 2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V: the S accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
+    uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      // V rows 16kk..16kk+15 (K of this step), head_size columns (N) in 64-column blocks kBlockN * 128 bytes apart.
+      const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kBlockN * 128, 1024);
+      if constexpr (kHeadDim == 128) {
+        wgmma_rs_n128_tb<T>(o, pa[kk], dv);
+      } else {
+        wgmma_rs_n64_tb<T>(o, pa[kk], dv);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+  }
+
+  // Every copy has landed and every warpgroup is done with Q before the Q tile is reused to stage the output.
+  cp_async_wait<0>();
+  __syncthreads();
+
+  float inv_sum[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+  // Stage this warp's 16 normalised rows in its own Q rows, then write 16-byte chunks.
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp_row + g + 8 * r;
+      *reinterpret_cast<uint32_t*>(q_ptr + sw128_offset<kBlockM>(row, n) + 4 * t4) =
+          pack2<T>(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
+    }
+  }
+  __syncwarp();
+  T* out = static_cast<T*>(p.out);
+#pragma unroll
+  for (int j = 0; j < 16 * kChunks / 32; ++j) {
+    const int i = lane + j * 32;
+    const int row = warp_row + i / kChunks, c = i % kChunks;
+    const int m = m0 + row;
+    if (m < num_rows) {
+      const int token = q_begin + m / group;
+      const int head = kv_head * group + m % group;
+      *reinterpret_cast<uint4*>(out + token * p.out_stride_token + head * p.out_stride_head + c * 8) =
+          *reinterpret_cast<const uint4*>(q_ptr + sw128_offset<kBlockM>(row, c));
+    }
+  }
+#else
+  __trap();  // not launched: the host picks this kernel only when the binary holds sm_90a code for the device
+#endif
+}
+
+
+}  // namespace wgmma_path
+
+// The Hopper kernel runs when this binary holds sm_90a code for the current device (an image built for the device's
+// architecture: cudaFuncGetAttributes reports it); any other GPU runs the mma.sync kernel. Decided once per device.
+inline bool use_wgmma_kernel(const void* wgmma_kernel, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(wgmma_kernel, device);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, wgmma_kernel);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // no image for this device: not an error, the other kernel runs
+  int major = 0;
+  KBN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const bool use = err == cudaSuccess && major == 9 && attr.binaryVersion == 90;
+  return cache.emplace(key, use).first->second;
+}
+
 template <class T, int kHeadDim>
 void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
                                Stream stream) {
-  const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
-  KBN_CHECK(m_tiles <= 65535, "flash_attn_prefill: max_query_len ", max_query_len, " x ", p.group_size,
-            " query heads per kv head needs ", m_tiles, " query tiles of ", kBlockM, " rows; at most 65535 supported");
-  const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T);
-  auto* kernel = flash_attn_prefill_kernel<T, kHeadDim>;
   int device = 0;
   KBN_CUDA_CHECK(cudaGetDevice(&device));
-  (void)kernel_launch_facts(reinterpret_cast<const void*>(kernel), device, kThreads, smem);  // smem opt-in, once
-  const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
-  kernel<<<grid, kThreads, smem, stream>>>(p);
-  KBN_CUDA_CHECK_LAUNCH();
+  auto launch = [&](auto* kernel, int threads, int block_m, size_t smem) {
+    const int64_t m_tiles = (max_query_len * p.group_size + block_m - 1) / block_m;
+    KBN_CHECK(m_tiles <= 65535, "flash_attn_prefill: max_query_len ", max_query_len, " x ", p.group_size,
+              " query heads per kv head needs ", m_tiles, " query tiles of ", block_m,
+              " rows; at most 65535 supported");
+    (void)kernel_launch_facts(reinterpret_cast<const void*>(kernel), device, threads, smem);  // smem opt-in, once
+    const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
+    kernel<<<grid, threads, smem, stream>>>(p);
+    KBN_CUDA_CHECK_LAUNCH();
+  };
+  auto* hopper = wgmma_path::flash_attn_prefill_wgmma_kernel<T, kHeadDim>;
+  if (use_wgmma_kernel(reinterpret_cast<const void*>(hopper), device)) {
+    using namespace wgmma_path;
+    // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom.
+    launch(hopper, kThreads, kBlockM, size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T) + 1024);
+  } else {
+    using namespace mma_path;
+    launch(flash_attn_prefill_mma_kernel<T, kHeadDim>, kThreads, kBlockM,
+           size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T));
+  }
 }
 
 }  // namespace
