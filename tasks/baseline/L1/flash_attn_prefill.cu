@@ -312,20 +312,23 @@ constexpr int kWarpGroups = 2;
 constexpr int kThreads = kWarpGroups * 128;
 constexpr int kBlockM = kWarpGroups * 64;
 constexpr int kBlockN = 128;  // keys per K/V tile (the N of S = Q K^T, the K of O += P V)
-constexpr int kStages = 2;    // K/V tiles in shared memory: one being read by the tensor cores, one landing
+constexpr int kKStages = 2;   // K tiles in shared memory: the one S reads, the next one landing
+constexpr int kVStages = 3;   // V tiles: the previous tile's (P V runs one tile behind S), this one, the next one
 
 // FlashAttention forward over a paged KV cache on Hopper tensor cores, causal, varlen, GQA-packed.
-// grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles, all
-// 128-byte swizzled (wgmma.cuh). Per K/V tile: S = Q K^T by wgmma with both operands in shared memory (64 x 128 per
-// warpgroup, fp32 in registers), online softmax in the exp2 domain (running max / sum per row, 4 lanes per row),
-// then O += P V by wgmma with P re-packed from the S accumulators as the register A operand and V read transposed
-// from shared memory. The next tile's K/V stream in by cp.async (16-byte copies through the block table) while the
-// tensor cores work on this one.
+// grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kKStages K tiles +
+// kVStages V tiles, all 128-byte swizzled (wgmma.cuh). Per K/V tile t: S_t = Q K_t^T by wgmma with both operands
+// in shared memory (64 x 128 per warpgroup, fp32 in registers), online softmax in the exp2 domain (running max /
+// sum per row, 4 lanes per row), then O += P_t V_t by wgmma with P re-packed from the S accumulators as the register
+// A operand and V read transposed from shared memory. P V runs one tile behind (FlashAttention-3's intra-warpgroup
+// overlap): iteration t issues S_t and then P_{t-1} V_{t-1}, and exponentiates S_t while the tensor cores still
+// work on P_{t-1} V_{t-1}; only the rescale of O waits for it. The next tile's K/V stream in by cp.async (16-byte
+// copies through the block table) meanwhile.
 //
 // NOTE: where the next gains are (measure first): a producer warp with TMA page copies and mbarriers instead of
-// cp.async issued by the math warps; K and V in separate stages so S starts before V lands; overlap of one tile's
-// softmax with the next tile's S (FlashAttention-3's intra-warpgroup pipelining) and ping-pong scheduling of the two
-// warpgroups so that one's softmax hides under the other's matrix work.
+// cp.async issued by the math warps (which also removes the per-tile __syncthreads that keeps the two warpgroups in
+// lockstep), then ping-pong scheduling of the two warpgroups so that one's softmax hides under the other's matrix
+// work (FlashAttention-3).
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -342,8 +345,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
   unsigned char* q_ptr = smem_raw + (q_s - raw_addr);
-  const uint32_t k_s = q_s + kQBytes;                // [kStages][tile]
-  const uint32_t v_s = k_s + kStages * kTileBytes;  // [kStages][tile]
+  const uint32_t k_s = q_s + kQBytes;                 // [kKStages][tile]
+  const uint32_t v_s = k_s + kKStages * kTileBytes;  // [kVStages][tile]
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.z;
@@ -389,11 +392,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
     cp_async_16(q_s + sw128_offset<kBlockM>(r, c), src, valid);
   }
 
-  // K and V tile `tile` into stage `stage`; keys at or past key_end (never visible, possibly unallocated pages)
+  // K and V tile `tile` into their stages; keys at or past key_end (never visible, possibly unallocated pages)
   // are zero-filled so that masked probabilities multiply zeros, not garbage.
-  auto load_kv = [&](int tile, int stage) {
-    const uint32_t ks = k_s + stage * kTileBytes;
-    const uint32_t vs = v_s + stage * kTileBytes;
+  auto load_kv = [&](int tile) {
+    const uint32_t ks = k_s + (tile % kKStages) * kTileBytes;
+    const uint32_t vs = v_s + (tile % kVStages) * kTileBytes;
     const int n0 = tile * kBlockN;
 #pragma unroll
     for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
@@ -415,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
     }
   };
 
-  if (num_tiles > 0) load_kv(0, 0);
+  if (num_tiles > 0) load_kv(0);
   cp_async_commit();  // Q and the first K/V tile
 
   // Per-thread rows: g and g + 8 of this warp's 16. Rows past the last token clamp to it (never stored).
@@ -435,18 +438,34 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
   float row_sum[2] = {0.f, 0.f};              // this lane's partial sums; reduced over the quad at the end
   const uint32_t q_wg = q_s + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block of Q
 
+  uint32_t pa[kBlockN / 16][4];  // P of the previous tile as A fragments: keys 16kk..16kk+15 of the tile
+  // O += P V of the tile whose V sits in shared address `vs` (V rows are the K of each step, head_size columns the N,
+  // in 64-column blocks kBlockN * 128 bytes apart).
+  auto issue_pv = [&](uint32_t vs) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kBlockN * 128, 1024);
+      if constexpr (kHeadDim == 128) {
+        wgmma_rs_n128_tb<T>(o, pa[kk], dv);
+      } else {
+        wgmma_rs_n64_tb<T>(o, pa[kk], dv);
+      }
+    }
+  };
+
   for (int tile = 0; tile < num_tiles; ++tile) {
     cp_async_wait<0>();          // this thread's copies of tile (and Q) have landed
     fence_proxy_async_shared();  // ... and are visible to the tensor cores' (async proxy) reads
-    __syncthreads();             // everyone's copies landed; the stage read by the previous tile is free
-    if (tile + 1 < num_tiles) load_kv(tile + 1, (tile + 1) % kStages);
+    // Everyone's copies landed; every warpgroup is past the previous iteration's waits, so K_{tile-1} and
+    // V_{tile-2}, the stages the next load overwrites, are no longer read.
+    __syncthreads();
+    if (tile + 1 < num_tiles) load_kv(tile + 1);
     cp_async_commit();
 
-    const uint32_t ks = k_s + (tile % kStages) * kTileBytes;
-    const uint32_t vs = v_s + (tile % kStages) * kTileBytes;
+    const uint32_t ks = k_s + (tile % kKStages) * kTileBytes;
 
     // S = Q K^T: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a
-    // 64-column block).
+    // 64-column block). Then, as a second group, the previous tile's P V (an empty group on the first tile).
     float s[kSAcc];
     wgmma_fence();
 #pragma unroll
@@ -457,7 +476,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+    if (tile > 0) issue_pv(v_s + ((tile - 1) % kVStages) * kTileBytes);
+    wgmma_commit();
+    wgmma_wait<1>();  // S is ready; P V may still run
     fence_regs(s);
 
     const int n0 = tile * kBlockN;
@@ -472,7 +493,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       }
     }
 
-    // Online softmax: rescale the running state to the new row maximum, exponentiate the tile.
+    // Online softmax: the new row maximum, the tile exponentiated against it (overlapping the running P V).
+    float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       float tile_max = -INFINITY;
@@ -483,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
       // A row with no visible key yet keeps max -inf; subtracting 0 then keeps every exponent at exp2(-inf) = 0.
       const float base = new_max == -INFINITY ? 0.f : new_max;
-      const float alpha = exp2f(row_max[r] - base);
+      alpha[r] = exp2f(row_max[r] - base);
       row_max[r] = new_max;
       float tile_sum = 0.f;
 #pragma unroll
@@ -492,16 +514,21 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
         s[4 * n + 2 * r + 1] = exp2f(fmaf(s[4 * n + 2 * r + 1], p.scale_log2, -base));
         tile_sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
       }
-      row_sum[r] = row_sum[r] * alpha + tile_sum;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        o[4 * n + 2 * r] *= alpha;
-        o[4 * n + 2 * r + 1] *= alpha;
-      }
+      row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
     }
 
-    // O += P V: the S accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
-    uint32_t pa[kBlockN / 16][4];
+    // The previous P V is done: O and the P registers are free. Rescale O to the new maximum, re-pack P: the S
+    // accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
+    wgmma_wait<0>();
+    fence_regs(o);
+    fence_regs(pa);
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      o[4 * n + 0] *= alpha[0];
+      o[4 * n + 1] *= alpha[0];
+      o[4 * n + 2] *= alpha[1];
+      o[4 * n + 3] *= alpha[1];
+    }
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -509,17 +536,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
+  }
+  if (num_tiles > 0) {  // the last tile's P V
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      // V rows 16kk..16kk+15 (K of this step), head_size columns (N) in 64-column blocks kBlockN * 128 bytes apart.
-      const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kBlockN * 128, 1024);
-      if constexpr (kHeadDim == 128) {
-        wgmma_rs_n128_tb<T>(o, pa[kk], dv);
-      } else {
-        wgmma_rs_n64_tb<T>(o, pa[kk], dv);
-      }
-    }
+    issue_pv(v_s + ((num_tiles - 1) % kVStages) * kTileBytes);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);
@@ -606,7 +626,8 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   if (use_wgmma_kernel(reinterpret_cast<const void*>(hopper), device)) {
     using namespace wgmma_path;
     // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom.
-    launch(hopper, kThreads, kBlockM, size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T) + 1024);
+    launch(hopper, kThreads, kBlockM,
+           size_t(kBlockM + (kKStages + kVStages) * kBlockN) * kHeadDim * sizeof(T) + 1024);
   } else {
     using namespace mma_path;
     launch(flash_attn_prefill_mma_kernel<T, kHeadDim>, kThreads, kBlockM,
