@@ -38,6 +38,7 @@ struct PrefillParams {
   int64_t v_stride_block, v_stride_slot, v_stride_head;
   int64_t block_table_stride;
   int block_size;
+  int block_shift;   // log2(block_size) when it is a power of two, else -1
   int group_size;    // query heads per kv head
   float scale_log2;  // softmax scale * log2(e): scores live in the exp2 domain
 };
@@ -407,8 +408,10 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       const T* k_src = k_head;
       const T* v_src = v_head;
       if (valid) {
-        const int64_t block = block_table[key / p.block_size];
-        const int64_t slot = key % p.block_size;
+        // Power-of-two pages (every engine configuration) take a shift and a mask instead of a division.
+        const int page = p.block_shift >= 0 ? key >> p.block_shift : key / p.block_size;
+        const int64_t block = block_table[page];
+        const int64_t slot = key - page * p.block_size;
         k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
         v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
       }
@@ -497,9 +500,12 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float tile_max = -INFINITY;
+      // Four independent partial maxima and sums: with eight warps per SM a serial chain of dependent adds is
+      // latency the schedulers cannot hide.
+      float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+      for (int n = 0; n < kBlockN / 8; ++n) part[n % 4] = fmaxf(part[n % 4], fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+      float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
@@ -507,14 +513,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       const float base = new_max == -INFINITY ? 0.f : new_max;
       alpha[r] = exp2f(row_max[r] - base);
       row_max[r] = new_max;
-      float tile_sum = 0.f;
+      float sums[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) {
         s[4 * n + 2 * r] = exp2f(fmaf(s[4 * n + 2 * r], p.scale_log2, -base));
         s[4 * n + 2 * r + 1] = exp2f(fmaf(s[4 * n + 2 * r + 1], p.scale_log2, -base));
-        tile_sum += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+        sums[n % 4] += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
       }
-      row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
+      row_sum[r] = row_sum[r] * alpha[r] + ((sums[0] + sums[1]) + (sums[2] + sums[3]));
     }
 
     // The previous P V is done: O and the P registers are free. Rescale O to the new maximum, re-pack P: the S
@@ -730,6 +736,7 @@ Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const
   p.v_stride_head = value_cache.stride(2);
   p.block_table_stride = block_tables.stride(0);
   p.block_size = int(key_cache.size(1));
+  p.block_shift = (p.block_size & (p.block_size - 1)) == 0 ? __builtin_ctz(unsigned(p.block_size)) : -1;
   p.group_size = int(num_heads_ / num_kv_heads_);
   p.scale_log2 = float(scale_ * 1.4426950408889634);
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
