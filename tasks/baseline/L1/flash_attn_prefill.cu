@@ -310,7 +310,7 @@ namespace wgmma_path {
 // query head kv_head * group + m % group), so the heads that share a kv head share every K/V tile load. Each of the
 // two consumer warpgroups owns 64 of the rows (the M of one wgmma); one more warp produces the K/V tiles.
 constexpr int kConsumerThreads = 256;                   // warps 0-7: two warpgroups (wgmma needs aligned groups of 4)
-constexpr int kProducerThreads = 32;                    // warp 8
+constexpr int kProducerThreads = 128;                   // warps 8-11: the producer warpgroup
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kBlockM = 128;
 constexpr int kBlockN = 128;  // keys per K/V tile (the N of S = Q K^T, the K of O += P V)
@@ -318,6 +318,8 @@ constexpr int kStages = 3;    // K+V tiles in shared memory: P V reads tile t - 
 // Named barriers (0 is __syncthreads): the consumers' Q hand-off, the ping-pong turns of the two warpgroups, and
 // each warpgroup's own before the output staging overwrites its Q rows.
 constexpr int kBarQ = 1, kBarTurn0 = 2, kBarWarpGroup0 = 4;
+// setmaxnreg budgets: 3 warpgroups x 168 registers at launch (65536 / 384, in units of 8) = 40 + 2 x 232.
+constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -344,7 +346,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // FlashAttention forward over a paged KV cache on Hopper tensor cores, causal, varlen, GQA-packed, warp-specialised.
 // grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles, all
 // 128-byte swizzled (wgmma.cuh), + the stage barriers.
-//  - Producer (warp 8): for each K/V tile, waits until its stage is free (`empty` mbarrier), copies K and V through
+//  - Producer (warpgroup 2, 40 registers): for each K/V tile, waits until its stage is free (`empty` mbarrier), copies K and V through
 //    the block table with 16-byte cp.async, waits for its copies, fences them into the async proxy the tensor cores
 //    read through, and arrives on the stage's `full` mbarrier. It runs up to kStages - 1 tiles ahead.
 //  - Consumers (two warpgroups of 64 rows): per tile t, S_t = Q K_t^T by wgmma with both operands in shared memory
@@ -358,7 +360,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // per page and 64-column half) instead of 16-byte cp.async by one warp; a persistent tile scheduler (causal tiles
 // differ in length, and a block's setup and final store are not overlapped with another tile's work).
 template <class T, int kHeadDim>
-__global__ void __maxnreg__(224) flash_attn_prefill_wgmma_kernel(PrefillParams p) {
+__global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
@@ -411,7 +413,11 @@ __global__ void __maxnreg__(224) flash_attn_prefill_wgmma_kernel(PrefillParams p
   const T* q = static_cast<const T*>(p.q);
 
   if (tid >= kConsumerThreads) {
-    // ---- producer warp ----
+    // ---- producer warpgroup ----
+    // Registers: each SM sub-partition holds one warp of each warpgroup (3 x 168 at launch); the copy loop needs few,
+    // so the producer gives most of its share to the math warps.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters) : "memory");
+    const int ptid = tid - kConsumerThreads;
     const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
     const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
     const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
@@ -424,9 +430,9 @@ __global__ void __maxnreg__(224) flash_attn_prefill_wgmma_kernel(PrefillParams p
       const int n0 = tile * kBlockN;
       // Keys at or past key_end (never visible, possibly unallocated pages) are zero-filled so that masked
       // probabilities multiply zeros, not garbage.
-#pragma unroll 4
+#pragma unroll 2
       for (int j = 0; j < kBlockN * kChunks / kProducerThreads; ++j) {
-        const int i = lane + j * kProducerThreads;
+        const int i = ptid + j * kProducerThreads;
         const int r = i / kChunks, c = i % kChunks;
         const int key = n0 + r;
         const bool valid = key < key_end;
@@ -460,6 +466,7 @@ __global__ void __maxnreg__(224) flash_attn_prefill_wgmma_kernel(PrefillParams p
   }
 
   // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters) : "memory");
   const int wg = tid / 128;  // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
   const int warp_in_wg = (tid / 32) % 4;
 
