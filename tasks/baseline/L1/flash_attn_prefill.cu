@@ -318,8 +318,8 @@ constexpr int kStages = 3;    // K+V tiles in shared memory: P V reads tile t - 
 // Named barriers (0 is __syncthreads): the consumers' Q hand-off, the ping-pong turns of the two warpgroups, and
 // each warpgroup's own before the output staging overwrites its Q rows.
 constexpr int kBarQ = 1, kBarTurn0 = 2, kBarWarpGroup0 = 4;
-// setmaxnreg budgets: 3 warpgroups x 168 registers at launch (65536 / 384, in units of 8) = 40 + 2 x 232.
-constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+// setmaxnreg budgets: 3 warpgroups x 168 registers at launch (65536 / 384, in units of 8) = 56 + 2 x 224.
+constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -346,7 +346,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // FlashAttention forward over a paged KV cache on Hopper tensor cores, causal, varlen, GQA-packed, warp-specialised.
 // grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles, all
 // 128-byte swizzled (wgmma.cuh), + the stage barriers.
-//  - Producer (warpgroup 2, 40 registers): for each K/V tile, waits until its stage is free (`empty` mbarrier), copies K and V through
+//  - Producer (warpgroup 2, 56 registers): for each K/V tile, waits until its stage is free (`empty` mbarrier), copies K and V through
 //    the block table with 16-byte cp.async, waits for its copies, fences them into the async proxy the tensor cores
 //    read through, and arrives on the stage's `full` mbarrier. It runs up to kStages - 1 tiles ahead.
 //  - Consumers (two warpgroups of 64 rows): per tile t, S_t = Q K_t^T by wgmma with both operands in shared memory
@@ -428,27 +428,35 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       const uint32_t ks = kv_s + stage * 2 * kTileBytes;
       const uint32_t vs = ks + kTileBytes;
       const int n0 = tile * kBlockN;
-      // Keys at or past key_end (never visible, possibly unallocated pages) are zero-filled so that masked
-      // probabilities multiply zeros, not garbage.
-#pragma unroll 2
-      for (int j = 0; j < kBlockN * kChunks / kProducerThreads; ++j) {
-        const int i = ptid + j * kProducerThreads;
-        const int r = i / kChunks, c = i % kChunks;
-        const int key = n0 + r;
-        const bool valid = key < key_end;
-        const T* k_src = k_head;
-        const T* v_src = v_head;
-        if (valid) {
+      // This thread copies chunk c of key rows r0 + kRowStep j (consecutive threads: consecutive chunks of a row, so
+      // every warp reads whole rows), reading kBatch block-table entries before their copies so the reads overlap.
+      constexpr int kRowsPerThread = kBlockN * kChunks / kProducerThreads;
+      constexpr int kRowStep = kProducerThreads / kChunks;
+      constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;  // block-table reads in flight per thread
+      const int r0 = ptid / kChunks, c = ptid % kChunks;
+#pragma unroll
+      for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
+        int block[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int key = n0 + r0 + kRowStep * (j0 + j);
           // Power-of-two pages (every engine configuration) take a shift instead of a division.
-          const int page = p.block_shift >= 0 ? key >> p.block_shift : key / p.block_size;
-          const int64_t block = block_table[page];
-          const int64_t slot = key - page * p.block_size;
-          k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
-          v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+          block[j] = key < key_end ? block_table[p.block_shift >= 0 ? key >> p.block_shift : key / p.block_size] : 0;
         }
-        const uint32_t dst = sw128_offset<kBlockN>(r, c);
-        cp_async_16(ks + dst, k_src, valid);
-        cp_async_16(vs + dst, v_src, valid);
+        // Keys at or past key_end (never visible, possibly unallocated pages) are zero-filled so that masked
+        // probabilities multiply zeros, not garbage.
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int r = r0 + kRowStep * (j0 + j);
+          const int key = n0 + r;
+          const bool valid = key < key_end;
+          const int64_t slot = p.block_shift >= 0 ? key & (p.block_size - 1) : key % p.block_size;
+          const T* k_src = valid ? k_head + block[j] * p.k_stride_block + slot * p.k_stride_slot + c * 8 : k_head;
+          const T* v_src = valid ? v_head + block[j] * p.v_stride_block + slot * p.v_stride_slot + c * 8 : v_head;
+          const uint32_t dst = sw128_offset<kBlockN>(r, c);
+          cp_async_16(ks + dst, k_src, valid);
+          cp_async_16(vs + dst, v_src, valid);
+        }
       }
       cp_async_commit();
       if (tile > 0) {  // the previous tile's copies have had this tile's issue time to land
