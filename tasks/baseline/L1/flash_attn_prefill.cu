@@ -308,57 +308,33 @@ namespace wgmma_path {
 
 // Tile shape. A block owns kBlockM packed query rows of one kv head; row m of a sequence is (token m / group,
 // query head kv_head * group + m % group), so the heads that share a kv head share every K/V tile load. Each of the
-// two consumer warpgroups owns 64 of the rows (the M of one wgmma); one more warp produces the K/V tiles.
-constexpr int kConsumerThreads = 256;                   // warps 0-7: two warpgroups (wgmma needs aligned groups of 4)
-constexpr int kProducerThreads = 128;                   // warps 8-11: the producer warpgroup
-constexpr int kThreads = kConsumerThreads + kProducerThreads;
-constexpr int kBlockM = 128;
+// kWarpGroups warpgroups owns 64 of the rows (the M of one wgmma).
+constexpr int kWarpGroups = 2;
+constexpr int kThreads = kWarpGroups * 128;
+constexpr int kBlockM = kWarpGroups * 64;
 constexpr int kBlockN = 128;  // keys per K/V tile (the N of S = Q K^T, the K of O += P V)
-constexpr int kStages = 3;    // K+V tiles in shared memory: P V reads tile t - 1 while S reads t and t + 1 lands
-// Named barriers (0 is __syncthreads): the consumers' Q hand-off, the ping-pong turns of the two warpgroups, and
-// each warpgroup's own before the output staging overwrites its Q rows.
-constexpr int kBarQ = 1, kBarTurn0 = 2, kBarWarpGroup0 = 4;
-// setmaxnreg budgets: 3 warpgroups x 168 registers at launch (65536 / 384, in units of 8) = 56 + 2 x 224.
-constexpr int kProducerRegisters = 56, kConsumerRegisters = 224;
+constexpr int kKStages = 2;   // K tiles in shared memory: the one S reads, the next one landing
+constexpr int kVStages = 3;   // V tiles: the previous tile's (P V runs one tile behind S), this one, the next one
 
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Returns once the barrier's phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-// FlashAttention forward over a paged KV cache on Hopper tensor cores, causal, varlen, GQA-packed, warp-specialised.
-// grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles, all
-// 128-byte swizzled (wgmma.cuh), + the stage barriers.
-//  - Producer (warpgroup 2, 56 registers): for each K/V tile, waits until its stage is free (`empty` mbarrier), copies K and V through
-//    the block table with 16-byte cp.async, waits for its copies, fences them into the async proxy the tensor cores
-//    read through, and arrives on the stage's `full` mbarrier. It runs up to kStages - 1 tiles ahead.
-//  - Consumers (two warpgroups of 64 rows): per tile t, S_t = Q K_t^T by wgmma with both operands in shared memory
-//    (fp32 in registers), online softmax in the exp2 domain (running max / sum per row, 4 lanes per row), and
-//    O += P V by wgmma with P re-packed from the S accumulators as the register A operand and V read transposed.
-//    P V runs one tile behind (iteration t issues S_t, then P_{t-1} V_{t-1}) so the exponentials of S_t overlap it,
-//    and the two warpgroups take turns issuing their matrix work (ping-pong on named barriers) so one's softmax runs
-//    under the other's wgmma (FlashAttention-3's schedule, with cp.async standing in for TMA because pages are 16
-//    keys). A consumer releases tile t - 1's stage once its P V has completed.
-// NOTE: where the next gains are (measure first): TMA copies of whole pages (a tensor map over the cache, one copy
-// per page and 64-column half) instead of 16-byte cp.async by one warp; a persistent tile scheduler (causal tiles
-// differ in length, and a block's setup and final store are not overlapped with another tile's work).
+// FlashAttention forward over a paged KV cache on Hopper tensor cores, causal, varlen, GQA-packed.
+// grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kKStages K tiles +
+// kVStages V tiles, all 128-byte swizzled (wgmma.cuh). Per K/V tile t: S_t = Q K_t^T by wgmma with both operands
+// in shared memory (64 x 128 per warpgroup, fp32 in registers), online softmax in the exp2 domain (running max /
+// sum per row, 4 lanes per row), then O += P_t V_t by wgmma with P re-packed from the S accumulators as the register
+// A operand and V read transposed from shared memory. P V runs one tile behind (FlashAttention-3's intra-warpgroup
+// overlap): iteration t issues S_t and then P_{t-1} V_{t-1}, and exponentiates S_t while the tensor cores still
+// work on P_{t-1} V_{t-1}; only the rescale of O waits for it. The next tile's K/V stream in by cp.async (16-byte
+// copies through the block table) meanwhile.
+//
+// Measured on the H200 (causal, 32/8 heads, d128, one sequence): 309 TFLOP/s at 8k tokens, 321 at 16k, against 208
+// and 212 for the mma.sync kernel; ncu: tensor pipe ~30% active, 1 block of 8 warps per SM (214 registers).
+// NOTE: where the next gains are (measure first). A warp-specialised version was built and measured slower (commits
+// b2d453d..29ead4f): a producer warpgroup (setmaxnreg 72 / 216) filling a 3-stage K/V ring by 16-byte cp.async with
+// full / empty mbarriers reached 242 TFLOP/s at 8k, and 216 with ping-pong turns between the consumer warpgroups;
+// ncu showed the consumers waiting on the ring (long_scoreboard 49%), i.e. cp.async from one warpgroup, with its
+// block-table reads, could not feed two. The producer side needs TMA: a tensor map over the cache and one copy per
+// 16-key page and 64-column half (128-byte swizzle in hardware, one thread issuing), which is what makes FA3's
+// warp specialisation and ping-pong pay.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(PrefillParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -368,17 +344,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
   constexpr int kSAcc = kBlockN / 2;   // S accumulators per thread: 64 rows x kBlockN keys / 128 threads
   constexpr int kOAcc = kHeadDim / 2;  // O accumulators per thread
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes instantiated for head sizes 64 and 128");
-  static_assert(kBlockN * kChunks % kProducerThreads == 0 && kBlockM * kChunks % kConsumerThreads == 0,
-                "whole copy rounds");
+  static_assert(kBlockN * kChunks % kThreads == 0 && kBlockM * kChunks % kThreads == 0, "whole copy rounds");
 
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must start 1024-byte aligned; the launcher adds 1024 bytes of slack.
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
   unsigned char* q_ptr = smem_raw + (q_s - raw_addr);
-  const uint32_t kv_s = q_s + kQBytes;                          // [kStages][K tile, V tile]
-  const uint32_t full_bar = kv_s + kStages * 2 * kTileBytes;    // [kStages] mbarriers, 8 bytes each
-  const uint32_t empty_bar = full_bar + kStages * 8;            // [kStages]
+  const uint32_t k_s = q_s + kQBytes;                 // [kKStages][tile]
+  const uint32_t v_s = k_s + kKStages * kTileBytes;  // [kVStages][tile]
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.z;
@@ -399,89 +373,19 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
   const int num_tiles = key_end > 0 ? ceil_div(key_end, kBlockN) : 0;
 
   const int tid = threadIdx.x;
+  const int wg = tid / 128;           // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
+  const int warp_in_wg = (tid / 32) % 4;
   const int lane = tid % 32;
-  if (tid == 0) {
-#pragma unroll
-    for (int st = 0; st < kStages; ++st) {
-      mbar_init(full_bar + 8 * st, kProducerThreads);   // every producer lane, once its copies have landed
-      mbar_init(empty_bar + 8 * st, kConsumerThreads / 32);  // lane 0 of every consumer warp, once it is done
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
 
   const T* q = static_cast<const T*>(p.q);
-
-  if (tid >= kConsumerThreads) {
-    // ---- producer warpgroup ----
-    // Registers: each SM sub-partition holds one warp of each warpgroup (3 x 168 at launch); the copy loop needs few,
-    // so the producer gives most of its share to the math warps.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters) : "memory");
-    const int ptid = tid - kConsumerThreads;
-    const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
-    const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
-    const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
-    for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile % kStages;
-      // The stage's previous tile (tile - kStages) must be released by every consumer warp.
-      if (tile >= kStages) mbar_wait(empty_bar + 8 * stage, uint32_t((tile / kStages - 1) & 1));
-      const uint32_t ks = kv_s + stage * 2 * kTileBytes;
-      const uint32_t vs = ks + kTileBytes;
-      const int n0 = tile * kBlockN;
-      // This thread copies chunk c of key rows r0 + kRowStep j (consecutive threads: consecutive chunks of a row, so
-      // every warp reads whole rows), reading kBatch block-table entries before their copies so the reads overlap.
-      constexpr int kRowsPerThread = kBlockN * kChunks / kProducerThreads;
-      constexpr int kRowStep = kProducerThreads / kChunks;
-      constexpr int kBatch = kRowsPerThread < 4 ? kRowsPerThread : 4;  // block-table reads in flight per thread
-      const int r0 = ptid / kChunks, c = ptid % kChunks;
-#pragma unroll
-      for (int j0 = 0; j0 < kRowsPerThread; j0 += kBatch) {
-        int block[kBatch];
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const int key = n0 + r0 + kRowStep * (j0 + j);
-          // Power-of-two pages (every engine configuration) take a shift instead of a division.
-          block[j] = key < key_end ? block_table[p.block_shift >= 0 ? key >> p.block_shift : key / p.block_size] : 0;
-        }
-        // Keys at or past key_end (never visible, possibly unallocated pages) are zero-filled so that masked
-        // probabilities multiply zeros, not garbage.
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const int r = r0 + kRowStep * (j0 + j);
-          const int key = n0 + r;
-          const bool valid = key < key_end;
-          const int64_t slot = p.block_shift >= 0 ? key & (p.block_size - 1) : key % p.block_size;
-          const T* k_src = valid ? k_head + block[j] * p.k_stride_block + slot * p.k_stride_slot + c * 8 : k_head;
-          const T* v_src = valid ? v_head + block[j] * p.v_stride_block + slot * p.v_stride_slot + c * 8 : v_head;
-          const uint32_t dst = sw128_offset<kBlockN>(r, c);
-          cp_async_16(ks + dst, k_src, valid);
-          cp_async_16(vs + dst, v_src, valid);
-        }
-      }
-      cp_async_commit();
-      if (tile > 0) {  // the previous tile's copies have had this tile's issue time to land
-        cp_async_wait<1>();
-        fence_proxy_async_shared();
-        mbar_arrive(full_bar + 8 * ((tile - 1) % kStages));
-      }
-    }
-    if (num_tiles > 0) {
-      cp_async_wait<0>();
-      fence_proxy_async_shared();
-      mbar_arrive(full_bar + 8 * ((num_tiles - 1) % kStages));
-    }
-    return;
-  }
-
-  // ---- consumers ----
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters) : "memory");
-  const int wg = tid / 128;  // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
-  const int warp_in_wg = (tid / 32) % 4;
+  const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
+  const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
+  const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
 
   // Q tile: rows past the sequence's last token are zero-filled.
 #pragma unroll
-  for (int j = 0; j < kBlockM * kChunks / kConsumerThreads; ++j) {
-    const int i = tid + j * kConsumerThreads;
+  for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
+    const int i = tid + j * kThreads;
     const int r = i / kChunks, c = i % kChunks;
     const int m = m0 + r;
     const bool valid = m < num_rows;
@@ -493,10 +397,37 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
     }
     cp_async_16(q_s + sw128_offset<kBlockM>(r, c), src, valid);
   }
-  cp_async_commit();
-  cp_async_wait<0>();
-  fence_proxy_async_shared();
-  named_sync(kBarQ, kConsumerThreads);
+
+  // K and V tile `tile` into their stages; keys at or past key_end (never visible, possibly unallocated pages)
+  // are zero-filled so that masked probabilities multiply zeros, not garbage.
+  auto load_kv = [&](int tile) {
+    const uint32_t ks = k_s + (tile % kKStages) * kTileBytes;
+    const uint32_t vs = v_s + (tile % kVStages) * kTileBytes;
+    const int n0 = tile * kBlockN;
+#pragma unroll
+    for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const int key = n0 + r;
+      const bool valid = key < key_end;
+      const T* k_src = k_head;
+      const T* v_src = v_head;
+      if (valid) {
+        // Power-of-two pages (every engine configuration) take a shift and a mask instead of a division.
+        const int page = p.block_shift >= 0 ? key >> p.block_shift : key / p.block_size;
+        const int64_t block = block_table[page];
+        const int64_t slot = key - page * p.block_size;
+        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
+        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+      }
+      const uint32_t dst = sw128_offset<kBlockN>(r, c);
+      cp_async_16(ks + dst, k_src, valid);
+      cp_async_16(vs + dst, v_src, valid);
+    }
+  };
+
+  if (num_tiles > 0) load_kv(0);
+  cp_async_commit();  // Q and the first K/V tile
 
   // Per-thread rows: g and g + 8 of this warp's 16. Rows past the last token clamp to it (never stored).
   const int g = lane / 4, t4 = lane % 4;
@@ -529,23 +460,20 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       }
     }
   };
-  auto release = [&](int tile) {  // this warp is done with the stage of `tile`
-    __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar + 8 * (tile % kStages));
-  };
-
-  // Ping-pong: warpgroup wg issues its wgmma after the other one has issued its previous batch. Warpgroup 1 gives
-  // warpgroup 0 the first turn, and skips its last hand-back (nobody waits for it), so every barrier phase completes.
-  if (wg == 1) named_arrive(kBarTurn0, kConsumerThreads);
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    const int stage = tile % kStages;
-    mbar_wait(full_bar + 8 * stage, uint32_t((tile / kStages) & 1));
-    const uint32_t ks = kv_s + stage * 2 * kTileBytes;
+    cp_async_wait<0>();          // this thread's copies of tile (and Q) have landed
+    fence_proxy_async_shared();  // ... and are visible to the tensor cores' (async proxy) reads
+    // Everyone's copies landed; every warpgroup is past the previous iteration's waits, so K_{tile-1} and
+    // V_{tile-2}, the stages the next load overwrites, are no longer read.
+    __syncthreads();
+    if (tile + 1 < num_tiles) load_kv(tile + 1);
+    cp_async_commit();
+
+    const uint32_t ks = k_s + (tile % kKStages) * kTileBytes;
 
     // S = Q K^T: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a
     // 64-column block). Then, as a second group, the previous tile's P V (an empty group on the first tile).
-    named_sync(kBarTurn0 + wg, kConsumerThreads);
     float s[kSAcc];
     wgmma_fence();
 #pragma unroll
@@ -556,9 +484,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
     }
     wgmma_commit();
-    if (tile > 0) issue_pv(kv_s + ((tile - 1) % kStages) * 2 * kTileBytes + kTileBytes);
+    if (tile > 0) issue_pv(v_s + ((tile - 1) % kVStages) * kTileBytes);
     wgmma_commit();
-    if (!(wg == 1 && tile == num_tiles - 1)) named_arrive(kBarTurn0 + (1 - wg), kConsumerThreads);
     wgmma_wait<1>();  // S is ready; P V may still run
     fence_regs(s);
 
@@ -578,7 +505,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      // Four independent partial maxima and sums: with eight math warps per SM a serial chain of dependent adds is
+      // Four independent partial maxima and sums: with eight warps per SM a serial chain of dependent adds is
       // latency the schedulers cannot hide.
       float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
@@ -601,13 +528,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       row_sum[r] = row_sum[r] * alpha[r] + ((sums[0] + sums[1]) + (sums[2] + sums[3]));
     }
 
-    // The previous P V is done: its stage goes back to the producer, O and the P registers are free. Rescale O to
-    // the new maximum, re-pack P: the S accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of
-    // keys 16kk..16kk+15.
+    // The previous P V is done: O and the P registers are free. Rescale O to the new maximum, re-pack P: the S
+    // accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
-    if (tile > 0) release(tile - 1);
 #pragma unroll
     for (int n = 0; n < kHeadDim / 8; ++n) {
       o[4 * n + 0] *= alpha[0];
@@ -625,14 +550,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
   }
   if (num_tiles > 0) {  // the last tile's P V
     wgmma_fence();
-    issue_pv(kv_s + ((num_tiles - 1) % kStages) * 2 * kTileBytes + kTileBytes);
+    issue_pv(v_s + ((num_tiles - 1) % kVStages) * kTileBytes);
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);
     fence_regs(pa);
   }
-  // Every warp of this warpgroup is done with its Q rows before they are reused to stage the output.
-  named_sync(kBarWarpGroup0 + wg, 128);
+
+  // Every copy has landed and every warpgroup is done with Q before the Q tile is reused to stage the output.
+  cp_async_wait<0>();
+  __syncthreads();
 
   float inv_sum[2];
 #pragma unroll
@@ -670,6 +597,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
   __trap();  // not launched: the host picks this kernel only when the binary holds sm_90a code for the device
 #endif
 }
+
 
 }  // namespace wgmma_path
 
@@ -709,9 +637,8 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   if (use_wgmma_kernel(reinterpret_cast<const void*>(hopper), device)) {
     using namespace wgmma_path;
     // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom.
-    // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; then two mbarriers per stage.
     launch(hopper, kThreads, kBlockM,
-           size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T) + 1024 + 16 * kStages);
+           size_t(kBlockM + (kKStages + kVStages) * kBlockN) * kHeadDim * sizeof(T) + 1024);
   } else {
     using namespace mma_path;
     launch(flash_attn_prefill_mma_kernel<T, kHeadDim>, kThreads, kBlockM,
