@@ -6,6 +6,7 @@
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -37,53 +38,147 @@ struct DecodeParams {
   int64_t v_stride_block, v_stride_slot, v_stride_head;
   int64_t block_table_stride;
   int block_size;
+  int block_shift;  // log2(block_size) when it is a power of two, else -1 (then key -> page divides)
   int group_size;   // query heads per kv head
   int head_chunks;  // ceil(group_size / kRows): blocks per kv head along the query heads
   int num_heads;
-  int num_splits;      // key partitions per sequence (grid.x)
-  int partition_keys;  // keys per partition, a multiple of kTileKeys
+  int num_splits;      // key partitions per sequence (grid.y)
+  int partition_keys;  // keys per partition, a multiple of kPartitionQuantum
   float scale_log2;    // softmax scale * log2(e): scores live in the exp2 domain
 };
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kRows = 16;               // query heads per block: the M of one mma (unused rows are zeros)
-constexpr int kTileKeys = kWarps * 16;  // keys per shared-memory tile: 16 per warp (the K of one mma)
-constexpr int kStages = 3;              // K/V tiles in flight per block
+constexpr int kWarpKeys = 16;                          // keys per warp tile: the K of one P V mma
+constexpr int kPartitionQuantum = kWarps * kWarpKeys;  // partitions are whole rounds of the four warps
 constexpr int kMaxSplits = 64;
-constexpr int kMinPartitionKeys = 256;
+constexpr int kMinPartitionKeys = 64;
 constexpr int kReduceThreads = 128;
 
-// Split-KV decode (flash-decoding) on tensor cores. grid = (num_splits, num_kv_heads * head_chunks, num_seqs);
-// block = kThreads. A block takes up to kRows query heads that share one kv head (the GQA group, padded to the 16
-// rows of an mma with zeros) and the keys [split * partition_keys, +partition_keys) of one sequence, so every K/V
-// byte of the partition is read from HBM once for the whole group. K/V tiles of kTileKeys keys stream through a
-// kStages-deep cp.async ring (16-byte copies, zero-filled past the last key); warp w takes keys 16w..16w+15 of
-// each tile: S = Q K^T (16 x 16), online softmax, O += P V, all in registers. The four warps' states are merged
-// through shared memory at the end, and the block writes either the final output (num_splits == 1) or the
-// split's (max, sum, normalised output) for flash_attn_decode_reduce_kernel.
+// Shared-memory geometry of the split kernel. kNT n-tiles of 8 query heads (1: group <= 8, 2: up to 16).
+// Every warp owns a private ring of kStages tiles; a tile holds the warp's 16 K rows then its 16 V rows, each row
+// padded by 16 bytes so that the eight rows an ldmatrix phase reads fall in eight different bank groups (the
+// bulk copies cannot swizzle).
+template <int kHeadDim, int kNT>
+struct DecodeConfig {
+  static constexpr int kRows = 8 * kNT;  // query heads per block
+  static constexpr int kStages = kHeadDim == 128 ? 3 : 4;
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kPitch = kRowBytes + 16;
+  static constexpr int kStageBytes = 2 * kWarpKeys * kPitch;
+  static constexpr int kWarpRingBytes = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kWarps * kWarpRingBytes;
+  static constexpr uint32_t kTxBytes = 2 * kWarpKeys * kRowBytes;  // bytes one tile's 32 bulk copies deliver
+  // How a tile is copied. Rows of 256 bytes or more: one cp.async.bulk per row (lane), completion counted in bytes
+  // on the stage's mbarrier (one arrival: lane 0's arrive.expect_tx). Shorter rows (head 64): the bulk engine's
+  // per-copy cost caps an SM at ~55% of HBM bandwidth with 128-byte copies (first version measured), so the warp
+  // copies the tile with 16-byte cp.async instead, kChunks lanes per row, kRowsPerPass rows per instruction, and
+  // every lane's cp.async.mbarrier.arrive.noinc is one of the stage barrier's 32 arrivals.
+  static constexpr bool kBulkRows = kRowBytes >= 256;
+  static constexpr uint32_t kBarArrivals = kBulkRows ? 1 : 32;
+  static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per row
+  static constexpr int kRowsPerPass = kBulkRows ? 1 : 32 / kChunks;  // rows one warp-wide cp.async covers
+  static constexpr int kKeyPasses = kWarpKeys / kRowsPerPass;       // passes over the K rows (as many for V)
+  static_assert(kBulkRows || (32 % kChunks == 0 && kKeyPasses * kRowsPerPass == kWarpKeys), "whole cp.async passes");
+  static_assert(kTxBytes == 2u * kWarpKeys * kChunks * 16, "a tile is 2 * kWarpKeys rows of kChunks chunks");
+  static constexpr int kMergePitch = kHeadDim + 4;                 // floats; conflict-free fragment stores
+  static_assert(kRows * kMergePitch * sizeof(float) <= kWarpRingBytes, "a warp's merge rows fit in its own ring");
+};
+
+// ---- sm_90 mbarrier / bulk-copy helpers (cp.async.bulk: global -> shared, completion counted in bytes) ----
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+// Orders this thread's earlier generic-proxy accesses of shared memory before later async-proxy (bulk copy) ones.
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// 16-byte cp.async (L2 only), and an arrival on `bar` once all of this thread's earlier cp.async are complete,
+// counted against the barrier's init count (.noinc).
+__device__ __forceinline__ void cp_async_16_g2s(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Split-KV decode (flash-decoding) on tensor cores. grid = (num_kv_heads * head_chunks, num_splits, num_seqs);
+// block = kThreads. A block takes up to kRows query heads that share one kv head (the GQA group) and the keys
+// [split * partition_keys, +partition_keys) of one sequence, so every K/V byte of the partition is read from HBM
+// once for the whole group. The partition is cut in 16-key warp tiles dealt round robin to the four warps; each
+// warp streams its own tiles through a private kStages-deep ring completed on a per-(warp, stage) mbarrier, so the
+// warps never wait for each other until the final merge. At head 128 the ring is fed by cp.async.bulk (one
+// 256-byte row per lane: lanes 0-15 K rows, 16-31 V rows; completion counted in bytes); at head 64 by 16-byte
+// cp.async (8 per lane per tile, 8 lanes per 128-byte row) whose per-lane cp.async.mbarrier.arrive.noinc are the
+// barrier's 32 arrivals (DecodeConfig::kBulkRows says which).
+//   S  = Q K^T      (A = Q from registers, rows = heads g / g + 8; B = K via ldmatrix): S[head][key]
+//   O^T += V^T P^T  (A = V^T via ldmatrix.trans, B = P^T, which is exactly S's C fragment of rows g, packed)
+// Keeping O transposed makes its accumulator kHeadDim / 16 * kNT * 4 floats (32 at head 128 with group <= 8, half
+// of an O[16 heads][128] layout whose rows 8-15 would be padding) and halves the P V mmas.
+// Rows past the last key are copies of the last valid key's row (finite data); their scores are masked to -inf,
+// so their probabilities are exactly 0 and multiply finite values, as with the zero fill of the cp.async kernel.
 //
-// NOTE: the kernel is memory bound by design (the tensor cores run 16-row mmas of which only `group` rows are
-// real); what matters is bytes in flight: kStages - 1 tiles of 2 * kTileKeys * head_size * 2 bytes per block
-// (64 KiB at head_size 128, two blocks per SM), which covers HBM3e latency x bandwidth per SM several times.
-// Next gains: TMA bulk copies of whole pages (fewer issue slots than 16-byte cp.async per thread), a
-// power-of-two block_size specialisation of the key -> page arithmetic, and folding the reduce into the last
-// finishing split block (saves one launch at small batch).
-template <class T, int kHeadDim>
+// NOTE: the kernel is memory bound by design; what matters is bytes in flight per SM and few issue slots per
+// byte. The previous kernel spent ~16 cp.async + a key / block_size division + a 64-bit address per 16 bytes per
+// thread and a __syncthreads per tile, with 188 registers; here the page lookup is done once per row (shift/mask
+// when block_size is a power of two) and prefetched one tile ahead, and there is no block barrier in the loop.
+// At head 128: one bulk copy per row, 3 stages x 8.5 KiB per warp, 102 KiB per block, two blocks (8 warps) per
+// SM, i.e. 2-3 tiles (17-26 KiB) in flight per warp and ~140-200 KiB per SM, several times HBM latency x the
+// per-SM share of bandwidth. At head 64: 4 stages x 4.5 KiB, 72 KiB per block, three blocks per SM.
+// The first version (bulk copies at both head sizes, split costs counted in keys whatever the head size) was
+// measured on the H200 (cold, vs the previous kernel): head 128 / group 4 at 1.00-1.40x (73-97% of the
+// 4250 GB/s copy bandwidth from B=8 ctx 4096 up; B=1 ctx 8192 and B=8 ctx 1024 even), but head 64 with groups
+// 3, 5, 6 at 0.75-0.99x, capped at ~55% of the copy bandwidth whatever the grid (1 to 16 splits, 1 to 6 waves):
+// 128-byte bulk copies are bounded by the bulk engine's per-copy cost, not by bytes in flight. Hence the
+// cp.async feed at head 64 (the previous kernel's 16-byte cp.async reached ~76% there, the bulk path ~97% at
+// head 128). This version, measured on the H200 the same way (bench/results/h200/tune_flash_attn_decode.md):
+// B=64 ctx 4096 at 90.7% of the copy bandwidth (1.19x; the issue's target is 85%), B=64 ctx 8192 94.1%, B=256
+// 97%; head 64 at 0.92-1.10x; geometric mean over the 21 shapes 1.105x. Still short: B=1 (22-33% of the copy
+// bandwidth at 4k-8k keys: one sequence cannot fill the SMs' bytes in flight) and small head-64 grids at 1k keys.
+// The number of splits comes from a small cost model of whole waves over the SMs (choose_splits), in bytes
+// rather than keys so that head 64's fixed costs weigh double; large batches get one split per (sequence, kv
+// head) and skip the reduce launch when the blocks balance over the SMs.
+template <class T, int kHeadDim, int kNT>
 __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(DecodeParams p) {
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  constexpr int kTileElems = kTileKeys * kHeadDim;
-  static_assert(kTileKeys * kChunks % kThreads == 0 && kRows * kChunks % kThreads == 0, "whole copy rounds");
+  using Cfg = DecodeConfig<kHeadDim, kNT>;
+  constexpr int kRows = Cfg::kRows;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kPitch = Cfg::kPitch;
+  constexpr int kDimTiles = kHeadDim / 16;
 
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* q_smem = reinterpret_cast<T*>(smem);     // [kRows, kHeadDim]
-  T* k_smem = q_smem + kRows * kHeadDim;      // [kStages, kTileKeys, kHeadDim]
-  T* v_smem = k_smem + kStages * kTileElems;  // [kStages, kTileKeys, kHeadDim]
+  extern __shared__ __align__(128) unsigned char smem[];  // [kWarps][kStages][K rows, V rows] of kPitch bytes
+  __shared__ __align__(8) uint64_t bars[kWarps * kStages];
+  __shared__ float warp_max_sum[kWarps][kRows][2];
 
-  const int split = blockIdx.x;
+  const int kv_head = blockIdx.x / p.head_chunks;
+  const int row_begin = (blockIdx.x % p.head_chunks) * kRows;  // first query head of the group in this block
+  const int split = blockIdx.y;
   const int seq = blockIdx.z;
-  const int kv_head = blockIdx.y / p.head_chunks;
-  const int row_begin = (blockIdx.y % p.head_chunks) * kRows;  // first query head of the group in this block
   const int head_begin = kv_head * p.group_size + row_begin;
   const int num_rows = min(kRows, p.group_size - row_begin);
   const int seq_len = p.seq_lens[seq];
@@ -100,112 +195,170 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     return;
   }
   const int key_end = min(key_begin + p.partition_keys, seq_len);
-  const int num_tiles = ceil_div(key_end - key_begin, kTileKeys);
+  const int num_tiles = ceil_div(key_end - key_begin, kWarpKeys);
 
   const int warp = tid / 32;
   const int lane = tid % 32;
+  const int my_tiles = warp < num_tiles ? (num_tiles - 1 - warp) / kWarps + 1 : 0;  // tiles warp, warp + 4, ...
 
-  const T* q = static_cast<const T*>(p.q) + seq * p.q_stride_seq;
-  const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
-  const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
-  const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
-
-  // Q rows of the block's heads; padding rows are zero-filled.
-#pragma unroll
-  for (int j = 0; j < kRows * kChunks / kThreads; ++j) {
-    const int i = tid + j * kThreads;
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = r < num_rows;
-    const T* src = valid ? q + (head_begin + r) * p.q_stride_head + c * 8 : q;
-    cp_async_16(smem_addr(q_smem + swizzle<kHeadDim>(r, c)), src, valid);
+  if (tid < kWarps * kStages) {
+    mbar_init(smem_addr(&bars[tid]), Cfg::kBarArrivals);  // lane 0's arrive.expect_tx, or every lane's cp.async
+    mbar_fence_init();
   }
+  __syncthreads();
 
-  // K and V tile `tile` of the partition into stage `stage`; keys at or past key_end are zero-filled.
-  auto load_kv = [&](int tile, int stage) {
-    T* ks = k_smem + stage * kTileElems;
-    T* vs = v_smem + stage * kTileElems;
-    const int n0 = key_begin + tile * kTileKeys;
+  // This lane's bulk copy: row `copy_row` of the K (lanes 0-15) or V (lanes 16-31) half of each warp tile.
+  const bool copies_v = lane >= kWarpKeys;
+  const int copy_row = lane % kWarpKeys;
+  const T* copy_base = copies_v ? static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head
+                                : static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
+  const int64_t copy_stride_block = copies_v ? p.v_stride_block : p.k_stride_block;
+  const int64_t copy_stride_slot = copies_v ? p.v_stride_slot : p.k_stride_slot;
+  const uint32_t ring = smem_addr(smem) + warp * Cfg::kWarpRingBytes;
+  const uint32_t copy_dst = ring + (copies_v ? kWarpKeys * kPitch : 0) + copy_row * kPitch;
+  const uint32_t bar0 = smem_addr(&bars[warp * kStages]);
+  const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
+  const int block_shift = p.block_shift;
+
+  // The key this lane copies for local tile i, clamped to the last valid key (rows past it are masked).
+  auto tile_key = [&](int i) {
+    return min(key_begin + (warp + i * kWarps) * kWarpKeys + copy_row, key_end - 1);
+  };
+  auto lookup_block = [&](int i) {
+    const int key = tile_key(i);
+    return __ldg(block_table + (block_shift >= 0 ? key >> block_shift : key / p.block_size));
+  };
+  // `block` is the page of this lane's key row (copy_row); the cp.async path fetches other rows' from their lanes.
+  auto issue = [&](int i, int block) {
+    const int stage = i % kStages;
+    const uint32_t bar = bar0 + stage * 8;
+    if constexpr (Cfg::kBulkRows) {
+      const int key = tile_key(i);
+      const int slot = block_shift >= 0 ? key & (p.block_size - 1) : key % p.block_size;
+      const T* src = copy_base + int64_t(block) * copy_stride_block + int64_t(slot) * copy_stride_slot;
+      if (lane == 0) mbar_arrive_expect_tx(bar, Cfg::kTxBytes);
+      __syncwarp();
+      bulk_copy_g2s(copy_dst + stage * Cfg::kStageBytes, src, Cfg::kRowBytes, bar);
+    } else {
+      // Pass j: lanes cover chunk lane % kChunks of key rows j * kRowsPerPass + lane / kChunks, K then V.
+      const int chunk = lane % Cfg::kChunks;
+      const uint32_t dst = ring + stage * Cfg::kStageBytes + chunk * 16;
+      const T* k_base = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head + chunk * 8;
+      const T* v_base = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head + chunk * 8;
+      const int tile_key0 = key_begin + (warp + i * kWarps) * kWarpKeys;
 #pragma unroll
-    for (int j = 0; j < kTileKeys * kChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kChunks, c = i % kChunks;
-      const int key = n0 + r;
-      const bool valid = key < key_end;
-      const T* k_src = k_head;
-      const T* v_src = v_head;
-      if (valid) {
-        const int64_t block = block_table[key / p.block_size];
-        const int64_t slot = key % p.block_size;
-        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
-        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+      for (int j = 0; j < Cfg::kKeyPasses; ++j) {
+        const int row = j * Cfg::kRowsPerPass + lane / Cfg::kChunks;
+        const int row_block = __shfl_sync(0xffffffffu, block, row);  // lane `row` looked up key row `row`
+        const int key = min(tile_key0 + row, key_end - 1);
+        const int slot = block_shift >= 0 ? key & (p.block_size - 1) : key % p.block_size;
+        cp_async_16_g2s(dst + row * kPitch,
+                        k_base + int64_t(row_block) * p.k_stride_block + int64_t(slot) * p.k_stride_slot);
+        cp_async_16_g2s(dst + (kWarpKeys + row) * kPitch,
+                        v_base + int64_t(row_block) * p.v_stride_block + int64_t(slot) * p.v_stride_slot);
       }
-      const int dst = swizzle<kHeadDim>(r, c);
-      cp_async_16(smem_addr(ks + dst), k_src, valid);
-      cp_async_16(smem_addr(vs + dst), v_src, valid);
+      cp_async_mbar_arrive_noinc(bar);
     }
   };
 
-  // Prologue: kStages - 1 commit groups (the first also holds Q); empty groups keep the count uniform.
+  // Prologue: fill the warp's ring (my_tiles is warp-uniform); the block-table reads go out together first.
+  int first_blocks[kStages];
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) {
-    if (stage < num_tiles) load_kv(stage, stage);
-    cp_async_commit();
+  for (int i = 0; i < kStages; ++i) first_blocks[i] = i < my_tiles ? lookup_block(i) : 0;
+#pragma unroll
+  for (int i = 0; i < kStages; ++i) {
+    if (i < my_tiles) issue(i, first_blocks[i]);
   }
 
   const int g = lane / 4, t4 = lane % 4;
-  float o[kHeadDim / 8][4];
+
+  // Q as the A fragments of S = Q K^T, in registers for the whole partition: qa[kk] = {(g, 2t), (g + 8, 2t),
+  // (g, 2t + 8), (g + 8, 2t + 8)} + 16 kk. Rows past the block's heads (all of rows 8-15 when kNT == 1) are zero.
+  uint32_t qa[kDimTiles][4];
+  {
+    const T* q = static_cast<const T*>(p.q) + seq * p.q_stride_seq;
 #pragma unroll
-  for (int n = 0; n < kHeadDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // rows g and g + 8, exp2 domain
-  float row_sum[2] = {0.f, 0.f};              // this lane's partial sums; reduced over the quad at the end
-
-  // ldmatrix lane addressing (see ldmatrix_x4): A of Q rows, B of K rows (non-transposed), B of V rows (transposed).
-  const int a_row = lane % 16, a_chunk = lane / 16;
-  const int k_row = warp * 16 + lane % 8 + (lane / 16) * 8, k_chunk = (lane / 8) % 2;
-  const int v_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;
-
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    // Groups committed so far: kStages - 1 + tile; allowing kStages - 2 pending means tile's group has landed.
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile's K/V (and Q) visible to all warps; the stage read in the previous tile is free
-    const int next = tile + kStages - 1;
-    if (next < num_tiles) load_kv(next, next % kStages);
-    cp_async_commit();
-
-    const T* ks = k_smem + (tile % kStages) * kTileElems;
-    const T* vs = v_smem + (tile % kStages) * kTileElems;
-
-    // S = Q K^T for this warp's 16 keys, as 2 n-tiles of 8 keys.
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int r = 0; r < 2; ++r) {
+      const int row = g + 8 * r;
+      const bool valid = r < kNT && row < num_rows;
+      const T* q_row = q + (head_begin + (valid ? row : 0)) * p.q_stride_head + 2 * t4;
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      uint32_t a[4], b[4];
-      ldmatrix_x4(a, smem_addr(q_smem + swizzle<kHeadDim>(a_row, 2 * kk + a_chunk)));
-      ldmatrix_x4(b, smem_addr(ks + swizzle<kHeadDim>(k_row, 2 * kk + k_chunk)));
-      mma_16816<T>(s[0], a, b[0], b[1]);
-      mma_16816<T>(s[1], a, b[2], b[3]);
+      for (int kk = 0; kk < kDimTiles; ++kk) {
+        qa[kk][r] = valid ? __ldg(reinterpret_cast<const unsigned int*>(q_row + 16 * kk)) : 0u;
+        qa[kk][r + 2] = valid ? __ldg(reinterpret_cast<const unsigned int*>(q_row + 16 * kk + 8)) : 0u;
+      }
+    }
+  }
+
+  // O^T accumulators: o[m][nt] = {(dim 16m + g, head 8nt + 2t), (.., 2t + 1), (dim 16m + g + 8, 2t), (.., 2t + 1)}.
+  float o[kDimTiles][kNT][4];
+#pragma unroll
+  for (int m = 0; m < kDimTiles; ++m) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) o[m][nt][0] = o[m][nt][1] = o[m][nt][2] = o[m][nt][3] = 0.f;
+  }
+  float row_max[kNT], row_sum[kNT];  // rows g + 8r, exp2 domain; sums are this lane's partials (quad-reduced later)
+#pragma unroll
+  for (int r = 0; r < kNT; ++r) {
+    row_max[r] = -INFINITY;
+    row_sum[r] = 0.f;
+  }
+
+  // ldmatrix lane addressing, the same for K (non-transposed: B of S) and V (transposed: A of O^T): matrix
+  // lane / 8 covers keys 8 (lane / 16) .. +7 and 16-byte chunk (lane / 8) % 2 of each 16-dim slice.
+  const uint32_t ld_off = (lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 16;
+
+  for (int i = 0; i < my_tiles; ++i) {
+    const int stage = i % kStages;
+    const bool refill = i + kStages < my_tiles;
+    int next_block = 0;
+    if (refill) next_block = lookup_block(i + kStages);  // issued early: its latency hides under this tile's math
+    mbar_wait(bar0 + stage * 8, uint32_t(i / kStages) & 1u);
+    const uint32_t ks = ring + stage * Cfg::kStageBytes + ld_off;
+    const uint32_t vs = ks + kWarpKeys * kPitch;
+
+    // S = Q K^T for the warp's 16 keys (2 n-tiles of 8 keys), as two independent mma chains (even / odd kk).
+    float sc[2][2][4];
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) sc[c][n][0] = sc[c][n][1] = sc[c][n][2] = sc[c][n][3] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < kDimTiles; ++kk) {
+      uint32_t b[4];
+      ldmatrix_x4(b, ks + kk * 32);
+      mma_16816<T>(sc[kk % 2][0], qa[kk], b[0], b[1]);
+      mma_16816<T>(sc[kk % 2][1], qa[kk], b[2], b[3]);
+    }
+    float s[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = sc[0][n][e] + sc[1][n][e];
     }
 
-    const int warp_key0 = key_begin + tile * kTileKeys + warp * 16;
-    if (warp_key0 + 16 > key_end) {  // the partition ends inside this warp's keys
+    const int key0 = key_begin + (warp + i * kWarps) * kWarpKeys;
+    if (key0 + kWarpKeys > key_end) {  // the partition ends inside this tile
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          if (warp_key0 + n * 8 + 2 * t4 + (e & 1) >= key_end) s[n][e] = -INFINITY;
+          if (key0 + n * 8 + 2 * t4 + (e & 1) >= key_end) s[n][e] = -INFINITY;
         }
       }
     }
 
+    float alpha[kNT];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+    for (int r = 0; r < kNT; ++r) {
       float tile_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
-      // A warp whose keys are all past key_end keeps max -inf; subtracting 0 keeps every exponent at 0.
+      // Key 0 of every tile is valid, so new_max is finite for real data; the guard keeps -inf - -inf out anyway.
       const float base = new_max == -INFINITY ? 0.f : new_max;
-      const float alpha = exp2f(row_max[r] - base);
+      alpha[r] = exp2f(row_max[r] - base);
       row_max[r] = new_max;
       float tile_sum = 0.f;
 #pragma unroll
@@ -214,52 +367,70 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
         s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], p.scale_log2, -base));
         tile_sum += s[n][2 * r] + s[n][2 * r + 1];
       }
-      row_sum[r] = row_sum[r] * alpha + tile_sum;
+      row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
+    }
+
+    // Rescale O^T: its columns are heads 8nt + 2t and 2t + 1, whose alphas live in lanes 4 (2t) and 4 (2t + 1).
 #pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        o[n][2 * r] *= alpha;
-        o[n][2 * r + 1] *= alpha;
+    for (int nt = 0; nt < kNT; ++nt) {
+      const float alpha_lo = __shfl_sync(0xffffffffu, alpha[nt], 8 * t4);
+      const float alpha_hi = __shfl_sync(0xffffffffu, alpha[nt], 8 * t4 + 4);
+#pragma unroll
+      for (int m = 0; m < kDimTiles; ++m) {
+        o[m][nt][0] *= alpha_lo;
+        o[m][nt][1] *= alpha_hi;
+        o[m][nt][2] *= alpha_lo;
+        o[m][nt][3] *= alpha_hi;
       }
     }
 
-    // O += P V: the two S n-tiles are exactly the A fragment of the warp's 16 keys.
-    uint32_t a[4];
-    a[0] = pack2<T>(s[0][0], s[0][1]);
-    a[1] = pack2<T>(s[0][2], s[0][3]);
-    a[2] = pack2<T>(s[1][0], s[1][1]);
-    a[3] = pack2<T>(s[1][2], s[1][3]);
+    // O^T += V^T P^T. B = P^T (keys 2t..2t+1 / 2t+8..2t+9, head g) = S rows g (+8 for n-tile 1), packed.
+    uint32_t pb[kNT][2];
 #pragma unroll
-    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_addr(vs + swizzle<kHeadDim>(v_row, 2 * dp + v_chunk)));
-      mma_16816<T>(o[2 * dp], a, b[0], b[1]);
-      mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+    for (int nt = 0; nt < kNT; ++nt) {
+      pb[nt][0] = pack2<T>(s[0][2 * nt], s[0][2 * nt + 1]);
+      pb[nt][1] = pack2<T>(s[1][2 * nt], s[1][2 * nt + 1]);
+    }
+#pragma unroll
+    for (int m = 0; m < kDimTiles; ++m) {
+      uint32_t a[4];
+      ldmatrix_x4_trans(a, vs + m * 32);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) mma_16816<T>(o[m][nt], a, pb[nt][0], pb[nt][1]);
+    }
+
+    if (refill) {
+      // Every lane's ldmatrix reads of this stage are done (and ordered before the async proxy, which the bulk
+      // copies write through; harmless for cp.async) before the barrier is re-armed and the lanes overwrite it.
+      __syncwarp();
+      fence_proxy_async_smem();
+      issue(i + kStages, next_block);
     }
   }
 
-  // Merge the warps: every copy has landed and every warp is done with the ring, which now holds
-  // warp_out [kWarps, kRows, kHeadDim] and warp_max_sum [kWarps, kRows, 2] in fp32.
-  cp_async_wait<0>();
-  __syncthreads();
-  float* warp_out = reinterpret_cast<float*>(k_smem);
-  float* warp_max_sum = warp_out + kWarps * kRows * kHeadDim;
-  static_assert(
-      (kWarps * kRows * kHeadDim + kWarps * kRows * 2) * sizeof(float) <= 2 * kStages * kTileElems * sizeof(T),
-      "the warp merge fits in the K/V ring");
+  // Merge the warps. Every copy a warp issued has been waited on, so each warp can reuse its own ring for
+  // its O^T (as [kRows][kMergePitch] fp32, bank-conflict free) without waiting for the others.
+  __syncwarp();
+  float* warp_out = reinterpret_cast<float*>(smem + warp * Cfg::kWarpRingBytes);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = g + 8 * r;
+  for (int r = 0; r < kNT; ++r) {
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     if (t4 == 0) {
-      warp_max_sum[(warp * kRows + row) * 2] = row_max[r];
-      warp_max_sum[(warp * kRows + row) * 2 + 1] = sum;
+      warp_max_sum[warp][g + 8 * r][0] = row_max[r];
+      warp_max_sum[warp][g + 8 * r][1] = sum;
     }
+  }
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      *reinterpret_cast<float2*>(warp_out + (warp * kRows + row) * kHeadDim + n * 8 + 2 * t4) =
-          make_float2(o[n][2 * r], o[n][2 * r + 1]);
+  for (int m = 0; m < kDimTiles; ++m) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      float* w = warp_out + (nt * 8 + 2 * t4) * Cfg::kMergePitch + 16 * m + g;
+      w[0] = o[m][nt][0];
+      w[Cfg::kMergePitch] = o[m][nt][1];
+      w[8] = o[m][nt][2];
+      w[Cfg::kMergePitch + 8] = o[m][nt][3];
     }
   }
   __syncthreads();
@@ -267,16 +438,17 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   const int64_t partial_row0 = (int64_t(seq) * p.num_heads + head_begin) * p.num_splits + split;
   for (int i = tid; i < num_rows * kHeadDim; i += kThreads) {
     const int row = i / kHeadDim, d = i % kHeadDim;
-    // Warp 0 always sees key_begin, so the merged maximum is finite.
+    // Warp 0 always has key_begin, so the merged maximum is finite.
     float max = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) max = fmaxf(max, warp_max_sum[(w * kRows + row) * 2]);
+    for (int w = 0; w < kWarps; ++w) max = fmaxf(max, warp_max_sum[w][row][0]);
     float sum = 0.f, acc = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const float weight = exp2f(warp_max_sum[(w * kRows + row) * 2] - max);
-      sum += weight * warp_max_sum[(w * kRows + row) * 2 + 1];
-      acc += weight * warp_out[(w * kRows + row) * kHeadDim + d];
+      const float weight = exp2f(warp_max_sum[w][row][0] - max);
+      const float* wo = reinterpret_cast<const float*>(smem + w * Cfg::kWarpRingBytes);
+      sum += weight * warp_max_sum[w][row][1];
+      acc += weight * wo[row * Cfg::kMergePitch + d];
     }
     const float value = acc / sum;
     if (p.num_splits == 1) {
@@ -322,31 +494,58 @@ __global__ void __launch_bounds__(kReduceThreads) flash_attn_decode_reduce_kerne
   }
 }
 
-// How many key partitions: enough blocks for about two full waves of the GPU (so a straggler costs at most half a
-// wave), never partitions shorter than kMinPartitionKeys (each split pays a Q load, a merge and partial writes),
-// never more than kMaxSplits. Returns {num_splits, partition_keys}.
-std::pair<int, int> choose_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm) {
-  const int64_t target_blocks = 2 * int64_t(num_sms) * std::max(blocks_per_sm, 1);
-  const int64_t useful = std::max<int64_t>(1, (max_seq_len + kMinPartitionKeys - 1) / kMinPartitionKeys);
-  int64_t splits = (target_blocks + blocks_per_split - 1) / blocks_per_split;
-  splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(useful, kMaxSplits));
-  int64_t partition = (max_seq_len + splits - 1) / splits;
-  partition = (partition + kTileKeys - 1) / kTileKeys * kTileKeys;
-  splits = (max_seq_len + partition - 1) / partition;
-  return {int(std::max<int64_t>(splits, 1)), int(partition)};
+// How many key partitions, from a small cost model of an SM's time: the blocks spread over the SMs (the kernel
+// is memory bound, so an SM's time is the bytes of the blocks it gets, whatever its occupancy), a fixed cost per
+// wave of resident blocks (pipeline fill), and a fixed cost for the reduce launch when split. Costs are in units
+// of a head-128 key (512 bytes of K and V); a key of head_size streams head_size / 128 of that, so at head 64
+// the fixed costs weigh double (the constants were tuned at head 128, whose choices this leaves unchanged).
+// Choices whose grid leaves SMs idle are taken only when no split count fills them all. Ties between single-wave
+// choices go to more splits (more warps streaming, shorter pipelines). Partitions are whole rounds of the four
+// warps and never shorter than kMinPartitionKeys; at most kMaxSplits. Returns {num_splits, partition_keys}.
+std::pair<int, int> choose_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm,
+                                  int head_size) {
+  constexpr int64_t kWaveCostKeys = 64, kReduceCostKeys = 256, kCostUnitHead = 128;
+  const int64_t sms = std::max(num_sms, 1);
+  const int64_t slots = sms * std::max(blocks_per_sm, 1);
+  const int64_t key_cost = std::max(head_size, 1);  // per key, in 1 / kCostUnitHead of a head-128 key
+  const int64_t max_splits = std::clamp<int64_t>((max_seq_len + kMinPartitionKeys - 1) / kMinPartitionKeys, 1,
+                                                 kMaxSplits);
+  for (const bool fill_sms : {true, false}) {
+    int64_t best_splits = 0, best_partition = 0, best_cost = -1;
+    for (int64_t s = 1; s <= max_splits; ++s) {
+      int64_t partition = (max_seq_len + s - 1) / s;
+      partition = (partition + kPartitionQuantum - 1) / kPartitionQuantum * kPartitionQuantum;
+      const int64_t splits = (max_seq_len + partition - 1) / partition;
+      const int64_t blocks = blocks_per_split * splits;
+      if (fill_sms && blocks < sms) continue;
+      const int64_t waves = (blocks + slots - 1) / slots;
+      const int64_t cost = (blocks + sms - 1) / sms * partition * key_cost +
+                           (waves * kWaveCostKeys + (splits > 1 ? kReduceCostKeys : 0)) * kCostUnitHead;
+      if (best_cost < 0 || cost < best_cost || (cost == best_cost && waves == 1)) {
+        best_cost = cost;
+        best_splits = splits;
+        best_partition = partition;
+      }
+    }
+    if (best_cost >= 0) return {int(best_splits), int(best_partition)};
+  }
+  return {1, int((max_seq_len + kPartitionQuantum - 1) / kPartitionQuantum * kPartitionQuantum)};  // not reached
 }
 
-template <class T, int kHeadDim>
-void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, int64_t num_kv_heads,
-                              int64_t max_seq_len, Stream stream) {
-  const size_t smem = size_t(kRows + 2 * kStages * kTileKeys) * kHeadDim * sizeof(T);
-  auto* kernel = flash_attn_decode_split_kernel<T, kHeadDim>;
+template <class T, int kHeadDim, int kNT>
+void launch_flash_attn_decode_rows(DecodeParams p, Device device, int64_t num_seqs, int64_t num_kv_heads,
+                                   int64_t max_seq_len, Stream stream) {
+  using Cfg = DecodeConfig<kHeadDim, kNT>;
+  constexpr size_t smem = Cfg::kSmemBytes;
+  p.head_chunks = (p.group_size + Cfg::kRows - 1) / Cfg::kRows;
+  auto* kernel = flash_attn_decode_split_kernel<T, kHeadDim, kNT>;
   const KernelLaunchFacts& facts =
       kernel_launch_facts(reinterpret_cast<const void*>(kernel), device.index, kThreads, smem);
   const int num_sms = facts.num_sms, blocks_per_sm = facts.blocks_per_sm;
 
   const int64_t blocks_per_split = num_seqs * num_kv_heads * p.head_chunks;
-  const auto [num_splits, partition_keys] = choose_splits(max_seq_len, blocks_per_split, num_sms, blocks_per_sm);
+  const auto [num_splits, partition_keys] =
+      choose_splits(max_seq_len, blocks_per_split, num_sms, blocks_per_sm, kHeadDim);
   p.num_splits = num_splits;
   p.partition_keys = partition_keys;
   Tensor partial_out, partial_max_sum;
@@ -357,7 +556,9 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
     p.partial_out = partial_out.data<float>();
     p.partial_max_sum = partial_max_sum.data<float>();
   }
-  const dim3 grid{unsigned(num_splits), unsigned(num_kv_heads * p.head_chunks), unsigned(num_seqs)};
+  // The kv heads (and head chunks) of one (sequence, partition) are neighbours in launch order: they read the
+  // same pages at about the same time.
+  const dim3 grid{unsigned(num_kv_heads * p.head_chunks), unsigned(num_splits), unsigned(num_seqs)};
   kernel<<<grid, kThreads, smem, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
   if (num_splits > 1) {
@@ -365,6 +566,16 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
     flash_attn_decode_reduce_kernel<T><<<reduce_grid, kReduceThreads, 0, stream>>>(p, kHeadDim);
     KBN_CUDA_CHECK_LAUNCH();
   }
+}
+
+// One n-tile of 8 query heads per block when the GQA group fits (every model we serve), else two (16 per block).
+template <class T, int kHeadDim>
+void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, int64_t num_kv_heads,
+                              int64_t max_seq_len, Stream stream) {
+  if (p.group_size <= 8)
+    launch_flash_attn_decode_rows<T, kHeadDim, 1>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+  else
+    launch_flash_attn_decode_rows<T, kHeadDim, 2>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
 }
 
 }  // namespace
@@ -454,7 +665,8 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
   p.block_table_stride = block_tables.stride(0);
   p.block_size = int(key_cache.size(1));
   p.group_size = int(num_heads_ / num_kv_heads_);
-  p.head_chunks = (p.group_size + kRows - 1) / kRows;
+  p.block_shift = (p.block_size & (p.block_size - 1)) == 0 ? std::countr_zero(unsigned(p.block_size)) : -1;
+  p.head_chunks = 1;  // set by the launch from the kernel's rows per block
   p.num_heads = int(num_heads_);
   p.scale_log2 = float(scale_ * 1.4426950408889634);
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
