@@ -512,7 +512,8 @@ KernelAnalysis analyze_kernel(const KernelLaunch& k, const AnalysisOptions& o) {
         "No tensor-core instructions (HMMA = GMMA = 0) in a matrix kernel: the products run on the FMA pipes " +
             std::string(a.bound == Bound::compute ? "(SM at " + pct(sm) + ")" : "") +
             "; move them to mma.sync (HMMA) or, on Hopper, wgmma (GMMA).");
-  } else if (o.matrix_op && hopper && hmma > 0 && gmma == 0) {
+  } else if (o.matrix_op && hopper && hmma > 0 && gmma == 0 && a.bound != Bound::memory) {
+    // (A memory-bound kernel, e.g. decode attention, gains nothing from a faster tensor pipe.)
     add(a.bound == Bound::compute ? 45 : 20,
         "Tensor cores run through HMMA (mma.sync, " + count_str(hmma) +
             " instructions) but no GMMA: Hopper's full tensor rate needs wgmma with operands in shared memory "

@@ -372,10 +372,32 @@ TEST(ProfileRecorded, EveryRecordedCaptureParsesAndClassifies) {
         EXPECT_LE(tensor, a.grid_size.value_or(0)) << name;
       }
       if (name.find("flash_attn_prefill") != std::string::npos) {
-        EXPECT_GT(tensor, 0) << name;  // the baseline runs mma.sync
+        EXPECT_GT(tensor, 0) << name;  // mma.sync (the first capture) or wgmma (the Hopper kernel's)
       }
     }
   }
+}
+
+// The Hopper prefill kernel (wgmma) as the H200 recorded it: GMMA counted, HMMA not advised against, and the advice
+// points at the idle tensor pipe; the decode capture is one kernel when the split count is one (no reduce launch).
+TEST(ProfileRecorded, HopperAttentionCaptures) {
+  const auto prefill = load("recorded_flash_attn_prefill_wgmma_baseline_seqs1x4096.csv");
+  ASSERT_EQ(prefill.size(), 1u);
+  EXPECT_EQ(prefill[0].short_name, "flash_attn_prefill_wgmma_kernel<__nv_bfloat16, 128>");
+  bench::AnalysisOptions o;
+  o.matrix_op = true;
+  const auto a = bench::analyze_kernel(prefill[0].representative, o);
+  EXPECT_GT(a.gmma_instructions.value_or(0), 0);
+  EXPECT_TRUE(mentions(a, "GMMA in use but the tensor pipe is active"));
+  EXPECT_FALSE(mentions(a, "but no GMMA"));
+
+  const auto decode = load("recorded_flash_attn_decode_baseline_B64x4096.csv");
+  ASSERT_EQ(decode.size(), 1u);
+  const auto d = bench::analyze_kernel(decode[0].representative, o);
+  EXPECT_EQ(d.bound, Bound::memory);
+  EXPECT_GT(d.hmma_instructions.value_or(0), 0);  // mma.sync on a memory-bound kernel: no wgmma advice
+  EXPECT_FALSE(mentions(d, "GMMA"));
+  EXPECT_TRUE(mentions(d, "near the roofline"));
 }
 
 // ---- runner ----

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "L1/attention_generic.cuh"
@@ -38,22 +40,352 @@ struct DecodeParams {
   int64_t v_stride_block, v_stride_slot, v_stride_head;
   int64_t block_table_stride;
   int block_size;
-  int block_shift;  // log2(block_size) when it is a power of two, else -1 (then key -> page divides)
+  int block_shift;  // log2(block_size) when it is a power of two, else -1 (then key -> page divides); Hopper only
   int group_size;   // query heads per kv head
   int head_chunks;  // ceil(group_size / kRows): blocks per kv head along the query heads
   int num_heads;
-  int num_splits;      // key partitions per sequence (grid.y)
-  int partition_keys;  // keys per partition, a multiple of kPartitionQuantum
+  int num_splits;      // key partitions per sequence (grid.y of the Hopper kernel, grid.x of the mma kernel)
+  int partition_keys;  // keys per partition, a multiple of 64 (kPartitionQuantum, kTileKeys)
   float scale_log2;    // softmax scale * log2(e): scores live in the exp2 domain
 };
+
+// Both split kernels write the same partial_out / partial_max_sum layouts and share the reduce kernel below.
+constexpr int kMaxSplits = 64;
+constexpr int kReduceThreads = 128;
+
+// Merges the splits of one (sequence, query head): out = sum_s w_s o_s / sum_s w_s, w_s = sum_s * 2^(max_s - max).
+// grid = (num_heads, num_seqs); block = kReduceThreads.
+template <class T>
+__global__ void __launch_bounds__(kReduceThreads) flash_attn_decode_reduce_kernel(DecodeParams p, int head_size) {
+  __shared__ float weights[kMaxSplits];
+  const int head = blockIdx.x, seq = blockIdx.y;
+  const int seq_len = p.seq_lens[seq];
+  const int splits = seq_len > 0 ? min(ceil_div(seq_len, p.partition_keys), p.num_splits) : 0;
+  const int64_t row0 = (int64_t(seq) * p.num_heads + head) * p.num_splits;
+  const float* max_sum = p.partial_max_sum + row0 * 2;
+
+  float max = -INFINITY;
+  for (int s = 0; s < splits; ++s) max = fmaxf(max, max_sum[2 * s]);
+  for (int s = threadIdx.x; s < splits; s += kReduceThreads)
+    weights[s] = max_sum[2 * s + 1] * exp2f(max_sum[2 * s] - max);
+  __syncthreads();
+  float total = 0.f;
+  for (int s = 0; s < splits; ++s) total += weights[s];
+  const float inv_total = total > 0.f ? 1.f / total : 0.f;
+
+  const float* partial = p.partial_out + row0 * head_size;
+  T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq + head * p.out_stride_head;
+  for (int d = threadIdx.x; d < head_size; d += kReduceThreads) {
+    float acc = 0.f;
+    for (int s = 0; s < splits; ++s) acc += weights[s] * partial[int64_t(s) * head_size + d];
+    out[d] = from_f32<T>(acc * inv_total);
+  }
+}
+
+namespace mma_path {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 16;               // query heads per block: the M of one mma (unused rows are zeros)
+constexpr int kTileKeys = kWarps * 16;  // keys per shared-memory tile: 16 per warp (the K of one mma)
+constexpr int kStages = 3;              // K/V tiles in flight per block
+constexpr int kMinPartitionKeys = 256;
+
+// The kernel for GPUs other than Hopper (sm_80 and later): Hopper runs hopper_path's kernel below.
+// Split-KV decode (flash-decoding) on tensor cores. grid = (num_splits, num_kv_heads * head_chunks, num_seqs);
+// block = kThreads. A block takes up to kRows query heads that share one kv head (the GQA group, padded to the 16
+// rows of an mma with zeros) and the keys [split * partition_keys, +partition_keys) of one sequence, so every K/V
+// byte of the partition is read from HBM once for the whole group. K/V tiles of kTileKeys keys stream through a
+// kStages-deep cp.async ring (16-byte copies, zero-filled past the last key); warp w takes keys 16w..16w+15 of
+// each tile: S = Q K^T (16 x 16), online softmax, O += P V, all in registers. The four warps' states are merged
+// through shared memory at the end, and the block writes either the final output (num_splits == 1) or the
+// split's (max, sum, normalised output) for flash_attn_decode_reduce_kernel.
+//
+// NOTE: the kernel is memory bound by design (the tensor cores run 16-row mmas of which only `group` rows are
+// real); what matters is bytes in flight: kStages - 1 tiles of 2 * kTileKeys * head_size * 2 bytes per block
+// (64 KiB at head_size 128, two blocks per SM), which covers HBM3e latency x bandwidth per SM several times.
+// Next gains: a power-of-two block_size specialisation of the key -> page arithmetic and one page lookup per
+// row (as in the Hopper kernel; its bulk copies need sm_90), and folding the reduce into the last finishing split
+// block (saves one launch at small batch).
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(DecodeParams p) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr int kTileElems = kTileKeys * kHeadDim;
+  static_assert(kTileKeys * kChunks % kThreads == 0 && kRows * kChunks % kThreads == 0, "whole copy rounds");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* q_smem = reinterpret_cast<T*>(smem);     // [kRows, kHeadDim]
+  T* k_smem = q_smem + kRows * kHeadDim;      // [kStages, kTileKeys, kHeadDim]
+  T* v_smem = k_smem + kStages * kTileElems;  // [kStages, kTileKeys, kHeadDim]
+
+  const int split = blockIdx.x;
+  const int seq = blockIdx.z;
+  const int kv_head = blockIdx.y / p.head_chunks;
+  const int row_begin = (blockIdx.y % p.head_chunks) * kRows;  // first query head of the group in this block
+  const int head_begin = kv_head * p.group_size + row_begin;
+  const int num_rows = min(kRows, p.group_size - row_begin);
+  const int seq_len = p.seq_lens[seq];
+  const int key_begin = split * p.partition_keys;
+  const int tid = threadIdx.x;
+
+  if (key_begin >= seq_len) {
+    // Past the sequence's keys. A sequence with no keys at all gets zeros (the reduce does the same when split).
+    if (seq_len <= 0 && split == 0 && p.num_splits == 1) {
+      T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq;
+      for (int i = tid; i < num_rows * kHeadDim; i += kThreads)
+        out[(head_begin + i / kHeadDim) * p.out_stride_head + i % kHeadDim] = from_f32<T>(0.f);
+    }
+    return;
+  }
+  const int key_end = min(key_begin + p.partition_keys, seq_len);
+  const int num_tiles = ceil_div(key_end - key_begin, kTileKeys);
+
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  const T* q = static_cast<const T*>(p.q) + seq * p.q_stride_seq;
+  const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
+  const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
+  const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
+
+  // Q rows of the block's heads; padding rows are zero-filled.
+#pragma unroll
+  for (int j = 0; j < kRows * kChunks / kThreads; ++j) {
+    const int i = tid + j * kThreads;
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = r < num_rows;
+    const T* src = valid ? q + (head_begin + r) * p.q_stride_head + c * 8 : q;
+    cp_async_16(smem_addr(q_smem + swizzle<kHeadDim>(r, c)), src, valid);
+  }
+
+  // K and V tile `tile` of the partition into stage `stage`; keys at or past key_end are zero-filled.
+  auto load_kv = [&](int tile, int stage) {
+    T* ks = k_smem + stage * kTileElems;
+    T* vs = v_smem + stage * kTileElems;
+    const int n0 = key_begin + tile * kTileKeys;
+#pragma unroll
+    for (int j = 0; j < kTileKeys * kChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads;
+      const int r = i / kChunks, c = i % kChunks;
+      const int key = n0 + r;
+      const bool valid = key < key_end;
+      const T* k_src = k_head;
+      const T* v_src = v_head;
+      if (valid) {
+        const int64_t block = block_table[key / p.block_size];
+        const int64_t slot = key % p.block_size;
+        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
+        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+      }
+      const int dst = swizzle<kHeadDim>(r, c);
+      cp_async_16(smem_addr(ks + dst), k_src, valid);
+      cp_async_16(smem_addr(vs + dst), v_src, valid);
+    }
+  };
+
+  // Prologue: kStages - 1 commit groups (the first also holds Q); empty groups keep the count uniform.
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) {
+    if (stage < num_tiles) load_kv(stage, stage);
+    cp_async_commit();
+  }
+
+  const int g = lane / 4, t4 = lane % 4;
+  float o[kHeadDim / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};  // rows g and g + 8, exp2 domain
+  float row_sum[2] = {0.f, 0.f};              // this lane's partial sums; reduced over the quad at the end
+
+  // ldmatrix lane addressing (see ldmatrix_x4): A of Q rows, B of K rows (non-transposed), B of V rows (transposed).
+  const int a_row = lane % 16, a_chunk = lane / 16;
+  const int k_row = warp * 16 + lane % 8 + (lane / 16) * 8, k_chunk = (lane / 8) % 2;
+  const int v_row = warp * 16 + lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    // Groups committed so far: kStages - 1 + tile; allowing kStages - 2 pending means tile's group has landed.
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile's K/V (and Q) visible to all warps; the stage read in the previous tile is free
+    const int next = tile + kStages - 1;
+    if (next < num_tiles) load_kv(next, next % kStages);
+    cp_async_commit();
+
+    const T* ks = k_smem + (tile % kStages) * kTileElems;
+    const T* vs = v_smem + (tile % kStages) * kTileElems;
+
+    // S = Q K^T for this warp's 16 keys, as 2 n-tiles of 8 keys.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[4], b[4];
+      ldmatrix_x4(a, smem_addr(q_smem + swizzle<kHeadDim>(a_row, 2 * kk + a_chunk)));
+      ldmatrix_x4(b, smem_addr(ks + swizzle<kHeadDim>(k_row, 2 * kk + k_chunk)));
+      mma_16816<T>(s[0], a, b[0], b[1]);
+      mma_16816<T>(s[1], a, b[2], b[3]);
+    }
+
+    const int warp_key0 = key_begin + tile * kTileKeys + warp * 16;
+    if (warp_key0 + 16 > key_end) {  // the partition ends inside this warp's keys
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (warp_key0 + n * 8 + 2 * t4 + (e & 1) >= key_end) s[n][e] = -INFINITY;
+        }
+      }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float tile_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+      // A warp whose keys are all past key_end keeps max -inf; subtracting 0 keeps every exponent at 0.
+      const float base = new_max == -INFINITY ? 0.f : new_max;
+      const float alpha = exp2f(row_max[r] - base);
+      row_max[r] = new_max;
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], p.scale_log2, -base));
+        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], p.scale_log2, -base));
+        tile_sum += s[n][2 * r] + s[n][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + tile_sum;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        o[n][2 * r] *= alpha;
+        o[n][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V: the two S n-tiles are exactly the A fragment of the warp's 16 keys.
+    uint32_t a[4];
+    a[0] = pack2<T>(s[0][0], s[0][1]);
+    a[1] = pack2<T>(s[0][2], s[0][3]);
+    a[2] = pack2<T>(s[1][0], s[1][1]);
+    a[3] = pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dp = 0; dp < kHeadDim / 16; ++dp) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, smem_addr(vs + swizzle<kHeadDim>(v_row, 2 * dp + v_chunk)));
+      mma_16816<T>(o[2 * dp], a, b[0], b[1]);
+      mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+    }
+  }
+
+  // Merge the warps: every copy has landed and every warp is done with the ring, which now holds
+  // warp_out [kWarps, kRows, kHeadDim] and warp_max_sum [kWarps, kRows, 2] in fp32.
+  cp_async_wait<0>();
+  __syncthreads();
+  float* warp_out = reinterpret_cast<float*>(k_smem);
+  float* warp_max_sum = warp_out + kWarps * kRows * kHeadDim;
+  static_assert(
+      (kWarps * kRows * kHeadDim + kWarps * kRows * 2) * sizeof(float) <= 2 * kStages * kTileElems * sizeof(T),
+      "the warp merge fits in the K/V ring");
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = g + 8 * r;
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (t4 == 0) {
+      warp_max_sum[(warp * kRows + row) * 2] = row_max[r];
+      warp_max_sum[(warp * kRows + row) * 2 + 1] = sum;
+    }
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      *reinterpret_cast<float2*>(warp_out + (warp * kRows + row) * kHeadDim + n * 8 + 2 * t4) =
+          make_float2(o[n][2 * r], o[n][2 * r + 1]);
+    }
+  }
+  __syncthreads();
+
+  const int64_t partial_row0 = (int64_t(seq) * p.num_heads + head_begin) * p.num_splits + split;
+  for (int i = tid; i < num_rows * kHeadDim; i += kThreads) {
+    const int row = i / kHeadDim, d = i % kHeadDim;
+    // Warp 0 always sees key_begin, so the merged maximum is finite.
+    float max = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) max = fmaxf(max, warp_max_sum[(w * kRows + row) * 2]);
+    float sum = 0.f, acc = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float weight = exp2f(warp_max_sum[(w * kRows + row) * 2] - max);
+      sum += weight * warp_max_sum[(w * kRows + row) * 2 + 1];
+      acc += weight * warp_out[(w * kRows + row) * kHeadDim + d];
+    }
+    const float value = acc / sum;
+    if (p.num_splits == 1) {
+      T* out = static_cast<T*>(p.out);
+      out[seq * p.out_stride_seq + (head_begin + row) * p.out_stride_head + d] = from_f32<T>(value);
+    } else {
+      const int64_t partial_row = partial_row0 + int64_t(row) * p.num_splits;
+      p.partial_out[partial_row * kHeadDim + d] = value;
+      if (d == 0) {
+        p.partial_max_sum[partial_row * 2] = max;
+        p.partial_max_sum[partial_row * 2 + 1] = sum;
+      }
+    }
+  }
+}
+
+// How many key partitions: enough blocks for about two full waves of the GPU (so a straggler costs at most half a
+// wave), never partitions shorter than kMinPartitionKeys (each split pays a Q load, a merge and partial writes),
+// never more than kMaxSplits. Returns {num_splits, partition_keys}.
+std::pair<int, int> choose_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm) {
+  const int64_t target_blocks = 2 * int64_t(num_sms) * std::max(blocks_per_sm, 1);
+  const int64_t useful = std::max<int64_t>(1, (max_seq_len + kMinPartitionKeys - 1) / kMinPartitionKeys);
+  int64_t splits = (target_blocks + blocks_per_split - 1) / blocks_per_split;
+  splits = std::clamp<int64_t>(splits, 1, std::min<int64_t>(useful, kMaxSplits));
+  int64_t partition = (max_seq_len + splits - 1) / splits;
+  partition = (partition + kTileKeys - 1) / kTileKeys * kTileKeys;
+  splits = (max_seq_len + partition - 1) / partition;
+  return {int(std::max<int64_t>(splits, 1)), int(partition)};
+}
+
+template <class T, int kHeadDim>
+void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, int64_t num_kv_heads,
+                              int64_t max_seq_len, Stream stream) {
+  p.head_chunks = (p.group_size + kRows - 1) / kRows;
+  const size_t smem = size_t(kRows + 2 * kStages * kTileKeys) * kHeadDim * sizeof(T);
+  auto* kernel = flash_attn_decode_split_kernel<T, kHeadDim>;
+  const KernelLaunchFacts& facts =
+      kernel_launch_facts(reinterpret_cast<const void*>(kernel), device.index, kThreads, smem);
+  const int num_sms = facts.num_sms, blocks_per_sm = facts.blocks_per_sm;
+
+  const int64_t blocks_per_split = num_seqs * num_kv_heads * p.head_chunks;
+  const auto [num_splits, partition_keys] = choose_splits(max_seq_len, blocks_per_split, num_sms, blocks_per_sm);
+  p.num_splits = num_splits;
+  p.partition_keys = partition_keys;
+  Tensor partial_out, partial_max_sum;
+  if (num_splits > 1) {
+    // NOTE: fp32 workspace from the caching allocator, ordered on this stream (graph-capture safe).
+    partial_out = Tensor::empty({num_seqs, p.num_heads, num_splits, kHeadDim}, DType::f32, device);
+    partial_max_sum = Tensor::empty({num_seqs, p.num_heads, num_splits, 2}, DType::f32, device);
+    p.partial_out = partial_out.data<float>();
+    p.partial_max_sum = partial_max_sum.data<float>();
+  }
+  const dim3 grid{unsigned(num_splits), unsigned(num_kv_heads * p.head_chunks), unsigned(num_seqs)};
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  KBN_CUDA_CHECK_LAUNCH();
+  if (num_splits > 1) {
+    const dim3 reduce_grid{unsigned(p.num_heads), unsigned(num_seqs)};
+    flash_attn_decode_reduce_kernel<T><<<reduce_grid, kReduceThreads, 0, stream>>>(p, kHeadDim);
+    KBN_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace mma_path
+
+namespace hopper_path {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kWarpKeys = 16;                          // keys per warp tile: the K of one P V mma
 constexpr int kPartitionQuantum = kWarps * kWarpKeys;  // partitions are whole rounds of the four warps
-constexpr int kMaxSplits = 64;
 constexpr int kMinPartitionKeys = 64;
-constexpr int kReduceThreads = 128;
 
 // Shared-memory geometry of the split kernel. kNT n-tiles of 8 query heads (1: group <= 8, 2: up to 16).
 // Every warp owns a private ring of kStages tiles; a tile holds the warp's 16 K rows then its 16 V rows, each row
@@ -75,7 +407,9 @@ struct DecodeConfig {
   // copies the tile with 16-byte cp.async instead, kChunks lanes per row, kRowsPerPass rows per instruction, and
   // every lane's cp.async.mbarrier.arrive.noinc is one of the stage barrier's 32 arrivals.
   static constexpr bool kBulkRows = kRowBytes >= 256;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // read by the kernel body only
   static constexpr uint32_t kBarArrivals = kBulkRows ? 1 : 32;
+#endif
   static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per row
   static constexpr int kRowsPerPass = kBulkRows ? 1 : 32 / kChunks;  // rows one warp-wide cp.async covers
   static constexpr int kKeyPasses = kWarpKeys / kRowsPerPass;       // passes over the K rows (as many for V)
@@ -86,6 +420,8 @@ struct DecodeConfig {
 };
 
 // ---- sm_90 mbarrier / bulk-copy helpers (cp.async.bulk: global -> shared, completion counted in bytes) ----
+// sm_90 PTX, compiled only with the kernel body below that calls them (the sm_90 / sm_90a device pass).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -126,7 +462,9 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
 }
+#endif  // __CUDA_ARCH__ >= 900
 
+// The kernel for Hopper (sm_90 / sm_90a images); other GPUs run mma_path's kernel above.
 // Split-KV decode (flash-decoding) on tensor cores. grid = (num_kv_heads * head_chunks, num_splits, num_seqs);
 // block = kThreads. A block takes up to kRows query heads that share one kv head (the GQA group) and the keys
 // [split * partition_keys, +partition_keys) of one sequence, so every K/V byte of the partition is read from HBM
@@ -141,21 +479,21 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
 // Keeping O transposed makes its accumulator kHeadDim / 16 * kNT * 4 floats (32 at head 128 with group <= 8, half
 // of an O[16 heads][128] layout whose rows 8-15 would be padding) and halves the P V mmas.
 // Rows past the last key are copies of the last valid key's row (finite data); their scores are masked to -inf,
-// so their probabilities are exactly 0 and multiply finite values, as with the zero fill of the cp.async kernel.
+// so their probabilities are exactly 0 and multiply finite values, as with the zero fill of the mma_path kernel.
 //
 // NOTE: the kernel is memory bound by design; what matters is bytes in flight per SM and few issue slots per
-// byte. The previous kernel spent ~16 cp.async + a key / block_size division + a 64-bit address per 16 bytes per
+// byte. The mma_path kernel spent ~16 cp.async + a key / block_size division + a 64-bit address per 16 bytes per
 // thread and a __syncthreads per tile, with 188 registers; here the page lookup is done once per row (shift/mask
 // when block_size is a power of two) and prefetched one tile ahead, and there is no block barrier in the loop.
 // At head 128: one bulk copy per row, 3 stages x 8.5 KiB per warp, 102 KiB per block, two blocks (8 warps) per
 // SM, i.e. 2-3 tiles (17-26 KiB) in flight per warp and ~140-200 KiB per SM, several times HBM latency x the
 // per-SM share of bandwidth. At head 64: 4 stages x 4.5 KiB, 72 KiB per block, three blocks per SM.
 // The first version (bulk copies at both head sizes, split costs counted in keys whatever the head size) was
-// measured on the H200 (cold, vs the previous kernel): head 128 / group 4 at 1.00-1.40x (73-97% of the
+// measured on the H200 (cold, vs the mma_path kernel): head 128 / group 4 at 1.00-1.40x (73-97% of the
 // 4250 GB/s copy bandwidth from B=8 ctx 4096 up; B=1 ctx 8192 and B=8 ctx 1024 even), but head 64 with groups
 // 3, 5, 6 at 0.75-0.99x, capped at ~55% of the copy bandwidth whatever the grid (1 to 16 splits, 1 to 6 waves):
 // 128-byte bulk copies are bounded by the bulk engine's per-copy cost, not by bytes in flight. Hence the
-// cp.async feed at head 64 (the previous kernel's 16-byte cp.async reached ~76% there, the bulk path ~97% at
+// cp.async feed at head 64 (the mma_path kernel's 16-byte cp.async reached ~76% there, the bulk path ~97% at
 // head 128). This version, measured on the H200 the same way (bench/results/h200/tune_flash_attn_decode.md):
 // B=64 ctx 4096 at 90.7% of the copy bandwidth (1.19x; the issue's target is 85%), B=64 ctx 8192 94.1%, B=256
 // 97%; head 64 at 0.92-1.10x; geometric mean over the 21 shapes 1.105x. Still short: B=1 (22-33% of the copy
@@ -165,6 +503,7 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
 // head) and skip the reduce launch when the blocks balance over the SMs.
 template <class T, int kHeadDim, int kNT>
 __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(DecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = DecodeConfig<kHeadDim, kNT>;
   constexpr int kRows = Cfg::kRows;
   constexpr int kStages = Cfg::kStages;
@@ -463,35 +802,9 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       }
     }
   }
-}
-
-// Merges the splits of one (sequence, query head): out = sum_s w_s o_s / sum_s w_s, w_s = sum_s * 2^(max_s - max).
-// grid = (num_heads, num_seqs); block = kReduceThreads.
-template <class T>
-__global__ void __launch_bounds__(kReduceThreads) flash_attn_decode_reduce_kernel(DecodeParams p, int head_size) {
-  __shared__ float weights[kMaxSplits];
-  const int head = blockIdx.x, seq = blockIdx.y;
-  const int seq_len = p.seq_lens[seq];
-  const int splits = seq_len > 0 ? min(ceil_div(seq_len, p.partition_keys), p.num_splits) : 0;
-  const int64_t row0 = (int64_t(seq) * p.num_heads + head) * p.num_splits;
-  const float* max_sum = p.partial_max_sum + row0 * 2;
-
-  float max = -INFINITY;
-  for (int s = 0; s < splits; ++s) max = fmaxf(max, max_sum[2 * s]);
-  for (int s = threadIdx.x; s < splits; s += kReduceThreads)
-    weights[s] = max_sum[2 * s + 1] * exp2f(max_sum[2 * s] - max);
-  __syncthreads();
-  float total = 0.f;
-  for (int s = 0; s < splits; ++s) total += weights[s];
-  const float inv_total = total > 0.f ? 1.f / total : 0.f;
-
-  const float* partial = p.partial_out + row0 * head_size;
-  T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq + head * p.out_stride_head;
-  for (int d = threadIdx.x; d < head_size; d += kReduceThreads) {
-    float acc = 0.f;
-    for (int s = 0; s < splits; ++s) acc += weights[s] * partial[int64_t(s) * head_size + d];
-    out[d] = from_f32<T>(acc * inv_total);
-  }
+#else
+  __trap();  // not launched: the host picks this kernel only when the binary holds sm_90 code for the device
+#endif
 }
 
 // How many key partitions, from a small cost model of an SM's time: the blocks spread over the SMs (the kernel
@@ -576,6 +889,37 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
     launch_flash_attn_decode_rows<T, kHeadDim, 1>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
   else
     launch_flash_attn_decode_rows<T, kHeadDim, 2>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+}
+
+}  // namespace hopper_path
+
+// The Hopper kernel runs when this binary holds sm_90 (or sm_90a) code for the current device (an image built for the device's
+// architecture: cudaFuncGetAttributes reports it); any other GPU runs the mma.sync kernel. Decided once per device.
+inline bool use_hopper_decode_kernel(const void* hopper_kernel, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(hopper_kernel, device);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, hopper_kernel);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // no image for this device: not an error, the other kernel runs
+  int major = 0;
+  KBN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  const bool use = err == cudaSuccess && major == 9 && attr.binaryVersion == 90;
+  return cache.emplace(key, use).first->second;
+}
+
+// Hopper's kernels or mma_path's, decided once per device: any instantiation of the Hopper kernel tells whether
+// the binary's image for the device is an sm_90 one.
+template <class T, int kHeadDim>
+void launch_flash_attn_decode(const DecodeParams& p, Device device, int64_t num_seqs, int64_t num_kv_heads,
+                              int64_t max_seq_len, Stream stream) {
+  auto* hopper = hopper_path::flash_attn_decode_split_kernel<T, kHeadDim, 1>;
+  if (use_hopper_decode_kernel(reinterpret_cast<const void*>(hopper), device.index))
+    hopper_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+  else
+    mma_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
 }
 
 }  // namespace

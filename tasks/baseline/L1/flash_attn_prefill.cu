@@ -337,6 +337,9 @@ constexpr int kVStages = 3;   // V tiles: the previous tile's (P V runs one tile
 // warp specialisation and ping-pong pay.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(PrefillParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "flash_attn_prefill: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a, not compute_90"
+#endif
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
