@@ -131,5 +131,22 @@ inline const KernelLaunchFacts& kernel_launch_facts(const void* kernel, int devi
   return facts.emplace(key, f).first->second;
 }
 
+// True when this binary's image of `kernel` for `device` is Hopper code (sm_90 / sm_90a; cudaFuncGetAttributes reports
+// the image the runtime picked): the attention ops then launch their Hopper kernels, any other GPU their mma.sync
+// ones. A missing image is not an error. Decided once per (kernel, device).
+inline bool runs_sm90_image(const void* kernel, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kernel, device);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  int major = 0;
+  KBN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return cache.emplace(key, err == cudaSuccess && major == 9 && attr.binaryVersion == 90).first->second;
+}
+
 }  // namespace
 }  // namespace kbn::KBN_VARIANT

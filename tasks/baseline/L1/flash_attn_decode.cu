@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "L1/attention_generic.cuh"
@@ -893,30 +891,13 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
 
 }  // namespace hopper_path
 
-// The Hopper kernel runs when this binary holds sm_90 (or sm_90a) code for the current device (an image built for the device's
-// architecture: cudaFuncGetAttributes reports it); any other GPU runs the mma.sync kernel. Decided once per device.
-inline bool use_hopper_decode_kernel(const void* hopper_kernel, int device) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, bool> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(hopper_kernel, device);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  cudaFuncAttributes attr{};
-  const cudaError_t err = cudaFuncGetAttributes(&attr, hopper_kernel);
-  if (err != cudaSuccess) (void)cudaGetLastError();  // no image for this device: not an error, the other kernel runs
-  int major = 0;
-  KBN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const bool use = err == cudaSuccess && major == 9 && attr.binaryVersion == 90;
-  return cache.emplace(key, use).first->second;
-}
-
 // Hopper's kernels or mma_path's, decided once per device: any instantiation of the Hopper kernel tells whether
 // the binary's image for the device is an sm_90 one.
 template <class T, int kHeadDim>
 void launch_flash_attn_decode(const DecodeParams& p, Device device, int64_t num_seqs, int64_t num_kv_heads,
                               int64_t max_seq_len, Stream stream) {
   auto* hopper = hopper_path::flash_attn_decode_split_kernel<T, kHeadDim, 1>;
-  if (use_hopper_decode_kernel(reinterpret_cast<const void*>(hopper), device.index))
+  if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device.index))
     hopper_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
   else
     mma_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);

@@ -6,8 +6,6 @@
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "L1/attention_generic.cuh"
@@ -601,25 +599,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
 #endif
 }
 
-
 }  // namespace wgmma_path
-
-// The Hopper kernel runs when this binary holds sm_90a code for the current device (an image built for the device's
-// architecture: cudaFuncGetAttributes reports it); any other GPU runs the mma.sync kernel. Decided once per device.
-inline bool use_wgmma_kernel(const void* wgmma_kernel, int device) {
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, bool> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(wgmma_kernel, device);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  cudaFuncAttributes attr{};
-  const cudaError_t err = cudaFuncGetAttributes(&attr, wgmma_kernel);
-  if (err != cudaSuccess) (void)cudaGetLastError();  // no image for this device: not an error, the other kernel runs
-  int major = 0;
-  KBN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  const bool use = err == cudaSuccess && major == 9 && attr.binaryVersion == 90;
-  return cache.emplace(key, use).first->second;
-}
 
 template <class T, int kHeadDim>
 void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
@@ -637,7 +617,7 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
     KBN_CUDA_CHECK_LAUNCH();
   };
   auto* hopper = wgmma_path::flash_attn_prefill_wgmma_kernel<T, kHeadDim>;
-  if (use_wgmma_kernel(reinterpret_cast<const void*>(hopper), device)) {
+  if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
     using namespace wgmma_path;
     // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom.
     launch(hopper, kThreads, kBlockM,
