@@ -311,6 +311,35 @@ TEST(FlashAttnPrefillGpu, LargeBlocks) {
   }
 }
 
+TEST(FlashAttnPrefillGpu, PageSizesTmaCannotCopyRunTheFallback) {
+  KBN_SKIP_WITHOUT_GPU();
+  // The Hopper kernel copies whole pages as tensor-map boxes (8..128 keys dividing its 128-key tile); other page
+  // sizes take the mma.sync kernel on every GPU.
+  for (int64_t block_size : {4, 24}) {
+    check_prefill({.num_heads = 32,
+                   .num_kv_heads = 8,
+                   .head_size = 128,
+                   .block_size = block_size,
+                   .dtype = DType::bf16,
+                   .q_lens = {100, 7},
+                   .seq_lens = {150, 7},
+                   .seed = 11});
+  }
+}
+
+TEST(FlashAttnPrefillGpu, ManySequencesMoreTilesThanBlocks) {
+  KBN_SKIP_WITHOUT_GPU();
+  // ~1300 query tiles over varlen, partly cached sequences: each block of the persistent Hopper kernel walks about
+  // ten work items of different sequences and lengths (Q prefetched across items, the K/V ring running on).
+  BatchSpec s{.num_heads = 32, .num_kv_heads = 8, .head_size = 128, .block_size = 16, .dtype = DType::bf16, .seed = 12};
+  for (int i = 0; i < 32; ++i) {
+    const int q = 1 + (i * 211) % 300;
+    s.q_lens.push_back(q);
+    s.seq_lens.push_back(q + (i % 3 == 0 ? (i * 37) % 300 : 0));
+  }
+  check_prefill(s);
+}
+
 TEST(FlashAttnPrefillGpu, GroupLargerThanOneWarpOfRows) {
   KBN_SKIP_WITHOUT_GPU();
   // 20 query heads per kv head: packed rows (token, head) do not align with warps or query tiles.

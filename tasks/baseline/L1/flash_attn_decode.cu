@@ -12,6 +12,7 @@
 
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
+#include "L1/mbarrier.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #endif
@@ -417,36 +418,10 @@ struct DecodeConfig {
   static_assert(kRows * kMergePitch * sizeof(float) <= kWarpRingBytes, "a warp's merge rows fit in its own ring");
 };
 
-// ---- sm_90 mbarrier / bulk-copy helpers (cp.async.bulk: global -> shared, completion counted in bytes) ----
+// ---- sm_90 bulk-copy helpers (cp.async.bulk: global -> shared, completion counted in bytes; barriers: mbarrier.cuh) ----
 // sm_90 PTX, compiled only with the kernel body below that calls them (the sm_90 / sm_90a device pass).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
-}
-// Orders this thread's earlier generic-proxy accesses of shared memory before later async-proxy (bulk copy) ones.
-__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // 16-byte cp.async (L2 only), and an arrival on `bar` once all of this thread's earlier cp.async are complete,
 // counted against the barrier's init count (.noinc).
 __device__ __forceinline__ void cp_async_16_g2s(uint32_t dst, const void* src) {
@@ -740,7 +715,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       // Every lane's ldmatrix reads of this stage are done (and ordered before the async proxy, which the bulk
       // copies write through; harmless for cp.async) before the barrier is re-armed and the lanes overwrite it.
       __syncwarp();
-      fence_proxy_async_smem();
+      fence_proxy_async_shared();
       issue(i + kStages, next_block);
     }
   }

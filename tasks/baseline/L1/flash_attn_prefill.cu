@@ -5,11 +5,16 @@
 #include "kbn/checks.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
+#include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the function is fetched from the driver)
+
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
+#include "L1/mbarrier.cuh"
 #include "L1/wgmma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
@@ -57,7 +62,8 @@ constexpr int kStages = 3;            // K/V tiles in flight (cp.async ring)
 // the exp2 domain (running max / sum per row, 4 lanes per row), then O += P V with P re-packed from the S
 // accumulators as the A operand (no trip through shared memory).
 //
-// The kernel for GPUs other than Hopper (sm_80 and later): Hopper runs the wgmma kernel below.
+// The kernel for GPUs other than Hopper (sm_80 and later), and for caches whose pages TMA cannot copy as boxes:
+// Hopper runs hopper_path's kernel below.
 // NOTE: where the next gains are (measure first):
 //  - Split the cp.async group per tile into K and V so S = Q K^T starts while V is still landing.
 //  - 32 query rows per warp (two m16 atoms) would halve the shared-memory traffic per mma for K and V (the
@@ -302,152 +308,211 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
 
 }  // namespace mma_path
 
-namespace wgmma_path {
+namespace hopper_path {
 
-// Tile shape. A block owns kBlockM packed query rows of one kv head; row m of a sequence is (token m / group,
-// query head kv_head * group + m % group), so the heads that share a kv head share every K/V tile load. Each of the
-// kWarpGroups warpgroups owns 64 of the rows (the M of one wgmma).
-constexpr int kWarpGroups = 2;
-constexpr int kThreads = kWarpGroups * 128;
-constexpr int kBlockM = kWarpGroups * 64;
-constexpr int kBlockN = 128;  // keys per K/V tile (the N of S = Q K^T, the K of O += P V)
-constexpr int kKStages = 2;   // K tiles in shared memory: the one S reads, the next one landing
-constexpr int kVStages = 3;   // V tiles: the previous tile's (P V runs one tile behind S), this one, the next one
-
-// FlashAttention forward over a paged KV cache on Hopper tensor cores, causal, varlen, GQA-packed.
-// grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kKStages K tiles +
-// kVStages V tiles, all 128-byte swizzled (wgmma.cuh). Per K/V tile t: S_t = Q K_t^T by wgmma with both operands
-// in shared memory (64 x 128 per warpgroup, fp32 in registers), online softmax in the exp2 domain (running max /
-// sum per row, 4 lanes per row), then O += P_t V_t by wgmma with P re-packed from the S accumulators as the register
-// A operand and V read transposed from shared memory. P V runs one tile behind (FlashAttention-3's intra-warpgroup
-// overlap): iteration t issues S_t and then P_{t-1} V_{t-1}, and exponentiates S_t while the tensor cores still
-// work on P_{t-1} V_{t-1}; only the rescale of O waits for it. The next tile's K/V stream in by cp.async (16-byte
-// copies through the block table) meanwhile.
+// FlashAttention forward over a paged KV cache on Hopper, causal, varlen, GQA-packed: FlashAttention-3's structure.
+// Three warpgroups per block. The producer (setmaxnreg 24) has one thread copy each K/V tile page by page with TMA
+// (cp.async.bulk.tensor through 4-D tensor maps over the caches: one box = one page of one kv head x 64 columns, the
+// 128-byte swizzle wgmma wants done by the copy engine) into a kStages ring, completing a "full" mbarrier in bytes;
+// consumer warps hand stages back on an "empty" mbarrier. The two consumer warpgroups (setmaxnreg 240) own 64 query
+// rows each of a 128-row tile and never issue a load: per K/V tile, S = Q K^T by wgmma from shared memory (swizzled
+// descriptors, wgmma.cuh), online softmax in the exp2 domain (running max / sum per row, 4 lanes per row), then
+// O += P V by wgmma with P re-packed from the S accumulators as the register A operand and V read transposed. P V
+// runs one tile behind S (intra-warpgroup overlap: the exponentials of tile t overlap P_{t-1} V_{t-1}), and the
+// warpgroups take turns issuing their wgmma (ping-pong on named barriers), so one's softmax overlaps the other's
+// matrix work. The grid is persistent (one block per SM walking the work items in a snake order, heaviest causal
+// tiles first): the producer streams the next item's K/V and the consumers prefetch its Q while the current item
+// finishes, and the output goes straight from the accumulators to global memory.
+// Needs pages of 8..128 keys dividing kBlockN (tensor-map boxes), 16-byte-aligned caches and strides; the launcher
+// falls back to the mma.sync kernel otherwise.
 //
-// Measured on the H200 (causal, 32/8 heads, d128, one sequence): 309 TFLOP/s at 8k tokens, 321 at 16k, against 208
-// and 212 for the mma.sync kernel; ncu: tensor pipe ~30% active, 1 block of 8 warps per SM (214 registers).
-// NOTE: where the next gains are (measure first). A warp-specialised version was built and measured slower (commits
-// b2d453d..29ead4f): a producer warpgroup (setmaxnreg 72 / 216) filling a 3-stage K/V ring by 16-byte cp.async with
-// full / empty mbarriers reached 242 TFLOP/s at 8k, and 216 with ping-pong turns between the consumer warpgroups;
-// ncu showed the consumers waiting on the ring (long_scoreboard 49%), i.e. cp.async from one warpgroup, with its
-// block-table reads, could not feed two. The producer side needs TMA: a tensor map over the cache and one copy per
-// 16-key page and 64-column half (128-byte swizzle in hardware, one thread issuing), which is what makes FA3's
-// warp specialisation and ping-pong pay.
+// Measured on the H200 (causal, 32/8 heads, d128, one sequence, bench/results/h200/): 507 TFLOP/s at 8k tokens, 524
+// at 16k (the cp.async-fed wgmma kernel this replaced: 309 / 319; ncu: tensor pipe 54% -> most consumer stalls are
+// now waits on wgmma).
+// NOTE: where the next gains are (measure first):
+//  - Short sequences (1k tokens: 249 TFLOP/s) are bounded by the per-item prologue and the causal tail; a tile
+//    scheduler that splits heavy items, or 64-row tiles for them, would help the engine's many-sequence prefills.
+//  - The softmax issues 66 MUFU.EX2 per thread per tile; emulating part of the exponentials with FMA polynomials
+//    (FlashAttention-4's trick) would shorten it when the tensor core waits on it.
+//  - Q by TMA (a 3-D map over the packed GQA rows) would free the consumers from its cp.async.
+constexpr int kConsumerThreads = 256;  // warps 0-7: two warpgroups
+constexpr int kProducerThreads = 128;  // warps 8-11: the producer warpgroup (one thread issues)
+constexpr int kThreads = kConsumerThreads + kProducerThreads;
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 128;
+constexpr int kStages = 3;
+
+// Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kBarQ = 1, kBarWarpGroup0 = 2, kBarTurn0 = 4;  // named barriers (0 is __syncthreads)
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 24 + 2 x 240 = 3 x 168
+
+// One box of the 4-D tensor map (head_size, kv_heads, block_size, num_blocks) at coordinates (c0, c1, c2, c3).
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+// exp2 without the subnormal handling of exp2f (results below 2^-126 flush to 0: a probability that small is 0 here).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// One unit of work: a kBlockM-row query tile of one kv head of one sequence, and the keys it sees.
+struct Work {
+  int kv_head, seq, m0, q_begin, q_len, num_rows;
+  int offset;        // query token j of the sequence sits at key position offset + j
+  int key_end;       // keys [0, key_end) are visible to some row of the tile
+  int unmasked_end;  // keys [0, unmasked_end) are visible to every row
+  int num_tiles;     // K/V tiles of kBlockN keys covering [0, key_end)
+};
+// Work item `item` of the launch, in (kv head fastest, sequence, query tile last: the tiles of every sequence with the
+// longest causal span come first) order; false when the tile lies past its sequence's rows (varlen batches).
+__device__ __forceinline__ bool load_work(const PrefillParams& p, int item, int num_kv_heads, int num_seqs,
+                                          int m_tiles, Work& w) {
+  w.kv_head = item % num_kv_heads;
+  const int r = item / num_kv_heads;
+  w.seq = r % num_seqs;
+  w.m0 = (m_tiles - 1 - r / num_seqs) * kBlockM;
+  w.q_begin = p.query_start_loc[w.seq];
+  w.q_len = p.query_start_loc[w.seq + 1] - w.q_begin;
+  w.num_rows = w.q_len * p.group_size;
+  if (w.m0 >= w.num_rows) return false;
+  w.offset = p.seq_lens[w.seq] - w.q_len;
+  const int first_token = w.m0 / p.group_size;
+  const int last_token = min((w.m0 + kBlockM - 1) / p.group_size, w.q_len - 1);
+  w.key_end = last_token + w.offset + 1;
+  w.unmasked_end = first_token + w.offset + 1;
+  w.num_tiles = w.key_end > 0 ? ceil_div(w.key_end, kBlockN) : 0;
+  return true;
+}
+
+// The k-th item of block b among g blocks: rounds of g items, every other round reversed, so that the heavy early
+// items of a round and the light late ones pair up (causal tiles come heaviest first).
+__device__ __forceinline__ int snake_item(int k, int b, int g) { return k * g + ((k & 1) ? g - 1 - b : b); }
+
+#endif  // __CUDA_ARCH__ >= 900
+
+// grid = min(work items, one block per SM); block = kThreads; dynamic smem = Q tile + kStages K/V tiles + 2 kStages
+// mbarriers + 1024 bytes of alignment slack. Block b takes the items snake_item(k, b, gridDim.x), k = 0, 1, ...
 template <class T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(PrefillParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attn_prefill_tma_kernel(PrefillParams p, const __grid_constant__ CUtensorMap k_map,
+                                  const __grid_constant__ CUtensorMap v_map, int num_items, int num_kv_heads,
+                                  int num_seqs, int m_tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "flash_attn_prefill: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a, not compute_90"
 #endif
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr int kChunks = kHeadDim / 8;
   constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   constexpr uint32_t kTileBytes = kBlockN * kHeadDim * 2;
-  constexpr int kSAcc = kBlockN / 2;   // S accumulators per thread: 64 rows x kBlockN keys / 128 threads
-  constexpr int kOAcc = kHeadDim / 2;  // O accumulators per thread
+  constexpr int kSAcc = kBlockN / 2;
+  constexpr int kOAcc = kHeadDim / 2;
   static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes instantiated for head sizes 64 and 128");
-  static_assert(kBlockN * kChunks % kThreads == 0 && kBlockM * kChunks % kThreads == 0, "whole copy rounds");
 
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must start 1024-byte aligned; the launcher adds 1024 bytes of slack.
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
-  unsigned char* q_ptr = smem_raw + (q_s - raw_addr);
-  const uint32_t k_s = q_s + kQBytes;                 // [kKStages][tile]
-  const uint32_t v_s = k_s + kKStages * kTileBytes;  // [kVStages][tile]
-
-  const int kv_head = blockIdx.x;
-  const int seq = blockIdx.z;
-  const int m_tile = gridDim.y - 1 - blockIdx.y;  // heaviest (longest causal span) tiles first
-  const int group = p.group_size;
-  const int q_begin = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - q_begin;
-  const int num_rows = q_len * group;
-  const int m0 = m_tile * kBlockM;
-  if (m0 >= num_rows) return;
-
-  const int seq_len = p.seq_lens[seq];
-  const int offset = seq_len - q_len;  // query token j sits at key position offset + j
-  const int first_token = m0 / group;
-  const int last_token = min((m0 + kBlockM - 1) / group, q_len - 1);
-  const int key_end = last_token + offset + 1;        // keys [0, key_end) are visible to some row of the tile
-  const int unmasked_end = first_token + offset + 1;  // keys [0, unmasked_end) are visible to every row
-  const int num_tiles = key_end > 0 ? ceil_div(key_end, kBlockN) : 0;
+  const uint32_t kv_s = q_s + kQBytes;                        // [kStages][K tile, V tile]
+  const uint32_t full_bar = kv_s + kStages * 2 * kTileBytes;  // [kStages] mbarriers, 8 bytes each
+  const uint32_t empty_bar = full_bar + kStages * 8;          // [kStages]
 
   const int tid = threadIdx.x;
-  const int wg = tid / 128;           // warpgroup: rows 64 wg .. 64 wg + 63 of the tile
-  const int warp_in_wg = (tid / 32) % 4;
   const int lane = tid % 32;
-
-  const T* q = static_cast<const T*>(p.q);
-  const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
-  const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
-  const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
-
-  // Q tile: rows past the sequence's last token are zero-filled.
+  if (tid == 0) {
 #pragma unroll
-  for (int j = 0; j < kBlockM * kChunks / kThreads; ++j) {
-    const int i = tid + j * kThreads;
-    const int r = i / kChunks, c = i % kChunks;
-    const int m = m0 + r;
-    const bool valid = m < num_rows;
-    const T* src = q;
-    if (valid) {
-      const int token = q_begin + m / group;
-      const int head = kv_head * group + m % group;
-      src = q + token * p.q_stride_token + head * p.q_stride_head + c * 8;
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full_bar + 8 * st, 1);  // the producer's arrive.expect_tx; the TMA copies complete the bytes
+      mbar_init(empty_bar + 8 * st, kConsumerThreads / 32);  // lane 0 of every consumer warp, once it is done
     }
-    cp_async_16(q_s + sw128_offset<kBlockM>(r, c), src, valid);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  if (tid >= kConsumerThreads) {
+    // ---- producer warpgroup: one thread issues every copy, through a ring that runs on across work items ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters) : "memory");
+    if (tid == kConsumerThreads) {
+      const int bs = p.block_size;
+      int it = 0;  // K/V tiles issued by this block so far
+      for (int k = 0; k * int(gridDim.x) < num_items; ++k) {
+        const int item = snake_item(k, blockIdx.x, gridDim.x);
+        Work w;
+        if (item >= num_items || !load_work(p, item, num_kv_heads, num_seqs, m_tiles, w)) continue;
+        const int* block_table = p.block_tables + int64_t(w.seq) * p.block_table_stride;
+        for (int tile = 0; tile < w.num_tiles; ++tile, ++it) {
+          const int stage = it % kStages;
+          if (it >= kStages) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kStages - 1) & 1));
+          const uint32_t ks = kv_s + stage * 2 * kTileBytes;
+          const uint32_t vs = ks + kTileBytes;
+          const int n0 = tile * kBlockN;
+          const int pages = (min(w.key_end - n0, kBlockN) + bs - 1) / bs;  // pages holding keys below key_end
+          const uint32_t bar = full_bar + 8 * stage;
+          mbar_arrive_expect_tx(bar, uint32_t(pages * bs * kHeadDim * 2 * 2));
+          for (int j = 0; j < pages; ++j) {
+            const int block = block_table[n0 / bs + j];
+#pragma unroll
+            for (int half = 0; half < kHeadDim / 64; ++half) {
+              const uint32_t off = half * (kBlockN * 128) + j * bs * 128;
+              tma_load_4d(ks + off, &k_map, bar, half * 64, w.kv_head, 0, block);
+              tma_load_4d(vs + off, &v_map, bar, half * 64, w.kv_head, 0, block);
+            }
+          }
+        }
+      }
+    }
+    return;
   }
 
-  // K and V tile `tile` into their stages; keys at or past key_end (never visible, possibly unallocated pages)
-  // are zero-filled so that masked probabilities multiply zeros, not garbage.
-  auto load_kv = [&](int tile) {
-    const uint32_t ks = k_s + (tile % kKStages) * kTileBytes;
-    const uint32_t vs = v_s + (tile % kVStages) * kTileBytes;
-    const int n0 = tile * kBlockN;
+  // ---- consumers: warpgroup wg owns rows 64 wg .. 64 wg + 63 of every query tile ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegisters) : "memory");
+  const int wg = tid / 128;
+  const int wg_tid = tid % 128;
+  const int warp_in_wg = wg_tid / 32;
+  const int g = lane / 4, t4 = lane % 4;  // this thread's rows of the warp: g and g + 8
+  const int warp_row = wg * 64 + warp_in_wg * 16;
+  const uint32_t q_wg = q_s + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block of Q
+  const T* q = static_cast<const T*>(p.q);
+  T* out = static_cast<T*>(p.out);
+
+  // This warpgroup's 64 Q rows of work w, by cp.async (rows past the sequence's last token are zero-filled). Issued
+  // for the next item as soon as the last S = Q K^T of the current one has read Q, so it overlaps the last P V.
+  auto load_q = [&](const Work& w) {
 #pragma unroll
-    for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kChunks, c = i % kChunks;
-      const int key = n0 + r;
-      const bool valid = key < key_end;
-      const T* k_src = k_head;
-      const T* v_src = v_head;
+    for (int j = 0; j < 64 * kChunks / 128; ++j) {
+      const int i = wg_tid + j * 128;
+      const int r = wg * 64 + i / kChunks, c = i % kChunks;
+      const int m = w.m0 + r;
+      const bool valid = m < w.num_rows;
+      const T* src = q;
       if (valid) {
-        // Power-of-two pages (every engine configuration) take a shift and a mask instead of a division.
-        const int page = p.block_shift >= 0 ? key >> p.block_shift : key / p.block_size;
-        const int64_t block = block_table[page];
-        const int64_t slot = key - page * p.block_size;
-        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
-        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+        const int token = w.q_begin + m / p.group_size;
+        const int head = w.kv_head * p.group_size + m % p.group_size;
+        src = q + token * p.q_stride_token + head * p.q_stride_head + c * 8;
       }
-      const uint32_t dst = sw128_offset<kBlockN>(r, c);
-      cp_async_16(ks + dst, k_src, valid);
-      cp_async_16(vs + dst, v_src, valid);
+      cp_async_16(q_s + sw128_offset<kBlockM>(r, c), src, valid);
     }
+    cp_async_commit();
+  };
+  // The next item of this block with rows after its k-th, or false.
+  auto next_work = [&](int& k, Work& w) {
+    for (++k; k * int(gridDim.x) < num_items; ++k) {
+      const int item = snake_item(k, blockIdx.x, gridDim.x);
+      if (item < num_items && load_work(p, item, num_kv_heads, num_seqs, m_tiles, w)) return true;
+    }
+    return false;
   };
 
-  if (num_tiles > 0) load_kv(0);
-  cp_async_commit();  // Q and the first K/V tile
-
-  // Per-thread rows: g and g + 8 of this warp's 16. Rows past the last token clamp to it (never stored).
-  const int g = lane / 4, t4 = lane % 4;
-  const int warp_row = wg * 64 + warp_in_wg * 16;
-  int row_last_key[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int m = m0 + warp_row + g + 8 * r;
-    row_last_key[r] = min(m / group, q_len - 1) + offset;
-  }
-
-  float o[kOAcc];
-#pragma unroll
-  for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // exp2 domain
-  float row_sum[2] = {0.f, 0.f};              // this lane's partial sums; reduced over the quad at the end
-  const uint32_t q_wg = q_s + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block of Q
-
   uint32_t pa[kBlockN / 16][4];  // P of the previous tile as A fragments: keys 16kk..16kk+15 of the tile
+  float o[kOAcc];
   // O += P V of the tile whose V sits in shared address `vs` (V rows are the K of each step, head_size columns the N,
   // in 64-column blocks kBlockN * 128 bytes apart).
   auto issue_pv = [&](uint32_t vs) {
@@ -461,172 +526,293 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_wgmma_kernel(P
       }
     }
   };
+  auto release = [&](int stage) {  // this warp is done with `stage`
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+  };
 
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    cp_async_wait<0>();          // this thread's copies of tile (and Q) have landed
-    fence_proxy_async_shared();  // ... and are visible to the tensor cores' (async proxy) reads
-    // Everyone's copies landed; every warpgroup is past the previous iteration's waits, so K_{tile-1} and
-    // V_{tile-2}, the stages the next load overwrites, are no longer read.
-    __syncthreads();
-    if (tile + 1 < num_tiles) load_kv(tile + 1);
-    cp_async_commit();
+  int item = -1;  // k of the current item
+  Work w;
+  bool have = next_work(item, w);
+  if (have) load_q(w);
+  int it = 0;  // K/V tiles consumed by this block so far
+  // Ping-pong: a warpgroup issues its wgmma after the other one has issued its previous batch. Warpgroup 1 gives
+  // warpgroup 0 the first turn and skips its very last hand-back (nobody waits for it).
+  if (wg == 1 && have) named_arrive(kBarTurn0, kConsumerThreads);
+  while (have) {
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    named_sync(kBarWarpGroup0 + wg, 128);  // this warpgroup's Q rows have landed
 
-    const uint32_t ks = k_s + (tile % kKStages) * kTileBytes;
-
-    // S = Q K^T: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a
-    // 64-column block). Then, as a second group, the previous tile's P V (an empty group on the first tile).
-    float s[kSAcc];
-    wgmma_fence();
+    int row_last_key[2];  // rows past the last token clamp to it (never stored)
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-      const uint32_t col = (kk % 4) * 32;
-      const uint64_t da = sw128_desc(q_wg + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
-      const uint64_t db = sw128_desc(ks + (kk / 4) * (kBlockN * 128) + col, 16, 1024);
-      wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
+    for (int r = 0; r < 2; ++r) {
+      const int m = w.m0 + warp_row + g + 8 * r;
+      row_last_key[r] = min(m / p.group_size, w.q_len - 1) + w.offset;
     }
-    wgmma_commit();
-    if (tile > 0) issue_pv(v_s + ((tile - 1) % kVStages) * kTileBytes);
-    wgmma_commit();
-    wgmma_wait<1>();  // S is ready; P V may still run
-    fence_regs(s);
+#pragma unroll
+    for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY};  // exp2 domain
+    float row_sum[2] = {0.f, 0.f};              // this lane's partial sums; reduced over the quad at the end
 
-    const int n0 = tile * kBlockN;
-    if (n0 + kBlockN > unmasked_end) {  // the tile crosses the causal diagonal of some row
+    int next_item = item;  // found now, so that its global reads are long done when its Q is fetched
+    Work next;
+    const bool have_next = next_work(next_item, next);
+    // One K/V tile: S = Q K^T, then (kWithPv) the previous tile's P V as a second wgmma group, the online softmax of S
+    // while that P V runs, and S re-packed as the A operand of this tile's P V. The first tile of an item has no P V
+    // before it: a separate instantiation, so that no wgmma group is conditional.
+    auto step = [&](int tile, auto with_pv) {
+      constexpr bool kWithPv = decltype(with_pv)::value;
+      const int stage = it % kStages;
+      mbar_wait(full_bar + 8 * stage, uint32_t((it / kStages) & 1));
+      const uint32_t ks = kv_s + stage * 2 * kTileBytes;
+
+      // S: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a 64-column
+      // block).
+      float s[kSAcc];
+      named_sync(kBarTurn0 + wg, kConsumerThreads);
+      wgmma_fence();
 #pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
+      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t col = (kk % 4) * 32;
+        const uint64_t da = sw128_desc(q_wg + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
+        const uint64_t db = sw128_desc(ks + (kk / 4) * (kBlockN * 128) + col, 16, 1024);
+        wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      if constexpr (kWithPv) {
+        issue_pv(kv_s + ((it - 1) % kStages) * 2 * kTileBytes + kTileBytes);
+        wgmma_commit();
+      }
+      if (!(wg == 1 && tile == w.num_tiles - 1 && !have_next))
+        named_arrive(kBarTurn0 + 1 - wg, kConsumerThreads);
+      if constexpr (kWithPv) {
+        wgmma_wait<1>();  // S is ready; P V may still run
+      } else {
+        wgmma_wait<0>();
+      }
+      fence_regs(s);
+      // Q is read for this item: fetch the next item's rows behind the softmax and the last P V.
+      if (tile == w.num_tiles - 1 && have_next) load_q(next);
+
+      const int n0 = tile * kBlockN;
+      if (n0 + kBlockN > w.unmasked_end) {  // the tile crosses the causal diagonal of some row
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = n0 + n * 8 + 2 * t4 + (e & 1);
-          if (key > row_last_key[e / 2]) s[4 * n + e] = -INFINITY;
+        for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int key = n0 + n * 8 + 2 * t4 + (e & 1);
+            if (key > row_last_key[e / 2]) s[4 * n + e] = -INFINITY;
+          }
         }
       }
-    }
 
-    // Online softmax: the new row maximum, the tile exponentiated against it (overlapping the running P V).
-    float alpha[2];
+      // Online softmax: the new row maximum, the tile exponentiated against it.
+      float alpha[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // Four independent partial maxima and sums: with eight warps per SM a serial chain of dependent adds is
-      // latency the schedulers cannot hide.
-      float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+      for (int r = 0; r < 2; ++r) {
+        // Four independent partial maxima and sums: a serial chain of dependent adds is latency the schedulers
+        // cannot hide with two math warps per scheduler.
+        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) part[n % 4] = fmaxf(part[n % 4], fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
-      float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
-      // A row with no visible key yet keeps max -inf; subtracting 0 then keeps every exponent at exp2(-inf) = 0.
-      const float base = new_max == -INFINITY ? 0.f : new_max;
-      alpha[r] = exp2f(row_max[r] - base);
-      row_max[r] = new_max;
-      float sums[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int n = 0; n < kBlockN / 8; ++n)
+          part[n % 4] = fmaxf(part[n % 4], fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
+        float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+        // A row with no visible key yet keeps max -inf; subtracting 0 then keeps every exponent at exp2(-inf) = 0.
+        const float base = new_max == -INFINITY ? 0.f : new_max;
+        alpha[r] = exp2_ftz(row_max[r] - base);
+        row_max[r] = new_max;
+        float sums[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
-        s[4 * n + 2 * r] = exp2f(fmaf(s[4 * n + 2 * r], p.scale_log2, -base));
-        s[4 * n + 2 * r + 1] = exp2f(fmaf(s[4 * n + 2 * r + 1], p.scale_log2, -base));
-        sums[n % 4] += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+        for (int n = 0; n < kBlockN / 8; ++n) {
+          s[4 * n + 2 * r] = exp2_ftz(fmaf(s[4 * n + 2 * r], p.scale_log2, -base));
+          s[4 * n + 2 * r + 1] = exp2_ftz(fmaf(s[4 * n + 2 * r + 1], p.scale_log2, -base));
+          sums[n % 4] += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
+        }
+        row_sum[r] = row_sum[r] * alpha[r] + ((sums[0] + sums[1]) + (sums[2] + sums[3]));
       }
-      row_sum[r] = row_sum[r] * alpha[r] + ((sums[0] + sums[1]) + (sums[2] + sums[3]));
+
+      if constexpr (kWithPv) {
+        // The previous P V is done: its stage goes back to the producer, O and the P registers are free. Rescale O
+        // to the new maximum, unless no row of the warp has a new one (alpha is exactly 1 then: common once the
+        // maxima settle).
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pa);
+        release((it - 1) % kStages);
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+          for (int n = 0; n < kHeadDim / 8; ++n) {
+            o[4 * n + 0] *= alpha[0];
+            o[4 * n + 1] *= alpha[0];
+            o[4 * n + 2] *= alpha[1];
+            o[4 * n + 3] *= alpha[1];
+          }
+        }
+      }
+      // S accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      ++it;
+    };
+    if (w.num_tiles > 0) step(0, std::false_type{});
+    for (int tile = 1; tile < w.num_tiles; ++tile) step(tile, std::true_type{});
+    if (w.num_tiles > 0) {  // the last tile's P V
+      const int last = (it - 1) % kStages;
+      const uint32_t vs = kv_s + last * 2 * kTileBytes + kTileBytes;
+      // Rows of the last tile at or past key_end hold what the cache holds beyond the sequence (whole pages are
+      // copied) or an earlier tile's keys (pages not copied): their probabilities are 0, but 0 x NaN is NaN. Both
+      // warpgroups read every V row, so they zero the rows together and meet before the multiply.
+      const int n_last = (w.num_tiles - 1) * kBlockN;
+      if (w.key_end - n_last < kBlockN) {
+        unsigned char* vz = smem_raw + (vs - raw_addr);
+        const int first = w.key_end - n_last;
+        for (int i = tid; i < (kBlockN - first) * kChunks; i += kConsumerThreads) {
+          const int r = first + i / kChunks, c = i % kChunks;
+          *reinterpret_cast<uint4*>(vz + sw128_offset<kBlockN>(r, c)) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async_shared();
+        named_sync(kBarQ, kConsumerThreads);
+      }
+      wgmma_fence();
+      issue_pv(vs);
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release(last);
+    } else if (have_next) {  // no visible key (seq_lens below the query length): O stays 0
+      load_q(next);
     }
 
-    // The previous P V is done: O and the P registers are free. Rescale O to the new maximum, re-pack P: the S
-    // accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pa);
-#pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      o[4 * n + 0] *= alpha[0];
-      o[4 * n + 1] *= alpha[0];
-      o[4 * n + 2] *= alpha[1];
-      o[4 * n + 3] *= alpha[1];
-    }
-#pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  }
-  if (num_tiles > 0) {  // the last tile's P V
-    wgmma_fence();
-    issue_pv(v_s + ((num_tiles - 1) % kVStages) * kTileBytes);
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(o);
-    fence_regs(pa);
-  }
-
-  // Every copy has landed and every warpgroup is done with Q before the Q tile is reused to stage the output.
-  cp_async_wait<0>();
-  __syncthreads();
-
-  float inv_sum[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
-  }
-  // Stage this warp's 16 normalised rows in its own Q rows, then write 16-byte chunks.
-#pragma unroll
-  for (int n = 0; n < kHeadDim / 8; ++n) {
+    // Normalise and store straight from the accumulators: each quad writes 16 contiguous bytes of a row.
+    float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = warp_row + g + 8 * r;
-      *reinterpret_cast<uint32_t*>(q_ptr + sw128_offset<kBlockM>(row, n) + 4 * t4) =
-          pack2<T>(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
+      float sum = row_sum[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
     }
-  }
-  __syncwarp();
-  T* out = static_cast<T*>(p.out);
 #pragma unroll
-  for (int j = 0; j < 16 * kChunks / 32; ++j) {
-    const int i = lane + j * 32;
-    const int row = warp_row + i / kChunks, c = i % kChunks;
-    const int m = m0 + row;
-    if (m < num_rows) {
-      const int token = q_begin + m / group;
-      const int head = kv_head * group + m % group;
-      *reinterpret_cast<uint4*>(out + token * p.out_stride_token + head * p.out_stride_head + c * 8) =
-          *reinterpret_cast<const uint4*>(q_ptr + sw128_offset<kBlockM>(row, c));
+    for (int r = 0; r < 2; ++r) {
+      const int m = w.m0 + warp_row + g + 8 * r;
+      if (m < w.num_rows) {
+        const int token = w.q_begin + m / p.group_size;
+        const int head = w.kv_head * p.group_size + m % p.group_size;
+        T* dst = out + token * p.out_stride_token + head * p.out_stride_head + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < kHeadDim / 8; ++n)
+          *reinterpret_cast<uint32_t*>(dst + 8 * n) =
+              pack2<T>(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
+      }
     }
+    item = next_item;
+    w = next;
+    have = have_next;
   }
 #else
   __trap();  // not launched: the host picks this kernel only when the binary holds sm_90a code for the device
 #endif
 }
 
-}  // namespace wgmma_path
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled from the driver (no link-time libcuda dependency), or null when the driver has none.
+inline EncodeTiled encode_tiled() {
+  static EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// A tensor map over one cache [num_blocks, block_size, num_kv_heads, head_size] (strides in elements) whose box is
+// one page of one kv head and 64 columns, 128-byte swizzled; false when the layout does not allow one.
+inline bool encode_cache_map(CUtensorMap& map, const void* base, DType dt, int64_t num_blocks, int64_t block_size,
+                             int64_t kv_heads, int64_t head_size, int64_t stride_block, int64_t stride_slot,
+                             int64_t stride_head) {
+  const EncodeTiled fn = encode_tiled();
+  if (!fn) return false;
+  const int64_t es = 2;
+  for (int64_t s : {stride_block, stride_slot, stride_head})
+    if (s * es % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(head_size), cuuint64_t(kv_heads), cuuint64_t(block_size),
+                              cuuint64_t(num_blocks)};
+  const cuuint64_t strides[3] = {cuuint64_t(stride_head * es), cuuint64_t(stride_slot * es),
+                                 cuuint64_t(stride_block * es)};
+  const cuuint32_t box[4] = {64, 1, cuuint32_t(block_size), 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(&map, type, 4, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace hopper_path
 
 template <class T, int kHeadDim>
 void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
-                               Stream stream) {
+                               int64_t num_blocks, Stream stream) {
   int device = 0;
   KBN_CUDA_CHECK(cudaGetDevice(&device));
-  auto launch = [&](auto* kernel, int threads, int block_m, size_t smem) {
-    const int64_t m_tiles = (max_query_len * p.group_size + block_m - 1) / block_m;
-    KBN_CHECK(m_tiles <= 65535, "flash_attn_prefill: max_query_len ", max_query_len, " x ", p.group_size,
-              " query heads per kv head needs ", m_tiles, " query tiles of ", block_m,
-              " rows; at most 65535 supported");
-    (void)kernel_launch_facts(reinterpret_cast<const void*>(kernel), device, threads, smem);  // smem opt-in, once
-    const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
-    kernel<<<grid, threads, smem, stream>>>(p);
-    KBN_CUDA_CHECK_LAUNCH();
-  };
-  auto* hopper = wgmma_path::flash_attn_prefill_wgmma_kernel<T, kHeadDim>;
+  // The Hopper kernel runs when this binary holds sm_90a code for the device (runs_sm90_image) and the caches allow
+  // tensor maps; any other GPU or cache layout runs the mma.sync kernel.
+  auto* hopper = hopper_path::flash_attn_prefill_tma_kernel<T, kHeadDim>;
   if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
-    using namespace wgmma_path;
-    // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom.
-    launch(hopper, kThreads, kBlockM,
-           size_t(kBlockM + (kKStages + kVStages) * kBlockN) * kHeadDim * sizeof(T) + 1024);
-  } else {
-    using namespace mma_path;
-    launch(flash_attn_prefill_mma_kernel<T, kHeadDim>, kThreads, kBlockM,
-           size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T));
+    using namespace hopper_path;
+    const int bs = p.block_size;
+    const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+    CUtensorMap k_map{}, v_map{};
+    if (bs >= 8 && bs % 8 == 0 && kBlockN % bs == 0 &&
+        encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
+                         p.k_stride_slot, p.k_stride_head) &&
+        encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.v_stride_block,
+                         p.v_stride_slot, p.v_stride_head)) {
+      // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 16 per stage: its two mbarriers.
+      const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T) + 1024 + 16 * kStages;
+      const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
+      const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
+      KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
+                " rows (max_query_len ", max_query_len, " x ", p.group_size, " query heads per kv head x ",
+                num_kv_heads, " kv heads x ", num_seqs, " sequences) exceed 2^31 - 1");
+      const KernelLaunchFacts& facts =
+          kernel_launch_facts(reinterpret_cast<const void*>(hopper), device, kThreads, smem);
+      const int64_t resident = int64_t(facts.num_sms) * std::max(facts.blocks_per_sm, 1);
+      const int64_t grid = std::min(num_items, resident);
+      hopper<<<unsigned(grid), kThreads, smem, stream>>>(p, k_map, v_map, int(num_items), int(num_kv_heads),
+                                                          int(num_seqs), int(m_tiles));
+      KBN_CUDA_CHECK_LAUNCH();
+      return;
+    }
   }
+  using namespace mma_path;
+  const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
+  KBN_CHECK(m_tiles <= 65535, "flash_attn_prefill: max_query_len ", max_query_len, " x ", p.group_size,
+            " query heads per kv head needs ", m_tiles, " query tiles of ", kBlockM, " rows; at most 65535 supported");
+  auto* kernel = flash_attn_prefill_mma_kernel<T, kHeadDim>;
+  const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T);
+  (void)kernel_launch_facts(reinterpret_cast<const void*>(kernel), device, kThreads, smem);  // smem opt-in, once
+  const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
+  kernel<<<grid, kThreads, smem, stream>>>(p);
+  KBN_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -730,6 +916,7 @@ Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     dispatch_head_size(head_size_, op, [&](auto d) {
       launch_flash_attn_prefill<decltype(t), decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
+                                                                 key_cache.size(0),
                                                                  current_stream());
     });
   });

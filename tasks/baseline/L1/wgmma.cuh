@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "L1/mbarrier.cuh"  // fence_proxy_async_shared
+
 namespace kbn::KBN_VARIANT {
 namespace {
 
@@ -41,8 +43,6 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// Generic-proxy shared-memory writes (st.shared, cp.async) made visible to the async proxy wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Pins registers in program order against the volatile asm around them: the compiler sees a write of each, so it can
 // neither hoist their reads above a wgmma_wait nor reuse them (A fragments) while a wgmma may still read them.
