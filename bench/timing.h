@@ -15,8 +15,8 @@
 // kernels FAILs a case whose outside time is more than 5 us and 10% of its time ("streams"). Every
 // iteration also records the host wall time from before the start event to after the sync.
 //
-// Modes: cold (default) writes a 256 MiB flush buffer with cudaMemsetAsync before each call (outside the
-// events) and rotates among several input sets that together exceed 3x the L2 size; hot skips both; graph
+// Modes: cold (default) reads a 256 MiB flush buffer before each call (outside the events; l2_flush.h says why it
+// reads rather than writes) and rotates among several input sets that together exceed 3x the L2 size; hot skips both; graph
 // captures 20 calls into a CUDA graph on a non-default stream and reports the graph's time / 20.
 #include <functional>
 #include <string>
