@@ -50,6 +50,7 @@ struct Options {
   int64_t max_model_len = 0;
   double gpu_memory_utilization = 0.9;
   int tp = 1;
+  bool step_profile = false;
   std::string json;
 };
 
@@ -121,6 +122,51 @@ Alignment align(const engine::RunResult& base, const engine::RunResult& cand) {
 
 nlohmann::json dist_json(const engine::Distribution& d) {
   return {{"count", d.count}, {"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}};
+}
+
+nlohmann::json kind_json(const engine::StepKindTotals& k) {
+  return {{"steps", k.steps},         {"tokens", k.tokens},         {"prefill_tokens", k.prefill_tokens},
+          {"wall_s", k.wall_s},       {"schedule_s", k.schedule_s}, {"prepare_s", k.prepare_s},
+          {"forward_s", k.forward_s}, {"logits_s", k.logits_s},     {"sample_and_wait_s", k.sample_s},
+          {"update_s", k.update_s}};
+}
+
+nlohmann::json step_profile_json(const engine::StepProfile& p) {
+  return {{"decode_graph", kind_json(p.decode_graph)},
+          {"decode_eager", kind_json(p.decode_eager)},
+          {"with_prefill", kind_json(p.prefill)},
+          {"all", kind_json(p.total())}};
+}
+
+// Where the run's time went, one line per kind of step (--step-profile).
+void print_step_profile(const VariantRun& r, Device device) {
+  const engine::StepProfile& p = r.result.profile;
+  std::printf("\nwhere the time went [%s] (seconds summed over steps; forward and logits are %s):\n",
+              variant_name(r.variant), device.is_cuda() ? "device spans by CUDA events" : "wall time");
+  std::vector<std::vector<std::string>> cells = {{"steps", "count", "tokens", "prefill tokens", "wall", "schedule",
+                                                  "prepare", "forward", "logits", "sample+wait", "update",
+                                                  "forward tok/s"}};
+  auto line = [&](const char* name, const engine::StepKindTotals& k) {
+    if (k.steps == 0) return;
+    cells.push_back({name, std::to_string(k.steps), std::to_string(k.tokens), std::to_string(k.prefill_tokens),
+                     fmt("%.3f", k.wall_s), fmt("%.3f", k.schedule_s), fmt("%.3f", k.prepare_s),
+                     fmt("%.3f", k.forward_s), fmt("%.3f", k.logits_s), fmt("%.3f", k.sample_s),
+                     fmt("%.3f", k.update_s), k.forward_s > 0 ? fmt("%.0f", double(k.tokens) / k.forward_s) : "-"});
+  };
+  line("decode (graph)", p.decode_graph);
+  line("decode (eager)", p.decode_eager);
+  line("with prefill", p.prefill);
+  line("all", p.total());
+  std::vector<size_t> width(cells[0].size(), 0);
+  for (const auto& c : cells)
+    for (size_t i = 0; i < c.size(); ++i) width[i] = std::max(width[i], c[i].size());
+  for (const auto& c : cells) {
+    std::string out = "  ";
+    for (size_t i = 0; i < c.size(); ++i)
+      out += i == 0 ? c[i] + std::string(width[i] - c[i].size() + 2, ' ')
+                    : std::string(width[i] - c[i].size(), ' ') + c[i] + (i + 1 < c.size() ? "  " : "");
+    std::printf("%s\n", out.c_str());
+  }
 }
 
 nlohmann::json metrics_json(const VariantRun& r) {
@@ -266,6 +312,7 @@ engine::RunResult run_workload(engine::LLMEngine& eng, const std::vector<engine:
     duration += r.end_time - r.start_time;
     all.steps += r.steps;
     all.preemptions += r.preemptions;
+    all.profile.add(r.profile);
     for (auto& out : r.outputs) {
       before.output_tokens += int64_t(out.tokens.size());
       all.outputs.push_back(std::move(out));
@@ -378,6 +425,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.max_model_len = max_model_len;
   ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
   ecfg.mode = mode;
+  ecfg.profile_steps = o.step_profile;
 
   if (o.num_kv_blocks > 0) {
     int64_t largest = 0;  // tokens of the longest request
@@ -483,6 +531,8 @@ void run(const Options& o, bool max_num_seqs_given) {
 
   std::printf("\n");
   print_table(runs);
+  if (o.step_profile)
+    for (const auto& r : runs) print_step_profile(r, device);
   Alignment al;
   if (runs.size() == 2) {
     al = align(runs[0].result, runs[1].result);
@@ -528,7 +578,10 @@ void run(const Options& o, bool max_num_seqs_given) {
                      {"output_tokens", output_tokens},
                      {"prompt_len", {{"min", in_min}, {"max", in_max}, {"mean", double(prompt_tokens) / n}}},
                      {"output_len", {{"min", out_min}, {"max", out_max}, {"mean", double(output_tokens) / n}}}};
-    for (const auto& r : runs) j["results"][variant_name(r.variant)] = metrics_json(r);
+    for (const auto& r : runs) {
+      j["results"][variant_name(r.variant)] = metrics_json(r);
+      if (o.step_profile) j["results"][variant_name(r.variant)]["step_profile"] = step_profile_json(r.result.profile);
+    }
     if (runs.size() == 2) {
       j["alignment"] = {{"requests", al.requests},
                         {"exact_match", al.exact},
@@ -567,6 +620,10 @@ void add_eval_command(CLI::App& app) {
       "--scale", o->scale,
       "Multiply every prompt and output length (default 1; " + fmt("%g", kCpuDefaultScale) + " on CPU; 0 = default)");
   cmd->add_option("--json", o->json, "Write metrics per variant, alignment, config and provenance to this file");
+  cmd->add_flag("--step-profile", o->step_profile,
+                "Record where each step's time goes (host scheduling, input building, sampling; device spans of the "
+                "forward and the logits) and print it by kind of step; a step that samples nothing then waits for "
+                "the device, so throughput runs are best made without it");
   cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)");
   cmd->add_option("--variant", o->variant, "baseline, candidate or both (default: both when a candidate is built)");
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,

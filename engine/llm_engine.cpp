@@ -94,6 +94,7 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
       runners_[size_t(r)]->capture_cuda_graphs(
           cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens), config.max_model_len);
   });
+  runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)
   blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len}, *blocks_);
@@ -107,8 +108,10 @@ void LLMEngine::add_request(const Request& r, double arrival_time) {
 }
 
 std::vector<RequestOutput> LLMEngine::step() {
+  const double t_schedule = now();
   SchedulerOutput out = scheduler_->schedule();
   if (out.empty()) return {};
+  const double schedule_s = now() - t_schedule;
   std::vector<std::vector<int64_t>> per_rank(runners_.size());
   for_each_rank([&](int r) { per_rank[size_t(r)] = runners_[size_t(r)]->execute(out); });
   for (size_t r = 1; r < per_rank.size(); ++r)
@@ -121,6 +124,11 @@ std::vector<RequestOutput> LLMEngine::step() {
   ++steps_;
   std::vector<RequestOutput> outputs;
   for (const auto& s : finished) outputs.push_back(to_output(*s));
+  if (config_.profile_steps) {
+    int64_t prefill_tokens = 0;
+    for (int64_t i = 0; i < out.num_prefills; ++i) prefill_tokens += out.seqs[size_t(i)].num_new_tokens;
+    profile_.record(runners_[0]->last_step_times(), out.num_tokens, prefill_tokens, schedule_s, now() - t);
+  }
   return outputs;
 }
 
@@ -132,6 +140,7 @@ RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,
   std::unordered_map<int64_t, size_t> index;
   for (size_t i = 0; i < requests.size(); ++i) index[requests[i].id] = i;
   const int64_t steps0 = steps_, preemptions0 = num_preemptions();
+  const StepProfile profile0 = profile_;
   res.start_time = now();
   for (const Request& r : requests) add_request(r, res.start_time);
   res.outputs.resize(requests.size());
@@ -156,6 +165,7 @@ RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,
   res.end_time = now();
   res.steps = steps_ - steps0;
   res.preemptions = num_preemptions() - preemptions0;
+  res.profile = profile_.since(profile0);
   return res;
 }
 

@@ -13,6 +13,7 @@
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/step_profile.h"
 #include "engine/tp_group.h"
 
 namespace kbn::engine {
@@ -28,6 +29,9 @@ struct EngineConfig {
   // graph (CUDA only): decode-only steps replay CUDA graphs captured at construction for the batch sizes of
   // cuda_graph_capture_sizes(max_num_seqs, max_num_batched_tokens), after the KV cache is allocated.
   ExecutionMode mode = ExecutionMode::eager;
+  // Record where each step's time goes (step_profile()): host spans and, on CUDA, device spans by events. A step
+  // that samples nothing then waits for the device before the next one is scheduled.
+  bool profile_steps = false;
 };
 
 struct EngineProgress {
@@ -44,6 +48,7 @@ struct RunResult {
   double end_time = 0;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  StepProfile profile;  // the run's steps (EngineConfig::profile_steps; all zero otherwise)
 
   ServingMetrics metrics() const;
 };
@@ -67,6 +72,8 @@ class LLMEngine {
   int tp_size() const { return int(runners_.size()); }
   const Scheduler& scheduler() const { return *scheduler_; }
   int64_t num_steps() const { return steps_; }
+  // Every profiled step so far (EngineConfig::profile_steps).
+  const StepProfile& step_profile() const { return profile_; }
   int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
 
   // Throws naming the request and the problem (empty prompt, token id outside the vocabulary, too long for
@@ -97,6 +104,7 @@ class LLMEngine {
   std::unique_ptr<Scheduler> scheduler_;
   int64_t vocab_size_;
   int64_t steps_ = 0;
+  StepProfile profile_;
 };
 
 }  // namespace kbn::engine

@@ -1,6 +1,7 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 
@@ -15,6 +16,10 @@ namespace kbn::engine {
 namespace {
 
 constexpr int64_t kCpuKvCacheBytes = int64_t(1) << 30;
+
+double host_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 std::string gib(double bytes) {
   char buf[32];
@@ -118,20 +123,69 @@ StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out) const {
   return in;
 }
 
+#ifdef KBN_WITH_CUDA
+struct ModelRunner::StepEvents {
+  cudaEvent_t e[3] = {nullptr, nullptr, nullptr};
+  explicit StepEvents(Device device) {
+    const DeviceGuard guard(device);
+    for (cudaEvent_t& x : e) KBN_CUDA_CHECK(cudaEventCreate(&x));
+  }
+  ~StepEvents() {
+    for (cudaEvent_t x : e)
+      if (x) cudaEventDestroy(x);
+  }
+  StepEvents(const StepEvents&) = delete;
+  StepEvents& operator=(const StepEvents&) = delete;
+};
+#else
+struct ModelRunner::StepEvents {};
+#endif
+
+void ModelRunner::mark(int i) {
+  if (!profiling_) return;
+#ifdef KBN_WITH_CUDA
+  if (device_.is_cuda()) {
+    if (!events_) events_ = std::make_shared<StepEvents>(device_);
+    KBN_CUDA_CHECK(cudaEventRecord(events_->e[i], stream()));
+    return;
+  }
+#endif
+  host_marks_[i] = host_seconds();
+}
+
+double ModelRunner::between(int a, int b) const {
+#ifdef KBN_WITH_CUDA
+  if (device_.is_cuda()) {
+    KBN_CUDA_CHECK(cudaEventSynchronize(events_->e[b]));
+    float ms = 0;
+    KBN_CUDA_CHECK(cudaEventElapsedTime(&ms, events_->e[a], events_->e[b]));
+    return double(ms) * 1e-3;
+  }
+#endif
+  return host_marks_[b] - host_marks_[a];
+}
+
 std::vector<int64_t> ModelRunner::run(const SchedulerOutput& out, std::vector<KVCache>& caches) {
   if (out.empty()) return {};
+  const double t0 = host_seconds();
   StepInputs in = prepare_inputs(out);
+  last_step_times_.prepare_s = host_seconds() - t0;
   Tensor hidden;
+  mark(0);
   {
     ForwardContextGuard guard({&in.metadata, &caches});
     hidden = model_.forward(in.input_ids, in.positions);
   }
+  mark(1);
   return sample(out, hidden, in.logit_rows);
 }
 
 std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tensor& hidden,
                                          const std::vector<int64_t>& rows) {
-  if (rows.empty()) return {};
+  if (rows.empty()) {
+    mark(2);
+    return {};
+  }
   // Gather the sampling rows as runs of consecutive rows (decodes are one run at the end); one run that is a
   // slice needs no copy.
   std::vector<std::pair<int64_t, int64_t>> runs;
@@ -153,6 +207,7 @@ std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tenso
     }
   }
   Tensor logits = model_.compute_logits(last);
+  mark(2);
   std::vector<const SamplingParams*> params;
   std::vector<int64_t> output_index;
   for (const ScheduledSequence& e : out.seqs) {
@@ -166,15 +221,31 @@ std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tenso
 std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
   KBN_CHECK(!kv_caches_.empty(), "model runner: execute() before allocate_kv_cache()");
   const StreamGuard guard(stream());
+  const double t0 = host_seconds();
+  last_step_times_ = StepTimes{};
+  std::vector<int64_t> tokens;
   if (graphs_ && graphs_->can_run(out)) {
     ++num_graph_steps_;
+    last_step_times_.graph = true;
     // Decode-only: sequence i's one token is row i of the graph's output, as in the eager layout.
     std::vector<int64_t> rows;
     for (size_t i = 0; i < out.seqs.size(); ++i)
       if (out.seqs[i].samples) rows.push_back(int64_t(i));
-    return sample(out, graphs_->run(out), rows);
+    mark(0);
+    const Tensor hidden = graphs_->run(out);
+    mark(1);
+    tokens = sample(out, hidden, rows);
+  } else {
+    tokens = run(out, kv_caches_);
   }
-  return run(out, kv_caches_);
+  if (profiling_) {
+    // A step that samples has synchronised with the device already; one that does not (every chunk partial)
+    // waits here for its marks.
+    last_step_times_.forward_s = between(0, 1);
+    last_step_times_.logits_s = between(1, 2);
+  }
+  last_step_times_.execute_s = host_seconds() - t0;
+  return tokens;
 }
 
 void ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {

@@ -11,6 +11,7 @@
 #include "engine/cuda_graph_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/step_profile.h"
 #include "kbn/causal_lm.h"
 
 namespace kbn::engine {
@@ -73,6 +74,11 @@ class ModelRunner {
   std::vector<int64_t> execute(const SchedulerOutput& out);
   // Steps execute() served by a graph replay so far.
   int64_t num_graph_steps() const { return num_graph_steps_; }
+  // Step timing (off by default): when on, every execute() records where its time went in last_step_times(),
+  // device spans by CUDA events on this runner's stream. A step in which no sequence samples then waits for
+  // the device before returning (otherwise the host would schedule the next step while the device works).
+  void set_profiling(bool on) { profiling_ = on; }
+  const StepTimes& last_step_times() const { return last_step_times_; }
 
   // Forward + logits + sampling of a dummy all-prefill step (num_tokens tokens in num_seqs sequences) on
   // temporary caches: the largest step the scheduler can produce. Used for sizing; callable on CPU too.
@@ -84,6 +90,11 @@ class ModelRunner {
   std::vector<int64_t> run(const SchedulerOutput& out, std::vector<KVCache>& caches);
   // Logits of hidden rows `rows` (the sampling sequences' last tokens, in out.seqs order), then sampling.
   std::vector<int64_t> sample(const SchedulerOutput& out, const Tensor& hidden, const std::vector<int64_t>& rows);
+  // Step timing marks: 0 before the forward, 1 after it, 2 after the logits. On CUDA an event recorded on the
+  // runner's stream; on CPU the host clock (the work is synchronous there).
+  void mark(int i);
+  // Seconds between marks a and b; on CUDA after the stream has passed b.
+  double between(int a, int b) const;
 
   CausalLM& model_;
   Device device_;
@@ -97,6 +108,11 @@ class ModelRunner {
   std::vector<KVCache> kv_caches_;
   std::unique_ptr<CudaGraphRunner> graphs_;  // destroyed before the caches whose addresses it holds
   int64_t num_graph_steps_ = 0;
+  bool profiling_ = false;
+  StepTimes last_step_times_;
+  double host_marks_[3] = {0, 0, 0};
+  struct StepEvents;                     // three CUDA events, created on first use (CUDA devices only)
+  std::shared_ptr<StepEvents> events_;  // shared_ptr: the deleter is defined in the .cpp with the CUDA types
 };
 
 }  // namespace kbn::engine

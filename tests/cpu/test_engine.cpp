@@ -529,6 +529,47 @@ TEST(EngineLlama, PreemptedSequencesResumeWithTheSameTokens) {
   EXPECT_EQ(tokens, reference);
 }
 
+TEST(EngineStepProfile, AccountsForEveryStepTokenAndSecond) {
+  auto model = tiny_model();
+  const auto reqs = mixed_requests(6);
+  EngineConfig cfg = small_config();
+  cfg.max_num_batched_tokens = 5;  // partial chunks: steps in which nothing samples, prefills mixed with decodes
+  cfg.profile_steps = true;
+  RunResult r;
+  const auto tokens = run_tokens(*model, cfg, reqs, &r);
+  const StepKindTotals all = r.profile.total();
+  EXPECT_EQ(all.steps, r.steps);
+  EXPECT_EQ(r.profile.decode_graph.steps, 0);  // eager CPU run
+  EXPECT_GT(r.profile.prefill.steps, 0);
+  EXPECT_GT(r.profile.decode_eager.steps, 0);
+  // Every prompt token is computed once (no preemption here), every output token but the last is fed back.
+  int64_t prompt = 0, fed_back = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    prompt += int64_t(reqs[i].prompt.size());
+    fed_back += int64_t(tokens[i].size()) - 1;
+  }
+  EXPECT_EQ(r.preemptions, 0);
+  EXPECT_EQ(all.tokens, prompt + fed_back);
+  EXPECT_EQ(r.profile.decode_eager.prefill_tokens, 0);
+  EXPECT_LE(all.prefill_tokens, prompt);  // a chunk of one prompt token is scheduled like a decode
+  EXPECT_GT(all.prefill_tokens, 0);
+  for (const StepKindTotals& k : {r.profile.prefill, r.profile.decode_eager}) {
+    for (double v : {k.schedule_s, k.update_s, k.prepare_s, k.forward_s, k.logits_s, k.sample_s}) EXPECT_GE(v, 0.0);
+    EXPECT_GT(k.forward_s, 0.0);
+    EXPECT_NEAR(k.wall_s, k.schedule_s + k.prepare_s + k.forward_s + k.logits_s + k.sample_s + k.update_s,
+                1e-6 + 1e-3 * k.wall_s);
+  }
+  EXPECT_LE(all.wall_s, r.end_time - r.start_time + 1e-6);  // the steps are inside the run
+
+  // Off by default: nothing recorded, same tokens.
+  RunResult plain;
+  EngineConfig off = cfg;
+  off.profile_steps = false;
+  EXPECT_EQ(run_tokens(*model, off, reqs, &plain), tokens);
+  EXPECT_EQ(plain.profile.total().steps, 0);
+  EXPECT_EQ(plain.profile.total().wall_s, 0.0);
+}
+
 TEST(EngineLlama, SeededSamplingIsDeterministicAndTopKOneIsGreedy) {
   auto model = tiny_model();
   auto reqs = mixed_requests(10);
