@@ -173,9 +173,10 @@ static std::string cheat() {
 }
 
 #ifdef KBN_WITH_CUDA
-// The honest GPU kernel: the baseline reads each row twice (once for the sum of squares, once to scale);
-// this one keeps the row in registers between the two passes (kVecs 16-byte vectors per thread), so x is
-// read from memory once. One block of kThreads per row.
+// The honest GPU kernel keeps the row in registers between the two passes (kVecs 16-byte vectors per thread), so
+// x is read from memory once. One block of kThreads per row. It was 1.10x the baseline at 4k tokens on the H200
+// when the baseline read each row twice; the baseline has held its row in registers too since d36d614, so the two
+// now time alike: this candidate is the corpus's correct control (it must PASS), not a speedup.
 template <class T, int kVecs, int kThreads>
 __global__ void __launch_bounds__(kThreads) rms_norm_regs_kernel(RmsNormParams p) {
   using V = Vec16<T>;
