@@ -344,7 +344,9 @@ constexpr int kStages = 3;
 
 // Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kBarQ = 1, kBarWarpGroup0 = 2, kBarTurn0 = 4;  // named barriers (0 is __syncthreads)
+// Named barriers (0 is __syncthreads): both consumer warpgroups after zeroing V rows; each warpgroup's Q landed
+// (2 + wg); each warpgroup's turn to issue wgmma (4 + wg).
+constexpr int kBarVZeroed = 1, kBarWarpGroup0 = 2, kBarTurn0 = 4;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 24 + 2 x 240 = 3 x 168
 
 // One box of the 4-D tensor map (head_size, kv_heads, block_size, num_blocks) at coordinates (c0, c1, c2, c3).
@@ -433,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full_bar + 8 * st, 1);  // the producer's arrive.expect_tx; the TMA copies complete the bytes
       mbar_init(empty_bar + 8 * st, kConsumerThreads / 32);  // lane 0 of every consumer warp, once it is done
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_fence_init();
   }
   __syncthreads();
 
@@ -680,7 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint4*>(vz + sw128_offset<kBlockN>(r, c)) = make_uint4(0, 0, 0, 0);
         }
         fence_proxy_async_shared();
-        named_sync(kBarQ, kConsumerThreads);
+        named_sync(kBarVZeroed, kConsumerThreads);
       }
       wgmma_fence();
       issue_pv(vs);
