@@ -10,6 +10,7 @@
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
 #   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
 #              $EVAL_MODES (default eager graph)
+#   step-profile  kb_nano eval --step-profile in graph mode on $EVAL_WORKLOADS (default balanced)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
 #   tp         NCCL tests, Llama-3.1-8B generate and eval latency-b1 at --tp 1 and 2 (run on nvidia-h200-x2)
 #   modes      kb_nano kernels in hot and graph timing modes (rms_norm, silu_and_mul, linear, decode attention)
@@ -19,13 +20,21 @@
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
 #   profile-decode  kb_nano profile for paged decode attention at batch 64 x 4k
 # Everything lands in $OUT/session/ and is packed into $OUT/session.tar.gz (the device returns at most 8
-# files), with a log per part and the exit status of every command in $OUT/session/status.txt.
+# files), with a log per part, the exit status of every command in $OUT/session/status.txt and the GPU's clock
+# and power over the whole run in $OUT/session/smi_<pid>.csv.
 set -uo pipefail
 out=${OUT:-out}/session
 mkdir -p "$out"
 export KBN_FIXTURE_DIR=$PWD/tests/fixtures KBN_MODELS_DIR=$PWD/models
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >"$out/gpu.txt"
+# The SM clock, power and throttle reasons every 200 ms for the whole session (smi_<pid>.csv): this H200 runs under
+# a software power cap that lowers the clock under sustained tensor-core load (bench/results/h200/
+# tune_flash_attn_prefill_tma.md), so a slow row can be told from a slow kernel. Stopped when the script exits.
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv \
+  -lms 200 >"$out/smi_$$.csv" 2>/dev/null &
+smi_pid=$!
+trap 'kill "$smi_pid" 2>/dev/null' EXIT
 git rev-parse --short=12 HEAD >"$out/commit.txt" 2>/dev/null || true
 
 step() {  # name, seconds, command...: runs it under a time limit, logs it, records the status; never stops the session
@@ -61,6 +70,12 @@ for part in "$@"; do
     honest)
       step honest_rms_norm 150 env KBN_CHEAT=honest build-cheats/kb_nano kernels --target rms_norm \
         --json "$out/honest_rms_norm.json" --markdown "$out/honest_rms_norm.md"
+      ;;
+    step-profile)  # where each step's time goes (kb_nano eval --step-profile) on $EVAL_WORKLOADS (default balanced), graph mode
+      for w in ${EVAL_WORKLOADS:-balanced}; do
+        step "step_profile_$w" 300 build/kb_nano eval --workload "$w" --mode graph --variant baseline \
+          --max-model-len 4096 --step-profile --json "$out/eval_${w}_graph_step_profile.json"
+      done
       ;;
     eval)
       for mode in ${EVAL_MODES:-eager graph}; do
@@ -126,7 +141,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval peer torch tune modes tp profile profile-decode smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval step-profile peer torch tune modes tp profile profile-decode smoke-eval)" >&2
       exit 2
       ;;
   esac
