@@ -48,6 +48,38 @@ struct DecodeParams {
   float scale_log2;    // softmax scale * log2(e): scores live in the exp2 domain
 };
 
+// The query heads and keys one block of either split kernel owns.
+struct DecodeBlock {
+  int kv_head;
+  int head_begin;  // first query head of the block
+  int num_rows;    // query heads of the block (<= kRows)
+  int key_begin, key_end;  // the partition's keys, [key_begin, key_end)
+};
+
+// Block `head_block` of the grid's head axis (kv head, then chunks of kRows query heads), partition `split` of
+// sequence `seq`: fills `b` and returns true, or returns false for a block past its sequence's keys, after
+// writing the zero output of a sequence with no keys at all (the reduce does the same when the work is split).
+template <class T, int kHeadDim, int kRows, int kThreads>
+__device__ __forceinline__ bool decode_block(const DecodeParams& p, unsigned head_block, int split, int seq,
+                                             DecodeBlock& b) {
+  b.kv_head = head_block / p.head_chunks;
+  const int row_begin = (head_block % p.head_chunks) * kRows;  // first query head of the group in this block
+  b.head_begin = b.kv_head * p.group_size + row_begin;
+  b.num_rows = min(kRows, p.group_size - row_begin);
+  const int seq_len = p.seq_lens[seq];
+  b.key_begin = split * p.partition_keys;
+  if (b.key_begin >= seq_len) {
+    if (seq_len <= 0 && split == 0 && p.num_splits == 1) {
+      T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq;
+      for (int i = threadIdx.x; i < b.num_rows * kHeadDim; i += kThreads)
+        out[(b.head_begin + i / kHeadDim) * p.out_stride_head + i % kHeadDim] = from_f32<T>(0.f);
+    }
+    return false;
+  }
+  b.key_end = min(b.key_begin + p.partition_keys, seq_len);
+  return true;
+}
+
 // Both split kernels write the same partial_out / partial_max_sum layouts and share the reduce kernel below.
 constexpr int kMaxSplits = 64;
 constexpr int kReduceThreads = 128;
@@ -119,24 +151,11 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
 
   const int split = blockIdx.x;
   const int seq = blockIdx.z;
-  const int kv_head = blockIdx.y / p.head_chunks;
-  const int row_begin = (blockIdx.y % p.head_chunks) * kRows;  // first query head of the group in this block
-  const int head_begin = kv_head * p.group_size + row_begin;
-  const int num_rows = min(kRows, p.group_size - row_begin);
-  const int seq_len = p.seq_lens[seq];
-  const int key_begin = split * p.partition_keys;
   const int tid = threadIdx.x;
-
-  if (key_begin >= seq_len) {
-    // Past the sequence's keys. A sequence with no keys at all gets zeros (the reduce does the same when split).
-    if (seq_len <= 0 && split == 0 && p.num_splits == 1) {
-      T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq;
-      for (int i = tid; i < num_rows * kHeadDim; i += kThreads)
-        out[(head_begin + i / kHeadDim) * p.out_stride_head + i % kHeadDim] = from_f32<T>(0.f);
-    }
-    return;
-  }
-  const int key_end = min(key_begin + p.partition_keys, seq_len);
+  DecodeBlock blk;
+  if (!decode_block<T, kHeadDim, kRows, kThreads>(p, blockIdx.y, split, seq, blk)) return;
+  const int kv_head = blk.kv_head, head_begin = blk.head_begin, num_rows = blk.num_rows;
+  const int key_begin = blk.key_begin, key_end = blk.key_end;
   const int num_tiles = ceil_div(key_end - key_begin, kTileKeys);
 
   const int warp = tid / 32;
@@ -487,26 +506,13 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   __shared__ __align__(8) uint64_t bars[kWarps * kStages];
   __shared__ float warp_max_sum[kWarps][kRows][2];
 
-  const int kv_head = blockIdx.x / p.head_chunks;
-  const int row_begin = (blockIdx.x % p.head_chunks) * kRows;  // first query head of the group in this block
   const int split = blockIdx.y;
   const int seq = blockIdx.z;
-  const int head_begin = kv_head * p.group_size + row_begin;
-  const int num_rows = min(kRows, p.group_size - row_begin);
-  const int seq_len = p.seq_lens[seq];
-  const int key_begin = split * p.partition_keys;
   const int tid = threadIdx.x;
-
-  if (key_begin >= seq_len) {
-    // Past the sequence's keys. A sequence with no keys at all gets zeros (the reduce does the same when split).
-    if (seq_len <= 0 && split == 0 && p.num_splits == 1) {
-      T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq;
-      for (int i = tid; i < num_rows * kHeadDim; i += kThreads)
-        out[(head_begin + i / kHeadDim) * p.out_stride_head + i % kHeadDim] = from_f32<T>(0.f);
-    }
-    return;
-  }
-  const int key_end = min(key_begin + p.partition_keys, seq_len);
+  DecodeBlock blk;
+  if (!decode_block<T, kHeadDim, kRows, kThreads>(p, blockIdx.x, split, seq, blk)) return;
+  const int kv_head = blk.kv_head, head_begin = blk.head_begin, num_rows = blk.num_rows;
+  const int key_begin = blk.key_begin, key_end = blk.key_end;
   const int num_tiles = ceil_div(key_end - key_begin, kWarpKeys);
 
   const int warp = tid / 32;
