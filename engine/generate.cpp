@@ -1,7 +1,8 @@
 #include "engine/generate.h"
 
 #include <algorithm>
-#include <chrono>
+
+#include "engine/clock.h"
 
 namespace kbn::engine {
 
@@ -18,10 +19,6 @@ std::vector<KVCache> allocate_kv_caches(const KVCacheSpec& spec, int64_t num_blo
 }
 
 namespace {
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 Tensor to_device_i64(const std::vector<int64_t>& v, Device d) { return Tensor::from_i64(v, {int64_t(v.size())}).to(d); }
 Tensor to_device_i32(const std::vector<int32_t>& v, const Shape& s, Device d) { return Tensor::from_i32(v, s).to(d); }
@@ -66,7 +63,7 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
   std::vector<int64_t> lens(static_cast<size_t>(nseq));
 
   // ---- prefill: every prompt in one step ----
-  double t0 = now_seconds();
+  double t0 = steady_seconds();
   {
     std::vector<int64_t> ids, pos, slots, all(static_cast<size_t>(nseq));
     std::vector<int32_t> qsl{0}, seq_lens;
@@ -107,7 +104,7 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     for (int64_t i = 0; i < nseq; ++i) res.tokens[size_t(i)].push_back(next[size_t(i)]);
   }
   synchronize(device);
-  double t1 = now_seconds();
+  double t1 = steady_seconds();
   res.prefill_seconds = t1 - t0;
 
   // ---- decode: one token per running sequence per step ----
@@ -148,7 +145,7 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     res.decode_steps++;
   }
   synchronize(device);
-  res.decode_seconds = now_seconds() - t1;
+  res.decode_seconds = steady_seconds() - t1;
   return res;
 }
 

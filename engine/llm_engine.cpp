@@ -1,7 +1,8 @@
 #include "engine/llm_engine.h"
 
-#include <chrono>
 #include <unordered_map>
+
+#include "engine/clock.h"
 
 namespace kbn::engine {
 
@@ -26,9 +27,7 @@ ServingMetrics RunResult::metrics() const {
   return compute_metrics(outputs, end_time - start_time, steps, preemptions);
 }
 
-double LLMEngine::now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double LLMEngine::now() { return steady_seconds(); }
 
 LLMEngine::LLMEngine(CausalLM& model, Variant variant, Device device, const EngineConfig& config)
     : config_(config), vocab_size_(model.vocab_size()) {

@@ -1,10 +1,10 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 
+#include "engine/clock.h"
 #include "engine/generate.h"
 #include "kbn/allocator.h"
 #ifdef KBN_WITH_CUDA
@@ -16,10 +16,6 @@ namespace kbn::engine {
 namespace {
 
 constexpr int64_t kCpuKvCacheBytes = int64_t(1) << 30;
-
-double host_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 std::string gib(double bytes) {
   char buf[32];
@@ -150,7 +146,7 @@ void ModelRunner::mark(int i) {
     return;
   }
 #endif
-  host_marks_[i] = host_seconds();
+  host_marks_[i] = steady_seconds();
 }
 
 double ModelRunner::between(int a, int b) const {
@@ -167,9 +163,9 @@ double ModelRunner::between(int a, int b) const {
 
 std::vector<int64_t> ModelRunner::run(const SchedulerOutput& out, std::vector<KVCache>& caches) {
   if (out.empty()) return {};
-  const double t0 = host_seconds();
+  const double t0 = steady_seconds();
   StepInputs in = prepare_inputs(out);
-  last_step_times_.prepare_s = host_seconds() - t0;
+  last_step_times_.prepare_s = steady_seconds() - t0;
   Tensor hidden;
   mark(0);
   {
@@ -221,7 +217,7 @@ std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tenso
 std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
   KBN_CHECK(!kv_caches_.empty(), "model runner: execute() before allocate_kv_cache()");
   const StreamGuard guard(stream());
-  const double t0 = host_seconds();
+  const double t0 = steady_seconds();
   last_step_times_ = StepTimes{};
   std::vector<int64_t> tokens;
   if (graphs_ && graphs_->can_run(out)) {
@@ -244,7 +240,7 @@ std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
     last_step_times_.forward_s = between(0, 1);
     last_step_times_.logits_s = between(1, 2);
   }
-  last_step_times_.execute_s = host_seconds() - t0;
+  last_step_times_.execute_s = steady_seconds() - t0;
   return tokens;
 }
 

@@ -2,30 +2,17 @@
 
 namespace kbn::engine {
 
-void StepKindTotals::add(const StepKindTotals& o) {
-  steps += o.steps;
-  tokens += o.tokens;
-  prefill_tokens += o.prefill_tokens;
-  wall_s += o.wall_s;
-  schedule_s += o.schedule_s;
-  update_s += o.update_s;
-  prepare_s += o.prepare_s;
-  forward_s += o.forward_s;
-  logits_s += o.logits_s;
-  sample_s += o.sample_s;
-}
-
-void StepKindTotals::subtract(const StepKindTotals& o) {
-  steps -= o.steps;
-  tokens -= o.tokens;
-  prefill_tokens -= o.prefill_tokens;
-  wall_s -= o.wall_s;
-  schedule_s -= o.schedule_s;
-  update_s -= o.update_s;
-  prepare_s -= o.prepare_s;
-  forward_s -= o.forward_s;
-  logits_s -= o.logits_s;
-  sample_s -= o.sample_s;
+void StepKindTotals::add(const StepKindTotals& o, int sign) {
+  steps += sign * o.steps;
+  tokens += sign * o.tokens;
+  prefill_tokens += sign * o.prefill_tokens;
+  wall_s += sign * o.wall_s;
+  schedule_s += sign * o.schedule_s;
+  update_s += sign * o.update_s;
+  prepare_s += sign * o.prepare_s;
+  forward_s += sign * o.forward_s;
+  logits_s += sign * o.logits_s;
+  sample_s += sign * o.sample_s;
 }
 
 StepKindTotals StepProfile::total() const {
@@ -53,9 +40,9 @@ void StepProfile::record(const StepTimes& times, int64_t tokens, int64_t prefill
 
 StepProfile StepProfile::since(const StepProfile& earlier) const {
   StepProfile d = *this;
-  d.decode_graph.subtract(earlier.decode_graph);
-  d.decode_eager.subtract(earlier.decode_eager);
-  d.prefill.subtract(earlier.prefill);
+  d.decode_graph.add(earlier.decode_graph, -1);
+  d.decode_eager.add(earlier.decode_eager, -1);
+  d.prefill.add(earlier.prefill, -1);
   return d;
 }
 

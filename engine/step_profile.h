@@ -28,8 +28,7 @@ struct StepKindTotals {
   // for the host to launch work.
   double sample_s = 0;
 
-  void add(const StepKindTotals& o);
-  void subtract(const StepKindTotals& o);
+  void add(const StepKindTotals& o, int sign = 1);  // sign -1: subtract
 };
 
 struct StepProfile {
