@@ -376,12 +376,12 @@ TEST(LinearGpu, MatchesOracle) {
   const Case cases[] = {{1, 4096, 4096, false, 0},    {37, 769, 5125, false, 0},   {37, 769, 5125, true, 0},
                         {512, 4096, 14336, false, 0}, {7, 4096, 6144, true, 0},    {64, 1024, 1000, false, 64},
                         {33, 768, 512, true, 3},      {4100, 1024, 512, false, 0}, {1, 8, 3, true, 0},
-                        // up to 8 tokens take the GEMV: every token count, a row tail (k not a multiple of 256
-                        // elements), padded x rows, the 8B down projection's k, and rows 16-byte vectors
-                        // cannot walk (k or the row stride odd), which stay on cuBLASLt
-                        {2, 776, 300, true, 8},       {3, 4096, 1024, false, 0},   {4, 14336, 512, false, 0},
-                        {5, 1000, 777, true, 0},      {6, 264, 129, false, 16},    {8, 4096, 2048, true, 0},
-                        {8, 770, 64, false, 0},       {2, 768, 64, true, 1}};
+                        // one token takes the GEMV: the 8B down projection's k, a row tail (k not a multiple of
+                        // 256 elements), an odd n; rows 16-byte vectors cannot walk (k = 770) stay on cuBLASLt,
+                        // as do 2..8 tokens
+                        {1, 14336, 4096, false, 0},   {1, 776, 300, true, 0},      {1, 1000, 777, true, 0},
+                        {1, 770, 64, false, 0},       {2, 776, 300, true, 8},      {4, 14336, 512, false, 0},
+                        {8, 4096, 2048, true, 0},     {2, 768, 64, true, 1}};
   uint64_t seed = 500;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {

@@ -7,7 +7,6 @@
 #ifdef KBN_WITH_CUDA
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -60,18 +59,19 @@ uint32_t alignment_of(const void* p) {
   return align;
 }
 
-// ---- kernel layer: GEMV for decode batches (M <= 8) ----
+// ---- kernel layer: GEMV for one token ----
 //
-// At a handful of tokens a linear is a read of its weight; cuBLASLt reaches only 53-70% of the copy rate on the
-// 4096-wide projections there (kernels_modes_graph.md). One warp per weight row (= output column): every lane
-// streams 16-byte vectors of the row (kGemvUnroll loads in flight before any math), multiplies them with the same
-// vectors of each token's x (L1-resident, shared by the SM's warps) and the warp sums its lanes. fp32 accumulation.
-constexpr int kGemvMaxTokens = 8;
+// A one-token linear (batch-1 decode) is a read of its weight. cuBLASLt's kernels read the 8B model's 4096-wide
+// weights at only 50-80% of the copy rate there, even the fastest of the heuristic's first 16 algorithms
+// (bench/results/h200/tune_linear_gemv.md). One warp per weight row (= output element): every lane streams 16-byte
+// vectors of the row, kGemvLoadsInFlight of them before any math, multiplies them with the same vectors of x
+// (L1-resident, shared by the SM's warps) and the warp sums its lanes; fp32 accumulation. From two tokens on,
+// cuBLASLt's tensor-core kernels are as fast or faster on most shapes, and it takes over.
 constexpr int kGemvWarps = 4;
-constexpr int kGemvUnroll = 8;
+constexpr int kGemvLoadsInFlight = 8;
 
 // 16 bytes of the weight. Read once: not allocated in L1, which holds x for every warp of the SM.
-__device__ __forceinline__ uint4 load_weight(const void* p) {
+__device__ __forceinline__ uint4 load_weight(const uint4* p) {
   uint4 r;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
       : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
@@ -79,20 +79,7 @@ __device__ __forceinline__ uint4 load_weight(const void* p) {
   return r;
 }
 
-// The two 16-bit values of a 32-bit word as floats (low, high); for f32 the word is one float.
-template <class T>
-__device__ __forceinline__ float2 unpack2(uint32_t u) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
-  } else {
-    static_assert(std::is_same_v<T, __half>);
-    __half2 h;
-    __builtin_memcpy(&h, &u, sizeof(u));
-    return __half22float2(h);
-  }
-}
-
-// acc + <a, b> over the 16 bytes of T in a and b.
+// acc + <a, b> over the 16 bytes of T in each of a and b (8 elements of a 16-bit type, 4 of f32).
 template <class T>
 __device__ __forceinline__ float dot16(uint4 a, uint4 b, float acc) {
   const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
@@ -100,8 +87,15 @@ __device__ __forceinline__ float dot16(uint4 a, uint4 b, float acc) {
   for (int j = 0; j < 4; ++j) {
     if constexpr (std::is_same_v<T, float>) {
       acc = fmaf(__uint_as_float(wa[j]), __uint_as_float(wb[j]), acc);
+    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      acc = fmaf(__uint_as_float(wa[j] << 16), __uint_as_float(wb[j] << 16), acc);
+      acc = fmaf(__uint_as_float(wa[j] & 0xffff0000u), __uint_as_float(wb[j] & 0xffff0000u), acc);
     } else {
-      const float2 fa = unpack2<T>(wa[j]), fb = unpack2<T>(wb[j]);
+      static_assert(std::is_same_v<T, __half>);
+      __half2 ha, hb;
+      __builtin_memcpy(&ha, &wa[j], sizeof(ha));
+      __builtin_memcpy(&hb, &wb[j], sizeof(hb));
+      const float2 fa = __half22float2(ha), fb = __half22float2(hb);
       acc = fmaf(fa.x, fb.x, acc);
       acc = fmaf(fa.y, fb.y, acc);
     }
@@ -109,62 +103,44 @@ __device__ __forceinline__ float dot16(uint4 a, uint4 b, float acc) {
   return acc;
 }
 
-// acc[m] += <weight vector, the same vector of token m's x> for the vector at index i of the row.
-template <class T, int M>
-__device__ __forceinline__ void accumulate(float (&acc)[M], uint4 wv, const T* __restrict__ x, int64_t lda, int i) {
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-    acc[m] = dot16<T>(wv, __ldg(reinterpret_cast<const uint4*>(x + m * lda) + i), acc[m]);
-}
-
-template <class T, int M>
+// out[row] = <weight[row], x> (+ bias[row]) for the warp's row; k is a multiple of the 16-byte vector.
+template <class T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(T* __restrict__ out, const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                int n, int k, int64_t lda) {
-  constexpr int V = Vec16<T>::N;
+                int n, int k) {
   const int lane = int(threadIdx.x % 32);
   const int row = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
   if (row >= n) return;
   const uint4* w = reinterpret_cast<const uint4*>(weight + int64_t(row) * k);
-  const int kv = k / V;  // vectors per row
-  float acc[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  const int kv = k / int(16 / sizeof(T));  // vectors per row
+  float acc = 0.f;
   int i = lane;
-  for (; i + 32 * (kGemvUnroll - 1) < kv; i += 32 * kGemvUnroll) {
-    uint4 wv[kGemvUnroll];
+  for (; i + 32 * (kGemvLoadsInFlight - 1) < kv; i += 32 * kGemvLoadsInFlight) {
+    uint4 wv[kGemvLoadsInFlight];
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) wv[u] = load_weight(w + i + 32 * u);
+    for (int u = 0; u < kGemvLoadsInFlight; ++u) wv[u] = load_weight(w + i + 32 * u);
 #pragma unroll
-    for (int u = 0; u < kGemvUnroll; ++u) accumulate<T, M>(acc, wv[u], x, lda, i + 32 * u);
+    for (int u = 0; u < kGemvLoadsInFlight; ++u) acc = dot16<T>(wv[u], __ldg(xv + i + 32 * u), acc);
   }
-  for (; i < kv; i += 32) accumulate<T, M>(acc, load_weight(w + i), x, lda, i);
+  for (; i < kv; i += 32) acc = dot16<T>(load_weight(w + i), __ldg(xv + i), acc);
 #pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
-  const float b = bias != nullptr ? to_f32(bias[row]) : 0.f;
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-    if (lane == m) out[int64_t(m) * n + row] = from_f32<T>(acc[m] + b);
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) out[row] = from_f32<T>(acc + (bias != nullptr ? to_f32(bias[row]) : 0.f));
 }
 
-template <class T, int M>
-void launch_gemv_m(T* out, const T* x, const T* weight, const T* bias, int64_t m, int64_t n, int64_t k, int64_t lda,
-                   Stream stream) {
-  if constexpr (M < kGemvMaxTokens) {
-    if (m > M) return launch_gemv_m<T, M + 1>(out, x, weight, bias, m, n, k, lda, stream);
-  }
+template <class T>
+void launch_gemv(T* out, const T* x, const T* weight, const T* bias, int64_t n, int64_t k, Stream stream) {
   const auto grid = unsigned((n + kGemvWarps - 1) / kGemvWarps);
-  gemv_kernel<T, M><<<grid, kGemvWarps * 32, 0, stream>>>(out, x, weight, bias, int(n), int(k), lda);
+  gemv_kernel<T><<<grid, kGemvWarps * 32, 0, stream>>>(out, x, weight, bias, int(n), int(k));
   KBN_CUDA_CHECK_LAUNCH();
 }
 
-// Whether the GEMV takes this call: few tokens, and rows of x and weight that 16-byte vectors can walk.
-bool gemv_applies(const void* x, const void* weight, int64_t m, int64_t n, int64_t k, int64_t lda, DType dtype) {
+// Whether the GEMV takes this call: one token, and x and weight rows that 16-byte vectors can walk.
+bool gemv_applies(const void* x, const void* weight, int64_t m, int64_t n, int64_t k, DType dtype) {
   const int64_t v = 16 / int64_t(dtype_size(dtype));
-  return m <= kGemvMaxTokens && k % v == 0 && lda % v == 0 && alignment_of(x) >= 16 && alignment_of(weight) >= 16 &&
-         n <= INT32_MAX && k <= INT32_MAX;
+  return m == 1 && k % v == 0 && alignment_of(x) >= 16 && alignment_of(weight) >= 16 && n <= INT32_MAX &&
+         k <= INT32_MAX;
 }
 
 struct PlanKey {
@@ -346,13 +322,12 @@ Tensor Linear::forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   // A single row has no meaningful row stride; give cuBLAS the tightest legal one.
   const GemmShape shape{
       .m = m, .n = n, .k = k, .lda = m == 1 ? k : x.stride(0), .dtype = x.dtype(), .has_bias = bias.defined()};
-  if (gemv_applies(x.data_ptr(), weight.data_ptr(), m, n, k, shape.lda, x.dtype())) {
+  if (gemv_applies(x.data_ptr(), weight.data_ptr(), m, n, k, x.dtype())) {
     dispatch_float16_32(x.dtype(), op, "x", [&](auto t) {
       using T = decltype(t);
-      launch_gemv_m<T, 1>(static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),
-                          static_cast<const T*>(weight.data_ptr()),
-                          bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, m, n, k, shape.lda,
-                          current_stream());
+      launch_gemv<T>(static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),
+                     static_cast<const T*>(weight.data_ptr()),
+                     bias.defined() ? static_cast<const T*>(bias.data_ptr()) : nullptr, n, k, current_stream());
     });
     return out;
   }
