@@ -51,6 +51,7 @@ struct Options {
   double gpu_memory_utilization = 0.9;
   int tp = 1;
   bool step_profile = false;
+  bool no_prefix_caching = false;
   std::string json;
 };
 
@@ -184,6 +185,7 @@ nlohmann::json metrics_json(const VariantRun& r) {
           {"e2e_latency_s", dist_json(m.e2e_s)},
           {"steps", m.steps},
           {"preemptions", m.preemptions},
+          {"prefix_cache_hit_tokens", m.cached_tokens},
           {"num_kv_blocks", r.sizing.num_blocks},
           {"kv_cache_sizing", r.sizing.explanation},
           {"cuda_graphs",
@@ -228,6 +230,7 @@ void print_table(const std::vector<VariantRun>& runs) {
        nullptr},
       {"steps", [](const auto& m) { return std::to_string(m.steps); }, nullptr},
       {"preemptions", [](const auto& m) { return std::to_string(m.preemptions); }, nullptr},
+      {"prefix-cache hit tokens", [](const auto& m) { return std::to_string(m.cached_tokens); }, nullptr},
   };
   // Cells first, so that every column is as wide as its widest cell.
   std::vector<std::vector<std::string>> cells = {{""}};
@@ -312,6 +315,7 @@ engine::RunResult run_workload(engine::LLMEngine& eng, const std::vector<engine:
     duration += r.end_time - r.start_time;
     all.steps += r.steps;
     all.preemptions += r.preemptions;
+    all.cached_tokens += r.cached_tokens;
     all.profile.add(r.profile);
     for (auto& out : r.outputs) {
       before.output_tokens += int64_t(out.tokens.size());
@@ -426,6 +430,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
   ecfg.mode = mode;
   ecfg.profile_steps = o.step_profile;
+  ecfg.enable_prefix_caching = !o.no_prefix_caching;
 
   if (o.num_kv_blocks > 0) {
     int64_t largest = 0;  // tokens of the longest request
@@ -567,6 +572,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                    {"scale", wo.scale},
                    {"clipped_requests", workload.clipped},
                    {"block_size", ecfg.block_size},
+                   {"prefix_caching", ecfg.enable_prefix_caching},
                    {"num_kv_blocks_requested", o.num_kv_blocks},
                    {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
                    {"max_num_seqs", ecfg.max_num_seqs},
@@ -624,6 +630,9 @@ void add_eval_command(CLI::App& app) {
                 "Record where each step's time goes (host scheduling, input building, sampling; device spans of the "
                 "forward and the logits) and print it by kind of step; a step that samples nothing then waits for "
                 "the device, so throughput runs are best made without it");
+  cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
+                "Turn automatic prefix caching off (on by default, as in vLLM V1): every admitted request, and every "
+                "preempted one coming back, computes all of its tokens");
   cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)");
   cmd->add_option("--variant", o->variant, "baseline, candidate or both (default: both when a candidate is built)");
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,

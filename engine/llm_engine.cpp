@@ -24,7 +24,9 @@ RequestOutput to_output(const Sequence& s) {
 }  // namespace
 
 ServingMetrics RunResult::metrics() const {
-  return compute_metrics(outputs, end_time - start_time, steps, preemptions);
+  ServingMetrics m = compute_metrics(outputs, end_time - start_time, steps, preemptions);
+  m.cached_tokens = cached_tokens;
+  return m;
 }
 
 double LLMEngine::now() { return steady_seconds(); }
@@ -94,7 +96,7 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
           cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens), config.max_model_len);
   });
   runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)
-  blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size);
+  blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len}, *blocks_);
 }
@@ -138,7 +140,7 @@ RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,
   RunResult res;
   std::unordered_map<int64_t, size_t> index;
   for (size_t i = 0; i < requests.size(); ++i) index[requests[i].id] = i;
-  const int64_t steps0 = steps_, preemptions0 = num_preemptions();
+  const int64_t steps0 = steps_, preemptions0 = num_preemptions(), cached0 = num_cached_tokens();
   const StepProfile profile0 = profile_;
   res.start_time = now();
   for (const Request& r : requests) add_request(r, res.start_time);
@@ -164,6 +166,7 @@ RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,
   res.end_time = now();
   res.steps = steps_ - steps0;
   res.preemptions = num_preemptions() - preemptions0;
+  res.cached_tokens = num_cached_tokens() - cached0;
   res.profile = profile_.since(profile0);
   return res;
 }

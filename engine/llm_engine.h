@@ -29,6 +29,9 @@ struct EngineConfig {
   // graph (CUDA only): decode-only steps replay CUDA graphs captured at construction for the batch sizes of
   // cuda_graph_capture_sizes(max_num_seqs, max_num_batched_tokens), after the KV cache is allocated.
   ExecutionMode mode = ExecutionMode::eager;
+  // Automatic prefix caching (BlockManager), on by default as in vLLM V1: requests that share leading tokens,
+  // and a preempted request coming back, take cached KV blocks instead of recomputing them.
+  bool enable_prefix_caching = true;
   // Record where each step's time goes (step_profile()): host spans and, on CUDA, device spans by events. A step
   // that samples nothing then waits for the device before the next one is scheduled.
   bool profile_steps = false;
@@ -48,6 +51,7 @@ struct RunResult {
   double end_time = 0;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  int64_t cached_tokens = 0;  // prefix-cache hits at admission, in tokens
   StepProfile profile;  // the run's steps (EngineConfig::profile_steps; all zero otherwise)
 
   ServingMetrics metrics() const;
@@ -75,6 +79,7 @@ class LLMEngine {
   // Every profiled step so far (EngineConfig::profile_steps).
   const StepProfile& step_profile() const { return profile_; }
   int64_t num_preemptions() const { return scheduler_->num_preemptions(); }
+  int64_t num_cached_tokens() const { return scheduler_->num_cached_tokens(); }
 
   // Throws naming the request and the problem (empty prompt, token id outside the vocabulary, too long for
   // max_model_len or for the whole KV cache, bad sampling parameters, duplicate id).

@@ -39,6 +39,7 @@ struct ServingMetrics {
   Distribution ttft_s, tpot_s, itl_s, e2e_s;
   int64_t steps = 0;
   int64_t preemptions = 0;
+  int64_t cached_tokens = 0;  // tokens whose KV the prefix cache gave at admission (computed by no step)
 };
 
 // `duration_s`: wall time of the whole run (first arrival to last finish, or as the caller measured it).

@@ -89,12 +89,20 @@ SchedulerOutput Scheduler::schedule() {
 
   // New requests, first come first served, while nothing was preempted in this step (a preempted sequence
   // is at the front of the queue and would be re-admitted into the same shortage).
+  // With prefix caching a request's leading blocks may already be cached: they are taken instead of computed,
+  // and only the rest of its tokens count against the budget.
   while (out.preempted_ids.empty() && !waiting_.empty() && budget > 0 &&
          int64_t(running_.size()) < config_.max_num_seqs) {
     Sequence* s = waiting_.front();
-    const int64_t n = std::min(s->num_uncomputed_tokens(), budget);
-    if (!blocks_.can_allocate(*s, n)) break;  // FCFS: a later request does not overtake the first
-    blocks_.allocate(*s, n);
+    const BlockManager::PrefixMatch cached = blocks_.match_prefix(*s);
+    const int64_t cached_tokens = cached.blocks * blocks_.block_size();
+    const int64_t n = std::min(s->num_tokens() - cached_tokens, budget);
+    // Cached blocks no sequence holds are counted free until taken; taking them also removes them from the pool.
+    const int64_t need = blocks_.blocks_for(cached_tokens + n) - cached.blocks;
+    if (need > blocks_.num_free_blocks() - cached.evictable) break;  // FCFS: a later request does not overtake
+    blocks_.take_prefix(*s, cached.blocks);
+    blocks_.allocate(*s, cached_tokens + n);
+    num_cached_tokens_ += cached_tokens;
     waiting_.pop_front();
     s->status = SequenceStatus::running;
     running_.push_back(s);
@@ -120,6 +128,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::update(const SchedulerOutput& 
   for (const ScheduledSequence& e : out.seqs) {
     Sequence* s = e.seq;
     s->num_computed_tokens = e.num_computed_tokens + e.num_new_tokens;
+    blocks_.cache_full_blocks(*s);
     if (!e.samples) continue;
     const int64_t token = sampled[k++];
     s->output.push_back(token);

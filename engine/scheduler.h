@@ -4,7 +4,8 @@
 // budget, then waiting requests are admitted first-come first-served, each prefill chunked to fit. When a
 // running sequence cannot get a KV block, the most recently admitted running sequence is preempted by
 // recompute: its blocks are freed, its num_computed_tokens reset to 0, and it goes back to the front of the
-// waiting queue keeping the tokens it generated (they are re-prefilled with its prompt).
+// waiting queue keeping the tokens it generated (they are re-prefilled with its prompt, or found in the prefix
+// cache when BlockManager has it on and its blocks were not evicted in the meantime).
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -53,6 +54,8 @@ class Scheduler {
   int64_t num_waiting() const { return int64_t(waiting_.size()); }
   int64_t num_running() const { return int64_t(running_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  // Prompt (and, after preemption, output) tokens whose KV admission found in the prefix cache, in total.
+  int64_t num_cached_tokens() const { return num_cached_tokens_; }
   const std::deque<Sequence*>& waiting() const { return waiting_; }
   const std::vector<Sequence*>& running() const { return running_; }  // in admission order
 
@@ -79,6 +82,7 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;
   int64_t num_preemptions_ = 0;
+  int64_t num_cached_tokens_ = 0;
 };
 
 }  // namespace kbn::engine

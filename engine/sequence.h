@@ -44,6 +44,9 @@ struct Sequence {
   FinishReason finish_reason = FinishReason::none;
   int64_t num_computed_tokens = 0;
   std::vector<int32_t> block_table;  // physical KV block of each logical block
+  // Prefix caching (BlockManager): the leading full blocks whose chained hash is known, and that hash.
+  int64_t num_hashed_blocks = 0;
+  uint64_t block_hash = 0;
   int64_t num_preemptions = 0;
 
   // Steady-clock seconds: arrival, then one stamp per output token (the first one is the TTFT end).

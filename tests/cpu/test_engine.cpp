@@ -56,20 +56,30 @@ std::vector<int64_t> expected_fake_output(const Request& r, int64_t vocab, int64
 struct DriveStats {
   int64_t steps = 0;
   int64_t preemptions = 0;
+  int64_t cached_tokens = 0;  // tokens admissions found in the prefix cache
   int64_t chunked_steps = 0;  // steps where some prefill chunk did not reach its sequence's end
   int64_t mixed_steps = 0;    // steps with prefills and decodes together
 };
 
+// The identity of token t of s with everything before it: the KV of a slot is a function of exactly this.
+uint64_t prefix_signature(const Sequence& s, int64_t t) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t i = 0; i <= t; ++i) h = (h ^ uint64_t(s.token(i))) * 1099511628211ull;
+  return h;
+}
+
 // Runs `requests` to completion through Scheduler + BlockManager, checking every step's contract and the
-// invariants; the fake KV cache stores (sequence, position, token) per slot and every scheduled sequence reads
-// its whole history back through its block table. Returns the outputs by request id.
+// invariants; the fake KV cache stores (position, token, signature of the whole prefix) per slot and every
+// scheduled sequence reads its whole history back through its block table, so a block shared by prefix caching
+// must hold exactly the reader's own prefix. Returns the outputs by request id.
 std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_t num_blocks, int64_t block_size,
                                               const std::vector<Request>& requests, int64_t vocab,
-                                              DriveStats* stats = nullptr) {
+                                              DriveStats* stats = nullptr, bool prefix_caching = false) {
   struct Slot {
-    int64_t seq = -1, pos = -1, token = -1;
+    int64_t pos = -1, token = -1;
+    uint64_t prefix = 0;
   };
-  BlockManager blocks(num_blocks, block_size);
+  BlockManager blocks(num_blocks, block_size, prefix_caching);
   Scheduler sched(cfg, blocks);
   for (const Request& r : requests) sched.add(std::make_unique<Sequence>(r, 0.0));
   std::vector<Slot> kv(size_t(num_blocks * block_size));
@@ -122,13 +132,14 @@ std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_
     // The fake forward: write this step's tokens, then every sequence reads its history back.
     for (const ScheduledSequence& e : out.seqs)
       for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
-        kv[size_t(slot(*e.seq, t))] = {e.seq->id, t, e.seq->token(t)};
+        kv[size_t(slot(*e.seq, t))] = {t, e.seq->token(t), prefix_signature(*e.seq, t)};
     std::vector<int64_t> sampled;
     for (const ScheduledSequence& e : out.seqs) {
       for (int64_t t = 0; t < e.num_computed_tokens + e.num_new_tokens; ++t) {
         const Slot& s = kv[size_t(slot(*e.seq, t))];
-        KBN_CHECK(s.seq == e.seq->id && s.pos == t && s.token == e.seq->token(t), "drive: sequence ", e.seq->id,
-                  " position ", t, " reads back (seq ", s.seq, ", pos ", s.pos, ", token ", s.token, ")");
+        KBN_CHECK(s.pos == t && s.token == e.seq->token(t) && s.prefix == prefix_signature(*e.seq, t),
+                  "drive: sequence ", e.seq->id, " position ", t, " reads back (pos ", s.pos, ", token ", s.token,
+                  ") or another prefix's KV");
       }
       if (e.samples) sampled.push_back(fake_next_token(all_tokens(*e.seq), vocab));
     }
@@ -143,6 +154,8 @@ std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_
   KBN_CHECK(blocks.num_free_blocks() == num_blocks, "drive: ", num_blocks - blocks.num_free_blocks(),
             " blocks leaked after every request finished");
   st.preemptions = sched.num_preemptions();
+  st.cached_tokens = sched.num_cached_tokens();
+  KBN_CHECK(prefix_caching || st.cached_tokens == 0, "drive: cache hits with prefix caching off");
   if (stats) *stats = st;
   return outputs;
 }
@@ -233,6 +246,148 @@ TEST(EngineBlockManager, InvariantCheckCatchesSharedAndLeakedBlocks) {
   bm.check_invariants({&a, &b});
 }
 
+// A sequence whose first `computed` tokens are computed, with `tokens` as its prompt.
+Sequence computed_sequence(BlockManager& bm, int64_t id, std::vector<int64_t> tokens, int64_t computed) {
+  Sequence s;
+  s.id = id;
+  s.prompt = std::move(tokens);
+  bm.allocate(s, computed);
+  s.num_computed_tokens = computed;
+  bm.cache_full_blocks(s);
+  return s;
+}
+
+TEST(EngineBlockManager, PrefixCachingSharesFullBlocksOfTheSamePrefix) {
+  BlockManager bm(8, 4, /*prefix_caching=*/true);
+  Sequence a = computed_sequence(bm, 1, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, 13);
+  EXPECT_EQ(bm.num_cached_blocks(), 3);  // the 4th block holds one token: not full, not cached
+  // b shares a's first 9 tokens: blocks 0 and 1 are whole; block 2 differs at its second token.
+  Sequence b;
+  b.id = 2;
+  b.prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 11, 12, 13, 14};
+  BlockManager::PrefixMatch m = bm.match_prefix(b);
+  EXPECT_EQ(m.blocks, 2);
+  EXPECT_EQ(m.evictable, 0);  // a holds them
+  bm.take_prefix(b, m.blocks);
+  EXPECT_EQ(b.num_computed_tokens, 8);
+  EXPECT_EQ(b.block_table, std::vector<int32_t>(a.block_table.begin(), a.block_table.begin() + 2));
+  bm.allocate(b, 14);
+  b.num_computed_tokens = 14;
+  bm.cache_full_blocks(b);
+  bm.check_invariants({&a, &b});
+  EXPECT_EQ(bm.num_free_blocks(), 8 - 4 - 2);
+  // a leaves: its blocks 2 (cached, now evictable) and 3 (half full, free) are released; 0 and 1 stay with b.
+  bm.free(a);
+  bm.check_invariants({&b});
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  bm.free(b);
+  bm.check_invariants({});
+  EXPECT_EQ(bm.num_free_blocks(), 8);
+  // A copy of a finds its three cached blocks with no holder, and computes its last token anyway.
+  Sequence c;
+  c.id = 3;
+  c.prompt = a.prompt;
+  m = bm.match_prefix(c);
+  EXPECT_EQ(m.blocks, 3);
+  EXPECT_EQ(m.evictable, 3);
+  // 12 tokens exactly: only (12 - 1) / 4 = 2 blocks, so that the step has a token to sample from.
+  c.prompt.resize(12);
+  EXPECT_EQ(bm.match_prefix(c).blocks, 2);
+}
+
+TEST(EngineBlockManager, PrefixCachingEvictsTheLeastRecentlyReleasedTailFirst) {
+  BlockManager bm(4, 2, /*prefix_caching=*/true);
+  Sequence a = computed_sequence(bm, 1, {1, 2, 3, 4, 5, 6, 7, 8, 9}, 8);  // 4 full blocks, all cached
+  bm.free(a);
+  EXPECT_EQ(bm.num_free_blocks(), 4);
+  EXPECT_EQ(bm.num_cached_blocks(), 4);
+  // A stranger needs one block: a's last block goes, so a copy of a still finds its first three.
+  Sequence x = computed_sequence(bm, 2, {42, 43}, 2);
+  EXPECT_EQ(bm.num_cached_blocks(), 4);  // x's own full block was registered in its place
+  Sequence a2;
+  a2.id = 3;
+  a2.prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(bm.match_prefix(a2).blocks, 3);
+  bm.free(x);
+  bm.check_invariants({});
+  // Without prefix caching nothing is remembered.
+  BlockManager plain(4, 2);
+  Sequence p = computed_sequence(plain, 1, {1, 2, 3, 4, 5}, 4);
+  plain.free(p);
+  EXPECT_EQ(plain.num_cached_blocks(), 0);
+  EXPECT_EQ(plain.match_prefix(a2).blocks, 0);
+}
+
+TEST(EngineBlockManager, InvariantCheckCatchesWrongSharing) {
+  BlockManager bm(6, 2, /*prefix_caching=*/true);
+  Sequence a = computed_sequence(bm, 1, {1, 2, 3}, 3);  // block 0 cached, block 1 half full
+  Sequence b;
+  b.id = 2;
+  b.prompt = {7, 7, 7};
+  b.block_table = {a.block_table[1]};  // forged share of a block that is not cached
+  EXPECT_THROW(bm.check_invariants({&a, &b}), Error);
+  b.block_table = {a.block_table[0]};  // forged share of a cached block that holds other tokens
+  b.num_computed_tokens = 2;
+  EXPECT_THROW(bm.check_invariants({&a, &b}), Error);
+  b.block_table.clear();
+  b.num_computed_tokens = 0;
+  bm.check_invariants({&a, &b});
+}
+
+TEST(EngineScheduler, PrefixCachingGivesTheSameTokensWithFewerComputed) {
+  // Eight requests with one 12-token system prompt, admitted a few at a time (the budget), on a pool small
+  // enough to preempt: the same outputs as with prefix caching off, and cache hits.
+  SchedulerConfig cfg{24, 8, 64};
+  std::vector<Request> reqs;
+  for (int64_t i = 0; i < 8; ++i) {
+    Request r;
+    r.id = i;
+    r.prompt = {5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 9};
+    for (int64_t j = 0; j <= i; ++j) r.prompt.push_back(10 + i + j);
+    r.sampling.max_tokens = 12;
+    r.sampling.ignore_eos = true;
+    reqs.push_back(r);
+  }
+  DriveStats off, on;
+  const auto a = drive(cfg, 24, 4, reqs, 50, &off, false);
+  const auto b = drive(cfg, 24, 4, reqs, 50, &on, true);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(off.cached_tokens, 0);
+  EXPECT_GT(on.cached_tokens, 0);
+  for (const Request& r : reqs) EXPECT_EQ(b.at(r.id), expected_fake_output(r, 50, cfg.max_model_len));
+}
+
+TEST(EngineScheduler, PrefixCachingNeverSharesAPartlyComputedBlock) {
+  // Two 13-token prompts that agree on their first 12 tokens, a 10-token budget: the first prompt's step 1 leaves
+  // its third block half computed; the second prompt, admitted in step 2, must take only the two full blocks.
+  SchedulerConfig cfg{10, 4, 64};
+  std::vector<Request> reqs(2);
+  for (int64_t i = 0; i < 2; ++i) {
+    reqs[size_t(i)].id = i;
+    reqs[size_t(i)].prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9 + i};
+    reqs[size_t(i)].sampling.max_tokens = 3;
+    reqs[size_t(i)].sampling.ignore_eos = true;
+  }
+  BlockManager bm(16, 4, /*prefix_caching=*/true);
+  Scheduler s(cfg, bm);
+  for (const Request& r : reqs) s.add(std::make_unique<Sequence>(r, 0.0));
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.seqs.size(), 1u);
+  EXPECT_EQ(out.seqs[0].num_new_tokens, 10);
+  s.update(out, {}, 0.0);
+  EXPECT_EQ(bm.num_cached_blocks(), 2);
+  out = s.schedule();
+  s.check_invariants();
+  ASSERT_EQ(out.seqs.size(), 2u);
+  EXPECT_EQ(out.seqs[1].seq->id, 1);
+  EXPECT_EQ(out.seqs[1].num_computed_tokens, 8);  // two cached blocks, not the half-computed third
+  EXPECT_EQ(s.num_cached_tokens(), 8);
+  DriveStats st;
+  const auto outputs = drive(cfg, 16, 4, reqs, 50, &st, true);
+  EXPECT_EQ(st.cached_tokens, 8);
+  for (const Request& r : reqs) EXPECT_EQ(outputs.at(r.id), expected_fake_output(r, 50, cfg.max_model_len));
+}
+
 RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, ()) {
   SchedulerConfig cfg;
   const int64_t block_size = *rc::gen::inRange<int64_t>(1, 9);
@@ -241,6 +396,10 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
   cfg.max_num_batched_tokens = *rc::gen::inRange<int64_t>(1, 100);
   cfg.max_num_seqs = *rc::gen::inRange<int64_t>(1, 10);
   const int64_t n = *rc::gen::inRange<int64_t>(1, 16);
+  const bool prefix_caching = *rc::gen::arbitrary<bool>();
+  // Half the prompts start with one of two shared stems (a system prompt), so that prefix caching has hits.
+  const auto stems = *rc::gen::container<std::vector<std::vector<int64_t>>>(
+      2, rc::gen::container<std::vector<int64_t>>(size_t(cfg.max_model_len), rc::gen::inRange<int64_t>(0, vocab)));
   std::vector<Request> reqs;
   int64_t largest = 1;  // blocks of the longest request
   for (int64_t i = 0; i < n; ++i) {
@@ -248,6 +407,11 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
     r.id = i * 3 - 7;  // any int64 is an id, negative ones too
     const int64_t len = *rc::gen::inRange<int64_t>(1, cfg.max_model_len);
     r.prompt = *rc::gen::container<std::vector<int64_t>>(size_t(len), rc::gen::inRange<int64_t>(0, vocab));
+    const int64_t stem = *rc::gen::inRange<int64_t>(0, 4);
+    if (stem < 2) {
+      const int64_t shared = *rc::gen::inRange<int64_t>(0, len + 1);
+      std::copy(stems[size_t(stem)].begin(), stems[size_t(stem)].begin() + shared, r.prompt.begin());
+    }
     r.sampling.max_tokens = *rc::gen::inRange<int64_t>(1, 40);
     r.sampling.ignore_eos = *rc::gen::arbitrary<bool>();
     r.sampling.eos_token_ids = {0};
@@ -260,11 +424,12 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
   RC_LOG() << "block_size " << block_size << " num_blocks " << num_blocks << " budget " << cfg.max_num_batched_tokens
            << " max_num_seqs " << cfg.max_num_seqs << " max_model_len " << cfg.max_model_len << "\n";
   DriveStats st;
-  auto outputs = drive(cfg, num_blocks, block_size, reqs, vocab, &st);
+  auto outputs = drive(cfg, num_blocks, block_size, reqs, vocab, &st, prefix_caching);
   RC_ASSERT(outputs.size() == reqs.size());
   for (const Request& r : reqs) RC_ASSERT(outputs.at(r.id) == expected_fake_output(r, vocab, cfg.max_model_len));
   RC_TAG(st.preemptions > 0 ? "preempted" : "no preemption");
   RC_TAG(st.chunked_steps > 0 ? "chunked" : "unchunked");
+  RC_TAG(st.cached_tokens > 0 ? "prefix-cache hits" : "no prefix-cache hits");
 }
 
 TEST(EngineScheduler, SmallPoolPreemptsAndStillProducesEveryToken) {
@@ -527,6 +692,40 @@ TEST(EngineLlama, PreemptedSequencesResumeWithTheSameTokens) {
   EXPECT_GT(r.preemptions, 0);
   EXPECT_TRUE(std::any_of(r.outputs.begin(), r.outputs.end(), [](const auto& o) { return o.num_preemptions > 0; }));
   EXPECT_EQ(tokens, reference);
+}
+
+TEST(EngineLlama, PrefixCacheHitsGiveTheSameTokens) {
+  auto model = tiny_model();
+  // Four requests behind one 18-token system prompt; the first runs alone, so the others find its blocks.
+  std::vector<Request> reqs;
+  for (int64_t i = 0; i < 4; ++i) {
+    std::vector<int64_t> p;
+    for (int64_t j = 0; j < 18; ++j) p.push_back((j * 37 + 11) % 512);
+    for (int64_t j = 0; j <= 3 * i; ++j) p.push_back((i * 53 + j * 7 + 1) % 512);
+    reqs.push_back(greedy_request(i, p, 8));
+  }
+  EngineConfig off = small_config();
+  off.enable_prefix_caching = false;
+  RunResult plain;
+  const auto reference = run_tokens(*model, off, reqs, &plain);
+  EXPECT_EQ(plain.cached_tokens, 0);
+
+  LLMEngine engine(*model, Variant::baseline, Device::cpu(), small_config());
+  const RunResult first = engine.run_to_completion({reqs[0]});
+  const RunResult rest = engine.run_to_completion({reqs[1], reqs[2], reqs[3]});
+  EXPECT_EQ(first.cached_tokens, 0);
+  EXPECT_EQ(rest.cached_tokens, 3 * 16);  // four whole 4-token blocks of the system prompt each
+  std::vector<std::vector<int64_t>> tokens = {first.outputs[0].tokens};
+  for (const auto& o : rest.outputs) tokens.push_back(o.tokens);
+  EXPECT_EQ(tokens, reference);
+  EXPECT_EQ(rest.metrics().cached_tokens, 3 * 16);
+
+  // Preemption with prefix caching on: the same tokens again.
+  EngineConfig tight = small_config();
+  tight.num_kv_blocks = 10;
+  RunResult preempted;
+  EXPECT_EQ(run_tokens(*model, tight, reqs, &preempted), reference);
+  EXPECT_GT(preempted.preemptions, 0);
 }
 
 TEST(EngineStepProfile, AccountsForEveryStepTokenAndSecond) {
