@@ -52,6 +52,7 @@ struct Options {
   int tp = 1;
   bool step_profile = false;
   bool no_prefix_caching = false;
+  bool reserve_max_tokens = false;
   std::string json;
 };
 
@@ -431,6 +432,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.mode = mode;
   ecfg.profile_steps = o.step_profile;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
+  ecfg.reserve_max_tokens = o.reserve_max_tokens;
 
   if (o.num_kv_blocks > 0) {
     int64_t largest = 0;  // tokens of the longest request
@@ -573,6 +575,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                    {"clipped_requests", workload.clipped},
                    {"block_size", ecfg.block_size},
                    {"prefix_caching", ecfg.enable_prefix_caching},
+                   {"reserve_max_tokens", ecfg.reserve_max_tokens},
                    {"num_kv_blocks_requested", o.num_kv_blocks},
                    {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
                    {"max_num_seqs", ecfg.max_num_seqs},
@@ -633,6 +636,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
                 "Turn automatic prefix caching off (on by default, as in vLLM V1): every admitted request, and every "
                 "preempted one coming back, computes all of its tokens");
+  cmd->add_flag("--reserve-max-tokens", o->reserve_max_tokens,
+                "Admit a request only when every running request can still reach its max_tokens without preemption "
+                "(default: vLLM's optimistic admission, which preempts by recompute when the cache runs out)");
   cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)");
   cmd->add_option("--variant", o->variant, "baseline, candidate or both (default: both when a candidate is built)");
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,

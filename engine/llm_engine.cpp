@@ -98,7 +98,9 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)
   blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(
-      SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len}, *blocks_);
+      SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
+                      config.reserve_max_tokens},
+      *blocks_);
 }
 
 void LLMEngine::add_request(const Request& r, double arrival_time) {

@@ -32,6 +32,9 @@ struct EngineConfig {
   // Automatic prefix caching (BlockManager), on by default as in vLLM V1: requests that share leading tokens,
   // and a preempted request coming back, take cached KV blocks instead of recomputing them.
   bool enable_prefix_caching = true;
+  // SchedulerConfig::reserve_max_tokens: admit a request only when every running request can still reach its
+  // max_tokens without preemption (off: vLLM's optimistic admission).
+  bool reserve_max_tokens = false;
   // Record where each step's time goes (step_profile()): host spans and, on CUDA, device spans by events. A step
   // that samples nothing then waits for the device before the next one is scheduled.
   bool profile_steps = false;

@@ -91,6 +91,14 @@ SchedulerOutput Scheduler::schedule() {
   // is at the front of the queue and would be re-admitted into the same shortage).
   // With prefix caching a request's leading blocks may already be cached: they are taken instead of computed,
   // and only the rest of its tokens count against the budget.
+  // reserve_max_tokens: the blocks the running sequences will still take before they reach max_tokens.
+  auto final_blocks = [&](const Sequence& s) {
+    return blocks_.blocks_for(std::min(int64_t(s.prompt.size()) + s.sampling.max_tokens, config_.max_model_len));
+  };
+  int64_t reserved = 0;
+  if (config_.reserve_max_tokens)
+    for (const Sequence* s : running_)
+      reserved += std::max<int64_t>(0, final_blocks(*s) - int64_t(s->block_table.size()));
   while (out.preempted_ids.empty() && !waiting_.empty() && budget > 0 &&
          int64_t(running_.size()) < config_.max_num_seqs) {
     Sequence* s = waiting_.front();
@@ -99,7 +107,11 @@ SchedulerOutput Scheduler::schedule() {
     const int64_t n = std::min(s->num_tokens() - cached_tokens, budget);
     // Cached blocks no sequence holds are counted free until taken; taking them also removes them from the pool.
     const int64_t need = blocks_.blocks_for(cached_tokens + n) - cached.blocks;
-    if (need > blocks_.num_free_blocks() - cached.evictable) break;  // FCFS: a later request does not overtake
+    const int64_t later =
+        config_.reserve_max_tokens ? std::max<int64_t>(0, final_blocks(*s) - cached.blocks - need) : 0;
+    // FCFS: a later request does not overtake the first
+    if (need + later + reserved > blocks_.num_free_blocks() - cached.evictable) break;
+    reserved += later;
     blocks_.take_prefix(*s, cached.blocks);
     blocks_.allocate(*s, cached_tokens + n);
     num_cached_tokens_ += cached_tokens;

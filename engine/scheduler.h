@@ -20,6 +20,11 @@ struct SchedulerConfig {
   int64_t max_num_batched_tokens = 8192;  // token budget of one step
   int64_t max_num_seqs = 256;             // running sequences at most
   int64_t max_model_len = 0;              // prompt + output tokens of one sequence at most (required)
+  // Admission: false (vLLM's) admits a request whenever its prompt's blocks are free, and preempts when the
+  // running ones outgrow the cache; true admits it only if the blocks every running request needs to reach its
+  // max_tokens stay available too, so that no request that stops at max_tokens (or earlier) is ever preempted,
+  // at the price of a cache that is not full while requests could still stop early at EOS.
+  bool reserve_max_tokens = false;
 };
 
 struct ScheduledSequence {

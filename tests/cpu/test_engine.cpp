@@ -397,6 +397,7 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
   cfg.max_num_seqs = *rc::gen::inRange<int64_t>(1, 10);
   const int64_t n = *rc::gen::inRange<int64_t>(1, 16);
   const bool prefix_caching = *rc::gen::arbitrary<bool>();
+  cfg.reserve_max_tokens = *rc::gen::arbitrary<bool>();
   // Half the prompts start with one of two shared stems (a system prompt), so that prefix caching has hits.
   const auto stems = *rc::gen::container<std::vector<std::vector<int64_t>>>(
       2, rc::gen::container<std::vector<int64_t>>(size_t(cfg.max_model_len), rc::gen::inRange<int64_t>(0, vocab)));
@@ -430,6 +431,8 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
   RC_TAG(st.preemptions > 0 ? "preempted" : "no preemption");
   RC_TAG(st.chunked_steps > 0 ? "chunked" : "unchunked");
   RC_TAG(st.cached_tokens > 0 ? "prefix-cache hits" : "no prefix-cache hits");
+  // Reserving every running request's growth leaves nothing to preempt.
+  RC_ASSERT(!cfg.reserve_max_tokens || st.preemptions == 0);
 }
 
 TEST(EngineScheduler, SmallPoolPreemptsAndStillProducesEveryToken) {
@@ -447,6 +450,11 @@ TEST(EngineScheduler, SmallPoolPreemptsAndStillProducesEveryToken) {
   auto outputs = drive(cfg, /*num_blocks=*/14, /*block_size=*/4, reqs, 50, &st);
   EXPECT_GT(st.preemptions, 0);
   for (const Request& r : reqs) EXPECT_EQ(outputs.at(r.id), expected_fake_output(r, 50, cfg.max_model_len));
+  // Admission that reserves every running request's max_tokens: no preemption, more steps, the same tokens.
+  cfg.reserve_max_tokens = true;
+  DriveStats reserved;
+  EXPECT_EQ(drive(cfg, 14, 4, reqs, 50, &reserved), outputs);
+  EXPECT_EQ(reserved.preemptions, 0);
 }
 
 TEST(EngineScheduler, ChunksPrefillsToTheBudgetAndMixesThemWithDecodes) {
