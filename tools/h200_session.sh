@@ -9,7 +9,8 @@
 #   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
 #   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
-#              $EVAL_MODES (default eager graph)
+#              $EVAL_MODES (default eager graph), with $EVAL_FLAGS added (e.g. --reserve-max-tokens) and
+#              $EVAL_SUFFIX appended to the file names
 #   step-profile  kb_nano eval --step-profile in graph mode on $EVAL_WORKLOADS (default balanced)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
 #   tp         NCCL tests, Llama-3.1-8B generate and eval latency-b1 at --tp 1 and 2 (run on nvidia-h200-x2)
@@ -82,8 +83,9 @@ for part in "$@"; do
         for w in ${EVAL_WORKLOADS:-latency-b1 latency-b32 balanced}; do
           len=4096
           [[ $w == long-context ]] && len=33024  # prompts up to 32k + 320 output tokens
-          step "eval_${w}_$mode" 300 build/kb_nano eval --workload "$w" --mode "$mode" --variant baseline \
-            --max-model-len "$len" --json "$out/eval_${w}_$mode.json"
+          # shellcheck disable=SC2086  # EVAL_FLAGS is a list of flags
+          step "eval_${w}_$mode${EVAL_SUFFIX:-}" 300 build/kb_nano eval --workload "$w" --mode "$mode" \
+            --variant baseline --max-model-len "$len" ${EVAL_FLAGS:-} --json "$out/eval_${w}_$mode${EVAL_SUFFIX:-}.json"
         done
       done
       ;;
