@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `kb_nano eval` wires its admission and prefix-caching flags into the engine. On a KV cache too small for the
+# CPU default workload, the default run (vLLM's optimistic admission, prefix caching on) preempts and finds
+# preempted requests' own blocks in the prefix cache; with --reserve-max-tokens --no-prefix-caching nothing is
+# preempted and nothing found; both runs produce every output token.
+# Usage: eval_admission_test.sh KB_NANO
+set -euo pipefail
+kb_nano=$1
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+run() {  # name, flags...
+  local name=$1
+  shift
+  "$kb_nano" eval --device cpu --num-kv-blocks 40 --variant baseline --json "$dir/$name.json" "$@" >"$dir/$name.log"
+}
+field() {  # file, key: the first value of "key" in the JSON file
+  grep -m1 "\"$2\":" "$1" | sed -E 's/.*: ([^,]*),?$/\1/'
+}
+expect() {  # what, got, test
+  if ! eval "$3"; then
+    echo "eval_admission_test: $1: got '$2'" >&2
+    exit 1
+  fi
+}
+run default
+run reserve --reserve-max-tokens --no-prefix-caching
+d=$dir/default.json r=$dir/reserve.json
+v=$(field "$d" preemptions);             expect "default run preempts" "$v" '[[ $v -gt 0 ]]'
+v=$(field "$d" prefix_cache_hit_tokens); expect "default run finds cached blocks" "$v" '[[ $v -gt 0 ]]'
+v=$(field "$r" preemptions);             expect "reserving run preempts nothing" "$v" '[[ $v -eq 0 ]]'
+v=$(field "$r" prefix_cache_hit_tokens); expect "run without prefix caching finds nothing" "$v" '[[ $v -eq 0 ]]'
+v=$(field "$r" reserve_max_tokens);      expect "reserve_max_tokens recorded" "$v" '[[ $v == true ]]'
+v=$(field "$r" prefix_caching);          expect "prefix_caching recorded" "$v" '[[ $v == false ]]'
+a=$(field "$d" output_tokens) b=$(field "$r" output_tokens)
+expect "the same output tokens ($a)" "$b" '[[ $a -gt 0 && $a == "$b" ]]'
+echo "eval_admission_test: ok (default: $(field "$d" preemptions) preemptions, $(field "$d" prefix_cache_hit_tokens) cached tokens)"
