@@ -471,6 +471,10 @@ void run(const Options& o, bool max_num_seqs_given) {
   std::printf("  engine: %s, block size %lld, max_num_batched_tokens %lld, max_num_seqs %lld, max_model_len %lld\n",
               o.mode.c_str(), (long long)ecfg.block_size, (long long)ecfg.max_num_batched_tokens,
               (long long)ecfg.max_num_seqs, (long long)ecfg.max_model_len);
+  std::printf("  admission %s, prefix caching %s\n",
+              ecfg.reserve_max_tokens ? "reserving every running request's max_tokens (no preemption)"
+                                      : "optimistic (vLLM's; preemption by recompute)",
+              ecfg.enable_prefix_caching ? "on" : "off");
   const int64_t wave = wspec.max_num_seqs > 0 ? ecfg.max_num_seqs : 0;
   if (wave > 0)
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)wave);
