@@ -47,7 +47,6 @@ int32_t BlockManager::take_free_block() {
   } else {
     b = evictable_.front();  // the least recently released cached block gives up its KV
     evictable_.pop_front();
-    blocks_[size_t(b)].evictable = false;
     unregister(b);
   }
   return b;
@@ -81,7 +80,6 @@ void BlockManager::free(Sequence& seq) {
     Block& blk = blocks_[size_t(b)];
     if (--blk.ref > 0) continue;
     if (blk.registered) {
-      blk.evictable = true;
       blk.lru = evictable_.insert(evictable_.end(), b);
     } else {
       free_.push_back(b);
@@ -117,39 +115,31 @@ BlockManager::PrefixMatch BlockManager::match_prefix(const Sequence& seq) const 
   PrefixMatch m;
   if (!prefix_caching_ || by_hash_.empty()) return m;
   const int64_t max_blocks = (seq.num_tokens() - 1) / block_size_;
-  uint64_t parent = 0;
   for (int64_t i = 0; i < max_blocks; ++i) {
-    const uint64_t h = hash_block(seq, i, parent, nullptr);
-    const int32_t b = lookup(seq, i, h, parent);
+    const uint64_t h = hash_block(seq, i, m.hash, nullptr);
+    const int32_t b = lookup(seq, i, h, m.hash);
     if (b < 0) break;
-    m.blocks++;
+    m.blocks.push_back(b);
     if (blocks_[size_t(b)].ref == 0) m.evictable++;
-    parent = h;
+    m.hash = h;
   }
   return m;
 }
 
-void BlockManager::take_prefix(Sequence& seq, int64_t blocks) {
+void BlockManager::take_prefix(Sequence& seq, const PrefixMatch& match) {
   KBN_CHECK(seq.block_table.empty() && seq.num_computed_tokens == 0, "BlockManager: sequence ", seq.id,
             " takes a cached prefix while holding ", seq.block_table.size(), " blocks and ", seq.num_computed_tokens,
             " computed tokens");
-  uint64_t parent = 0;
-  for (int64_t i = 0; i < blocks; ++i) {
-    const uint64_t h = hash_block(seq, i, parent, nullptr);
-    const int32_t b = lookup(seq, i, h, parent);
-    KBN_CHECK(b >= 0, "BlockManager: sequence ", seq.id, "'s block ", i, " is not cached (take at most match_prefix)");
+  for (const int32_t b : match.blocks) {
     Block& blk = blocks_[size_t(b)];
-    if (blk.evictable) {
-      evictable_.erase(blk.lru);
-      blk.evictable = false;
-    }
-    blk.ref++;
+    KBN_CHECK(blk.registered, "BlockManager: sequence ", seq.id, " takes block ", b,
+              " that is no longer cached (match and take with nothing in between)");
+    if (blk.ref++ == 0) evictable_.erase(blk.lru);
     seq.block_table.push_back(b);
-    parent = h;
   }
-  seq.num_hashed_blocks = blocks;
-  seq.block_hash = parent;
-  seq.num_computed_tokens = blocks * block_size_;
+  seq.num_hashed_blocks = match.num_blocks();
+  seq.block_hash = match.hash;
+  seq.num_computed_tokens = match.num_blocks() * block_size_;
 }
 
 void BlockManager::cache_full_blocks(Sequence& seq) {
@@ -181,7 +171,7 @@ void BlockManager::check_invariants(const std::vector<const Sequence*>& holders)
               num_blocks(), ")");
     KBN_CHECK(where[size_t(b)] == 0, "BlockManager invariant: block ", b, " is on the free list twice");
     const Block& blk = blocks_[size_t(b)];
-    KBN_CHECK(blk.ref == 0 && !blk.registered && !blk.evictable, "BlockManager invariant: block ", b,
+    KBN_CHECK(blk.ref == 0 && !blk.registered, "BlockManager invariant: block ", b,
               " is on the free list but has ", blk.ref, " holders", blk.registered ? " and is registered" : "");
     where[size_t(b)] = 1;
   }
@@ -189,7 +179,7 @@ void BlockManager::check_invariants(const std::vector<const Sequence*>& holders)
     KBN_CHECK(b >= 0 && b < num_blocks(), "BlockManager invariant: evictable list holds block ", b);
     KBN_CHECK(where[size_t(b)] == 0, "BlockManager invariant: block ", b, " is free or evictable twice");
     const Block& blk = blocks_[size_t(b)];
-    KBN_CHECK(blk.ref == 0 && blk.registered && blk.evictable && *blk.lru == b, "BlockManager invariant: evictable block ",
+    KBN_CHECK(blk.ref == 0 && blk.registered && *blk.lru == b, "BlockManager invariant: evictable block ",
               b, " has ", blk.ref, " holders or is not registered");
     where[size_t(b)] = 2;
   }

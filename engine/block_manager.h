@@ -46,13 +46,15 @@ class BlockManager {
   // Prefix caching. The leading full blocks of a sequence that holds no blocks whose KV is cached: at most
   // (num_tokens - 1) / block_size of them, so that the last token is always computed (a step samples from it).
   struct PrefixMatch {
-    int64_t blocks = 0;     // leading blocks found
-    int64_t evictable = 0;  // of those, held by no sequence (they count in num_free_blocks until taken)
+    std::vector<int32_t> blocks;  // the leading blocks found, in order
+    int64_t evictable = 0;        // of those, held by no sequence (they count in num_free_blocks until taken)
+    uint64_t hash = 0;            // the chain hash after the last of them
+    int64_t num_blocks() const { return int64_t(blocks.size()); }
   };
   PrefixMatch match_prefix(const Sequence& seq) const;
-  // Gives `seq` (no blocks, nothing computed) the first `blocks` blocks of match_prefix(seq) and marks their
-  // tokens computed.
-  void take_prefix(Sequence& seq, int64_t blocks);
+  // Gives `seq` (no blocks, nothing computed) the blocks of `match` (match_prefix(seq), nothing changed in
+  // between) and marks their tokens computed.
+  void take_prefix(Sequence& seq, const PrefixMatch& match);
   // Registers the blocks of `seq` that became full of computed tokens since the last call (a no-op without
   // prefix caching). Call after seq.num_computed_tokens advanced.
   void cache_full_blocks(Sequence& seq);
@@ -67,10 +69,9 @@ class BlockManager {
   struct Block {
     int32_t ref = 0;          // sequences holding it
     bool registered = false;  // in by_hash_ (prefix caching): its KV is that of `tokens` after the parent chain
-    bool evictable = false;   // registered, ref 0, in evictable_ at lru
     uint64_t hash = 0, parent_hash = 0;
     std::vector<int64_t> tokens;
-    std::list<int32_t>::iterator lru;
+    std::list<int32_t>::iterator lru;  // its place in evictable_ while registered with no holder
   };
   // The hash of block `index` of seq (its tokens after the chain hash `parent`), and the tokens themselves.
   uint64_t hash_block(const Sequence& seq, int64_t index, uint64_t parent, std::vector<int64_t>* tokens) const;

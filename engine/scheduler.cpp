@@ -103,16 +103,16 @@ SchedulerOutput Scheduler::schedule() {
          int64_t(running_.size()) < config_.max_num_seqs) {
     Sequence* s = waiting_.front();
     const BlockManager::PrefixMatch cached = blocks_.match_prefix(*s);
-    const int64_t cached_tokens = cached.blocks * blocks_.block_size();
+    const int64_t cached_tokens = cached.num_blocks() * blocks_.block_size();
     const int64_t n = std::min(s->num_tokens() - cached_tokens, budget);
     // Cached blocks no sequence holds are counted free until taken; taking them also removes them from the pool.
-    const int64_t need = blocks_.blocks_for(cached_tokens + n) - cached.blocks;
+    const int64_t need = blocks_.blocks_for(cached_tokens + n) - cached.num_blocks();
     const int64_t later =
-        config_.reserve_max_tokens ? std::max<int64_t>(0, final_blocks(*s) - cached.blocks - need) : 0;
+        config_.reserve_max_tokens ? std::max<int64_t>(0, final_blocks(*s) - cached.num_blocks() - need) : 0;
     // FCFS: a later request does not overtake the first
     if (need + later + reserved > blocks_.num_free_blocks() - cached.evictable) break;
     reserved += later;
-    blocks_.take_prefix(*s, cached.blocks);
+    blocks_.take_prefix(*s, cached);
     blocks_.allocate(*s, cached_tokens + n);
     num_cached_tokens_ += cached_tokens;
     waiting_.pop_front();

@@ -266,9 +266,9 @@ TEST(EngineBlockManager, PrefixCachingSharesFullBlocksOfTheSamePrefix) {
   b.id = 2;
   b.prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 11, 12, 13, 14};
   BlockManager::PrefixMatch m = bm.match_prefix(b);
-  EXPECT_EQ(m.blocks, 2);
+  EXPECT_EQ(m.num_blocks(), 2);
   EXPECT_EQ(m.evictable, 0);  // a holds them
-  bm.take_prefix(b, m.blocks);
+  bm.take_prefix(b, m);
   EXPECT_EQ(b.num_computed_tokens, 8);
   EXPECT_EQ(b.block_table, std::vector<int32_t>(a.block_table.begin(), a.block_table.begin() + 2));
   bm.allocate(b, 14);
@@ -288,11 +288,11 @@ TEST(EngineBlockManager, PrefixCachingSharesFullBlocksOfTheSamePrefix) {
   c.id = 3;
   c.prompt = a.prompt;
   m = bm.match_prefix(c);
-  EXPECT_EQ(m.blocks, 3);
+  EXPECT_EQ(m.num_blocks(), 3);
   EXPECT_EQ(m.evictable, 3);
   // 12 tokens exactly: only (12 - 1) / 4 = 2 blocks, so that the step has a token to sample from.
   c.prompt.resize(12);
-  EXPECT_EQ(bm.match_prefix(c).blocks, 2);
+  EXPECT_EQ(bm.match_prefix(c).num_blocks(), 2);
 }
 
 TEST(EngineBlockManager, PrefixCachingEvictsTheLeastRecentlyReleasedTailFirst) {
@@ -307,7 +307,7 @@ TEST(EngineBlockManager, PrefixCachingEvictsTheLeastRecentlyReleasedTailFirst) {
   Sequence a2;
   a2.id = 3;
   a2.prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
-  EXPECT_EQ(bm.match_prefix(a2).blocks, 3);
+  EXPECT_EQ(bm.match_prefix(a2).num_blocks(), 3);
   bm.free(x);
   bm.check_invariants({});
   // Without prefix caching nothing is remembered.
@@ -315,7 +315,7 @@ TEST(EngineBlockManager, PrefixCachingEvictsTheLeastRecentlyReleasedTailFirst) {
   Sequence p = computed_sequence(plain, 1, {1, 2, 3, 4, 5}, 4);
   plain.free(p);
   EXPECT_EQ(plain.num_cached_blocks(), 0);
-  EXPECT_EQ(plain.match_prefix(a2).blocks, 0);
+  EXPECT_EQ(plain.match_prefix(a2).num_blocks(), 0);
 }
 
 TEST(EngineBlockManager, InvariantCheckCatchesWrongSharing) {
@@ -340,13 +340,9 @@ TEST(EngineScheduler, PrefixCachingGivesTheSameTokensWithFewerComputed) {
   SchedulerConfig cfg{24, 8, 64};
   std::vector<Request> reqs;
   for (int64_t i = 0; i < 8; ++i) {
-    Request r;
-    r.id = i;
-    r.prompt = {5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 9};
-    for (int64_t j = 0; j <= i; ++j) r.prompt.push_back(10 + i + j);
-    r.sampling.max_tokens = 12;
-    r.sampling.ignore_eos = true;
-    reqs.push_back(r);
+    std::vector<int64_t> prompt = {5, 9, 2, 7, 7, 1, 3, 8, 4, 6, 2, 9};
+    for (int64_t j = 0; j <= i; ++j) prompt.push_back(10 + i + j);
+    reqs.push_back(greedy_request(i, prompt, 12));
   }
   DriveStats off, on;
   const auto a = drive(cfg, 24, 4, reqs, 50, &off, false);
@@ -361,13 +357,8 @@ TEST(EngineScheduler, PrefixCachingNeverSharesAPartlyComputedBlock) {
   // Two 13-token prompts that agree on their first 12 tokens, a 10-token budget: the first prompt's step 1 leaves
   // its third block half computed; the second prompt, admitted in step 2, must take only the two full blocks.
   SchedulerConfig cfg{10, 4, 64};
-  std::vector<Request> reqs(2);
-  for (int64_t i = 0; i < 2; ++i) {
-    reqs[size_t(i)].id = i;
-    reqs[size_t(i)].prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9 + i};
-    reqs[size_t(i)].sampling.max_tokens = 3;
-    reqs[size_t(i)].sampling.ignore_eos = true;
-  }
+  std::vector<Request> reqs;
+  for (int64_t i = 0; i < 2; ++i) reqs.push_back(greedy_request(i, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9 + i}, 3));
   BlockManager bm(16, 4, /*prefix_caching=*/true);
   Scheduler s(cfg, bm);
   for (const Request& r : reqs) s.add(std::make_unique<Sequence>(r, 0.0));
