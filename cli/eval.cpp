@@ -52,7 +52,7 @@ struct Options {
   int tp = 1;
   bool step_profile = false;
   bool no_prefix_caching = false;
-  bool reserve_max_tokens = false;
+  std::string admission = "reserve";  // reserve | optimistic
   std::string json;
 };
 
@@ -432,7 +432,9 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.mode = mode;
   ecfg.profile_steps = o.step_profile;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
-  ecfg.reserve_max_tokens = o.reserve_max_tokens;
+  KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
+            "--admission: expected reserve or optimistic, got '", o.admission, "'");
+  ecfg.reserve_max_tokens = o.admission == "reserve";
 
   if (o.num_kv_blocks > 0) {
     int64_t largest = 0;  // tokens of the longest request
@@ -579,6 +581,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                    {"clipped_requests", workload.clipped},
                    {"block_size", ecfg.block_size},
                    {"prefix_caching", ecfg.enable_prefix_caching},
+                   {"admission", o.admission},
                    {"reserve_max_tokens", ecfg.reserve_max_tokens},
                    {"num_kv_blocks_requested", o.num_kv_blocks},
                    {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
@@ -640,9 +643,11 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
                 "Turn automatic prefix caching off (on by default, as in vLLM V1): every admitted request, and every "
                 "preempted one coming back, computes all of its tokens");
-  cmd->add_flag("--reserve-max-tokens", o->reserve_max_tokens,
-                "Admit a request only when every running request can still reach its max_tokens without preemption "
-                "(default: vLLM's optimistic admission, which preempts by recompute when the cache runs out)");
+  cmd->add_option("--admission", o->admission,
+                  "reserve (default): admit a request only while every running request can still reach its "
+                  "max_tokens, so nothing is preempted (exact for these ignore_eos workloads, whose requests all run to "
+                  "max_tokens); optimistic: vLLM's admission, which admits while blocks are free and preempts by "
+                  "recompute when the cache runs out");
   cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)");
   cmd->add_option("--variant", o->variant, "baseline, candidate or both (default: both when a candidate is built)");
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,

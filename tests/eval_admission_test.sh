@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `kb_nano eval` wires its admission and prefix-caching flags into the engine. On a KV cache too small for the
-# CPU default workload, the default run (vLLM's optimistic admission, prefix caching on) preempts and finds
-# preempted requests' own blocks in the prefix cache; with --reserve-max-tokens --no-prefix-caching nothing is
-# preempted and nothing found; both runs produce every output token.
+# CPU default workload, vLLM's optimistic admission (--admission optimistic, prefix caching on) preempts and finds
+# preempted requests' own blocks in the prefix cache; the default (--admission reserve) with --no-prefix-caching
+# preempts nothing and finds nothing; both runs produce every output token. A wrong --admission is refused by name.
 # Usage: eval_admission_test.sh KB_NANO
 set -euo pipefail
 kb_nano=$1
@@ -22,15 +22,21 @@ expect() {  # what, got, test
     exit 1
   fi
 }
-run default
-run reserve --reserve-max-tokens --no-prefix-caching
-d=$dir/default.json r=$dir/reserve.json
-v=$(field "$d" preemptions);             expect "default run preempts" "$v" '[[ $v -gt 0 ]]'
-v=$(field "$d" prefix_cache_hit_tokens); expect "default run finds cached blocks" "$v" '[[ $v -gt 0 ]]'
+run optimistic --admission optimistic
+run reserve --no-prefix-caching
+d=$dir/optimistic.json r=$dir/reserve.json
+v=$(field "$d" preemptions);             expect "optimistic run preempts" "$v" '[[ $v -gt 0 ]]'
+v=$(field "$d" prefix_cache_hit_tokens); expect "optimistic run finds cached blocks" "$v" '[[ $v -gt 0 ]]'
 v=$(field "$r" preemptions);             expect "reserving run preempts nothing" "$v" '[[ $v -eq 0 ]]'
 v=$(field "$r" prefix_cache_hit_tokens); expect "run without prefix caching finds nothing" "$v" '[[ $v -eq 0 ]]'
-v=$(field "$r" reserve_max_tokens);      expect "reserve_max_tokens recorded" "$v" '[[ $v == true ]]'
+v=$(field "$r" admission);               expect "reserve admission recorded" "$v" '[[ $v == \"reserve\" ]]'
+v=$(field "$d" admission);               expect "optimistic admission recorded" "$v" '[[ $v == \"optimistic\" ]]'
 v=$(field "$r" prefix_caching);          expect "prefix_caching recorded" "$v" '[[ $v == false ]]'
 a=$(field "$d" output_tokens) b=$(field "$r" output_tokens)
 expect "the same output tokens ($a)" "$b" '[[ $a -gt 0 && $a == "$b" ]]'
-echo "eval_admission_test: ok (default: $(field "$d" preemptions) preemptions, $(field "$d" prefix_cache_hit_tokens) cached tokens)"
+if err=$("$kb_nano" eval --device cpu --admission sometimes 2>&1); then
+  echo "eval_admission_test: --admission sometimes was accepted" >&2
+  exit 1
+fi
+expect "--admission sometimes refused by name" "$err" '[[ $err == *"--admission"*"reserve or optimistic"* ]]'
+echo "eval_admission_test: ok (optimistic: $(field "$d" preemptions) preemptions, $(field "$d" prefix_cache_hit_tokens) cached tokens)"

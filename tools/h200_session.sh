@@ -9,7 +9,7 @@
 #   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
 #   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
-#              $EVAL_MODES (default eager graph), with $EVAL_FLAGS added (e.g. --reserve-max-tokens) and
+#              $EVAL_MODES (default eager graph), with $EVAL_FLAGS added (e.g. --admission optimistic) and
 #              $EVAL_SUFFIX appended to the file names
 #   step-profile  kb_nano eval --step-profile in graph mode on $EVAL_WORKLOADS (default balanced)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
