@@ -154,6 +154,15 @@ EvalResult parse_eval(const Node& root) {
     r.alignment.mean_matching_prefix = a["mean_matching_prefix"].number();
     r.alignment.mean_matching_prefix_fraction = a["mean_matching_prefix_fraction"].number();
     r.alignment.min_matching_prefix = a["min_matching_prefix"].integer();
+    if (a.has("divergences")) {
+      const Node d = a["divergences"];
+      r.alignment.has_divergences = true;
+      r.alignment.diverged = d["diverged"].integer();
+      r.alignment.scored = d["scored"].integer();
+      r.alignment.median_margin_over_std = d["median_margin_over_std"].number();
+      r.alignment.max_margin_over_std = d["max_margin_over_std"].number();
+      r.alignment.rank2_fraction = d["rank2_fraction"].number();
+    }
   }
   return r;
 }
@@ -1060,17 +1069,31 @@ void add_eval_blocks(std::vector<Block>& blocks, const std::vector<const ResultF
             "exact-match rate",
             "mean matching prefix (tokens)",
             "% of baseline output",
-            "min matching prefix"};
+            "min matching prefix",
+            "first divergences scored",
+            "baseline's margin, median / max (stds)",
+            "candidate token in baseline's top 2"};
   for (size_t i = 0; i < files.size(); ++i) {
     const EvalResult& r = files[i]->eval;
     if (!r.has_alignment) continue;
     const EvalAlignment& al = r.alignment;
+    const bool d = al.has_divergences && al.scored > 0;
     a.rows.push_back({labels[i], std::to_string(al.requests), std::to_string(al.exact_match),
                       fmt("%.1f%%", 100 * al.exact_match_rate), fmt("%.1f", al.mean_matching_prefix),
-                      fmt("%.1f%%", 100 * al.mean_matching_prefix_fraction), std::to_string(al.min_matching_prefix)});
+                      fmt("%.1f%%", 100 * al.mean_matching_prefix_fraction), std::to_string(al.min_matching_prefix),
+                      al.has_divergences ? std::to_string(al.scored) + " of " + std::to_string(al.diverged) : "-",
+                      d ? fmt("%.3g", al.median_margin_over_std) + " / " + fmt("%.3g", al.max_margin_over_std) : "-",
+                      d ? fmt("%.1f%%", 100 * al.rank2_fraction) : "-"});
   }
   if (!a.rows.empty()) {
-    blocks.push_back({Block::paragraph, "Greedy alignment of the candidate's outputs with the baseline's:", "", {}});
+    blocks.push_back({Block::paragraph,
+                      "Greedy alignment of the candidate's outputs with the baseline's. At each scored first "
+                      "divergence the baseline reran the common prefix: its logit for its own token minus the "
+                      "candidate's, in standard deviations of its logits over the vocabulary. Near zero with the "
+                      "candidate's token its second choice is a near-tie that rounding flips; a margin of a sizeable "
+                      "fraction of a std or more is a choice the baseline ranks clearly lower.",
+                      "",
+                      {}});
     blocks.push_back({Block::table, "", "", a});
   }
 }

@@ -35,6 +35,11 @@ struct EvalAlignment {
   double exact_match_rate = 0;               // 0..1
   double mean_matching_prefix = 0;           // tokens
   double mean_matching_prefix_fraction = 0;  // of the baseline's output length, 0..1
+  // The baseline's judgement of the first divergences (eval --divergence-samples), when the file has it.
+  bool has_divergences = false;
+  int64_t diverged = 0, scored = 0;
+  double median_margin_over_std = 0, max_margin_over_std = 0;  // baseline's logit margin, in stds of its logits
+  double rank2_fraction = 0;                                    // candidate's token = baseline's 1st or 2nd choice
 };
 
 struct EvalResult {

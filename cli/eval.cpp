@@ -16,6 +16,7 @@
 
 #include "bench/ceilings.h"
 #include "cli/commands.h"
+#include "engine/alignment.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "engine/tp_group.h"
@@ -53,6 +54,7 @@ struct Options {
   bool step_profile = false;
   bool no_prefix_caching = false;
   std::string admission = "reserve";  // reserve | optimistic
+  int64_t divergence_samples = 64;
   std::string json;
 };
 
@@ -68,14 +70,6 @@ struct VariantRun {
   int64_t graph_steps = 0;
 };
 
-struct Alignment {
-  int64_t requests = 0;
-  int64_t exact = 0;
-  double mean_prefix = 0;       // tokens
-  double mean_prefix_frac = 0;  // of the baseline's output length
-  int64_t min_prefix = 0;
-  std::vector<int64_t> prefix;  // per request
-};
 
 // The exact command as the shell passed it.
 std::string command_line() {
@@ -99,28 +93,6 @@ std::string device_name(Device d) {
   return "cpu";
 }
 
-Alignment align(const engine::RunResult& base, const engine::RunResult& cand) {
-  Alignment a;
-  a.requests = int64_t(base.outputs.size());
-  a.min_prefix = INT64_MAX;
-  double frac = 0;
-  for (size_t i = 0; i < base.outputs.size(); ++i) {
-    const auto &x = base.outputs[i].tokens, &y = cand.outputs[i].tokens;
-    const int64_t p = std::mismatch(x.begin(), x.end(), y.begin(), y.end()).first - x.begin();
-    a.prefix.push_back(p);
-    a.exact += x == y;
-    a.mean_prefix += double(p);
-    frac += x.empty() ? 1.0 : double(p) / double(x.size());
-    a.min_prefix = std::min(a.min_prefix, p);
-  }
-  if (a.requests > 0) {
-    a.mean_prefix /= double(a.requests);
-    a.mean_prefix_frac = frac / double(a.requests);
-  } else {
-    a.min_prefix = 0;
-  }
-  return a;
-}
 
 nlohmann::json dist_json(const engine::Distribution& d) {
   return {{"count", d.count}, {"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}};
@@ -432,6 +404,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.mode = mode;
   ecfg.profile_steps = o.step_profile;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
+  KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
   KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
             "--admission: expected reserve or optimistic, got '", o.admission, "'");
   ecfg.reserve_max_tokens = o.admission == "reserve";
@@ -546,14 +519,37 @@ void run(const Options& o, bool max_num_seqs_given) {
   print_table(runs);
   if (o.step_profile)
     for (const auto& r : runs) print_step_profile(r, device);
-  Alignment al;
+  engine::Alignment al;
+  engine::DivergenceSummary div;
+  bool div_scored = false;
   if (runs.size() == 2) {
-    al = align(runs[0].result, runs[1].result);
+    std::vector<std::vector<int64_t>> prompts, base, cand;
+    for (size_t i = 0; i < workload.requests.size(); ++i) {
+      prompts.push_back(workload.requests[i].prompt);
+      base.push_back(runs[0].result.outputs[i].tokens);
+      cand.push_back(runs[1].result.outputs[i].tokens);
+    }
+    al = engine::align(base, cand);
     std::printf(
         "\ngreedy alignment, candidate vs baseline: %lld/%lld requests identical (%.1f%%); matching prefix mean %.1f "
         "tokens (%.1f%% of the baseline output), min %lld\n",
         (long long)al.exact, (long long)al.requests, al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0,
         al.mean_prefix, 100.0 * al.mean_prefix_frac, (long long)al.min_prefix);
+    if (al.exact < al.requests && o.divergence_samples > 0 && !group) {
+      // The baseline model again (same seed, same weights), alone on the device, judges the first divergences.
+      std::unique_ptr<CausalLM> model = engine::build_model(spec, Variant::baseline, popts, o.seed);
+      div = engine::analyse_divergences(*model, device, Variant::baseline, prompts, base, cand, o.divergence_samples,
+                                        ecfg.max_num_batched_tokens);
+      div_scored = true;
+      std::printf(
+          "first divergences as the baseline sees them (%lld scored of %lld diverged requests; teacher-forced on the "
+          "common prefix): its logit for its own token minus the candidate's, median %.4g (%.3g stds of its logits), "
+          "max %.4g (%.3g stds); the candidate's token was the baseline's first or second choice in %.1f%%\n",
+          (long long)div.scored, (long long)div.diverged, div.median_margin, div.median_margin_over_std,
+          div.max_margin, div.max_margin_over_std, 100.0 * div.rank2_fraction);
+    } else if (al.exact < al.requests && group) {
+      std::printf("first divergences: not scored under --tp > 1 (the judging rerun needs the whole model on one device)\n");
+    }
   }
 
   if (!o.json.empty()) {
@@ -606,6 +602,26 @@ void run(const Options& o, bool max_num_seqs_given) {
                         {"mean_matching_prefix_fraction", al.mean_prefix_frac},
                         {"min_matching_prefix", al.min_prefix},
                         {"matching_prefix", al.prefix}};
+      if (div_scored) {
+        nlohmann::json samples = nlohmann::json::array();
+        for (const auto& d : div.samples)
+          samples.push_back({{"request", d.request},
+                             {"position", d.position},
+                             {"baseline_token", d.baseline_token},
+                             {"candidate_token", d.candidate_token},
+                             {"margin", d.margin},
+                             {"logit_std", d.logit_std},
+                             {"top_gap", d.top_gap},
+                             {"candidate_rank", d.candidate_rank}});
+        j["alignment"]["divergences"] = {{"diverged", div.diverged},
+                                         {"scored", div.scored},
+                                         {"median_margin", div.median_margin},
+                                         {"max_margin", div.max_margin},
+                                         {"median_margin_over_std", div.median_margin_over_std},
+                                         {"max_margin_over_std", div.max_margin_over_std},
+                                         {"rank2_fraction", div.rank2_fraction},
+                                         {"samples", samples}};
+      }
     }
     std::ofstream out(o.json);
     KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
@@ -648,6 +664,10 @@ void add_eval_command(CLI::App& app) {
                   "max_tokens, so nothing is preempted (exact for these ignore_eos workloads, whose requests all run to "
                   "max_tokens); optimistic: vLLM's admission, which admits while blocks are free and preempts by "
                   "recompute when the cache runs out");
+  cmd->add_option("--divergence-samples", o->divergence_samples,
+                  "With a candidate: score the first divergence of up to this many differing requests (evenly "
+                  "spaced) by rerunning the baseline on their common prefix, to tell near-ties (rounding) from "
+                  "choices the baseline ranks clearly lower (default 64; 0 = off)");
   cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)");
   cmd->add_option("--variant", o->variant, "baseline, candidate or both (default: both when a candidate is built)");
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,

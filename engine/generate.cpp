@@ -100,7 +100,9 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
       for (int64_t i = 0; i < nseq; ++i)
         res.prompt_logits.push_back(logits.slice(0, qsl[size_t(i)], qsl[size_t(i) + 1]).clone());
     }
-    std::vector<int64_t> next = sampler->call({model.compute_logits(last)})[0].to_ints();
+    Tensor last_logits = model.compute_logits(last);
+    if (opt.return_last_logits) res.last_logits = last_logits.to(Device::cpu());
+    std::vector<int64_t> next = sampler->call({last_logits})[0].to_ints();
     for (int64_t i = 0; i < nseq; ++i) res.tokens[size_t(i)].push_back(next[size_t(i)]);
   }
   synchronize(device);

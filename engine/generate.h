@@ -18,11 +18,13 @@ struct GenerateOptions {
   int64_t block_size = 16;
   std::vector<int64_t> eos_token_ids;  // stop a sequence at any of these (kept in its output)
   bool return_prompt_logits = false;   // keep the logits of every prompt position
+  bool return_last_logits = false;     // keep the logits of each prompt's last position (the first new token's)
 };
 
 struct GenerateResult {
   std::vector<std::vector<int64_t>> tokens;  // new tokens per prompt
   std::vector<Tensor> prompt_logits;         // per prompt [prompt_len, vocab] f32 on CPU, when asked
+  Tensor last_logits;                        // [num_prompts, vocab] f32 on CPU, when asked
   double prefill_seconds = 0;
   double decode_seconds = 0;
   int64_t decode_steps = 0;

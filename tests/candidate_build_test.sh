@@ -79,6 +79,19 @@ case "$case" in
       expect_in "$out" "tasks/candidate/$file ->"
       echo "scripts/kbn: $steps build steps after an edit; broken candidate reported first; fixed candidate runs"
     fi
+    if [ "$case" = negated_logits ]; then
+      # `kb_nano eval` side by side: negated logits make greedy decoding pick the baseline's last choice, so no
+      # request matches, and the baseline's rerun at each first divergence ranks the candidate's token last
+      # (never a near-tie), far below its own.
+      "$bin" eval --device cpu --num-requests 4 --json "$build/eval.json" >"$build/eval.log" 2>&1 ||
+        { echo "FAIL: eval with the candidate"; tail -20 "$build/eval.log"; exit 1; }
+      num() { grep -m1 "\"$1\":" "$build/eval.json" | sed -E 's/.*: ([^,]*),?$/\1/'; }
+      [ "$(num exact_match)" = 0 ] && [ "$(num scored)" = 4 ] && awk -v r="$(num rank2_fraction)" \
+        -v m="$(num median_margin_over_std)" 'BEGIN { exit !(r == 0 && m > 2) }' ||
+        { echo "FAIL: eval's divergence scoring of negated logits:"; grep -A8 '"divergences"' "$build/eval.json"; exit 1; }
+      expect_in "$(cat "$build/eval.log")" "first divergences as the baseline sees them (4 scored of 4 diverged requests"
+      echo "eval: 0/4 identical, divergences ranked last by the baseline (median margin $(num median_margin_over_std) std)"
+    fi
     echo "baseline: $base"; echo "candidate: $cand"; echo "$line"; echo "PASS"
     ;;
   cheats)

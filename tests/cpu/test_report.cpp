@@ -116,6 +116,14 @@ TEST(ReportParse, EvalWithCandidateAndAlignment) {
   EXPECT_DOUBLE_EQ(e.alignment.exact_match_rate, 0.625);
   EXPECT_DOUBLE_EQ(e.alignment.mean_matching_prefix, 35.0);
   EXPECT_EQ(e.alignment.min_matching_prefix, 2);
+  // The baseline's rerun at the 3 first divergences (fp8-rounded rms_norm: near-ties on this tiny model).
+  ASSERT_TRUE(e.alignment.has_divergences);
+  EXPECT_EQ(e.alignment.diverged, 3);
+  EXPECT_EQ(e.alignment.scored, 3);
+  EXPECT_NEAR(e.alignment.rank2_fraction, 2.0 / 3, 1e-12);
+  EXPECT_GT(e.alignment.median_margin_over_std, 0);
+  EXPECT_LE(e.alignment.median_margin_over_std, e.alignment.max_margin_over_std);
+  EXPECT_FALSE(bench::load_result(fixture("eval_balanced_vs_candidate.json")).eval.alignment.has_divergences);
 }
 
 TEST(ReportParse, EvalBaselineOnly) {
@@ -461,7 +469,10 @@ TEST(ReportIndex, WritesPlotsAndTables) {
   }
   // Key numbers: throughput per variant and the ratio row, alignment, kernel verdicts and speedups.
   EXPECT_NE(md.find("| decode-heavy | candidate/baseline |"), std::string::npos) << md;
-  EXPECT_NE(md.find("| decode-heavy | 8 | 5 | 62.5% | 35.0 | 67.0% | 2 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| decode-heavy | 8 | 5 | 62.5% | 35.0 | 67.0% | 2 | 3 of 3 | 0.00664 / 0.0276 | 66.7% |"),
+            std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| balanced | 8 | 8 | 100.0% | 25.4 | 100.0% | 20 | - | - | - |"), std::string::npos) << md;
   EXPECT_NE(md.find("| latency-b1 | baseline | 4 |"), std::string::npos) << md;
   EXPECT_NE(md.find("## Kernels: rms_norm  tiny-llama  tp=1"), std::string::npos) << md;
   EXPECT_NE(md.find("2 of 4 cases pass, 2 fail; geometric-mean speedup over passing cases"), std::string::npos) << md;
