@@ -459,8 +459,8 @@ void run(const Options& o, bool max_num_seqs_given) {
   std::unique_ptr<engine::TensorParallelGroup> group;
   if (o.tp > 1) {
     group = std::make_unique<engine::TensorParallelGroup>(o.tp, device);
-    std::printf("  tensor parallel %d: %s\n", o.tp,
-                device.is_cpu() ? "CPU ranks (shared-memory collectives)" : "rank r on cuda:r, NCCL");
+    std::printf("  tensor parallel %d: %s; collectives: %s\n", o.tp,
+                device.is_cpu() ? "CPU ranks" : "rank r on cuda:r", group->collectives().c_str());
     if (spec.weights_path.empty())
       std::printf("  note: random weights are drawn per shard, so --tp %d is a different random model from --tp 1\n",
                   o.tp);
@@ -583,6 +583,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                    {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
                    {"max_num_seqs", ecfg.max_num_seqs},
                    {"tp", o.tp},
+                   {"tp_collectives", group ? group->collectives() : std::string()},
                    {"wave_size", wave},
                    {"max_model_len", ecfg.max_model_len},
                    {"gpu_memory_utilization", ecfg.gpu_memory_utilization}};

@@ -31,6 +31,8 @@ class TensorParallelGroup {
 
   int size() const { return int(comms_.size()); }
   Device device_of(int rank) const;  // cpu, or cuda:rank
+  // What carries the collectives (Communicator::describe()).
+  std::string collectives() const { return comms_.front()->describe(); }
 
   // Runs fn(rank) on every rank's thread and waits for all (not reentrant: one run at a time). When a rank
   // throws, the group is aborted (ranks blocked in a CPU collective throw too) and the error of the rank that

@@ -13,6 +13,7 @@
 #include <glob.h>
 
 #include "kbn/device.h"
+#include "kbn/peer_all_reduce.h"
 #if __has_include(<nccl.h>)
 #include <nccl.h>
 #define KBN_HAVE_NCCL_HEADER 1
@@ -105,6 +106,7 @@ class CpuCommunicator final : public Communicator {
     shared_->aborted = true;
     shared_->cv.notify_all();
   }
+  std::string describe() const override { return "shared memory (sums in rank order)"; }
 
  private:
   // Called between the two barriers of a collective. Every rank sees the same mismatch, so every rank
@@ -213,8 +215,8 @@ ncclDataType_t nccl_type(DType dt) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device)
-      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device, std::unique_ptr<PeerAllReduce> peer)
+      : comm_(comm), rank_(rank), size_(size), device_(device), peer_(std::move(peer)) {}
   ~NcclCommunicator() override {
     if (comm_) nccl().comm_destroy(comm_);
   }
@@ -224,6 +226,10 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(const Tensor& x) override {
     check_collective_input(x, "all_reduce (nccl)");
     check_device(x, "all_reduce");
+    if (peer_ && peer_->accepts(x)) {
+      peer_->all_reduce_sum(x, current_stream());
+      return;
+    }
     check(nccl().all_reduce(x.data_ptr(), x.data_ptr(), size_t(x.numel()), nccl_type(x.dtype()), ncclSum, comm_,
                             current_stream()),
           "ncclAllReduce", x);
@@ -243,6 +249,12 @@ class NcclCommunicator final : public Communicator {
 
   void abort(const std::string&) override {}  // enqueued NCCL work cannot be interrupted from here
 
+  std::string describe() const override {
+    if (!peer_) return "NCCL";
+    return "NCCL; all-reduces up to " + std::to_string(peer_->max_bytes() >> 10) +
+           " KiB by a one-shot kernel over peer memory";
+  }
+
  private:
   void check_device(const Tensor& x, const char* what) const {
     KBN_CHECK(x.is_cuda() && x.device().index == device_, what, " (nccl): rank ", rank_, " runs on cuda:", device_,
@@ -255,11 +267,13 @@ class NcclCommunicator final : public Communicator {
 
   ncclComm_t comm_;
   int rank_, size_, device_;
+  std::unique_ptr<PeerAllReduce> peer_;  // null: NCCL for every size
 };
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices,
+                                                           size_t peer_all_reduce_bytes) {
   KBN_CHECK(!devices.empty(), "make_nccl_group: no devices");
   for (int d : devices)
     KBN_CHECK(d >= 0 && d < cuda_device_count(), "make_nccl_group: cuda:", d, " is not available (",
@@ -270,15 +284,20 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
   const ncclResult_t r = nccl().comm_init_all(comms.data(), int(devices.size()), devices.data());
   KBN_CHECK(r == ncclSuccess, "ncclCommInitAll over ", devices.size(), " GPUs failed: ", nccl().error_string(r));
+  const char* env = std::getenv("KBN_PEER_ALL_REDUCE");
+  std::vector<std::unique_ptr<PeerAllReduce>> peers;
+  if (peer_all_reduce_bytes > 0 && !(env && std::string(env) == "0"))
+    peers = make_peer_all_reduce(devices, peer_all_reduce_bytes);
   std::vector<std::unique_ptr<Communicator>> out;
   for (size_t i = 0; i < devices.size(); ++i)
-    out.push_back(std::make_unique<NcclCommunicator>(comms[i], int(i), int(devices.size()), devices[i]));
+    out.push_back(std::make_unique<NcclCommunicator>(comms[i], int(i), int(devices.size()), devices[i],
+                                                     peers.empty() ? nullptr : std::move(peers[i])));
   return out;
 }
 
 #else
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices, size_t) {
   KBN_FAIL("tensor parallelism over ", devices.size(), " GPUs needs a CUDA build with NCCL's header (nccl.h); ",
            "this binary has neither");
 }

@@ -9,7 +9,9 @@
 //    with bit-identical values and runs are deterministic. This is what lets CI test the TP sharding of every
 //    layer without a GPU.
 //  - CUDA tensors: NCCL, one communicator per GPU created together (ncclCommInitAll), collectives enqueued on
-//    the calling thread's current stream (so CUDA graphs capture them). libnccl is loaded at run time
+//    the calling thread's current stream (so CUDA graphs capture them). All-reduces of up to
+//    kPeerAllReduceBytes (decode-sized) take a one-shot kernel over peer memory instead (kbn/peer_all_reduce.h)
+//    when every pair of GPUs has peer access; KBN_PEER_ALL_REDUCE=0 in the environment keeps them on NCCL. libnccl is loaded at run time
 //    (dlopen), so a binary that never runs TP > 1 does not need it: $KBN_NCCL_LIBRARY, else libnccl.so.2 on
 //    the loader's path, the CUDA toolkit's lib64, or pip's nvidia-nccl package; the error lists every place
 //    tried.
@@ -33,12 +35,21 @@ class Communicator {
   // Marks the group failed (a rank's thread threw): ranks waiting in or entering a CPU collective throw
   // instead of waiting forever. NCCL collectives already enqueued cannot be interrupted.
   virtual void abort(const std::string& why) = 0;
+  // What carries the collectives, for logs and result files.
+  virtual std::string describe() const = 0;
 };
+
+// All-reduces up to this size go through the peer-memory kernel on CUDA groups (512 KiB: 64 tokens of a
+// 4096-wide bf16 hidden state).
+constexpr size_t kPeerAllReduceBytes = size_t(512) << 10;
 
 // `size` communicators over CPU tensors, rank i at index i.
 std::vector<std::unique_ptr<Communicator>> make_cpu_group(int size);
 
-// One NCCL communicator per device in `devices` (rank i on devices[i]). Needs a CUDA build.
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices);
+// One NCCL communicator per device in `devices` (rank i on devices[i]), with the peer-memory all-reduce for
+// messages up to peer_all_reduce_bytes (0: NCCL for everything; also when $KBN_PEER_ALL_REDUCE is 0 or peer
+// access is missing). Needs a CUDA build.
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(const std::vector<int>& devices,
+                                                           size_t peer_all_reduce_bytes = kPeerAllReduceBytes);
 
 }  // namespace kbn

@@ -13,7 +13,8 @@
 #              $EVAL_SUFFIX appended to the file names
 #   step-profile  kb_nano eval --step-profile in graph mode on $EVAL_WORKLOADS (default balanced)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
-#   tp         NCCL tests, Llama-3.1-8B generate and eval latency-b1 at --tp 1 and 2 (run on nvidia-h200-x2)
+#   tp         the TP GPU tests, Llama-3.1-8B generate at --tp 2, eval latency-b1/b32 at --tp 1, at --tp 2 and at
+#              --tp 2 with NCCL for every all-reduce (run on nvidia-h200-x2)
 #   modes      kb_nano kernels in hot and graph timing modes (rms_norm, silu_and_mul, linear, decode attention)
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
@@ -121,12 +122,18 @@ for part in "$@"; do
         KBN_NCCL_LIBRARY=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null) || true
         export KBN_NCCL_LIBRARY
       fi
-      step tp_gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='Nccl*:AllReduce*'
-      step tp_generate_8b_tp1 120 build/kb_nano generate --max-new-tokens 64 --json "$out/tp_generate_8b_tp1.json"
+      step tp_gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='Nccl*:AllReduce*:PeerAllReduce*' \
+        --gtest_output=json:"$out/tp_gpu_tests.json"
       step tp_generate_8b_tp2 180 build/kb_nano generate --tp 2 --max-new-tokens 64 --json "$out/tp_generate_8b_tp2.json"
-      for tp in 1 2; do
-        step "tp_eval_latency-b1_tp$tp" 240 build/kb_nano eval --tp "$tp" --workload latency-b1 --mode graph \
-          --variant baseline --max-model-len 4096 --json "$out/tp_eval_latency-b1_tp$tp.json"
+      # Batch 1 and 32 at TP 1 and 2; TP 2 also with every all-reduce on NCCL (KBN_PEER_ALL_REDUCE=0), the A/B of
+      # the one-shot peer-memory all-reduce.
+      for w in latency-b1 latency-b32; do
+        step "tp_eval_${w}_tp1" 240 build/kb_nano eval --workload "$w" --mode graph --variant baseline \
+          --max-model-len 4096 --json "$out/tp_eval_${w}_tp1.json"
+        step "tp_eval_${w}_tp2" 240 build/kb_nano eval --tp 2 --workload "$w" --mode graph --variant baseline \
+          --max-model-len 4096 --json "$out/tp_eval_${w}_tp2.json"
+        step "tp_eval_${w}_tp2_nccl" 240 env KBN_PEER_ALL_REDUCE=0 build/kb_nano eval --tp 2 --workload "$w" \
+          --mode graph --variant baseline --max-model-len 4096 --json "$out/tp_eval_${w}_tp2_nccl.json"
       done
       ;;
     modes)  # the hot and graph timing modes of kb_nano kernels on a few ops (cold is every other part's default)
