@@ -70,7 +70,6 @@ struct VariantRun {
   int64_t graph_steps = 0;
 };
 
-
 // The exact command as the shell passed it.
 std::string command_line() {
   std::ifstream f("/proc/self/cmdline", std::ios::binary);
@@ -92,7 +91,6 @@ std::string device_name(Device d) {
     if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) return line.substr(line.find(':') + 2);
   return "cpu";
 }
-
 
 nlohmann::json dist_json(const engine::Distribution& d) {
   return {{"count", d.count}, {"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}};
