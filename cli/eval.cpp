@@ -17,6 +17,7 @@
 #include "bench/ceilings.h"
 #include "cli/commands.h"
 #include "engine/alignment.h"
+#include "engine/kernel_trace.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "engine/tp_group.h"
@@ -52,6 +53,7 @@ struct Options {
   double gpu_memory_utilization = 0.9;
   int tp = 1;
   bool step_profile = false;
+  bool kernel_trace = false;
   bool no_prefix_caching = false;
   std::string admission = "reserve";  // reserve | optimistic
   int64_t divergence_samples = 64;
@@ -68,6 +70,8 @@ struct VariantRun {
   double graph_capture_s = 0;
   int64_t graph_capture_bytes = 0;
   int64_t graph_steps = 0;
+  bool traced = false;
+  engine::KernelTrace trace;  // --kernel-trace: every kernel of the measured run
 };
 
 // The exact command as the shell passed it.
@@ -111,6 +115,20 @@ nlohmann::json step_profile_json(const engine::StepProfile& p) {
 }
 
 // Where the run's time went, one line per kind of step (--step-profile).
+// Rows of a right-aligned table after a left-aligned first column.
+void print_cells(const std::vector<std::vector<std::string>>& cells) {
+  std::vector<size_t> width(cells[0].size(), 0);
+  for (const auto& c : cells)
+    for (size_t i = 0; i < c.size(); ++i) width[i] = std::max(width[i], c[i].size());
+  for (const auto& c : cells) {
+    std::string out = "  ";
+    for (size_t i = 0; i < c.size(); ++i)
+      out += i == 0 ? c[i] + std::string(width[i] - c[i].size() + 2, ' ')
+                    : std::string(width[i] - c[i].size(), ' ') + c[i] + (i + 1 < c.size() ? "  " : "");
+    std::printf("%s\n", out.c_str());
+  }
+}
+
 void print_step_profile(const VariantRun& r, Device device) {
   const engine::StepProfile& p = r.result.profile;
   std::printf("\nwhere the time went [%s] (seconds summed over steps; forward and logits are %s):\n",
@@ -129,16 +147,43 @@ void print_step_profile(const VariantRun& r, Device device) {
   line("decode (eager)", p.decode_eager);
   line("with prefill", p.prefill);
   line("all", p.total());
-  std::vector<size_t> width(cells[0].size(), 0);
-  for (const auto& c : cells)
-    for (size_t i = 0; i < c.size(); ++i) width[i] = std::max(width[i], c[i].size());
-  for (const auto& c : cells) {
-    std::string out = "  ";
-    for (size_t i = 0; i < c.size(); ++i)
-      out += i == 0 ? c[i] + std::string(width[i] - c[i].size() + 2, ' ')
-                    : std::string(width[i] - c[i].size(), ' ') + c[i] + (i + 1 < c.size() ? "  " : "");
-    std::printf("%s\n", out.c_str());
+  print_cells(cells);
+}
+
+void print_kernel_trace(const VariantRun& r) {
+  const engine::KernelTrace& t = r.trace;
+  std::string busy;
+  for (const auto& [d, b] : t.busy_s)
+    busy += fmt(" cuda:%g", double(d)) + fmt(" %.1f%%", t.wall_s > 0 ? 100.0 * b / t.wall_s : 0.0);
+  std::printf("\nkernel time [%s] (CUPTI, %lld kernels, %.3f s of kernels in %.3f s of wall time; busy:%s):\n",
+              variant_name(r.variant), (long long)t.kernels, t.kernel_s, t.wall_s, busy.c_str());
+  std::vector<std::vector<std::string>> ops = {{"op", "kernels", "seconds", "share", "mean us"}};
+  for (const auto& k : t.by_op)
+    ops.push_back({k.name, std::to_string(k.calls), fmt("%.3f", k.total_s),
+                   fmt("%.1f%%", t.kernel_s > 0 ? 100.0 * k.total_s / t.kernel_s : 0.0),
+                   fmt("%.1f", k.calls ? 1e6 * k.total_s / double(k.calls) : 0.0)});
+  print_cells(ops);
+  std::printf("  top kernels:\n");
+  std::vector<std::vector<std::string>> top = {{"kernel", "op", "calls", "seconds", "share"}};
+  for (size_t i = 0; i < t.by_kernel.size() && i < 12; ++i) {
+    const auto& k = t.by_kernel[i];
+    top.push_back({k.name.size() > 90 ? k.name.substr(0, 87) + "..." : k.name, k.op, std::to_string(k.calls),
+                   fmt("%.3f", k.total_s), fmt("%.1f%%", t.kernel_s > 0 ? 100.0 * k.total_s / t.kernel_s : 0.0)});
   }
+  print_cells(top);
+}
+
+nlohmann::json kernel_trace_json(const engine::KernelTrace& t) {
+  auto stats = [](const std::vector<engine::KernelStat>& v, size_t limit) {
+    nlohmann::json a = nlohmann::json::array();
+    for (size_t i = 0; i < v.size() && i < limit; ++i)
+      a.push_back({{"name", v[i].name}, {"op", v[i].op}, {"calls", v[i].calls}, {"seconds", v[i].total_s}});
+    return a;
+  };
+  nlohmann::json busy = nlohmann::json::object();
+  for (const auto& [d, b] : t.busy_s) busy["cuda:" + std::to_string(d)] = b;
+  return {{"wall_s", t.wall_s},       {"kernel_s", t.kernel_s},          {"kernels", t.kernels},
+          {"busy_s", busy},           {"by_op", stats(t.by_op, SIZE_MAX)}, {"by_kernel", stats(t.by_kernel, 40)}};
 }
 
 nlohmann::json metrics_json(const VariantRun& r) {
@@ -402,6 +447,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.mode = mode;
   ecfg.profile_steps = o.step_profile;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
+  KBN_CHECK(!o.kernel_trace || device.is_cuda(), "--kernel-trace: needs a CUDA device (CUPTI), got ", device.str());
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
   KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
             "--admission: expected reserve or optimistic, got '", o.admission, "'");
@@ -504,7 +550,13 @@ void run(const Options& o, bool max_num_seqs_given) {
       eng.run_to_completion({warm});
       Progress progress(variant_name(v));
       const int64_t graph_steps_before = eng.runner().num_graph_steps();
+      std::unique_ptr<engine::KernelTracer> tracer;
+      if (o.kernel_trace) tracer = std::make_unique<engine::KernelTracer>();
       run.result = run_workload(eng, workload.requests, wave, progress);
+      if (tracer) {
+        run.trace = tracer->stop();
+        run.traced = true;
+      }
       run.metrics = run.result.metrics();
       run.graph_steps = eng.runner().num_graph_steps() - graph_steps_before;
     }
@@ -517,6 +569,8 @@ void run(const Options& o, bool max_num_seqs_given) {
   print_table(runs);
   if (o.step_profile)
     for (const auto& r : runs) print_step_profile(r, device);
+  for (const auto& r : runs)
+    if (r.traced) print_kernel_trace(r);
   engine::Alignment al;
   engine::DivergenceSummary div;
   bool div_scored = false;
@@ -592,6 +646,7 @@ void run(const Options& o, bool max_num_seqs_given) {
     for (const auto& r : runs) {
       j["results"][variant_name(r.variant)] = metrics_json(r);
       if (o.step_profile) j["results"][variant_name(r.variant)]["step_profile"] = step_profile_json(r.result.profile);
+      if (r.traced) j["results"][variant_name(r.variant)]["kernel_trace"] = kernel_trace_json(r.trace);
     }
     if (runs.size() == 2) {
       j["alignment"] = {{"requests", al.requests},
@@ -655,6 +710,10 @@ void add_eval_command(CLI::App& app) {
                 "Record where each step's time goes (host scheduling, input building, sampling; device spans of the "
                 "forward and the logits) and print it by kind of step; a step that samples nothing then waits for "
                 "the device, so throughput runs are best made without it");
+  cmd->add_flag("--kernel-trace", o->kernel_trace,
+                "Record every kernel of the measured run with CUPTI and print the GPU time per op (rms_norm, linear, "
+                "flash_attn_decode, ...) and the top kernels; --json adds them (CUDA only; libcupti is opened at run "
+                "time, $KBN_CUPTI_LIBRARY overrides where; tracing adds a little time per kernel)");
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
                 "Turn automatic prefix caching off (on by default, as in vLLM V1): every admitted request, and every "
                 "preempted one coming back, computes all of its tokens");
