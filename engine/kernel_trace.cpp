@@ -28,6 +28,8 @@ std::string kernel_op(const std::string& kernel_name) {
   // kb-nano's own kernels first (their names are specific), then the libraries'.
   if (has("flash_attn_prefill")) return "flash_attn_prefill";
   if (has("flash_attn_decode")) return "flash_attn_decode";
+  // The portable kernel both attention ops fall back to (head sizes the tensor-core kernels do not take).
+  if (has("generic_attention")) return "attention (generic kernel)";
   if (has("rms_norm")) return "rms_norm";
   if (has("silu_and_mul")) return "silu_and_mul";
   if (has("rotary_embedding")) return "rotary_embedding";

@@ -127,3 +127,79 @@ TEST(CudaAllocator, AllocatesInsideAThreadLocalCapture) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }
+
+// The GPU strided copy (Tensor::contiguous / copy_ between views) against the CPU's, on views cut from larger
+// tensors (slices with offsets in every dimension, then a transpose): element sizes 1, 2, 4 and 8, dimensions
+// that collapse and ones that do not, rows that take the 16-byte path and misaligned ones that cannot.
+TEST(CudaTensor, StridedCopiesMatchTheCpuOnRandomViews) {
+  KBN_SKIP_WITHOUT_GPU();
+  uint64_t state = 12345;
+  auto next = [&](int64_t n) {  // in [0, n)
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return int64_t((state >> 33) % uint64_t(n));
+  };
+  const DType dtypes[] = {DType::fp8e4m3, DType::bf16, DType::f32, DType::i64};
+  int vector_eligible = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const DType dt = dtypes[trial % 4];
+    const int nd = 1 + int(next(4));
+    Shape parent, view_shape;
+    std::vector<int64_t> starts;
+    for (int d = 0; d < nd; ++d) {
+      // The last dimension is often a multiple of 16 bytes' worth of elements, so the vector path is exercised.
+      const int64_t len = d == nd - 1 && next(2) ? 16 * (1 + next(3)) : 1 + next(6);
+      const int64_t pad = next(3) ? 0 : 16 * next(2) + next(3);
+      view_shape.push_back(len);
+      parent.push_back(len + pad);
+      starts.push_back(pad > 0 ? next(pad + 1) : 0);
+    }
+    std::vector<int64_t> values(size_t(shape_numel(parent)));
+    for (auto& v : values) v = next(16);
+    Tensor cpu = Tensor::from_i64(values, parent);
+    if (dt != DType::i64) {
+      std::vector<float> f(values.begin(), values.end());
+      cpu = Tensor::from_floats(f, parent, DType::f32).to(dt);
+    }
+    const Tensor gpu = cpu.to(Device::cuda(0));
+    auto view = [&](const Tensor& t) {
+      Tensor v = t;
+      for (int d = 0; d < nd; ++d) v = v.slice(d, starts[size_t(d)], starts[size_t(d)] + view_shape[size_t(d)]);
+      if (nd >= 2 && next(3) == 0) v = v.transpose(0, nd - 1);
+      return v;
+    };
+    const uint64_t saved = state;
+    const Tensor vc = view(cpu);
+    state = saved;  // the same transpose decision for the GPU view
+    const Tensor vg = view(gpu);
+    ASSERT_EQ(vc.shape(), vg.shape());
+    vector_eligible += vg.stride(-1) == 1 && (vg.size(-1) * int64_t(vg.element_size())) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(vg.data_ptr()) % 16 == 0;
+    const Tensor got = vg.contiguous().to(Device::cpu()), want = vc.contiguous();
+    if (dt == DType::i64)
+      ASSERT_EQ(got.to_ints(), want.to_ints()) << "trial " << trial << " " << vg.str();
+    else
+      ASSERT_EQ(got.to_floats(), want.to_floats()) << "trial " << trial << " " << vg.str();
+    // Into a strided destination: write the view back into a zeroed parent on both sides.
+    Tensor dc = Tensor::zeros(cpu.shape(), dt), dg = Tensor::zeros(cpu.shape(), dt, Device::cuda(0));
+    state = saved;
+    Tensor wc = view(dc);
+    state = saved;
+    Tensor wg = view(dg);
+    wc.copy_(vc);
+    wg.copy_(vg);
+    if (dt == DType::i64)
+      ASSERT_EQ(dg.to(Device::cpu()).to_ints(), dc.to_ints()) << "trial " << trial << " (strided destination)";
+    else
+      ASSERT_EQ(dg.to(Device::cpu()).to_floats(), dc.to_floats()) << "trial " << trial << " (strided destination)";
+  }
+  EXPECT_GT(vector_eligible, 20);  // the 16-byte path was taken often
+  // The attention's copy of q out of a fused qkv row: [tokens, heads, head] with row stride 3 * 2048 bf16.
+  Tensor qkv = Tensor::from_floats(std::vector<float>(size_t(5 * 6144), 1.0f), {5, 6144}, DType::f32).to(DType::bf16);
+  for (int64_t i = 0; i < 5; ++i) qkv.slice(0, i, i + 1).fill_(double(i));
+  const Tensor g = qkv.to(Device::cuda(0));
+  for (const int64_t col : {int64_t(0), int64_t(4096), int64_t(1)}) {
+    const Tensor qc = qkv.slice(1, col, col + 4096).as_strided({5, 32, 128}, {6144, 128, 1}, col);
+    const Tensor qg = g.slice(1, col, col + 4096).as_strided({5, 32, 128}, {6144, 128, 1}, col);
+    EXPECT_EQ(qg.contiguous().to(Device::cpu()).to_floats(), qc.contiguous().to_floats()) << "column " << col;
+  }
+}

@@ -1,6 +1,8 @@
 // Kernel tracing with CUPTI (engine/kernel_trace.h, `kb_nano eval --kernel-trace`): a graph-mode engine run of the
 // tiny Llama in bf16 records the kernels of every L1 op the model runs, those replayed from CUDA graphs included,
-// with busy time within the wall time; a second tracer in the process is refused.
+// with busy time within the wall time; a second tracer in the process is refused. (The tiny Llama's head size, 16,
+// takes the generic attention kernel for prefill and decode alike; the 8B model's flash kernels were traced on
+// the H200 by `kb_nano eval --kernel-trace`, bench/results/h200/eval/kernel_trace/.)
 #include <gtest/gtest.h>
 
 #include <map>
@@ -43,11 +45,12 @@ TEST(KernelTraceGpu, RecordsEveryOpOfAGraphModeRun) {
   std::map<std::string, int64_t> calls;
   for (const auto& k : t.by_op) calls[k.name] = k.calls;
   const int64_t layers = model->kv_cache_spec().num_layers;
-  for (const char* op : {"embedding", "rms_norm", "linear", "rotary_embedding", "store_kvcache", "flash_attn_prefill",
-                         "flash_attn_decode", "silu_and_mul", "argmax"})
+  for (const char* op : {"embedding", "rms_norm", "linear", "rotary_embedding", "store_kvcache",
+                         "attention (generic kernel)", "silu_and_mul", "argmax"})
     EXPECT_GT(calls[op], 0) << op;
-  // Every decode step runs the decode attention once per layer, graph replays included.
-  EXPECT_GE(calls["flash_attn_decode"], graph_steps * layers);
+  // Every decode step runs the attention once per layer, graph replays included.
+  EXPECT_GE(calls["attention (generic kernel)"], graph_steps * layers);
+  EXPECT_EQ(calls.count("other"), 0u) << "a kernel of the model that kernel_op() does not know";
   EXPECT_GT(t.kernels, 0);
   EXPECT_GT(t.kernel_s, 0);
   ASSERT_EQ(t.busy_s.count(0), 1u);
