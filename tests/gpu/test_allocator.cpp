@@ -197,9 +197,9 @@ TEST(CudaTensor, StridedCopiesMatchTheCpuOnRandomViews) {
   Tensor qkv = Tensor::from_floats(std::vector<float>(size_t(5 * 6144), 1.0f), {5, 6144}, DType::f32).to(DType::bf16);
   for (int64_t i = 0; i < 5; ++i) qkv.slice(0, i, i + 1).fill_(double(i));
   const Tensor g = qkv.to(Device::cuda(0));
-  for (const int64_t col : {int64_t(0), int64_t(4096), int64_t(1)}) {
-    const Tensor qc = qkv.slice(1, col, col + 4096).as_strided({5, 32, 128}, {6144, 128, 1}, col);
-    const Tensor qg = g.slice(1, col, col + 4096).as_strided({5, 32, 128}, {6144, 128, 1}, col);
+  for (const int64_t col : {int64_t(0), int64_t(2048), int64_t(1)}) {  // aligned, aligned, misaligned
+    const Tensor qc = qkv.as_strided({5, 32, 128}, {6144, 128, 1}, col);
+    const Tensor qg = g.as_strided({5, 32, 128}, {6144, 128, 1}, col);
     EXPECT_EQ(qg.contiguous().to(Device::cpu()).to_floats(), qc.contiguous().to_floats()) << "column " << col;
   }
 }
