@@ -106,25 +106,24 @@ class PeerAllReduceGroup {
               " ranks, got ", devices_.size());
     KBN_CHECK(max_bytes_ > 0 && max_bytes_ % 16 == 0, "peer all-reduce: max_bytes must be a positive multiple of 16, got ",
               max_bytes_);
-    for (size_t r = 0; r < devices_.size(); ++r) {
-      const DeviceGuard guard(Device::cuda(devices_[r]));
-      void* staging = nullptr;
-      void* signal = nullptr;
-      KBN_CUDA_CHECK(cudaMalloc(&staging, 2 * max_bytes_));
-      KBN_CUDA_CHECK(cudaMalloc(&signal, sizeof(Signal)));
-      KBN_CUDA_CHECK(cudaMemset(signal, 0, sizeof(Signal)));
-      staging_.push_back(static_cast<char*>(staging));
-      signal_.push_back(signal);
-    }
-    for (size_t r = 0; r < devices_.size(); ++r) synchronize(Device::cuda(devices_[r]));
-  }
-  ~PeerAllReduceGroup() {
-    for (size_t r = 0; r < staging_.size(); ++r) {
-      const DeviceGuard guard(Device::cuda(devices_[r]));
-      cudaFree(staging_[r]);
-      cudaFree(signal_[r]);
+    try {
+      for (size_t r = 0; r < devices_.size(); ++r) {
+        const DeviceGuard guard(Device::cuda(devices_[r]));
+        staging_.push_back(nullptr);
+        signal_.push_back(nullptr);
+        void* staging = nullptr;
+        KBN_CUDA_CHECK(cudaMalloc(&staging, 2 * max_bytes_));
+        staging_.back() = static_cast<char*>(staging);
+        KBN_CUDA_CHECK(cudaMalloc(&signal_.back(), sizeof(Signal)));
+        KBN_CUDA_CHECK(cudaMemset(signal_.back(), 0, sizeof(Signal)));
+      }
+      for (size_t r = 0; r < devices_.size(); ++r) synchronize(Device::cuda(devices_[r]));
+    } catch (...) {
+      release();  // the destructor does not run for a constructor that throws
+      throw;
     }
   }
+  ~PeerAllReduceGroup() { release(); }
   int device(int rank) const { return devices_[size_t(rank)]; }
   size_t max_bytes() const { return max_bytes_; }
   Args args(int rank) const {
@@ -140,6 +139,16 @@ class PeerAllReduceGroup {
   }
 
  private:
+  void release() {
+    for (size_t r = 0; r < staging_.size(); ++r) {
+      const DeviceGuard guard(Device::cuda(devices_[r]));
+      if (staging_[r]) cudaFree(staging_[r]);
+      if (signal_[r]) cudaFree(signal_[r]);
+    }
+    staging_.clear();
+    signal_.clear();
+  }
+
   std::vector<int> devices_;
   size_t max_bytes_;
   std::vector<char*> staging_;
