@@ -118,6 +118,20 @@ EvalVariant parse_eval_variant(const Node& n, const std::string& name) {
   v.tpot_s = parse_percentiles(n["tpot_s"]);
   v.itl_s = parse_percentiles(n["itl_s"]);
   v.e2e_s = parse_percentiles(n["e2e_latency_s"]);
+  if (n.has("kernel_trace")) {
+    const Node t = n["kernel_trace"];
+    v.has_kernel_trace = true;
+    v.trace_wall_s = t["wall_s"].number();
+    v.trace_kernel_s = t["kernel_s"].number();
+    const Node busy = t["busy_s"];
+    if (!busy.raw().is_object()) busy.fail("key 'kernel_trace.busy_s' should be an object of device: seconds");
+    for (const auto& [device, seconds] : busy.raw().items()) {
+      (void)seconds;
+      v.trace_busy_s = std::max(v.trace_busy_s, busy[device.c_str()].number());
+    }
+    const Node ops = t["by_op"];
+    for (size_t i = 0; i < ops.size(); ++i) v.op_seconds.push_back({ops[i]["name"].str(), ops[i]["seconds"].number()});
+  }
   return v;
 }
 
@@ -796,6 +810,43 @@ std::vector<Plot> eval_plots(const std::vector<const ResultFile*>& files) {
     al.figure.panels = {rate, prefix};
     plots.push_back(std::move(al));
   }
+
+  for (size_t i = 0; i < files.size(); ++i) {
+    const EvalResult& r = files[i]->eval;
+    std::vector<const EvalVariant*> traced;
+    for (const auto& v : r.variants)
+      if (v.has_kernel_trace) traced.push_back(&v);
+    if (traced.empty()) continue;
+    Plot kt;
+    kt.file = "eval_kernel_time_" + slug(labels[i]) + ".svg";
+    kt.caption = "GPU time per op, " + labels[i];
+    kt.figure.title = "Where the GPU time goes: " + labels[i];
+    kt.figure.subtitle = r.model + (r.device.empty() ? "" : " on " + r.device) +
+                         ", every kernel of the run (CUPTI), seconds (" + file_name(files[i]->path) + ")";
+    BarPanel panel;
+    panel.title = "GPU seconds per op, and time with no kernel running";
+    panel.y_label = "seconds";
+    for (const auto& [op, _] : traced.front()->op_seconds) panel.categories.push_back(op);
+    for (const auto* v : traced)
+      for (const auto& [op, _] : v->op_seconds)
+        if (std::find(panel.categories.begin(), panel.categories.end(), op) == panel.categories.end())
+          panel.categories.push_back(op);
+    panel.categories.push_back("GPU idle");
+    for (const auto* v : traced) {
+      BarSeries series{v->name, v->name == "baseline" ? kBaselineColour : kCandidateColour, {}, {}, {}};
+      for (size_t c = 0; c + 1 < panel.categories.size(); ++c) {
+        double seconds = 0;
+        for (const auto& [op, sec] : v->op_seconds)
+          if (op == panel.categories[c]) seconds = sec;
+        series.values.push_back(seconds);
+      }
+      series.values.push_back(std::max(0.0, v->trace_wall_s - v->trace_busy_s));
+      panel.series.push_back(std::move(series));
+    }
+    kt.figure.panels = {panel};
+    kt.figure.columns = 1;
+    plots.push_back(std::move(kt));
+  }
   return plots;
 }
 
@@ -1095,6 +1146,26 @@ void add_eval_blocks(std::vector<Block>& blocks, const std::vector<const ResultF
                       "",
                       {}});
     blocks.push_back({Block::table, "", "", a});
+  }
+
+  Table k;
+  k.head = {"workload", "variant", "op", "GPU seconds", "share of kernel time"};
+  for (size_t i = 0; i < files.size(); ++i)
+    for (const auto& v : files[i]->eval.variants) {
+      if (!v.has_kernel_trace) continue;
+      for (const auto& [op, sec] : v.op_seconds)
+        k.rows.push_back({labels[i], v.name, op, fmt("%.3f", sec),
+                          fmt("%.1f%%", v.trace_kernel_s > 0 ? 100 * sec / v.trace_kernel_s : 0.0)});
+      k.rows.push_back({labels[i], v.name, "GPU idle (no kernel running)",
+                        fmt("%.3f", std::max(0.0, v.trace_wall_s - v.trace_busy_s)),
+                        fmt("of %.3f s wall", v.trace_wall_s)});
+    }
+  if (!k.rows.empty()) {
+    blocks.push_back({Block::paragraph,
+                      "GPU time per op from the kernel trace (eval --kernel-trace: every kernel of the run, CUPTI):",
+                      "",
+                      {}});
+    blocks.push_back({Block::table, "", "", k});
   }
 }
 

@@ -28,6 +28,10 @@ struct EvalVariant {
   int64_t num_requests = 0, prompt_tokens = 0, output_tokens = 0;
   double duration_s = 0, output_tokens_per_s = 0, total_tokens_per_s = 0, requests_per_s = 0;
   Percentiles ttft_s, tpot_s, itl_s, e2e_s;
+  // eval --kernel-trace: GPU seconds per kb-nano op, descending, and the traced interval.
+  bool has_kernel_trace = false;
+  double trace_wall_s = 0, trace_kernel_s = 0, trace_busy_s = 0;  // busy: the busiest device
+  std::vector<std::pair<std::string, double>> op_seconds;
 };
 
 struct EvalAlignment {
@@ -146,6 +150,7 @@ struct Plot {
 //   eval_throughput.svg            output and total tokens/s per workload, baseline vs candidate
 //   eval_latency_<workload>.svg    TTFT, TPOT, ITL and E2E p50/p90/p99 in ms, baseline vs candidate
 //   eval_alignment.svg             exact-match rate and mean matching prefix per workload (when compared)
+//   eval_kernel_time_<workload>.svg  GPU seconds per op and idle time, per variant (files with a kernel trace)
 std::vector<Plot> eval_plots(const std::vector<const ResultFile*>& files);
 // One kernels result; per (op, model, tp) group, named kernels_<op>_<model>_tp<N>_*:
 //   _speedup.svg  speedup per case, PASS/FAIL coloured, 1.0x line (baseline vs candidate runs only)

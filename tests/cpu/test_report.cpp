@@ -535,3 +535,39 @@ TEST(ReportCli, RefusalsNameTheFile) {
   EXPECT_NE(r.output.find("files is required"), std::string::npos) << r.output;
   fs::remove_all(dir);
 }
+
+// ---- eval --kernel-trace in the report ----
+
+TEST(ReportKernelTrace, ParsesPlotsAndTablesTheGpuTimePerOp) {
+  const auto f = bench::load_result(fixture("eval_balanced_kernel_trace_h200.json"));
+  ASSERT_EQ(f.kind, bench::ResultKind::eval);
+  const bench::EvalVariant* b = f.eval.find("baseline");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->has_kernel_trace);
+  EXPECT_NEAR(b->trace_wall_s, 41.098, 1e-3);
+  EXPECT_NEAR(b->trace_busy_s, 39.6085, 1e-3);
+  ASSERT_EQ(b->op_seconds.size(), 10u);
+  EXPECT_EQ(b->op_seconds[0].first, "linear");
+  EXPECT_NEAR(b->op_seconds[0].second, 22.330, 1e-3);
+  EXPECT_EQ(b->op_seconds[1].first, "flash_attn_decode");
+  // Files without a trace have none.
+  EXPECT_FALSE(bench::load_result(fixture("eval_latency-b1_baseline.json")).eval.variants[0].has_kernel_trace);
+
+  const auto plots = bench::eval_plots({&f});
+  const std::string svg = bench::render_svg(find_plot(plots, "eval_kernel_time_balanced.svg").figure);
+  EXPECT_EQ(xml_problem(svg), "");
+  EXPECT_EQ(count(svg, "class=\"bar\""), 11u);  // 10 ops + GPU idle
+  EXPECT_NE(svg.find("<title>baseline, GPU idle: 1.49</title>"), std::string::npos);
+  EXPECT_NE(svg.find("<title>baseline, linear: 22.3</title>"), std::string::npos);
+
+  const fs::path dir = kbn::test::temp_dir("kbn_report_trace_test") / "out";
+  bench::ReportOptions o;
+  o.out_dir = dir.string();
+  bench::write_report({f}, o);
+  const std::string md = read((dir / "index.md").string());
+  EXPECT_NE(md.find("| balanced | baseline | linear | 22.330 | 56.4% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| balanced | baseline | GPU idle (no kernel running) | 1.490 | of 41.098 s wall |"),
+            std::string::npos)
+      << md;
+  fs::remove_all(dir.parent_path());
+}
