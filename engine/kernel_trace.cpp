@@ -13,9 +13,9 @@
 #ifdef KBN_WITH_CUDA
 #include <cupti.h>
 #include <dlfcn.h>
-#include <glob.h>
 
 #include "kbn/device.h"
+#include "kbn/dynlib.h"
 #include "kbn/tensor.h"
 #endif
 
@@ -134,43 +134,20 @@ struct CuptiApi {
   decltype(&cuptiGetResultString) result_string = nullptr;
 };
 
-std::vector<std::string> cupti_candidates() {
-  std::vector<std::string> c;
-  if (const char* env = std::getenv("KBN_CUPTI_LIBRARY")) c.push_back(env);
-  for (const char* p : {"libcupti.so.13", "libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
-                        "/usr/local/cuda/lib64/libcupti.so.13", "/usr/local/cuda/lib/libcupti.so.13",
-                        "/usr/local/cuda/targets/x86_64-linux/lib/libcupti.so.13"})
-    c.push_back(p);
-  // pip's nvidia-cuda-cupti wheels (PyTorch's CUPTI).
-  for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/cuda_cupti/lib/libcupti.so*",
-                              "/usr/local/lib/python3*/site-packages/nvidia/cuda_cupti/lib/libcupti.so*",
-                              "/usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libcupti.so*",
-                              "/usr/local/lib/python3*/site-packages/nvidia/cu13/lib/libcupti.so*",
-                              "/usr/lib/python3*/dist-packages/nvidia/cuda_cupti/lib/libcupti.so*"}) {
-    glob_t g{};
-    if (glob(pattern, 0, nullptr, &g) == 0)
-      for (size_t i = 0; i < g.gl_pathc; ++i) c.push_back(g.gl_pathv[i]);
-    globfree(&g);
-  }
-  return c;
-}
-
 const CuptiApi& cupti() {
   static const CuptiApi api = [] {
-    void* h = nullptr;
-    std::string tried;
-    for (const auto& path : cupti_candidates()) {
-      h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (h) break;
-      tried += (tried.empty() ? "" : ", ") + path;
-    }
-    KBN_CHECK(h != nullptr, "kernel tracing needs CUPTI (libcupti.so.13), which could not be loaded; set "
-                            "KBN_CUPTI_LIBRARY to its path. Tried: ", tried);
-    auto sym = [&](const char* name) {
-      void* p = dlsym(h, name);
-      KBN_CHECK(p != nullptr, "CUPTI library lacks ", name);
-      return p;
-    };
+    void* h = open_library("kernel tracing needs CUPTI (libcupti.so.13)", "KBN_CUPTI_LIBRARY",
+                           {"libcupti.so.13", "libcupti.so", "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so.13",
+                            "/usr/local/cuda/lib64/libcupti.so.13", "/usr/local/cuda/lib/libcupti.so.13",
+                            "/usr/local/cuda/targets/x86_64-linux/lib/libcupti.so.13"},
+                           // pip's nvidia-cuda-cupti wheels (PyTorch's CUPTI).
+                           {"/usr/local/lib/python3*/dist-packages/nvidia/cuda_cupti/lib/libcupti.so*",
+                            "/usr/local/lib/python3*/site-packages/nvidia/cuda_cupti/lib/libcupti.so*",
+                            "/usr/local/lib/python3*/dist-packages/nvidia/cu13/lib/libcupti.so*",
+                            "/usr/local/lib/python3*/site-packages/nvidia/cu13/lib/libcupti.so*",
+                            "/usr/lib/python3*/dist-packages/nvidia/cuda_cupti/lib/libcupti.so*"},
+                           RTLD_NOW | RTLD_LOCAL);
+    auto sym = [&](const char* name) { return library_symbol(h, "CUPTI", name); };
     CuptiApi a;
     a.register_callbacks = reinterpret_cast<decltype(a.register_callbacks)>(sym("cuptiActivityRegisterCallbacks"));
     a.enable = reinterpret_cast<decltype(a.enable)>(sym("cuptiActivityEnable"));

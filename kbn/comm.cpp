@@ -10,9 +10,9 @@
 
 #ifdef KBN_WITH_CUDA
 #include <dlfcn.h>
-#include <glob.h>
 
 #include "kbn/device.h"
+#include "kbn/dynlib.h"
 #include "kbn/peer_all_reduce.h"
 #if __has_include(<nccl.h>)
 #include <nccl.h>
@@ -152,44 +152,21 @@ struct NcclApi {
   decltype(&ncclGetErrorString) error_string = nullptr;
 };
 
-std::vector<std::string> nccl_candidates() {
-  std::vector<std::string> c;
-  if (const char* env = std::getenv("KBN_NCCL_LIBRARY"); env && *env) c.push_back(env);
-  c.push_back("libnccl.so.2");
-  c.push_back("/usr/local/cuda/lib64/libnccl.so.2");
-  c.push_back("/usr/lib/x86_64-linux-gnu/libnccl.so.2");
-  // pip's nvidia-nccl-cu1x wheels (PyTorch's NCCL).
-  for (const char* pattern : {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/usr/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
-                              "/root/.local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"}) {
-    glob_t g{};
-    if (glob(pattern, 0, nullptr, &g) == 0)
-      for (size_t i = 0; i < g.gl_pathc; ++i) c.push_back(g.gl_pathv[i]);
-    globfree(&g);
-  }
-  return c;
-}
-
 const NcclApi& nccl() {
   static const NcclApi api = [] {
-    std::string tried;
-    void* h = nullptr;
-    for (const auto& path : nccl_candidates()) {
-      h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
-      if (h) break;
-      tried += "\n  " + path + ": " + dlerror();
-    }
-    KBN_CHECK(h != nullptr, "tensor parallelism needs NCCL (libnccl.so.2), which could not be loaded; set "
-                            "KBN_NCCL_LIBRARY to its path. Tried:", tried);
+    void* h = open_library("tensor parallelism needs NCCL (libnccl.so.2)", "KBN_NCCL_LIBRARY",
+                           {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2",
+                            "/usr/lib/x86_64-linux-gnu/libnccl.so.2"},
+                           // pip's nvidia-nccl-cu1x wheels (PyTorch's NCCL).
+                           {"/usr/local/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                            "/usr/local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                            "/usr/lib/python3*/dist-packages/nvidia/nccl/lib/libnccl.so.2",
+                            "/usr/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                            "/opt/*/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2",
+                            "/root/.local/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2"},
+                           RTLD_NOW | RTLD_GLOBAL);
     NcclApi a;
-    auto sym = [&](const char* name) {
-      void* p = dlsym(h, name);
-      KBN_CHECK(p != nullptr, "NCCL library lacks symbol ", name);
-      return p;
-    };
+    auto sym = [&](const char* name) { return library_symbol(h, "NCCL", name); };
     a.comm_init_all = reinterpret_cast<decltype(a.comm_init_all)>(sym("ncclCommInitAll"));
     a.comm_destroy = reinterpret_cast<decltype(a.comm_destroy)>(sym("ncclCommDestroy"));
     a.all_reduce = reinterpret_cast<decltype(a.all_reduce)>(sym("ncclAllReduce"));
