@@ -87,41 +87,39 @@ DivergenceSummary analyse_divergences(CausalLM& model, Device device, Variant va
   KBN_CHECK(max_samples >= 0, "analyse_divergences: max_samples must be >= 0, got ", max_samples);
   KBN_CHECK(max_batch_tokens > 0, "analyse_divergences: max_batch_tokens must be > 0, got ", max_batch_tokens);
   DivergenceSummary s;
-  // Requests whose outputs differ at a token both have (not merely in length).
-  std::vector<int64_t> eligible;
+  // Requests whose outputs differ at a token both have (not merely in length), with that token.
+  std::vector<Divergence> eligible;
   for (size_t i = 0; i < baseline.size(); ++i) {
     const auto &x = baseline[i], &y = candidate[i];
     if (x == y) continue;
     ++s.diverged;
     const size_t p = size_t(std::mismatch(x.begin(), x.end(), y.begin(), y.end()).first - x.begin());
-    if (p < x.size() && p < y.size()) eligible.push_back(int64_t(i));
+    if (p == x.size() || p == y.size()) continue;
+    Divergence d;
+    d.request = int64_t(i);
+    d.position = int64_t(p);
+    d.baseline_token = x[p];
+    d.candidate_token = y[p];
+    eligible.push_back(d);
   }
   const int64_t n = std::min<int64_t>(max_samples, int64_t(eligible.size()));
-  std::vector<int64_t> picked;
+  std::vector<Divergence> picked;
   for (int64_t k = 0; k < n; ++k) picked.push_back(eligible[size_t(k * int64_t(eligible.size()) / n)]);
 
   const int64_t vocab = model.vocab_size();
   for (size_t first = 0; first < picked.size();) {
     // One prefill batch: prompt + common prefix of each request, up to max_batch_tokens tokens.
     std::vector<std::vector<int64_t>> batch;
-    std::vector<Divergence> pending;
     int64_t tokens = 0;
     size_t next = first;
     for (; next < picked.size(); ++next) {
-      const int64_t i = picked[next];
-      const auto &x = baseline[size_t(i)], &y = candidate[size_t(i)];
-      const int64_t p = std::mismatch(x.begin(), x.end(), y.begin(), y.end()).first - x.begin();
-      std::vector<int64_t> seq = prompts[size_t(i)];
-      seq.insert(seq.end(), x.begin(), x.begin() + long(p));
+      const Divergence& d = picked[next];
+      const auto& x = baseline[size_t(d.request)];
+      std::vector<int64_t> seq = prompts[size_t(d.request)];
+      seq.insert(seq.end(), x.begin(), x.begin() + long(d.position));
       if (!batch.empty() && tokens + int64_t(seq.size()) > max_batch_tokens) break;
       tokens += int64_t(seq.size());
       batch.push_back(std::move(seq));
-      Divergence d;
-      d.request = i;
-      d.position = p;
-      d.baseline_token = x[size_t(p)];
-      d.candidate_token = y[size_t(p)];
-      pending.push_back(d);
     }
     GenerateOptions opt;
     opt.max_new_tokens = 1;
@@ -131,11 +129,11 @@ DivergenceSummary analyse_divergences(CausalLM& model, Device device, Variant va
     KBN_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(batch.size()) && logits.size(1) == vocab,
               "analyse_divergences: unexpected logits shape");
     const float* rows = logits.data<float>();
-    for (size_t b = 0; b < pending.size(); ++b) {
-      Divergence d = score_divergence(rows + int64_t(b) * vocab, vocab, pending[b].baseline_token,
-                                      pending[b].candidate_token);
-      d.request = pending[b].request;
-      d.position = pending[b].position;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const Divergence& at = picked[first + b];
+      Divergence d = score_divergence(rows + int64_t(b) * vocab, vocab, at.baseline_token, at.candidate_token);
+      d.request = at.request;
+      d.position = at.position;
       s.samples.push_back(d);
     }
     first = next;
