@@ -125,10 +125,8 @@ EvalVariant parse_eval_variant(const Node& n, const std::string& name) {
     v.trace_kernel_s = t["kernel_s"].number();
     const Node busy = t["busy_s"];
     if (!busy.raw().is_object()) busy.fail("key 'kernel_trace.busy_s' should be an object of device: seconds");
-    for (const auto& [device, seconds] : busy.raw().items()) {
-      (void)seconds;
-      v.trace_busy_s = std::max(v.trace_busy_s, busy[device.c_str()].number());
-    }
+    for (const auto& item : busy.raw().items())
+      v.trace_busy_s = std::max(v.trace_busy_s, busy[item.key().c_str()].number());
     const Node ops = t["by_op"];
     for (size_t i = 0; i < ops.size(); ++i) v.op_seconds.push_back({ops[i]["name"].str(), ops[i]["seconds"].number()});
   }

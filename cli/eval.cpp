@@ -736,7 +736,8 @@ void add_eval_command(CLI::App& app) {
                                       "than an A100, else 256; latency-b1/b32: 1/32)");
   cmd->add_option("--block-size", o->block_size, "KV cache block size in tokens (default 16)");
   cmd->add_option("--tp", o->tp,
-                  "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
+                  "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL; decode-sized all-reduces over peer "
+                  "memory) or, with --device cpu, on the "
                   "CPU (default 1)");
   cmd->add_option("--num-kv-blocks", o->num_kv_blocks,
                   "KV cache blocks (default: from free GPU memory; on CPU enough for max_num_seqs x max_model_len "
