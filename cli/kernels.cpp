@@ -104,7 +104,16 @@ std::vector<int64_t> parse_tokens(const std::string& s) {
   return out;
 }
 
-// "all": every real Llama config in models/ (the tiny-* configs are test fixtures, not deployments).
+// True when a registered L4 model serves the config's architecture.
+bool served(const ModelConfig& config) {
+  for (const auto& a : config.architectures())
+    for (const auto& e : registry(Variant::baseline).entries())
+      if (std::find(e.architectures.begin(), e.architectures.end(), a) != e.architectures.end()) return true;
+  return false;
+}
+
+// "all": every real config in models/ that a registered L4 model serves (the tiny-* configs are test
+// fixtures, not deployments).
 std::vector<std::string> expand_models(const std::vector<std::string>& requested) {
   std::vector<std::string> names = requested.empty() ? std::vector<std::string>{"llama-3.1-8b-instruct"} : requested;
   std::vector<std::string> out;
@@ -113,11 +122,8 @@ std::vector<std::string> expand_models(const std::vector<std::string>& requested
       out.push_back(n);
       continue;
     }
-    for (const auto& m : engine::known_models()) {
-      if (m.rfind("tiny-", 0) == 0) continue;
-      const auto archs = engine::resolve_model(m).config.architectures();
-      if (std::find(archs.begin(), archs.end(), "LlamaForCausalLM") != archs.end()) out.push_back(m);
-    }
+    for (const auto& m : engine::known_models())
+      if (m.rfind("tiny-", 0) != 0 && served(engine::resolve_model(m).config)) out.push_back(m);
   }
   return out;
 }
@@ -146,22 +152,19 @@ bool comparing(const Options& o) {
   return candidate_built();
 }
 
-// The level of each requested op (from the registry), or the ops of --level.
-std::vector<std::string> selected_ops(const Options& o) {
-  if (o.targets.empty()) {
-    if (o.level == 1) return bench::llama_l1_ops();
-    KBN_CHECK(o.level == 2 || o.level == 3,
-              "--level: expected 1 (single kernels), 2 (blocks) or 3 (decoder layer), got ", o.level,
-              "; whole models are measured end to end by 'kb_nano eval'");
-    return bench::llama_block_ops(o.level);
-  }
-  return o.targets;
+void check_level(const Options& o) {
+  KBN_CHECK(o.level >= 1 && o.level <= 3,
+            "--level: expected 1 (single kernels), 2 (blocks) or 3 (decoder layer), got ", o.level,
+            "; whole models are measured by 'kb_nano eval'");
 }
 
-bool is_l1(const std::string& op) {
-  const auto& l1 = bench::llama_l1_ops();
-  return std::find(l1.begin(), l1.end(), op) != l1.end();
+// --target, else the benchmarked ops of --level that the model's L4 reaches.
+std::vector<std::string> selected_ops(const Options& o, const ModelView& m) {
+  check_level(o);
+  return o.targets.empty() ? bench::model_ops(m, o.level) : o.targets;
 }
+
+bool is_l1(const std::string& op) { return registry(Variant::baseline).get(op).level == 1; }
 
 bool comparing(const Options& o);
 
@@ -175,79 +178,79 @@ std::vector<std::string> blocks_including(const std::string& op) {
   const bool replaced = std::find(files.begin(), files.end(), header) != files.end() ||
                         std::find(files.begin(), files.end(), impl) != files.end();
   if (!replaced) return out;
-  for (int level : {2, 3}) {
-    for (const auto& b : bench::llama_block_ops(level)) {
-      const auto closure = include_graph(Variant::candidate).closure(registry(Variant::candidate).get(b).header);
-      if (closure.count(header) || closure.count(impl)) out.push_back(b);
-    }
+  for (const auto& b : registry(Variant::candidate).entries()) {
+    if ((b.level != 2 && b.level != 3) || !b.cases) continue;
+    const auto closure = include_graph(Variant::candidate).closure(b.header);
+    if (closure.count(header) || closure.count(impl)) out.push_back(b.name);
   }
   return out;
 }
 
-std::vector<bench::BenchCase> build_cases(const Options& o, bool small) {
+struct Selection {
+  std::vector<bench::BenchCase> cases;
+  std::vector<std::string> requested;  // the ops asked for (--target or the models' ops of --level)
+};
+
+Selection build_cases(const Options& o, bool small) {
   bench::CaseOptions copts;
   copts.tokens = parse_tokens(o.tokens);
   copts.dtype = parse_dtype(o.dtype);
-  const std::vector<std::string> targets = selected_ops(o);
+  copts.small = small;
   const std::vector<int64_t> tps = o.tps.empty() ? std::vector<int64_t>{1} : o.tps;
   const int random = o.random >= 0 ? o.random : (small ? 2 : 3);
-  std::vector<bench::BenchCase> cases;
-  for (const auto& model : expand_models(o.models)) {
+  Selection sel;
+  std::set<std::string> requested;
+  const std::vector<std::string> models = expand_models(o.models);
+  for (const auto& model : models) {
     engine::ModelSpec spec = engine::resolve_model(model);
-    const auto archs = spec.config.architectures();
-    KBN_CHECK(std::find(archs.begin(), archs.end(), "LlamaForCausalLM") != archs.end(), "--model: '", model,
-              "' is not a LlamaForCausalLM config; kb_nano kernels derives Llama shapes only");
-    const LlamaConfig config = LlamaConfig::from(spec.config);
     for (int64_t tp : tps) {
-      for (const auto& op : targets) {
-        if (is_l1(op)) {
-          for (auto& c : bench::cases_for(op, spec.name, config, tp, copts)) cases.push_back(std::move(c));
-        } else {
-          KBN_CHECK(tp == 1, "--tp: blocks (", op,
-                    ") run on one GPU here; tensor-parallel blocks need a process "
-                    "group (use --tp with level-1 ops for per-rank shapes)");
-          for (auto& c : bench::block_cases_for(op, spec.name, spec.config, copts)) cases.push_back(std::move(c));
-        }
+      const ModelView view = bench::model_view(spec.name, spec.config, tp);
+      for (const auto& op : selected_ops(o, view)) {
+        requested.insert(op);
+        for (auto& c : bench::cases_for(op, view, copts)) sel.cases.push_back(std::move(c));
         if (tp != tps.front() || random == 0) continue;  // random shapes once per (model, op)
-        for (auto& c : bench::random_cases(op, spec.config, random, o.seed, small, copts.dtype)) {
+        for (auto& c : bench::random_cases(op, view, random, o.seed, small, copts.dtype)) {
           c.model = spec.name;
-          cases.push_back(std::move(c));
+          sel.cases.push_back(std::move(c));
         }
       }
     }
   }
+  sel.requested.assign(requested.begin(), requested.end());
   // An L1 candidate's gain must survive composition: the blocks and layer that include its file run too
   // (baseline blocks vs blocks built with the candidate), at their default step shapes.
   if (o.composition && !o.list && comparing(o) && o.case_labels.empty()) {
     std::set<std::string> blocks;
-    for (const auto& op : targets)
+    for (const auto& op : sel.requested)
       if (is_l1(op))
         for (const auto& b : blocks_including(op)) blocks.insert(b);
-    for (const auto& model : expand_models(o.models)) {
+    for (const auto& model : models) {
       engine::ModelSpec spec = engine::resolve_model(model);
+      const ModelView view = bench::model_view(spec.name, spec.config, 1);
       bench::CaseOptions bopts;
       bopts.dtype = copts.dtype;
+      bopts.small = small;
       if (small) bopts.tokens = {2, 300};
       for (int level : {2, 3})
-        for (const auto& op : bench::llama_block_ops(level))
+        for (const auto& op : bench::model_ops(view, level))
           if (blocks.count(op))
-            for (auto& c : bench::block_cases_for(op, spec.name, spec.config, bopts)) cases.push_back(std::move(c));
+            for (auto& c : bench::cases_for(op, view, bopts)) sel.cases.push_back(std::move(c));
     }
   }
   if (!o.case_labels.empty()) {
     const std::set<std::string> wanted(o.case_labels.begin(), o.case_labels.end());
     std::set<std::string> matched;
     std::vector<bench::BenchCase> kept;
-    for (auto& c : cases) {
+    for (auto& c : sel.cases) {
       if (!wanted.count(c.label)) continue;
       matched.insert(c.label);
       kept.push_back(std::move(c));
     }
     for (const auto& w : wanted)
       KBN_CHECK(matched.count(w), "--case: no case is labelled '", w, "' (kb_nano kernels --list shows the labels)");
-    cases = std::move(kept);
+    sel.cases = std::move(kept);
   }
-  return cases;
+  return sel;
 }
 
 std::string rerun_command(const bench::BenchCase& c, const Options& o) {
@@ -636,7 +639,8 @@ void print_composition(const std::vector<std::string>& ops) {
 
 void run(const Options& o) {
   const bool small = o.device == "cpu";
-  const std::vector<bench::BenchCase> cases = build_cases(o, small);
+  const Selection selection = build_cases(o, small);
+  const std::vector<bench::BenchCase>& cases = selection.cases;
   KBN_CHECK(!cases.empty(), "kb_nano kernels: no cases selected (check --target, --model, --tokens and --case)");
   if (o.list) {
     std::printf("%s", bench::format_case_list(cases).c_str());
@@ -701,7 +705,7 @@ void run(const Options& o) {
     print_table(group, ctx.compare, ctx.device.is_cuda());
     groups.push_back(std::move(group));
   }
-  const Summary sum = summarise(rows, selected_ops(o));
+  const Summary sum = summarise(rows, selection.requested);
   std::printf("\nSummary: %d of %d cases pass, %d fail, %d errors", sum.passed, sum.cases, sum.failed, sum.errors);
   if (sum.skipped) std::printf(", %d skipped (too large for the device)", sum.skipped);
   if (sum.geomean_speedup > 0) std::printf("; geometric-mean speedup over passing cases %.3fx", sum.geomean_speedup);
@@ -741,12 +745,13 @@ void add_kernels_command(CLI::App& app) {
                                      "(poisoned outputs, guard bytes, several seeds and value distributions, "
                                      "caching and determinism checks), then time both against ceilings measured "
                                      "at start-up");
-  cmd->add_option("--target", o->targets, "Op to run (repeatable; default: every Llama L1 op)");
+  cmd->add_option("--target", o->targets,
+                  "Op to run (repeatable; default: every op of --level that the model's L4 includes)");
   cmd->add_option("--level", o->level,
-                  "1: single kernels (default), 2: blocks (parallel linears, llama_attention, llama_mlp), "
-                  "3: llama_decoder_layer; whole models are measured by 'kb_nano eval'");
+                  "1: single kernels (default), 2: blocks (parallel linears, attention and MLP blocks), "
+                  "3: decoder layers; whole models are measured by 'kb_nano eval'");
   cmd->add_option("--model", o->models,
-                  "Model name from models/ (repeatable; 'all' = every real Llama config; "
+                  "Model name from models/ (repeatable; 'all' = every real config a registered model serves; "
                   "default llama-3.1-8b-instruct)");
   cmd->add_option("--tp", o->tps, "Tensor-parallel size whose per-rank shapes are timed (repeatable; default 1)")
       ->check(CLI::PositiveNumber);

@@ -389,14 +389,11 @@ std::vector<int64_t> parse_tokens(const std::string& s) {
 
 std::vector<bench::BenchCase> select_cases(const Options& o) {
   engine::ModelSpec spec = engine::resolve_model(o.model);
-  const auto archs = spec.config.architectures();
-  KBN_CHECK(std::find(archs.begin(), archs.end(), "LlamaForCausalLM") != archs.end(), "--model: '", o.model,
-            "' is not a LlamaForCausalLM config; kb_nano profile derives Llama shapes only");
   bench::CaseOptions copts;
   copts.tokens = parse_tokens(o.tokens);
   copts.dtype = parse_dtype(o.dtype);
   std::vector<bench::BenchCase> cases =
-      bench::cases_for(o.target, spec.name, LlamaConfig::from(spec.config), o.tp, copts);
+      bench::cases_for(o.target, bench::model_view(spec.name, spec.config, o.tp), copts);
   if (o.case_labels.empty()) return cases;
   std::vector<bench::BenchCase> kept;
   for (const auto& want : o.case_labels) {

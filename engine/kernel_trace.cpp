@@ -9,6 +9,7 @@
 
 #include "engine/clock.h"
 #include "kbn/error.h"
+#include "kbn/registry.h"
 
 #ifdef KBN_WITH_CUDA
 #include <cupti.h>
@@ -24,21 +25,28 @@ namespace kbn::engine {
 std::string kernel_op(const std::string& kernel_name) {
   std::string n = kernel_name;
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  // The ops' own declared kernel names (OpEntry::kernels, in their facts files): the longest one the name
+  // contains wins, so "rotary_embedding_kernel" is rotary's, not embedding's; ops declaring that same name share
+  // the kernel (a fallback both attention ops launch).
+  size_t best = 0;
+  std::vector<std::string> owners;
+  for (const auto& e : registry(Variant::baseline).entries()) {
+    for (const auto& k : e.kernels) {
+      if (k.size() < best || n.find(k) == std::string::npos) continue;
+      if (k.size() > best) owners.clear();
+      best = k.size();
+      if (std::find(owners.begin(), owners.end(), e.name) == owners.end()) owners.push_back(e.name);
+    }
+  }
+  if (owners.size() == 1) return owners.front();
+  if (!owners.empty()) {
+    std::sort(owners.begin(), owners.end());
+    std::string s;
+    for (const auto& o : owners) s += (s.empty() ? "" : " / ") + o;
+    return s + " (shared kernel)";
+  }
+  // kb-nano's tensor library (kbn/), not an op.
   auto has = [&](const char* s) { return n.find(s) != std::string::npos; };
-  // kb-nano's own kernels first (their names are specific), then the libraries'.
-  if (has("flash_attn_prefill")) return "flash_attn_prefill";
-  if (has("flash_attn_decode")) return "flash_attn_decode";
-  // The portable kernel both attention ops fall back to (head sizes the tensor-core kernels do not take).
-  if (has("generic_attention")) return "attention (generic kernel)";
-  if (has("rms_norm")) return "rms_norm";
-  if (has("silu_and_mul")) return "silu_and_mul";
-  if (has("rotary_embedding")) return "rotary_embedding";
-  if (has("store_kvcache")) return "store_kvcache";
-  if (has("embedding_kernel")) return "embedding";
-  if (has("argmax")) return "argmax";
-  if (has("all_reduce") || has("nccl")) return "all_reduce";
-  if (has("gemv_kernel") || has("gemm") || has("nvjet") || has("xmma") || has("cutlass") || has("cublas"))
-    return "linear";
   if (has("strided_copy") || has("convert_kernel") || has("fill_kernel") || has("fill_random")) return "tensor copies and fills";
   return "other";
 }

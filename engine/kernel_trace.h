@@ -15,10 +15,11 @@
 
 namespace kbn::engine {
 
-// The kb-nano op a kernel belongs to, from its (demangled) name: the L1 op names of `kb_nano kernels`
-// (rms_norm covers fused_add_rms_norm; linear covers cuBLAS/cuBLASLt GEMMs and kb-nano's GEMV), "attention (generic
-// kernel)" (the fallback both attention ops share), all_reduce (the peer kernel and NCCL), "tensor copies and
-// fills" (the tensor library's own kernels), else "other".
+// The kb-nano op a kernel belongs to, from its (demangled) name and the kernel names each op declares in its
+// facts file (OpEntry::kernels: rms_norm covers fused_add_rms_norm; linear covers cuBLAS/cuBLASLt GEMMs and
+// kb-nano's GEMV; all_reduce the peer kernel and NCCL); "a / b (shared kernel)" for a kernel several ops declare
+// (the fallback both attention ops launch), "tensor copies and fills" for the tensor library's own kernels, else
+// "other".
 std::string kernel_op(const std::string& kernel_name);
 
 struct KernelStat {

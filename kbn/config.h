@@ -1,9 +1,9 @@
 #pragma once
 // HF config.json parsing. ModelConfig keeps the whole JSON (so any architecture can read its own keys) and
-// typed accessors whose errors name the file and the key. LlamaConfig is the typed view Llama models use.
+// typed accessors whose errors name the file and the key. Each family's typed view lives with its task files
+// (tasks/configs/).
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,7 +11,8 @@
 
 namespace kbn {
 
-// Llama-3.1 style frequency scaling ("rope_type": "llama3"); rope_type "default" means no scaling.
+// Frequency scaling of the rotary embedding; rope_type "default" means none, "llama3" is the Llama-3.1
+// wavelength-band scaling (HF's name for it).
 struct RopeScaling {
   std::string rope_type = "default";
   double factor = 1.0;
@@ -19,6 +20,17 @@ struct RopeScaling {
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
 };
+
+// The rotary embedding a config describes: rope_theta and rope scaling, read from "rope_parameters"
+// (transformers >= 5, theta inside) or "rope_scaling" beside a top-level "rope_theta" (earlier versions and
+// the published configs). Errors name the key.
+struct RopeConfig {
+  double theta = 10000.0;
+  RopeScaling scaling;
+};
+
+class ModelConfig;
+RopeConfig parse_rope_config(const ModelConfig& c, double default_theta);
 
 class ModelConfig {
  public:
@@ -47,31 +59,6 @@ class ModelConfig {
   struct Json;
   std::shared_ptr<const Json> json_;
   std::string source_;
-};
-
-struct LlamaConfig {
-  int64_t vocab_size = 0;
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t num_hidden_layers = 0;
-  int64_t num_attention_heads = 0;
-  int64_t num_key_value_heads = 0;
-  int64_t head_dim = 0;  // hidden_size / num_attention_heads unless given
-  int64_t max_position_embeddings = 0;
-  double rms_norm_eps = 1e-6;
-  double rope_theta = 10000.0;
-  RopeScaling rope_scaling;
-  bool tie_word_embeddings = false;
-  bool attention_bias = false;
-  bool mlp_bias = false;
-  double initializer_range = 0.02;
-  std::string hidden_act = "silu";
-  std::string torch_dtype = "bfloat16";
-  std::vector<int64_t> eos_token_ids;
-  std::optional<int64_t> bos_token_id;
-
-  // Validates everything a Llama model relies on; errors name the key.
-  static LlamaConfig from(const ModelConfig& c);
 };
 
 }  // namespace kbn

@@ -1,8 +1,17 @@
 #include "kbn/registry.h"
 
+#include <algorithm>
 #include <deque>
 
 namespace kbn {
+
+namespace {
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+}  // namespace
 
 const char* variant_name(Variant v) { return v == Variant::baseline ? "baseline" : "candidate"; }
 
@@ -33,7 +42,20 @@ int64_t OpArgs::get_int_or(const std::string& key, int64_t fallback) const {
 }
 
 void Registry::add(OpEntry e) {
-  KBN_CHECK(find(e.name) == nullptr, "Registry::add: op '", e.name, "' registered twice");
+  e.source = source_;
+  if (const OpEntry* prev = find(e.name))
+    KBN_FAIL("registry: op '", e.name, "' is registered twice: by ", prev->source, " and by ", e.source,
+             "; every op name belongs to one facts file");
+  KBN_CHECK(!e.name.empty() && !e.header.empty() && e.make, "registry: ", e.source,
+            ": an entry needs a name, a header and a make function (got name '", e.name, "')");
+  KBN_CHECK(e.level >= 1 && e.level <= 4, "registry: ", e.source, ": op '", e.name, "' has level ", e.level,
+            "; expected 1..4");
+  for (const auto& m : e.mutates)
+    KBN_CHECK(std::find(e.args.begin(), e.args.end(), m) != e.args.end(), "registry: ", e.source, ": op '",
+              e.name, "' declares that it mutates '", m, "', which is not one of its arguments (", join(e.args),
+              ")");
+  KBN_CHECK(e.level == 4 || (e.architectures.empty() && !e.make_model), "registry: ", e.source, ": op '", e.name,
+            "' serves architectures but is not an L4 model");
   entries_.push_back(std::move(e));
 }
 

@@ -1,7 +1,10 @@
 #pragma once
 // The op registry (after CUTLASS's Operation table): every task registers by name with its level, class,
-// header, forward arguments and the arguments it mutates (vLLM's Tensor!). Baseline and candidate variants
-// register the same way; the CLI, the kernel bench and the engine look ops up by name.
+// header, forward arguments, the arguments it mutates (vLLM's Tensor!), the kernels that are its work in a
+// trace, and its test facts (cases from any model view, bytes and FLOPs, tolerance). Each op's entry is
+// written in one file, tasks/ops/L<n>/<name>.cpp, which a candidate cannot shadow; a generated unit calls
+// every such file's registration (no central list). The CLI, the kernel bench and the engine look ops up
+// by name.
 #include <functional>
 #include <map>
 #include <memory>
@@ -11,37 +14,17 @@
 #include <vector>
 
 #include "kbn/causal_lm.h"
+#include "kbn/compare.h"
 #include "kbn/config.h"
+#include "kbn/model_view.h"
 #include "kbn/module.h"
+#include "kbn/op_args.h"
+#include "kbn/op_case.h"
 
 namespace kbn {
 
 enum class Variant { baseline, candidate };
 const char* variant_name(Variant v);
-
-// Constructor arguments by name, for building an op from a model config or a bench case.
-struct OpArgs {
-  std::string op;  // for error messages
-  std::map<std::string, double> values;
-  ParamOptions opts;
-  const ModelConfig* config = nullptr;  // L2..L4 ops build from a model config
-
-  const ModelConfig& model_config() const;
-
-  double get(const std::string& key) const;
-  int64_t get_int(const std::string& key) const;
-  double get(const std::string& key, double fallback) const;
-  int64_t get_int_or(const std::string& key, int64_t fallback) const;
-};
-
-// A built op with a uniform calling convention: tensors in the order of OpEntry::args, outputs returned
-// (for in-place ops, the mutated tensors).
-class AnyOp {
- public:
-  virtual ~AnyOp() = default;
-  virtual Module& module() = 0;
-  virtual std::vector<Tensor> call(const std::vector<Tensor>& args) = 0;
-};
 
 struct OpEntry {
   std::string name;        // registry name, e.g. "rms_norm"
@@ -52,17 +35,35 @@ struct OpEntry {
   std::vector<std::string> args;       // forward's tensor arguments, in order
   std::vector<std::string> mutates;    // the subset of args written in place
   std::function<std::unique_ptr<AnyOp>(const OpArgs&)> make;
-  // L4 only: the HF architectures served and the model factory.
+  // L4 only: the HF architectures served, the model factory, and the features its ops' facts may ask the
+  // model view for (ModelView::features, e.g. "qk_norm").
   std::vector<std::string> architectures;
   std::function<std::unique_ptr<CausalLM>(const ModelConfig&, const ParamOptions&)> make_model;
+  std::vector<std::string> features;
+  // Substrings of the names of the kernels that do this op's work (kernel traces attribute GPU time by the
+  // longest one a kernel name contains; several ops may share one, e.g. a fallback kernel).
+  std::vector<std::string> kernels;
+  // Test facts: the cases of this op for one rank of a model (none when the model lacks what the op
+  // needs). Unset: the op is registered but not benchmarked on its own (it needs a process group).
+  std::function<std::vector<BenchCase>(const ModelView&, const CaseOptions&)> cases;
+  // The engine runs this op around every model (the sampler), so every model's op list holds it although no
+  // L4 includes it.
+  bool every_model = false;
   // Validation: outputs must equal the baseline's and the oracle's exactly (copies, gathers, integer
   // results) rather than within the dtype's tolerance.
   bool exact_outputs = false;
+  // Validation tolerance per dtype when the default (two ulps of the output type) does not fit the op.
+  std::function<Tolerance(DType)> tolerance;
+  // The facts file that registered this entry (set by the registry), for error messages.
+  std::string source;
 };
 
 class Registry {
  public:
+  // Refuses a second entry of the same name, naming both facts files.
   void add(OpEntry e);
+  // The facts file whose registration runs next (the generated register-all unit sets it).
+  void set_source(std::string file) { source_ = std::move(file); }
   const OpEntry* find(std::string_view name) const;
   const OpEntry& get(std::string_view name) const;  // the error lists the known names
   const std::vector<OpEntry>& entries() const { return entries_; }
@@ -71,6 +72,7 @@ class Registry {
 
  private:
   std::vector<OpEntry> entries_;
+  std::string source_;
 };
 
 const Registry& registry(Variant v);

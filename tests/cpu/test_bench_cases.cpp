@@ -19,15 +19,17 @@ using namespace kbn;
 
 namespace {
 
-LlamaConfig load_llama(const std::string& name) {
-  return LlamaConfig::from(ModelConfig::load(std::string(KBN_SOURCE_DIR) + "/models/" + name + ".json"));
+ModelConfig load_config(const std::string& name) {
+  return ModelConfig::load(std::string(KBN_SOURCE_DIR) + "/models/" + name + ".json");
 }
 
-std::vector<bench::BenchCase> cases(const std::string& op, int64_t tp, std::vector<int64_t> tokens,
+ModelView view_of(const std::string& model, int64_t tp = 1) { return bench::model_view(model, load_config(model), tp); }
+
+std::vector<bench::BenchCase> op_cases(const std::string& op, int64_t tp, std::vector<int64_t> tokens,
                                     const std::string& model = "llama-3.1-8b-instruct") {
   bench::CaseOptions o;
   o.tokens = std::move(tokens);
-  return bench::cases_for(op, model, load_llama(model), tp, o);
+  return bench::cases_for(op, view_of(model, tp), o);
 }
 
 const bench::BenchCase& find_label(const std::vector<bench::BenchCase>& cs, const std::string& prefix) {
@@ -39,17 +41,17 @@ const bench::BenchCase& find_label(const std::vector<bench::BenchCase>& cs, cons
 }  // namespace
 
 TEST(BenchCases, RmsNormBytesAndFlopsByHand) {
-  auto cs = cases("rms_norm", 1, {4096});
+  auto cs = op_cases("rms_norm", 1, {4096});
   ASSERT_EQ(cs.size(), 1u);
   EXPECT_EQ(cs[0].label, "T=4096 H=4096");
   EXPECT_EQ(cs[0].bytes, 2LL * 4096 * 4096 * 2 + 4096 * 2);  // x read + out written (bf16) + weight read
   EXPECT_EQ(cs[0].flops, 4LL * 4096 * 4096);
-  auto fused = cases("fused_add_rms_norm", 1, {4096});
+  auto fused = op_cases("fused_add_rms_norm", 1, {4096});
   EXPECT_EQ(fused[0].bytes, 4LL * 4096 * 4096 * 2 + 4096 * 2);  // x, residual read and written
 }
 
 TEST(BenchCases, LinearShapesOfLlama8B) {
-  auto cs = cases("linear", 1, {1});
+  auto cs = op_cases("linear", 1, {1});
   ASSERT_EQ(cs.size(), 5u);  // qkv, o, gate_up, down, lm_head
   const auto& qkv = find_label(cs, "qkv ");
   EXPECT_EQ(qkv.label, "qkv T=1 N=6144 K=4096");
@@ -62,26 +64,26 @@ TEST(BenchCases, LinearShapesOfLlama8B) {
 }
 
 TEST(BenchCases, TensorParallelHalvesPerRankSizes) {
-  auto lin = cases("linear", 2, {1});
+  auto lin = op_cases("linear", 2, {1});
   EXPECT_EQ(find_label(lin, "qkv ").label, "qkv T=1 N=3072 K=4096");
   EXPECT_EQ(find_label(lin, "o ").label, "o T=1 N=4096 K=2048");
   EXPECT_EQ(find_label(lin, "gate_up ").label, "gate_up T=1 N=14336 K=4096");
   EXPECT_EQ(find_label(lin, "down ").label, "down T=1 N=4096 K=7168");
   EXPECT_EQ(find_label(lin, "lm_head ").label, "lm_head T=1 N=64128 K=4096");
-  EXPECT_EQ(cases("silu_and_mul", 2, {8})[0].label, "T=8 I=7168");
-  EXPECT_EQ(cases("rotary_embedding", 2, {8})[0].label, "T=8 heads=16 kv=4 D=128");
-  EXPECT_EQ(cases("rms_norm", 2, {8})[0].label, "T=8 H=4096");  // replicated, not split
+  EXPECT_EQ(op_cases("silu_and_mul", 2, {8})[0].label, "T=8 I=7168");
+  EXPECT_EQ(op_cases("rotary_embedding", 2, {8})[0].label, "T=8 heads=16 kv=4 D=128");
+  EXPECT_EQ(op_cases("rms_norm", 2, {8})[0].label, "T=8 H=4096");  // replicated, not split
   // 70B at TP 8: one kv head per rank.
-  auto dec = cases("flash_attn_decode", 8, {1}, "llama-3.1-70b-instruct");
+  auto dec = op_cases("flash_attn_decode", 8, {1}, "llama-3.1-70b-instruct");
   EXPECT_EQ(dec[0].label, "B=1 ctx=1024 heads=8 kv=1 D=128");
   EXPECT_EQ(dec[0].bytes, 2LL * 1 * 1024 * 1 * 128 * 2 + 2LL * 1 * 8 * 128 * 2 + 1 * 4 + 1 * 64 * 4);
 }
 
 TEST(BenchCases, DefaultTokenCountsAndAttentionBatches) {
-  EXPECT_EQ(cases("rms_norm", 1, {}).size(), 12u);           // 6 decode + 6 prefill
-  EXPECT_EQ(cases("linear", 1, {}).size(), 60u);             // 5 GEMMs x 12
-  EXPECT_EQ(cases("flash_attn_decode", 1, {}).size(), 15u);  // 5 batches x 3 contexts
-  auto prefill = cases("flash_attn_prefill", 1, {});
+  EXPECT_EQ(op_cases("rms_norm", 1, {}).size(), 12u);           // 6 decode + 6 prefill
+  EXPECT_EQ(op_cases("linear", 1, {}).size(), 60u);             // 5 GEMMs x 12
+  EXPECT_EQ(op_cases("flash_attn_decode", 1, {}).size(), 15u);  // 5 batches x 3 contexts
+  auto prefill = op_cases("flash_attn_prefill", 1, {});
   EXPECT_EQ(prefill.size(), 8u);  // 6 single sequences + 8192 and 16384 as batches of 4096
   const auto& batch = find_label(prefill, "seqs=4x4096");
   EXPECT_EQ(batch.tokens, 16384);
@@ -91,7 +93,7 @@ TEST(BenchCases, DefaultTokenCountsAndAttentionBatches) {
   EXPECT_EQ(batch.args.get_int("max_query_len"), 4096);
   EXPECT_EQ(batch.args.get_int("max_seq_len"), 4096);
   // Labels are unique within an (op, model, tp).
-  auto lin = cases("linear", 1, {});
+  auto lin = op_cases("linear", 1, {});
   std::set<std::string> labels;
   for (const auto& c : lin) labels.insert(c.label);
   EXPECT_EQ(labels.size(), lin.size());
@@ -99,13 +101,13 @@ TEST(BenchCases, DefaultTokenCountsAndAttentionBatches) {
 
 TEST(BenchCases, ErrorsNameTheFlag) {
   try {
-    cases("rms_norm", 3, {1});
+    op_cases("rms_norm", 3, {1});
     FAIL() << "tp 3 accepted for 32 heads";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--tp"), std::string::npos) << e.what();
   }
   try {
-    cases("softmax", 1, {1});
+    op_cases("softmax", 1, {1});
     FAIL() << "unknown op accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--target"), std::string::npos) << e.what();
@@ -113,7 +115,7 @@ TEST(BenchCases, ErrorsNameTheFlag) {
 }
 
 TEST(BenchCases, ListTextWorksOnCpu) {
-  const std::string text = bench::format_case_list(cases("rms_norm", 1, {4096}));
+  const std::string text = bench::format_case_list(op_cases("rms_norm", 1, {4096}));
   EXPECT_NE(text.find("rms_norm"), std::string::npos);
   EXPECT_NE(text.find("llama-3.1-8b-instruct"), std::string::npos);
   EXPECT_NE(text.find("T=4096 H=4096"), std::string::npos);
@@ -121,7 +123,7 @@ TEST(BenchCases, ListTextWorksOnCpu) {
 }
 
 TEST(BenchCases, InputsMatchTheForwardSignature) {
-  auto store = cases("store_kvcache", 1, {40})[0];
+  auto store = op_cases("store_kvcache", 1, {40})[0];
   auto in = store.make_inputs(Device::cpu(), 7);
   ASSERT_EQ(in.size(), 5u);
   EXPECT_EQ(in[0].shape(), (Shape{40, 8, 128}));
@@ -129,14 +131,14 @@ TEST(BenchCases, InputsMatchTheForwardSignature) {
   auto slots = in[4].to_ints();
   EXPECT_EQ(std::set<int64_t>(slots.begin(), slots.end()).size(), slots.size());  // distinct slots
   EXPECT_LT(*std::max_element(slots.begin(), slots.end()), 48);
-  auto emb = cases("embedding", 2, {64}, "tiny-llama")[0].make_inputs(Device::cpu(), 1);
+  auto emb = op_cases("embedding", 2, {64}, "tiny-llama")[0].make_inputs(Device::cpu(), 1);
   EXPECT_EQ(emb[1].shape(), (Shape{256, 64}));  // vocab 512 split over 2 ranks
   auto ids = emb[0].to_ints();
   EXPECT_LT(*std::max_element(ids.begin(), ids.end()), 256);  // inside the rank's shard
 }
 
 TEST(BenchCases, CpuOutputCheckPassesOnIdenticalOps) {
-  const auto c = cases("rms_norm", 1, {2})[0];
+  const auto c = op_cases("rms_norm", 1, {2})[0];
   ASSERT_TRUE(bench::fits_cpu_oracle(c));
   OpArgs args = c.args;
   args.opts = ParamOptions{c.dtype, Device::cpu()};
@@ -146,7 +148,7 @@ TEST(BenchCases, CpuOutputCheckPassesOnIdenticalOps) {
   init_random_weights(b->module(), 3, 0.02);
   const auto result = bench::validate_candidate(c, entry, *a, *b, nullptr, Device::cpu(), 3, {});
   EXPECT_TRUE(result.pass) << result.summary();
-  EXPECT_FALSE(bench::fits_cpu_oracle(cases("linear", 1, {16384})[0]));
+  EXPECT_FALSE(bench::fits_cpu_oracle(op_cases("linear", 1, {16384})[0]));
 }
 
 TEST(BenchTiming, ColdInputSetsExceedThreeL2s) {
@@ -169,7 +171,7 @@ TEST(BenchTiming, CaseThatCannotFitIsSkippedWithItsSizes) {
 
 TEST(BenchCases, AttentionAdapterUsesTheHostMaximaItIsGiven) {
   // The decode adapter launches with the case's max_seq_len (no device read); on CPU the result is the oracle's.
-  auto dec = cases("flash_attn_decode", 1, {2});
+  auto dec = op_cases("flash_attn_decode", 1, {2});
   const bench::BenchCase& c = dec.front();
   OpArgs args = c.args;
   args.opts = {DType::f32, Device::cpu()};

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "configs/llama.h"
 #include "kbn/config.h"
 #include "kbn/error.h"
 #include "test_errors.h"

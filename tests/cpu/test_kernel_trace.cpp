@@ -25,7 +25,7 @@ TEST(KernelTrace, OpOfAKernelName) {
   EXPECT_EQ(kernel_op("rotary_embedding_kernel<__nv_bfloat16, 128>"), "rotary_embedding");  // not "embedding"
   EXPECT_EQ(kernel_op("kbn::strided_copy_kernel<2>"), "tensor copies and fills");
   EXPECT_EQ(kernel_op("kbn::baseline::(anonymous namespace)::generic_attention_kernel<float>"),
-            "attention (generic kernel)");
+            "flash_attn_decode / flash_attn_prefill (shared kernel)");
   EXPECT_EQ(kernel_op("some_library_kernel"), "other");
 }
 

@@ -108,11 +108,11 @@ struct Fixture {
 };
 
 Fixture rms_fixture() {
-  const LlamaConfig cfg = LlamaConfig::from(ModelConfig::load(std::string(KBN_SOURCE_DIR) + "/models/tiny-llama.json"));
+  const ModelConfig cfg = ModelConfig::load(std::string(KBN_SOURCE_DIR) + "/models/tiny-llama.json");
   bench::CaseOptions o;
   o.tokens = {6};
   Fixture f;
-  f.c = bench::cases_for("rms_norm", "tiny-llama", cfg, 1, o).at(0);
+  f.c = bench::cases_for("rms_norm", bench::model_view("tiny-llama", cfg, 1), o).at(0);
   f.entry = &registry(Variant::baseline).get("rms_norm");
   return f;
 }

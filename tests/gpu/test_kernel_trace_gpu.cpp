@@ -46,10 +46,10 @@ TEST(KernelTraceGpu, RecordsEveryOpOfAGraphModeRun) {
   for (const auto& k : t.by_op) calls[k.name] = k.calls;
   const int64_t layers = model->kv_cache_spec().num_layers;
   for (const char* op : {"embedding", "rms_norm", "linear", "rotary_embedding", "store_kvcache",
-                         "attention (generic kernel)", "silu_and_mul", "argmax"})
+                         "flash_attn_decode / flash_attn_prefill (shared kernel)", "silu_and_mul", "argmax"})
     EXPECT_GT(calls[op], 0) << op;
   // Every decode step runs the attention once per layer, graph replays included.
-  EXPECT_GE(calls["attention (generic kernel)"], graph_steps * layers);
+  EXPECT_GE(calls["flash_attn_decode / flash_attn_prefill (shared kernel)"], graph_steps * layers);
   EXPECT_EQ(calls.count("other"), 0u) << "a kernel of the model that kernel_op() does not know";
   EXPECT_GT(t.kernels, 0);
   EXPECT_GT(t.kernel_s, 0);

@@ -6,7 +6,7 @@
 #include "L1/rotary_embedding.h"
 #include "L2/attention.h"
 #include "L2/parallel_linear.h"
-#include "kbn/config.h"
+#include "configs/llama.h"
 #include "kbn/variant.h"
 
 namespace kbn::KBN_VARIANT {

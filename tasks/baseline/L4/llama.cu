@@ -1,9 +1,7 @@
 #include "L4/llama.h"
 
-#include <map>
-#include <set>
-
 #include "kbn/parallel_state.h"
+#include "kbn/weight_loading.h"
 
 namespace kbn::KBN_VARIANT {
 
@@ -50,52 +48,14 @@ KVCacheSpec LlamaForCausalLM::kv_cache_spec() const {
 }
 
 void LlamaForCausalLM::load_weights(const WeightSource& weights) {
-  // (fused parameter suffix, checkpoint suffix, shard id), as vLLM's stacked_params_mapping.
-  static const struct {
-    const char* param;
-    const char* ckpt;
-    const char* shard;
-  } kStacked[] = {{".qkv_proj", ".q_proj", "q"},
-                  {".qkv_proj", ".k_proj", "k"},
-                  {".qkv_proj", ".v_proj", "v"},
-                  {".gate_up_proj", ".gate_proj", "0"},
-                  {".gate_up_proj", ".up_proj", "1"}};
-  std::map<std::string, Parameter> params;
-  for (auto& [name, p] : named_parameters()) params.emplace(name, p);
-  // Every parameter must be filled; fused ones by each of their shards.
-  std::map<std::string, std::set<std::string>> filled;
-
-  weights([&](const std::string& ckpt_name, const Tensor& tensor) {
-    if (ckpt_name.find("rotary_emb.inv_freq") != std::string::npos) return;    // recomputed, never loaded
-    if (config_.tie_word_embeddings && ckpt_name == "lm_head.weight") return;  // same tensor as embed_tokens
-    std::string name = ckpt_name, shard;
-    for (const auto& s : kStacked) {
-      size_t pos = name.find(s.ckpt);
-      if (pos != std::string::npos) {
-        name.replace(pos, std::string(s.ckpt).size(), s.param);
-        shard = s.shard;
-        break;
-      }
-    }
-    auto it = params.find(name);
-    KBN_CHECK(it != params.end(), "LlamaForCausalLM::load_weights: checkpoint tensor '", ckpt_name,
-              "' matches no parameter (looked for '", name, "')");
-    try {
-      it->second.loader(*it->second.tensor, tensor, shard);
-    } catch (const Error& e) {
-      KBN_FAIL("LlamaForCausalLM::load_weights: '", ckpt_name, "': ", e.what());
-    }
-    KBN_CHECK(filled[name].insert(shard).second, "LlamaForCausalLM::load_weights: checkpoint tensor '", ckpt_name,
-              "' appears twice");
-  });
-
-  for (auto& [name, p] : params) {
-    size_t need = 1;
-    if (name.find(".qkv_proj.") != std::string::npos) need = 3;
-    if (name.find(".gate_up_proj.") != std::string::npos) need = 2;
-    KBN_CHECK(filled[name].size() == need, "LlamaForCausalLM::load_weights: parameter '", name,
-              "' was not filled by the checkpoint (", filled[name].size(), " of ", need, " parts found)");
-  }
+  const bool tied = config_.tie_word_embeddings;
+  load_stacked_weights(
+      *this, weights, qkv_gate_up_stacking(),
+      [tied](const std::string& name) {
+        // inv_freq is recomputed; a tied lm_head is the embedding's tensor.
+        return name.find("rotary_emb.inv_freq") != std::string::npos || (tied && name == "lm_head.weight");
+      },
+      "LlamaForCausalLM");
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -9,7 +9,7 @@
 #include "L2/vocab_parallel_embedding.h"
 #include "L3/llama_decoder_layer.h"
 #include "kbn/causal_lm.h"
-#include "kbn/config.h"
+#include "configs/llama.h"
 #include "kbn/variant.h"
 
 namespace kbn::KBN_VARIANT {

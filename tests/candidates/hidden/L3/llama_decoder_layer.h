@@ -6,7 +6,7 @@
 
 #include "L2/llama_attention.h"
 #include "L2/llama_mlp.h"
-#include "kbn/config.h"
+#include "configs/llama.h"
 #include "kbn/variant.h"
 
 namespace kbn::KBN_VARIANT {

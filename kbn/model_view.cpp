@@ -1,0 +1,69 @@
+#include "kbn/model_view.h"
+
+#include <algorithm>
+
+#include "kbn/error.h"
+
+namespace kbn {
+
+bool ModelView::has_feature(std::string_view f) const {
+  return std::find(features.begin(), features.end(), f) != features.end();
+}
+
+ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelConfig> config, int64_t tp) {
+  KBN_CHECK(config != nullptr, "ModelView: no config for model '", name, "'");
+  KBN_CHECK(tp >= 1, "--tp: expected a positive tensor-parallel size, got ", tp);
+  const ModelConfig& c = *config;
+  auto positive = [&](const char* key) {
+    const int64_t v = c.get_int(key);
+    KBN_CHECK(v > 0, "config ", c.source(), ": key '", key, "' must be positive, got ", v);
+    return v;
+  };
+  auto split = [&](int64_t total, const char* key) {
+    KBN_CHECK(total % tp == 0, "--tp: ", tp, " does not divide ", key, " = ", total, " (", c.source(), ")");
+    return total / tp;
+  };
+  ModelView m;
+  m.name = name;
+  m.config = config;
+  m.tp = tp;
+  const auto archs = c.architectures();
+  m.architecture = archs.empty() ? "" : archs.front();
+  m.hidden_size = positive("hidden_size");
+  m.total_vocab_size = positive("vocab_size");
+  // NOTE: vLLM pads the vocabulary to a multiple of 64 before splitting; the real vocabularies already are.
+  m.vocab_size = (m.total_vocab_size + tp - 1) / tp;
+  m.num_layers = positive("num_hidden_layers");
+  m.max_position_embeddings = c.get_int("max_position_embeddings", 8192);
+  KBN_CHECK(m.max_position_embeddings > 0, "config ", c.source(),
+            ": key 'max_position_embeddings' must be positive, got ", m.max_position_embeddings);
+  m.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
+  KBN_CHECK(m.rms_norm_eps > 0, "config ", c.source(), ": key 'rms_norm_eps' must be positive, got ", m.rms_norm_eps);
+  if (c.has("intermediate_size")) m.intermediate_size = split(positive("intermediate_size"), "intermediate_size");
+  if (c.has("num_attention_heads")) {
+    AttentionShape a;
+    a.total_num_heads = positive("num_attention_heads");
+    a.total_num_kv_heads = c.get_int("num_key_value_heads", a.total_num_heads);
+    KBN_CHECK(a.total_num_kv_heads > 0 && a.total_num_heads % a.total_num_kv_heads == 0, "config ", c.source(),
+              ": 'num_attention_heads' (", a.total_num_heads, ") must be a multiple of 'num_key_value_heads' (",
+              a.total_num_kv_heads, ")");
+    a.head_dim = c.get_int("head_dim", 0);
+    if (a.head_dim == 0) {
+      KBN_CHECK(m.hidden_size % a.total_num_heads == 0, "config ", c.source(), ": 'hidden_size' (", m.hidden_size,
+                ") must be a multiple of 'num_attention_heads' (", a.total_num_heads, ") when 'head_dim' is absent");
+      a.head_dim = m.hidden_size / a.total_num_heads;
+    }
+    KBN_CHECK(a.head_dim > 0, "config ", c.source(), ": key 'head_dim' must be positive, got ", a.head_dim);
+    a.num_heads = split(a.total_num_heads, "num_attention_heads");
+    // NOTE: like vLLM's QKVParallelLinear, fewer kv heads than ranks means each rank holds one replicated head.
+    KBN_CHECK(a.total_num_kv_heads % tp == 0 || tp % a.total_num_kv_heads == 0, "--tp: ", tp,
+              " must divide num_key_value_heads = ", a.total_num_kv_heads, " or be a multiple of it (", c.source(),
+              ")");
+    a.num_kv_heads = std::max<int64_t>(1, a.total_num_kv_heads / tp);
+    a.rope = parse_rope_config(c, 10000.0);
+    m.attention = a;
+  }
+  return m;
+}
+
+}  // namespace kbn

@@ -1,0 +1,48 @@
+#pragma once
+// One tensor-parallel rank's view of any model config: the sizes the ops of that rank see, split where vLLM
+// splits them. Every op's test facts derive their cases from this view, so an op serves every family that
+// uses it; parts a family lacks are absent (an attention-free model has no `attention`, a model without a
+// dense MLP no `intermediate_size`) and the ops that need them produce no cases for it.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kbn/config.h"
+
+namespace kbn {
+
+struct AttentionShape {
+  int64_t num_heads = 0;     // query heads on this rank
+  int64_t num_kv_heads = 0;  // kv heads on this rank (one replicated head when there are fewer than ranks)
+  int64_t head_dim = 0;
+  int64_t total_num_heads = 0, total_num_kv_heads = 0;
+  RopeConfig rope;
+};
+
+struct ModelView {
+  std::string name;  // models/ name, "random", or the path given
+  std::shared_ptr<const ModelConfig> config;
+  int64_t tp = 1;
+  std::string architecture;           // config.architectures[0]
+  std::vector<std::string> features;  // what the architecture's L4 entry declares (e.g. "qk_norm")
+
+  int64_t hidden_size = 0;
+  int64_t vocab_size = 0;        // this rank's shard (vLLM's VocabParallelEmbedding split)
+  int64_t total_vocab_size = 0;  // the sampler sees all of it
+  int64_t num_layers = 0;
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  std::optional<AttentionShape> attention;
+  std::optional<int64_t> intermediate_size;  // dense MLP, this rank's share
+
+  bool has_feature(std::string_view f) const;
+
+  // Reads the standard HF keys present in `config` and splits them for rank 0 of `tp`; errors name the key
+  // (or --tp) and what was expected.
+  static ModelView from(const std::string& name, std::shared_ptr<const ModelConfig> config, int64_t tp);
+};
+
+}  // namespace kbn

@@ -1,0 +1,209 @@
+#include "kbn/op_case.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "kbn/error.h"
+#include "kbn/rng.h"
+
+namespace kbn::cases {
+
+const std::vector<int64_t>& decode_token_counts() {
+  static const std::vector<int64_t> v = {1, 8, 32, 64, 128, 256};
+  return v;
+}
+const std::vector<int64_t>& prefill_token_counts() {
+  static const std::vector<int64_t> v = {512, 1024, 2048, 4096, 8192, 16384};
+  return v;
+}
+const std::vector<int64_t>& decode_attention_batches() {
+  static const std::vector<int64_t> v = {1, 8, 32, 64, 128};
+  return v;
+}
+const std::vector<int64_t>& decode_attention_contexts() {
+  static const std::vector<int64_t> v = {1024, 4096, 8192};
+  return v;
+}
+const std::vector<int64_t>& block_token_counts() {
+  static const std::vector<int64_t> v = {1, 32, 128, 512, 4096};
+  return v;
+}
+
+std::vector<int64_t> token_counts(const CaseOptions& options) {
+  if (!options.tokens.empty()) return options.tokens;
+  std::vector<int64_t> t = decode_token_counts();
+  t.insert(t.end(), prefill_token_counts().begin(), prefill_token_counts().end());
+  return t;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+std::string str(int64_t v) { return std::to_string(v); }
+
+BenchCase base(const std::string& op, const ModelView& m, int64_t tokens, DType dtype) {
+  BenchCase b;
+  b.op = op;
+  b.model = m.name;
+  b.tp = m.tp;
+  b.tokens = tokens;
+  b.dtype = dtype;
+  b.args.op = op;
+  return b;
+}
+
+Tensor normal(const Shape& shape, DType dtype, Device device, uint64_t seed, const char* name, double std) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  fill_normal_(t, hash_seed(seed, name), 0.0, std);
+  return t;
+}
+
+Tensor randint(const Shape& shape, DType dtype, Device device, uint64_t seed, const char* name, int64_t lo,
+               int64_t hi) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  fill_randint_(t, hash_seed(seed, name), lo, hi);
+  return t;
+}
+
+Tensor permutation_prefix(int64_t total, const Shape& shape, DType dtype, Device device, uint64_t seed,
+                          const char* name) {
+  const int64_t count = shape_numel(shape);
+  KBN_CHECK(count <= total, "bench: permutation of ", total, " values cannot fill ", count, " entries");
+  std::vector<int64_t> values(static_cast<size_t>(total));
+  std::iota(values.begin(), values.end(), int64_t(0));
+  std::mt19937_64 gen(hash_seed(seed, name));
+  std::shuffle(values.begin(), values.end(), gen);
+  values.resize(size_t(count));
+  if (dtype == DType::i64) return Tensor::from_i64(values, shape).to(device);
+  std::vector<int32_t> narrow(values.begin(), values.end());
+  return Tensor::from_i32(narrow, shape).to(device);
+}
+
+Tensor filled_i32(const std::vector<int32_t>& values, Device device) {
+  return Tensor::from_i32(values, {int64_t(values.size())}).to(device);
+}
+
+int64_t StepShape::tokens() const {
+  int64_t t = 0;
+  for (int64_t q : query) t += q;
+  return t;
+}
+
+std::vector<int64_t> StepShape::positions() const {
+  std::vector<int64_t> pos;
+  for (size_t i = 0; i < query.size(); ++i)
+    for (int64_t j = 0; j < query[i]; ++j) pos.push_back(cached[i] + j);
+  return pos;
+}
+
+std::string StepShape::label() const {
+  return decode ? "decode B=" + str(int64_t(query.size())) + " ctx=" + str(cached.at(0)) : "prefill T=" + str(tokens());
+}
+
+StepShape step_shape(int64_t T, int64_t max_positions) {
+  StepShape st;
+  st.decode = T <= kDecodeMaxTokens;
+  if (st.decode) {
+    const int64_t ctx = std::min(kDecodeContext, max_positions - 1);
+    st.query.assign(size_t(T), 1);
+    st.cached.assign(size_t(T), ctx);
+  } else {
+    for (int64_t left = T; left > 0; left -= kPrefillSequence) {
+      st.query.push_back(std::min(left, kPrefillSequence));
+      st.cached.push_back(0);
+    }
+  }
+  return st;
+}
+
+std::shared_ptr<StepContext> make_step_context(const StepShape& st, int64_t kv_heads, int64_t head_dim, DType dt,
+                                               Device d, uint64_t seed) {
+  const int64_t seqs = int64_t(st.query.size());
+  int64_t max_len = 0, max_q = 0;
+  for (int64_t i = 0; i < seqs; ++i) {
+    max_len = std::max(max_len, st.cached[size_t(i)] + st.query[size_t(i)]);
+    max_q = std::max(max_q, st.query[size_t(i)]);
+  }
+  const int64_t bps = ceil_div(max_len, kKvBlockSize), blocks = seqs * bps;
+  // Blocks scattered over the cache from a seeded permutation, as a long-running server's would be.
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::mt19937_64 gen(hash_seed(seed, "block_tables"));
+  std::shuffle(table.begin(), table.end(), gen);
+  std::vector<int64_t> slots;
+  std::vector<int32_t> qsl{0}, seq_lens;
+  for (int64_t i = 0; i < seqs; ++i) {
+    for (int64_t j = 0; j < st.query[size_t(i)]; ++j) {
+      const int64_t p = st.cached[size_t(i)] + j;
+      slots.push_back(int64_t(table[size_t(i * bps + p / kKvBlockSize)]) * kKvBlockSize + p % kKvBlockSize);
+    }
+    if (!st.decode) qsl.push_back(qsl.back() + int32_t(st.query[size_t(i)]));
+    seq_lens.push_back(int32_t(st.cached[size_t(i)] + st.query[size_t(i)]));
+  }
+  auto ctx = std::make_shared<StepContext>();
+  AttentionMetadata& md = ctx->metadata;
+  md.num_prefills = st.decode ? 0 : seqs;
+  md.num_prefill_tokens = st.decode ? 0 : st.tokens();
+  md.num_decodes = st.decode ? seqs : 0;
+  md.slot_mapping = Tensor::from_i64(slots, {int64_t(slots.size())}).to(d);
+  md.query_start_loc = Tensor::from_i32(qsl, {int64_t(qsl.size())}).to(d);
+  md.seq_lens = Tensor::from_i32(seq_lens, {seqs}).to(d);
+  md.block_tables = Tensor::from_i32(table, {seqs, bps}).to(d);
+  md.max_prefill_query_len = st.decode ? 0 : max_q;
+  md.max_prefill_seq_len = st.decode ? 0 : max_len;
+  md.max_decode_seq_len = st.decode ? max_len : 0;
+  // The cached tokens' K and V: random, like any earlier step's output; the step writes its own slots.
+  ctx->kv_caches.push_back({normal({blocks, kKvBlockSize, kv_heads, head_dim}, dt, d, seed, "key_cache", 1.0),
+                            normal({blocks, kKvBlockSize, kv_heads, head_dim}, dt, d, seed, "value_cache", 1.0)});
+  return ctx;
+}
+
+std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, const CaseOptions& options,
+                                   const BlockFacts& f) {
+  KBN_CHECK(m.tp == 1, "--tp: blocks (", op,
+            ") run on one GPU here; tensor-parallel blocks need a process group (use --tp with level-1 ops for "
+            "per-rank shapes)");
+  KBN_CHECK(!f.attention || m.attention, "block ", op, ": model '", m.name, "' has no attention");
+  const DType dt = options.dtype;
+  const int64_t es = int64_t(dtype_size(dt)), H = m.hidden_size;
+  const int64_t Hq = f.attention ? m.attention->num_heads : 0, Hk = f.attention ? m.attention->num_kv_heads : 0,
+                D = f.attention ? m.attention->head_dim : 0;
+  const std::vector<int64_t>& tokens = options.tokens.empty() ? block_token_counts() : options.tokens;
+  std::vector<BenchCase> out;
+  for (int64_t T : tokens) {
+    const StepShape st = step_shape(T, m.max_position_embeddings);
+    BenchCase b = base(op, m, T, dt);
+    b.label = st.label();
+    b.model_config = m.config;
+    b.args.config = m.config.get();
+    const int64_t in_features = f.in_features, out_features = f.out_features;
+    const std::vector<int64_t> positions = st.positions();
+    const bool attention = f.attention, layer = f.residual;
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      if (!attention) return std::vector<Tensor>{normal({T, in_features}, dt, d, seed, "x", 1.0)};
+      std::vector<Tensor> in{Tensor::from_i64(positions, {T}).to(d), normal({T, H}, dt, d, seed, "hidden_states", 1.0)};
+      if (layer) in.push_back(normal({T, H}, dt, d, seed, "residual", 1.0));
+      return in;
+    };
+    if (attention) b.make_context = [=](Device d, uint64_t seed) { return make_step_context(st, Hk, D, dt, d, seed); };
+    // Roofline: every weight read once, the step's activations in and out, and (attention) the cached K/V
+    // read; intermediate activations between the block's kernels are not counted (an ideal fused block).
+    int64_t kv_read = 0, attn_flops = 0;
+    for (size_t i = 0; attention && i < st.query.size(); ++i) {
+      const int64_t q = st.query[i], kv = st.cached[i] + q;
+      kv_read += 2 * kv * Hk * D * es;
+      // Causal: query j of a prefill attends to cached + j + 1 keys.
+      const int64_t pairs = st.decode ? kv : q * st.cached[i] + q * (q + 1) / 2;
+      attn_flops += 4 * Hq * D * pairs;
+    }
+    const int64_t act_in = (layer ? 2 : 1) * T * in_features * es, act_out = (layer ? 2 : 1) * T * out_features * es;
+    b.bytes = f.params * es + act_in + act_out + kv_read;
+    b.flops = 2 * T * f.params + attn_flops;
+    b.input_bytes = act_in + (attention ? kv_read + T * 8 : 0);
+    b.output_numel = (layer ? 2 : 1) * T * out_features;
+    b.note = "bytes and FLOPs of an ideal fused block: weights, step activations and cached K/V once";
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace kbn::cases

@@ -1,0 +1,123 @@
+#pragma once
+// One benchmark/validation case of an op: the shapes one rank of a deployment runs, the constructor
+// arguments, a seeded input maker and exact byte and FLOP counts (ggml's test-backend-ops keeps these with
+// the op; here each op's facts file in tasks/ops/ builds them from a ModelView). Also the helpers those facts
+// files share: seeded inputs, the default token counts, and the one-step forward context of attention blocks.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kbn/forward_context.h"
+#include "kbn/model_view.h"
+#include "kbn/op_args.h"
+#include "kbn/tensor.h"
+
+namespace kbn {
+
+// What an attention-bearing block reads from the forward context: one step's metadata and a one-layer paged
+// KV cache holding the sequences' earlier tokens.
+struct StepContext {
+  AttentionMetadata metadata;
+  std::vector<KVCache> kv_caches;
+};
+
+struct BenchCase {
+  std::string op;     // registry name, e.g. "rms_norm"
+  std::string model;  // models/ name, e.g. "llama-3.1-8b-instruct"
+  int64_t tp = 1;
+  int64_t tokens = 0;  // the --tokens value that reproduces this case (batch size for decode attention)
+  std::string label;   // unique within (op, model, tp), e.g. "T=4096 H=4096"
+  OpArgs args;         // constructor arguments; the caller sets args.opts (dtype, device) before make()
+  DType dtype = DType::bf16;
+  // The forward's tensors in OpEntry::args order, on `device`, drawn from `seed`: activations N(0, 1),
+  // weights N(0, 0.02), ids uniform in the rank's vocabulary shard, positions < max_position_embeddings,
+  // slot mappings and block tables from a seeded permutation of the cache's slots/blocks.
+  std::function<std::vector<Tensor>(Device device, uint64_t seed)> make_inputs;
+  int64_t bytes = 0;  // DRAM traffic of an ideal kernel: each input element read once, each output written once
+  int64_t flops = 0;
+  int64_t input_bytes = 0;       // bytes of one input set as allocated (for sizing the cold-L2 rotation)
+  int64_t output_numel = 0;      // elements of all outputs (gates the CPU correctness check)
+  bool graph_capturable = true;  // false when a call does host work a CUDA graph cannot hold
+  std::string note;              // a caveat stamped on the result row (e.g. host work inside the timed call)
+  // L2/L3 cases: the model config the op is built from (args.config points into it), and, for ops that
+  // contain attention, the forward context every call must run under (same seed: same cache contents on
+  // any device).
+  std::shared_ptr<const ModelConfig> model_config;
+  std::function<std::shared_ptr<StepContext>(Device device, uint64_t seed)> make_context;
+};
+
+struct CaseOptions {
+  std::vector<int64_t> tokens;  // empty: the op's default token counts
+  DType dtype = DType::bf16;
+  bool random = false;  // a random-shape case (one random token count in `tokens`)
+  bool small = false;   // sized for CPU ops and the CPU oracle
+};
+
+namespace cases {
+
+// NOTE: decode token counts cover CUDA-graph batch sizes; prefill ones cover chunked-prefill budgets up to
+// a 16k single prompt.
+const std::vector<int64_t>& decode_token_counts();        // {1, 8, 32, 64, 128, 256}
+const std::vector<int64_t>& prefill_token_counts();       // {512, ..., 16384}
+const std::vector<int64_t>& decode_attention_batches();   // {1, 8, 32, 64, 128}
+const std::vector<int64_t>& decode_attention_contexts();  // {1024, 4096, 8192}
+const std::vector<int64_t>& block_token_counts();         // {1, 32, 128, 512, 4096}
+// options.tokens when given, else decode then prefill counts.
+std::vector<int64_t> token_counts(const CaseOptions& options);
+
+constexpr int64_t kKvBlockSize = 16;        // the engine's default paged-KV block size
+constexpr int64_t kPrefillSequence = 4096;  // long prefills are also timed as batches of sequences this long
+constexpr double kWeightStd = 0.02;         // initializer_range of the real configs
+constexpr int64_t kDecodeContext = 1024;    // cached tokens per sequence in a block decode case
+constexpr int64_t kDecodeMaxTokens = 256;   // blocks: larger token counts are prefill steps
+
+int64_t ceil_div(int64_t a, int64_t b);
+std::string str(int64_t v);
+
+// A case with the common fields filled (op, model, tp, tokens, dtype).
+BenchCase base(const std::string& op, const ModelView& m, int64_t tokens, DType dtype);
+
+// Seeded inputs: each tensor draws from (seed, name), so every device and variant sees the same values.
+Tensor normal(const Shape& shape, DType dtype, Device device, uint64_t seed, const char* name, double std);
+Tensor randint(const Shape& shape, DType dtype, Device device, uint64_t seed, const char* name, int64_t lo,
+               int64_t hi);
+// The first numel(shape) entries of a seeded permutation of [0, total), as i32 or i64: distinct cache slots
+// (store_kvcache) or distinct blocks scattered over the cache (block tables).
+Tensor permutation_prefix(int64_t total, const Shape& shape, DType dtype, Device device, uint64_t seed,
+                          const char* name);
+Tensor filled_i32(const std::vector<int32_t>& values, Device device);
+
+// One step's sequences for a block case: T <= kDecodeMaxTokens is a decode step (T sequences with
+// kDecodeContext cached tokens, one new token each), larger T a prefill step (sequences of at most
+// kPrefillSequence new tokens, nothing cached). Prefills first, as the metadata wants.
+struct StepShape {
+  bool decode = false;
+  std::vector<int64_t> query, cached;
+  int64_t tokens() const;
+  std::vector<int64_t> positions() const;  // of the step's new tokens, sequence by sequence
+  std::string label() const;               // "decode B=32 ctx=1024" / "prefill T=4096"
+};
+StepShape step_shape(int64_t T, int64_t max_positions);
+// The step's metadata and a one-layer paged KV cache (random cached K/V, blocks scattered by a seeded
+// permutation) for kv_heads x head_dim.
+std::shared_ptr<StepContext> make_step_context(const StepShape& st, int64_t kv_heads, int64_t head_dim, DType dt,
+                                               Device d, uint64_t seed);
+
+// The facts of an L2/L3 block that the generic block cases need (bytes and FLOPs of an ideal fused block:
+// every weight read once, the step's activations in and out, and, with attention, the cached K/V read).
+struct BlockFacts {
+  int64_t params = 0;        // weight elements read once per call
+  int64_t in_features = 0;   // per token, of each activation input
+  int64_t out_features = 0;  // per token, of each output
+  bool attention = false;    // forward(positions, hidden_states[, residual]) under a step context
+  bool residual = false;     // decoder layers: (hidden_states, residual) in and out
+};
+// One case per token count (options.tokens, else block_token_counts()) of the block `op` built from the
+// view's config (tp 1 only; errors name --tp).
+std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, const CaseOptions& options,
+                                   const BlockFacts& facts);
+
+}  // namespace cases
+}  // namespace kbn

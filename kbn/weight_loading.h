@@ -1,0 +1,31 @@
+#pragma once
+// The checkpoint-to-parameter mapping every decoder model's load_weights shares (vLLM's load_weights with its
+// stacked_params_mapping): checkpoint names are matched to parameters, fused parameters (qkv_proj,
+// gate_up_proj) are filled shard by shard, and every parameter must end up filled by all of its shards.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kbn/causal_lm.h"
+#include "kbn/module.h"
+
+namespace kbn {
+
+// A checkpoint suffix that lands in one shard of a fused parameter: ".q_proj" -> ".qkv_proj" shard "q".
+struct StackedParam {
+  std::string param;  // fused parameter suffix, ".qkv_proj"
+  std::string ckpt;   // checkpoint suffix, ".q_proj"
+  std::string shard;  // shard id passed to the parameter's loader
+};
+
+// The q/k/v and gate/up fusions of the Llama-style decoder layers (QKVParallelLinear, MergedColumnParallelLinear).
+const std::vector<StackedParam>& qkv_gate_up_stacking();
+
+// Loads `weights` into `model`'s parameters. `skip(name)` drops checkpoint tensors the model recomputes or
+// shares (rotary inv_freq, a tied lm_head). Errors start with `who` and name the checkpoint tensor or the
+// parameter: a tensor that matches no parameter, one that appears twice, a wrong shape (the loader's
+// message), a parameter left unfilled (with how many of its shards were found).
+void load_stacked_weights(Module& model, const WeightSource& weights, const std::vector<StackedParam>& stacking,
+                          const std::function<bool(const std::string&)>& skip, const std::string& who);
+
+}  // namespace kbn

@@ -1,0 +1,90 @@
+// flash_attn_decode: class FlashAttnDecode (tasks/baseline/L1/flash_attn_decode.h), one query per sequence over
+// the paged cache (split-K); oracle reference::paged_attention_decode (tasks/reference/attention.cpp).
+#include "L1/flash_attn_decode.h"
+#include "ops/op.h"
+
+KBN_FALLBACK_CLASS(FlashAttnDecode)
+
+namespace kbn::KBN_VARIANT {
+using namespace kbn::missing_task_class;
+using namespace kbn::ops;
+
+KBN_REQUIRE_CLASS(FlashAttnDecode, "L1/flash_attn_decode.h");
+KBN_REQUIRE_CTOR(FlashAttnDecode, "L1/flash_attn_decode.h", int64_t, int64_t, double, int64_t);
+KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t),
+                   "L1/flash_attn_decode.h");
+
+namespace {
+
+// Batches B x contexts; `tokens` are batch sizes. Random cases draw a small batch, and random CPU-sized ones
+// keep the 1024-token context only.
+std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
+  if (!m.attention) return {};
+  const AttentionShape& a = *m.attention;
+  const DType dt = o.dtype;
+  const int64_t es = int64_t(dtype_size(dt)), Hq = a.num_heads, Hk = a.num_kv_heads, D = a.head_dim;
+  const int64_t bs = cases::kKvBlockSize;
+  std::vector<int64_t> batches = o.tokens.empty() ? cases::decode_attention_batches() : o.tokens;
+  if (o.random)
+    for (int64_t& B : batches) B = 1 + B % (o.small ? 3 : 48);
+  std::vector<int64_t> contexts = cases::decode_attention_contexts();
+  if (o.random && o.small) contexts = {contexts.front()};
+  std::vector<BenchCase> out;
+  for (int64_t B : batches) {
+    for (int64_t ctx : contexts) {
+      const int64_t blocks_per_seq = cases::ceil_div(ctx, bs), blocks = B * blocks_per_seq;
+      BenchCase b = cases::base("flash_attn_decode", m, B, dt);
+      b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(Hq) + " kv=" +
+                cases::str(Hk) + " D=" + cases::str(D);
+      b.args.values = {{"num_heads", double(Hq)},
+                       {"head_size", double(D)},
+                       {"scale", 1.0 / std::sqrt(double(D))},
+                       {"num_kv_heads", double(Hk)},
+                       {"max_query_len", 1.0},
+                       {"max_seq_len", double(ctx)}};
+      b.make_inputs = [=](Device d, uint64_t seed) {
+        return std::vector<Tensor>{
+            cases::normal({B, Hq, D}, dt, d, seed, "q", 1.0),
+            cases::normal({blocks, bs, Hk, D}, dt, d, seed, "key_cache", 1.0),
+            cases::normal({blocks, bs, Hk, D}, dt, d, seed, "value_cache", 1.0),
+            cases::filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
+            cases::permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
+      };
+      const int64_t metadata = B * 4 + B * blocks_per_seq * 4;
+      // The K/V read dominates: every sequence's ctx keys and values once; plus q read, out written.
+      b.bytes = 2 * B * ctx * Hk * D * es + 2 * B * Hq * D * es + metadata;
+      b.flops = 4 * Hq * D * B * ctx;
+      b.input_bytes = B * Hq * D * es + 2 * blocks * bs * Hk * D * es + metadata;
+      b.output_numel = B * Hq * D;
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+KBN_REGISTER_OPS(r) {
+  r.add({.name = "flash_attn_decode",
+         .class_name = "FlashAttnDecode",
+         .level = 1,
+         .header = "L1/flash_attn_decode.h",
+         .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "max_seq_len (optional)"},
+         .args = {"q", "key_cache", "value_cache", "seq_lens", "block_tables"},
+         .mutates = {},
+         .make = adapter(
+             "flash_attn_decode", 5,
+             [](const OpArgs& a) {
+               return std::make_unique<FlashAttnDecode>(a.get_int("num_heads"), a.get_int("head_size"), a.get("scale"),
+                                                        a.get_int("num_kv_heads"));
+             },
+             [](FlashAttnDecode& op, const Tensors& t, const OpArgs& a) {
+               const int64_t max_s = a.get_int_or("max_seq_len", 0);
+               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], max_s ? max_s : host_max(t[3]))};
+             }),
+         .kernels = {"flash_attn_decode", "generic_attention"},
+         .cases = decode_cases});
+}
+
+}  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,75 @@
+// rms_norm and fused_add_rms_norm: class RMSNorm (tasks/baseline/L1/rms_norm.h), oracle
+// tasks/reference/norm.cpp.
+#include "L1/rms_norm.h"
+#include "ops/op.h"
+
+KBN_FALLBACK_CLASS(RMSNorm)
+
+namespace kbn::KBN_VARIANT {
+using namespace kbn::missing_task_class;
+using namespace kbn::ops;
+
+KBN_REQUIRE_CLASS(RMSNorm, "L1/rms_norm.h");
+KBN_REQUIRE_CTOR(RMSNorm, "L1/rms_norm.h", int64_t, double, const ParamOptions&);
+KBN_REQUIRE_METHOD(RMSNorm, Tensor, forward, (const Tensor&), "L1/rms_norm.h");
+KBN_REQUIRE_METHOD(RMSNorm, TensorPair, forward, (const Tensor&, const Tensor&), "L1/rms_norm.h");
+
+namespace {
+
+std::vector<BenchCase> norm_cases(const std::string& op, const ModelView& m, const CaseOptions& o) {
+  const bool fused = op == "fused_add_rms_norm";
+  const DType dt = o.dtype;
+  const int64_t es = int64_t(dtype_size(dt)), H = m.hidden_size;
+  std::vector<BenchCase> out;
+  for (int64_t T : cases::token_counts(o)) {
+    BenchCase b = cases::base(op, m, T, dt);
+    b.label = "T=" + cases::str(T) + " H=" + cases::str(H);
+    b.args.values = {{"hidden_size", double(H)}, {"eps", m.rms_norm_eps}};
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      std::vector<Tensor> in{cases::normal({T, H}, dt, d, seed, "x", 1.0)};
+      if (fused) in.push_back(cases::normal({T, H}, dt, d, seed, "residual", 1.0));
+      return in;
+    };
+    // x [T, H] (+ residual [T, H]) read, out (fused: x and residual) written, weight [H] read once.
+    const int64_t buffers = fused ? 4 : 2;
+    b.bytes = buffers * T * H * es + H * es;
+    b.flops = (fused ? 5 : 4) * T * H;
+    b.input_bytes = (fused ? 2 : 1) * T * H * es;
+    b.output_numel = (fused ? 2 : 1) * T * H;
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+auto make_norm(const OpArgs& a) { return std::make_unique<RMSNorm>(a.get_int("hidden_size"), a.get("eps"), a.opts); }
+
+}  // namespace
+
+KBN_REGISTER_OPS(r) {
+  r.add({.name = "rms_norm",
+         .class_name = "RMSNorm",
+         .level = 1,
+         .header = "L1/rms_norm.h",
+         .ctor_args = {"hidden_size", "eps"},
+         .args = {"x"},
+         .mutates = {},
+         .make = adapter("rms_norm", 1, make_norm,
+                         [](RMSNorm& op, const Tensors& t) { return Tensors{op.forward(t[0])}; }),
+         .kernels = {"rms_norm"},
+         .cases = [](const ModelView& m, const CaseOptions& o) { return norm_cases("rms_norm", m, o); }});
+  r.add({.name = "fused_add_rms_norm",
+         .class_name = "RMSNorm",
+         .level = 1,
+         .header = "L1/rms_norm.h",
+         .ctor_args = {"hidden_size", "eps"},
+         .args = {"x", "residual"},
+         .mutates = {"x", "residual"},
+         .make = adapter("fused_add_rms_norm", 2, make_norm,
+                         [](RMSNorm& op, const Tensors& t) {
+                           auto [x, res] = op.forward(t[0], t[1]);
+                           return Tensors{x, res};
+                         }),
+         .cases = [](const ModelView& m, const CaseOptions& o) { return norm_cases("fused_add_rms_norm", m, o); }});
+}
+
+}  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,49 @@
+// llama_decoder_layer: LlamaDecoderLayer (tasks/baseline/L3/llama_decoder_layer.h) as layer 0.
+#include "L3/llama_decoder_layer.h"
+#include "ops/op.h"
+
+KBN_FALLBACK_CLASS(LlamaDecoderLayer)
+
+namespace kbn::KBN_VARIANT {
+using namespace kbn::missing_task_class;
+using namespace kbn::ops;
+
+KBN_REQUIRE_CLASS(LlamaDecoderLayer, "L3/llama_decoder_layer.h");
+KBN_REQUIRE_CTOR(LlamaDecoderLayer, "L3/llama_decoder_layer.h", const LlamaConfig&, const std::string&,
+                 const ParamOptions&);
+KBN_REQUIRE_METHOD(LlamaDecoderLayer, TensorPair, forward, (const Tensor&, const Tensor&, const Tensor&),
+                   "L3/llama_decoder_layer.h");
+
+KBN_REGISTER_OPS(r) {
+  r.add({.name = "llama_decoder_layer",
+         .class_name = "LlamaDecoderLayer",
+         .level = 3,
+         .header = "L3/llama_decoder_layer.h",
+         .ctor_args = {},
+         .args = {"positions", "hidden_states", "residual"},
+         .mutates = {"hidden_states", "residual"},
+         .make = adapter(
+             "llama_decoder_layer", 3,
+             [](const OpArgs& a) {
+               return std::make_unique<LlamaDecoderLayer>(LlamaConfig::from(a.model_config()), "model.layers.0",
+                                                          a.opts);
+             },
+             [](LlamaDecoderLayer& op, const Tensors& t) {
+               auto [h, res] = op.forward(t[0], t[1], t[2]);
+               return Tensors{h, res};
+             }),
+         .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
+           const AttentionShape& at = *m.attention;
+           const int64_t H = m.hidden_size, D = at.head_dim, I = *m.intermediate_size;
+           const int64_t params =
+               H * (at.num_heads + 2 * at.num_kv_heads) * D + at.num_heads * D * H + 3 * H * I + 2 * H;
+           return cases::block_cases("llama_decoder_layer", m, o,
+                                     {.params = params,
+                                      .in_features = H,
+                                      .out_features = H,
+                                      .attention = true,
+                                      .residual = true});
+         }});
+}
+
+}  // namespace kbn::KBN_VARIANT
