@@ -19,7 +19,7 @@ import time
 import torch
 import transformers
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def cast_parameters(model, dtype):
@@ -41,12 +41,13 @@ def main():
 
     with open(args.config) as f:
         cfg_json = json.load(f)
-    config = LlamaConfig(**cfg_json)
+    # The config's own family (model_type: llama, qwen3, ...) picks transformers' model class.
+    config = AutoConfig.for_model(cfg_json["model_type"], **{k: v for k, v in cfg_json.items() if k != "model_type"})
     config._attn_implementation = "sdpa"
     torch.manual_seed(args.seed)
     t0 = time.time()
     with torch.device("cuda"):
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""External truth for kb-nano: Hugging Face transformers' Llama on seeded random weights.
+"""External truth for kb-nano: Hugging Face transformers' model of a config (Llama, Qwen3, ...) on seeded random
+weights.
 
 Runs on the GPU machine (PyTorch + transformers are there). For a config in models/, it builds
-transformers' LlamaForCausalLM, draws seeded random weights (norm weights too, so a mixed-up norm is
+transformers' model of the config's family (AutoModelForCausalLM), draws seeded random weights (norm weights
+too, so a mixed-up norm is
 caught), saves them as safetensors exactly as transformers does (optionally sharded with an index), then
 records for a few seeded prompts: the logits of every prompt position and the greedy continuation with
 the top-2 logit margin at each step. kb-nano's CPU tests load the same files through its own loader and
@@ -18,7 +20,7 @@ import platform
 
 import torch
 import transformers
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 def main():
@@ -41,9 +43,10 @@ def main():
 
     with open(args.config) as f:
         cfg_json = json.load(f)
-    config = LlamaConfig(**cfg_json)
+    # The config's own family (model_type: llama, qwen3, ...) picks transformers' model class.
+    config = AutoConfig.for_model(cfg_json["model_type"], **{k: v for k, v in cfg_json.items() if k != "model_type"})
     config._attn_implementation = "eager"
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(torch.float32)
     gen = torch.Generator().manual_seed(args.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -7,9 +7,10 @@
 namespace kbn::reference {
 
 static void check_norm_args(const Tensor& x, const Tensor& weight, const char* op) {
-  check_rank(x, op, "x", 2, "[num_tokens, hidden_size]");
+  KBN_CHECK(x.dim() == 2 || x.dim() == 3, op, ": argument 'x' must be [num_tokens, hidden_size] or [num_tokens, heads, ",
+            "hidden_size], got ", x.str());
   check_rank(weight, op, "weight", 1, "[hidden_size]");
-  check_size(x, op, "x", 1, weight.size(0), "hidden_size");
+  check_size(x, op, "x", x.dim() - 1, weight.size(0), "hidden_size");
   check_cpu(x, op, "x");
   check_cpu(weight, op, "weight");
 }
@@ -17,7 +18,7 @@ static void check_norm_args(const Tensor& x, const Tensor& weight, const char* o
 void rms_norm(Tensor& out, const Tensor& x, const Tensor& weight, double eps) {
   check_norm_args(x, weight, "reference::rms_norm");
   KBN_CHECK(out.shape() == x.shape(), "reference::rms_norm: 'out' ", out.str(), " must match 'x' ", x.str());
-  const int64_t n = x.size(0), h = x.size(1);
+  const int64_t h = x.size(x.dim() - 1), n = x.numel() / h;
   std::vector<double> xv = x.to_doubles(), w = weight.to_doubles(), o(size_t(n * h));
   for (int64_t t = 0; t < n; ++t) {
     double ss = 0;

@@ -10,7 +10,8 @@
 
 namespace kbn::reference {
 
-// out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight.   x, out: [num_tokens, hidden]; weight: [hidden]
+// out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight.   x, out: [num_tokens, hidden] or, normalising each
+// head (Qwen3's q/k norms), [num_tokens, heads, hidden]; weight: [hidden]
 void rms_norm(Tensor& out, const Tensor& x, const Tensor& weight, double eps);
 
 // vLLM fused_add_rms_norm, in place: residual <- round(x + residual); x <- rms_norm(residual) * weight.

@@ -1,5 +1,7 @@
 #include "L1/rms_norm.h"
 
+#include <limits>
+
 #include "kbn/checks.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
@@ -15,14 +17,21 @@ namespace {
 // ---- kernel layer: raw pointers, row strides, a stream ----
 
 struct RmsNormParams {
-  void* out;           // [num_tokens, hidden] row stride out_stride
-  const void* x;       // [num_tokens, hidden] row stride x_stride (fused: mutated, becomes the output)
+  void* out;           // [rows, hidden] row stride out_stride
+  const void* x;       // [num_tokens, heads, hidden]: token stride x_stride, head stride x_head_stride (fused: mutated,
+                       // becomes the output; heads = 1)
   void* residual;      // fused only: [num_tokens, hidden] row stride residual_stride
   const void* weight;  // [hidden]
   int64_t out_stride, x_stride, residual_stride;
   int hidden;
   float eps;
+  int heads = 1;  // rows per token: row r is head r % heads of token r / heads
+  int64_t x_head_stride = 0;
 };
+
+__device__ __forceinline__ int64_t x_row_offset(const RmsNormParams& p, int64_t row) {
+  return p.heads == 1 ? row * p.x_stride : (row / p.heads) * p.x_stride + (row % p.heads) * p.x_head_stride;
+}
 
 template <int kThreads>
 __device__ __forceinline__ float block_sum(float v) {
@@ -52,7 +61,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
   using V = Vec16<T>;
   constexpr int N = kVec ? V::N : 1;
   const int64_t row = blockIdx.x;
-  const T* x = static_cast<const T*>(p.x) + row * p.x_stride;
+  const T* x = static_cast<const T*>(p.x) + x_row_offset(p, row);
   T* res = kFused ? static_cast<T*>(p.residual) + row * p.residual_stride : nullptr;
   T* out = static_cast<T*>(p.out) + row * p.out_stride;
   const T* w = static_cast<const T*>(p.weight);
@@ -122,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_regs_kernel(RmsNormParams p
   using V = Vec16<T>;
   constexpr int N = V::N;
   const int64_t row = blockIdx.x;
-  const V* x = reinterpret_cast<const V*>(static_cast<const T*>(p.x) + row * p.x_stride);
+  const V* x = reinterpret_cast<const V*>(static_cast<const T*>(p.x) + x_row_offset(p, row));
   V* res = kFused ? reinterpret_cast<V*>(static_cast<T*>(p.residual) + row * p.residual_stride) : nullptr;
   V* out = reinterpret_cast<V*>(static_cast<T*>(p.out) + row * p.out_stride);
   const V* w = static_cast<const V*>(p.weight);
@@ -176,21 +185,65 @@ __global__ void __launch_bounds__(kThreads) rms_norm_regs_kernel(RmsNormParams p
   }
 }
 
+// One warp per row, kWarps rows per block, for rows of at most 32 vectors (per-head norms: head_dim 64..256), where
+// a block per row would leave most of its threads idle and launch one block per (token, head).
+template <class T, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) rms_norm_warp_kernel(RmsNormParams p, int64_t rows) {
+  using V = Vec16<T>;
+  constexpr int N = V::N;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const V* x = reinterpret_cast<const V*>(static_cast<const T*>(p.x) + x_row_offset(p, row));
+  V* out = reinterpret_cast<V*>(static_cast<T*>(p.out) + row * p.out_stride);
+  const int nvec = p.hidden / N;
+  V v;
+  float ss = 0.f;
+  if (lane < nvec) {
+    v = x[lane];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float z = to_f32(v.v[j]);
+      ss += z * z;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv_rms = rsqrtf(ss / float(p.hidden) + p.eps);
+  if (lane < nvec) {
+    const V wv = static_cast<const V*>(p.weight)[lane];
+    V o;
+#pragma unroll
+    for (int j = 0; j < N; ++j) o.v[j] = from_f32<T>(to_f32(v.v[j]) * inv_rms * to_f32(wv.v[j]));
+    out[lane] = o;
+  }
+}
+
 bool vec_ok(const void* p, int64_t stride_elems, size_t esize) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride_elems * int64_t(esize)) % 16 == 0;
 }
 
+// `rows`: tokens x heads.
 template <class T, bool kFused>
-void launch_rms_norm(const RmsNormParams& p, int64_t num_tokens, Stream stream) {
-  if (num_tokens == 0) return;
+void launch_rms_norm(const RmsNormParams& p, int64_t rows, Stream stream) {
+  if (rows == 0) return;
   constexpr int N = Vec16<T>::N;
   bool vec = p.hidden % N == 0 && vec_ok(p.out, p.out_stride, sizeof(T)) && vec_ok(p.x, p.x_stride, sizeof(T)) &&
-             vec_ok(p.weight, 0, sizeof(T)) && (!kFused || vec_ok(p.residual, p.residual_stride, sizeof(T)));
+             vec_ok(p.x, p.x_head_stride, sizeof(T)) && vec_ok(p.weight, 0, sizeof(T)) &&
+             (!kFused || vec_ok(p.residual, p.residual_stride, sizeof(T)));
   // NOTE: 256 threads cover an 8192-wide bf16 row in 4 vector steps; narrower rows waste few lanes, and
   // decode-size batches still get one block per token without a tail effect worth a second config.
   constexpr int kThreads = 256;
-  const dim3 grid{unsigned(num_tokens)};
+  const dim3 grid{unsigned(rows)};
   const int nvec = p.hidden / N;
+  if constexpr (!kFused) {
+    if (vec && nvec <= 32) {
+      constexpr int kWarps = 8;
+      rms_norm_warp_kernel<T, kWarps><<<unsigned((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(p, rows);
+      KBN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   if (vec && nvec <= kThreads * 8) {  // rows up to 16384 bf16 / 8192 f32 values: held in registers
     if (nvec <= kThreads)
       rms_norm_regs_kernel<T, kFused, kThreads, 1><<<grid, kThreads, 0, stream>>>(p);
@@ -219,33 +272,45 @@ RMSNorm::RMSNorm(int64_t hidden_size, double eps, const ParamOptions& opts) : hi
   register_parameter("weight", &weight, InitKind::ones);
 }
 
-static void check_rms_input(const Tensor& t, const char* arg, const Tensor& weight, int64_t hidden) {
-  check_rank(t, "rms_norm", arg, 2, "[num_tokens, hidden_size]");
-  check_size(t, "rms_norm", arg, 1, hidden, "hidden_size");
+static void check_rms_input(const Tensor& t, const char* arg, const Tensor& weight, int64_t hidden, bool heads_ok) {
+  if (heads_ok)
+    KBN_CHECK(t.dim() == 2 || t.dim() == 3, "rms_norm: argument '", arg,
+              "' must be [num_tokens, hidden_size] or [num_tokens, heads, hidden_size], got ", t.str());
+  else
+    check_rank(t, "rms_norm", arg, 2, "[num_tokens, hidden_size]");
+  check_size(t, "rms_norm", arg, t.dim() - 1, hidden, "hidden_size");
   check_last_dim_contiguous(t, "rms_norm", arg);
   check_same_dtype(t, weight, "rms_norm", arg, "weight");
   check_same_device(t, weight, "rms_norm", arg, "weight");
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
-  check_rms_input(x, "x", weight, hidden_size_);
+  check_rms_input(x, "x", weight, hidden_size_, true);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (x.is_cpu()) {
     reference::rms_norm(out, x, weight, eps_);
     return out;
   }
 #ifdef KBN_WITH_CUDA
-  RmsNormParams p{out.data_ptr(),    x.data_ptr(), nullptr, weight.data_ptr(), out.stride(0), x.stride(0), 0,
+  const bool heads = x.dim() == 3;
+  KBN_CHECK(!heads || x.size(1) <= std::numeric_limits<int>::max(), "rms_norm: argument 'x' has too many heads, got ",
+            x.str());
+  RmsNormParams p{out.data_ptr(),    x.data_ptr(), nullptr, weight.data_ptr(), hidden_size_, x.stride(0), 0,
                   int(hidden_size_), float(eps_)};
+  if (heads) {
+    p.heads = int(x.size(1));
+    p.x_head_stride = x.stride(1);
+  }
+  const int64_t rows = x.numel() / hidden_size_;
   dispatch_float16_32(x.dtype(), "rms_norm", "x",
-                      [&](auto t) { launch_rms_norm<decltype(t), false>(p, x.size(0), current_stream()); });
+                      [&](auto t) { launch_rms_norm<decltype(t), false>(p, rows, current_stream()); });
 #endif
   return out;
 }
 
 std::pair<Tensor, Tensor> RMSNorm::forward(const Tensor& x, const Tensor& residual) {
-  check_rms_input(x, "x", weight, hidden_size_);
-  check_rms_input(residual, "residual", weight, hidden_size_);
+  check_rms_input(x, "x", weight, hidden_size_, false);
+  check_rms_input(residual, "residual", weight, hidden_size_, false);
   KBN_CHECK(x.shape() == residual.shape(), "fused_add_rms_norm: 'x' ", x.str(), " and 'residual' ", residual.str(),
             " differ in shape");
   if (x.is_cpu()) {
@@ -255,7 +320,7 @@ std::pair<Tensor, Tensor> RMSNorm::forward(const Tensor& x, const Tensor& residu
   }
 #ifdef KBN_WITH_CUDA
   RmsNormParams p{x.data_ptr(), x.data_ptr(),       residual.data_ptr(), weight.data_ptr(), x.stride(0),
-                  x.stride(0),  residual.stride(0), int(hidden_size_),   float(eps_)};
+                  x.stride(0),  residual.stride(0), int(hidden_size_),   float(eps_)};  // heads = 1
   dispatch_float16_32(x.dtype(), "fused_add_rms_norm", "x",
                       [&](auto t) { launch_rms_norm<decltype(t), true>(p, x.size(0), current_stream()); });
 #endif

@@ -10,7 +10,9 @@ class RMSNorm : public Module {
  public:
   RMSNorm(int64_t hidden_size, double eps = 1e-6, const ParamOptions& opts = {});
 
-  // x: [num_tokens, hidden_size] -> new [num_tokens, hidden_size]
+  // x: [num_tokens, hidden_size] -> new [num_tokens, hidden_size], or x: [num_tokens, heads, hidden_size] (each
+  // head normalised, as Qwen3's q/k norms; token and head strides free, e.g. q or k viewed inside the fused qkv
+  // output) -> new contiguous [num_tokens, heads, hidden_size]
   Tensor forward(const Tensor& x);
   // Fused add + norm, in place like vLLM's fused_add_rms_norm (mutates x and residual):
   // residual <- x + residual; x <- norm(residual). Returns (x, residual).

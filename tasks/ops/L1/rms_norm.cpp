@@ -38,6 +38,29 @@ std::vector<BenchCase> norm_cases(const std::string& op, const ModelView& m, con
     b.output_numel = (fused ? 2 : 1) * T * H;
     out.push_back(std::move(b));
   }
+  if (fused || !m.has_feature("qk_norm") || !m.attention) return out;
+  // Per-head q and k norms (Qwen3): x is q or k viewed inside the fused qkv output [T, (Hq + 2 Hk) * D] (token
+  // stride the qkv row, no copy), normalised head by head into a new [T, heads, D].
+  const int64_t D = m.attention->head_dim, Hq = m.attention->num_heads, Hk = m.attention->num_kv_heads;
+  const int64_t width = (Hq + 2 * Hk) * D;
+  for (int64_t T : cases::token_counts(o)) {
+    for (const bool is_q : {true, false}) {
+      const int64_t heads = is_q ? Hq : Hk, offset = is_q ? 0 : Hq * D;
+      BenchCase b = cases::base(op, m, T, dt);
+      b.label = std::string(is_q ? "q" : "k") + " heads T=" + cases::str(T) + " heads=" + cases::str(heads) +
+                " D=" + cases::str(D) + " row=" + cases::str(width);
+      b.args.values = {{"hidden_size", double(D)}, {"eps", m.rms_norm_eps}};
+      b.make_inputs = [=](Device d, uint64_t seed) {
+        Tensor qkv = cases::normal({T, width}, dt, d, seed, "qkv", 1.0);
+        return std::vector<Tensor>{qkv.as_strided({T, heads, D}, {width, D, 1}, qkv.offset() + offset)};
+      };
+      b.bytes = 2 * T * heads * D * es + D * es;  // the heads read in place, the new tensor written, the weight
+      b.flops = 4 * T * heads * D;
+      b.input_bytes = T * width * es;
+      b.output_numel = T * heads * D;
+      out.push_back(std::move(b));
+    }
+  }
   return out;
 }
 

@@ -1,0 +1,42 @@
+#include "L2/qwen3_attention.h"
+
+#include <cmath>
+
+namespace kbn::KBN_VARIANT {
+
+Qwen3Attention::Qwen3Attention(int64_t hidden_size, int64_t num_heads, int64_t num_kv_heads, int64_t max_position,
+                               int64_t head_dim, double rms_norm_eps, bool qkv_bias, double rope_theta,
+                               const RopeScaling& rope_scaling, const std::string& prefix, const ParamOptions& opts)
+    : qkv_proj(hidden_size, head_dim, num_heads, num_kv_heads, qkv_bias, false, opts, prefix + ".qkv_proj"),
+      o_proj(num_heads * head_dim, hidden_size, false, true, false, true, opts, prefix + ".o_proj"),
+      q_norm(head_dim, rms_norm_eps, opts),
+      k_norm(head_dim, rms_norm_eps, opts),
+      rotary_emb(head_dim, head_dim, max_position, rope_theta, true, rope_scaling, opts),
+      attn(qkv_proj.num_heads(), head_dim, 1.0 / std::sqrt(double(head_dim)), qkv_proj.num_kv_heads(),
+           prefix + ".attn"),
+      head_dim_(head_dim),
+      num_heads_(qkv_proj.num_heads()),
+      num_kv_heads_(qkv_proj.num_kv_heads()) {
+  register_module("qkv_proj", &qkv_proj);
+  register_module("o_proj", &o_proj);
+  register_module("q_norm", &q_norm);
+  register_module("k_norm", &k_norm);
+}
+
+Tensor Qwen3Attention::forward(const Tensor& positions, const Tensor& hidden_states) {
+  auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
+  const int64_t T = qkv.size(0), D = head_dim_, q_size = num_heads_ * D, kv_size = num_kv_heads_ * D;
+  // q and k viewed per head inside the fused qkv rows (no copy); each norm writes a new contiguous tensor, which
+  // rotary then rotates in place and attention reads as is (no per-layer copy of q, unlike the Llama path).
+  const Tensor q_heads = qkv.as_strided({T, num_heads_, D}, {qkv.stride(0), D, 1}, qkv.offset());
+  const Tensor k_heads = qkv.as_strided({T, num_kv_heads_, D}, {qkv.stride(0), D, 1}, qkv.offset() + q_size);
+  Tensor q = q_norm.forward(q_heads).view({T, q_size});
+  Tensor k = k_norm.forward(k_heads).view({T, kv_size});
+  rotary_emb.forward(positions, q, k);
+  Tensor v = qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size);
+  Tensor attn_output = attn.forward(q, k, v);
+  auto [output, out_bias] = o_proj.forward(attn_output);
+  return output;
+}
+
+}  // namespace kbn::KBN_VARIANT

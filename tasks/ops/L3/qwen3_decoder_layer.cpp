@@ -1,0 +1,49 @@
+// qwen3_decoder_layer: Qwen3DecoderLayer (tasks/baseline/L3/qwen3_decoder_layer.h) as layer 0.
+#include "L3/qwen3_decoder_layer.h"
+#include "ops/op.h"
+
+KBN_FALLBACK_CLASS(Qwen3DecoderLayer)
+
+namespace kbn::KBN_VARIANT {
+using namespace kbn::missing_task_class;
+using namespace kbn::ops;
+
+KBN_REQUIRE_CLASS(Qwen3DecoderLayer, "L3/qwen3_decoder_layer.h");
+KBN_REQUIRE_CTOR(Qwen3DecoderLayer, "L3/qwen3_decoder_layer.h", const Qwen3Config&, const std::string&,
+                 const ParamOptions&);
+KBN_REQUIRE_METHOD(Qwen3DecoderLayer, TensorPair, forward, (const Tensor&, const Tensor&, const Tensor&),
+                   "L3/qwen3_decoder_layer.h");
+
+KBN_REGISTER_OPS(r) {
+  r.add({.name = "qwen3_decoder_layer",
+         .class_name = "Qwen3DecoderLayer",
+         .level = 3,
+         .header = "L3/qwen3_decoder_layer.h",
+         .ctor_args = {},
+         .args = {"positions", "hidden_states", "residual"},
+         .mutates = {"hidden_states", "residual"},
+         .make = adapter(
+             "qwen3_decoder_layer", 3,
+             [](const OpArgs& a) {
+               return std::make_unique<Qwen3DecoderLayer>(Qwen3Config::from(a.model_config()), "model.layers.0",
+                                                          a.opts);
+             },
+             [](Qwen3DecoderLayer& op, const Tensors& t) {
+               auto [h, res] = op.forward(t[0], t[1], t[2]);
+               return Tensors{h, res};
+             }),
+         .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
+           const AttentionShape& at = *m.attention;
+           const int64_t H = m.hidden_size, D = at.head_dim, I = *m.intermediate_size;
+           const int64_t params =
+               H * (at.num_heads + 2 * at.num_kv_heads) * D + at.num_heads * D * H + 2 * D + 3 * H * I + 2 * H;
+           return cases::block_cases("qwen3_decoder_layer", m, o,
+                                     {.params = params,
+                                      .in_features = H,
+                                      .out_features = H,
+                                      .attention = true,
+                                      .residual = true});
+         }});
+}
+
+}  // namespace kbn::KBN_VARIANT
