@@ -92,6 +92,36 @@ std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like
   return out;
 }
 
+namespace {
+
+// An op that runs every call under its own forward context (blocks containing attention): a one-layer KV
+// cache holding the cached tokens and the step's metadata, identical for every variant and device.
+class ContextOp final : public AnyOp {
+ public:
+  ContextOp(std::unique_ptr<AnyOp> inner, std::shared_ptr<StepContext> ctx)
+      : inner_(std::move(inner)), ctx_(std::move(ctx)) {}
+  Module& module() override { return inner_->module(); }
+  std::vector<Tensor> call(const std::vector<Tensor>& args) override {
+    ForwardContextGuard guard({&ctx_->metadata, &ctx_->kv_caches});
+    return inner_->call(args);
+  }
+
+ private:
+  std::unique_ptr<AnyOp> inner_;
+  std::shared_ptr<StepContext> ctx_;
+};
+
+}  // namespace
+
+std::unique_ptr<AnyOp> build_case_op(const OpEntry& entry, const BenchCase& c, Device device, uint64_t seed) {
+  OpArgs a = c.args;
+  a.opts = ParamOptions{c.dtype, device};
+  std::unique_ptr<AnyOp> op = entry.make(a);
+  init_random_weights(op->module(), seed, cases::kWeightStd);
+  if (c.make_context) return std::make_unique<ContextOp>(std::move(op), c.make_context(device, seed));
+  return op;
+}
+
 std::string format_case_list(const std::vector<BenchCase>& cases) {
   std::string text;
   char line[512];

@@ -3,6 +3,7 @@
 // tasks/ops/) applied to one rank's view of a model, plus property-based random shapes. This file holds no
 // per-op knowledge: which ops a model runs comes from the include closure of its L4 entry.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ std::vector<BenchCase> cases_for(const std::string& op, const ModelView& m, cons
 // them cheap enough for CPU ops and the CPU oracle.
 std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like, int count, uint64_t seed,
                                     bool small, DType dtype);
+
+// Builds `entry`'s op for case `c` on `device` with the case's dtype and seeded weights N(0, 0.02) (same seed:
+// same weights for every variant and device); an op with a step context runs every call under it.
+std::unique_ptr<AnyOp> build_case_op(const OpEntry& entry, const BenchCase& c, Device device, uint64_t seed);
 
 // One line per case: op, model, tp, label, bytes, FLOPs (what `kb_nano kernels --list` prints).
 std::string format_case_list(const std::vector<BenchCase>& cases);

@@ -30,8 +30,6 @@
 namespace kbn::cli {
 namespace {
 
-constexpr double kWeightStd = 0.02;
-
 struct Options {
   std::vector<std::string> targets;
   int level = 1;
@@ -306,32 +304,6 @@ struct Context {
   bench::ValidationOptions vopts;
 };
 
-// An op that runs every call under its own forward context (blocks containing attention): a one-layer KV
-// cache holding the cached tokens and the step's metadata, identical for every variant and device.
-class ContextOp final : public AnyOp {
- public:
-  ContextOp(std::unique_ptr<AnyOp> inner, std::shared_ptr<bench::StepContext> ctx)
-      : inner_(std::move(inner)), ctx_(std::move(ctx)) {}
-  Module& module() override { return inner_->module(); }
-  std::vector<Tensor> call(const std::vector<Tensor>& args) override {
-    ForwardContextGuard guard({&ctx_->metadata, &ctx_->kv_caches});
-    return inner_->call(args);
-  }
-
- private:
-  std::unique_ptr<AnyOp> inner_;
-  std::shared_ptr<bench::StepContext> ctx_;
-};
-
-std::unique_ptr<AnyOp> build_op(const OpEntry& e, const bench::BenchCase& c, Device d, uint64_t seed) {
-  OpArgs a = c.args;
-  a.opts = ParamOptions{c.dtype, d};
-  std::unique_ptr<AnyOp> op = e.make(a);
-  init_random_weights(op->module(), seed, kWeightStd);  // same seed: every variant gets the same weights
-  if (c.make_context) return std::make_unique<ContextOp>(std::move(op), c.make_context(d, seed));
-  return op;
-}
-
 // Input sets one timed case holds at once: cold mode rotates sets totalling > 3x L2, hot and graph modes use two
 // (so a result cached from the previous call is never the right answer).
 int timing_input_sets(const bench::BenchCase& c, const Context& ctx) {
@@ -355,12 +327,12 @@ Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
     StreamGuard guard(stream.get());
     const OpEntry& be = registry(Variant::baseline).get(c.op);
     const OpEntry& ce = ctx.compare ? registry(Variant::candidate).get(c.op) : be;
-    std::unique_ptr<AnyOp> base = build_op(be, c, ctx.device, o.seed);
+    std::unique_ptr<AnyOp> base = bench::build_case_op(be, c, ctx.device, o.seed);
     // Without a candidate the baseline is validated against a second instance of itself and the oracle: it
     // must meet the same contract.
-    std::unique_ptr<AnyOp> cand = build_op(ce, c, ctx.device, o.seed);
+    std::unique_ptr<AnyOp> cand = bench::build_case_op(ce, c, ctx.device, o.seed);
     std::unique_ptr<AnyOp> oracle;
-    if (bench::fits_cpu_oracle(c)) oracle = build_op(be, c, Device::cpu(), o.seed);
+    if (bench::fits_cpu_oracle(c)) oracle = bench::build_case_op(be, c, Device::cpu(), o.seed);
 
     r.validation = bench::validate_candidate(c, be, *base, *cand, oracle.get(), ctx.device, o.seed, ctx.vopts);
     r.validated = true;

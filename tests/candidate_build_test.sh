@@ -128,7 +128,7 @@ case "$case" in
     ;;
   bad_signature|bad_class)
     cfg || { cat "$build.log"; exit 1; }
-    out=$(ninja -C "$build" CMakeFiles/kbn_tasks_candidate.dir/tasks/registry.cpp.o 2>&1) && { echo "FAIL: built"; exit 1; }
+    out=$(ninja -C "$build" CMakeFiles/kbn_tasks_candidate.dir/tasks/ops/L1/rms_norm.cpp.o 2>&1) && { echo "FAIL: built"; exit 1; }
     expect_in "$out" "tasks/candidate/L1/rms_norm.h"
     if [ "$case" = bad_signature ]; then expect_in "$out" "must declare \`Tensor forward(const Tensor&)\`"
     else expect_in "$out" "class 'RMSNorm' is missing"; fi
@@ -168,7 +168,8 @@ case "$case" in
     expect_in "$out" "2 written, 0 skipped"
     if grep -q "edited by the user" "$stubs_dir/L1/rms_norm.cu"; then echo "FAIL: --force did not overwrite"; exit 1; fi
     out=$(stubs --target rmsnorm) && { echo "FAIL: accepted an unknown op"; exit 1; }
-    expect_in "$out" "--target: unknown op 'rmsnorm'; known: rms_norm"
+    expect_in "$out" "--target: unknown op 'rmsnorm'; known: "
+    expect_in "$out" "rms_norm, fused_add_rms_norm"
     out=$(stubs --architecture NoSuchForCausalLM) && { echo "FAIL: accepted an unknown architecture"; exit 1; }
     expect_in "$out" "--architecture: 'NoSuchForCausalLM' is neither"
     cfg "$stubs_dir" || { cat "$build.log"; exit 1; }

@@ -5,10 +5,16 @@
 #   build-cheats/   CUDA build with -DKBN_CANDIDATE_DIR=tests/cheats -DKBN_BUILD_TESTS=OFF (kb_nano only)
 # Usage, from the repo root on the GPU machine:  tools/h200_session.sh PART [PART ...]
 #   gpu-tests  every GPU test (incl. the engine's CUDA-graph tests) and the main job (tools/gpu_check.sh)
-#   kernels    kb_nano kernels, every Llama L1 op, baseline alone, 8B shapes (JSON + Markdown)
+#   kernels    kb_nano kernels, every L1 op of $KERNELS_MODEL (default llama-3.1-8b-instruct), baseline alone
+#              (JSON + Markdown), one step per op
+#   fixtures   tools/hf_reference.py for each of $FIXTURE_CONFIGS (models/ names): transformers' logits and greedy
+#              tokens on seeded random weights, into $OUT/session/fixtures/<name> (copy to tests/fixtures/)
+#   hf-compare tools/hf_compare.py on $HF_COMPARE_MODEL (default llama-3.1-8b-instruct): full-scale logits and
+#              greedy tokens against transformers on the same random weights
 #   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
-#   eval       kb_nano eval on Llama-3.1-8B: $EVAL_WORKLOADS (default latency-b1 latency-b32 balanced) in
+#   eval       kb_nano eval on $EVAL_MODEL (default llama-3.1-8b-instruct): $EVAL_WORKLOADS (default latency-b1
+#              latency-b32 balanced) in
 #              $EVAL_MODES (default eager graph), with $EVAL_FLAGS added (e.g. --admission optimistic) and
 #              $EVAL_SUFFIX appended to the file names
 #   step-profile  kb_nano eval --step-profile in graph mode on $EVAL_WORKLOADS (default balanced)
@@ -56,11 +62,24 @@ for part in "$@"; do
       ;;
     kernels)
       # One step per op so that a time limit loses one op's rows, not the run's.
+      km=${KERNELS_MODEL:-llama-3.1-8b-instruct}
+      tag=$([[ $km == llama-3.1-8b-instruct ]] && echo 8b || echo "$km")
       for op in rms_norm fused_add_rms_norm silu_and_mul rotary_embedding store_kvcache embedding argmax linear \
                 flash_attn_decode flash_attn_prefill; do
-        step "kernels_8b_$op" 240 build/kb_nano kernels --model llama-3.1-8b-instruct --variant baseline --target "$op" \
-          --json "$out/kernels_8b_$op.json" --markdown "$out/kernels_8b_$op.md"
+        step "kernels_${tag}_$op" 240 build/kb_nano kernels --model "$km" --variant baseline --target "$op" \
+          --json "$out/kernels_${tag}_$op.json" --markdown "$out/kernels_${tag}_$op.md"
       done
+      ;;
+    fixtures)
+      for name in ${FIXTURE_CONFIGS:-tiny-qwen3}; do
+        step "fixture_$name" 180 python3 tools/hf_reference.py --config "models/$name.json" \
+          --out "$out/fixtures/$name"
+      done
+      ;;
+    hf-compare)
+      hm=${HF_COMPARE_MODEL:-llama-3.1-8b-instruct}
+      step "hf_compare_$hm" 480 python3 tools/hf_compare.py --config "models/$hm.json" --kb-nano build/kb_nano \
+        --workdir "/tmp/hf_$hm" --json "$out/hf_compare_$hm.json"
       ;;
     cheats)
       for c in cached_output side_stream zero_skip shape_specialised stale_output low_precision partial_write \
@@ -85,8 +104,9 @@ for part in "$@"; do
           len=4096
           [[ $w == long-context ]] && len=33024  # prompts up to 32k + 320 output tokens
           # shellcheck disable=SC2086  # EVAL_FLAGS is a list of flags
-          step "eval_${w}_$mode${EVAL_SUFFIX:-}" 300 build/kb_nano eval --workload "$w" --mode "$mode" \
-            --variant baseline --max-model-len "$len" ${EVAL_FLAGS:-} --json "$out/eval_${w}_$mode${EVAL_SUFFIX:-}.json"
+          step "eval_${w}_$mode${EVAL_SUFFIX:-}" 300 build/kb_nano eval --model "${EVAL_MODEL:-llama-3.1-8b-instruct}" \
+            --workload "$w" --mode "$mode" --variant baseline --max-model-len "$len" ${EVAL_FLAGS:-} \
+            --json "$out/eval_${w}_$mode${EVAL_SUFFIX:-}.json"
         done
       done
       ;;
@@ -150,7 +170,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels cheats honest eval step-profile peer torch tune modes tp profile profile-decode smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels fixtures hf-compare cheats honest eval step-profile peer torch tune modes tp profile profile-decode smoke-eval)" >&2
       exit 2
       ;;
   esac

@@ -90,6 +90,19 @@ def main():
                lambda: F.rms_norm(x, (H,), w, eps))
         record("fused_add_rms_norm", f"T={T} H={H}", "torch", 4 * T * H * 2 + H * 2, 0,
                lambda: F.rms_norm(x + r, (H,), w, eps))
+        if cfg.get("model_type", "").startswith("qwen3"):
+            # Qwen3's per-head q/k norm over views of the fused qkv output (kb-nano's rms_norm "q heads"/"k heads"
+            # cases): torch on the strided view, and the unfused pair (a contiguous copy, then the norm).
+            width = (nh + 2 * nkv) * D
+            qkv = torch.randn(T, width, device=dev, dtype=dt)
+            wd = torch.randn(D, device=dev, dtype=dt)
+            for tag, heads, off in (("q", nh, 0), ("k", nkv, nh * D)):
+                view = qkv[:, off:off + heads * D].view(T, heads, D)
+                label = f"{tag} heads T={T} heads={heads} D={D} row={width}"
+                record("rms_norm", label, "torch", 2 * T * heads * D * 2 + D * 2, 0,
+                       lambda v=view: F.rms_norm(v, (D,), wd, eps))
+                record("rms_norm", label, "copy+norm", 2 * T * heads * D * 2 + D * 2, 0,
+                       lambda v=view: F.rms_norm(v.contiguous(), (D,), wd, eps))
         g = torch.randn(T, 2 * I, device=dev, dtype=dt)
         record("silu_and_mul", f"T={T} I={I}", "torch", 3 * T * I * 2, 0, lambda: F.silu(g[:, :I]) * g[:, I:])
         for name, K, N in (("qkv", H, (nh + 2 * nkv) * D), ("o", nh * D, H), ("gate_up", H, 2 * I),

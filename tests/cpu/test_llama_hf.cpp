@@ -11,55 +11,14 @@
 #include "engine/generate.h"
 #include "engine/model_loader.h"
 #include "kbn/safetensors.h"
-#include "test_paths.h"
+#include "hf_fixture.h"
 
 using namespace kbn;
 namespace fs = std::filesystem;
 
-namespace {
-
-struct Fixture {
-  engine::ModelSpec spec;
-  nlohmann::json expected;
-};
-
-Fixture load_fixture(const std::string& name) {
-  std::string dir = kbn::test::fixture_dir() + "/" + name;
-  std::ifstream f(dir + "/expected.json");
-  EXPECT_TRUE(f.good()) << dir;
-  return {engine::resolve_model(dir), nlohmann::json::parse(f)};
-}
-
-// Logits of transformers (fp32 on the GPU, TF32 off) and ours (double accumulation) agree to ~1e-7 on logits
-// of magnitude <= 0.7 (measured); 2e-5 leaves room for accumulation order and still fails on real mistakes:
-// dropping the llama3 rope scaling moves these logits by 2e-4..1e-3, a transposed weight by far more.
-constexpr double kLogitTolerance = 2e-5;
-
-void check_against_hf(const std::string& name) {
-  Fixture fx = load_fixture(name);
-  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-  std::vector<std::vector<int64_t>> prompts;
-  for (const auto& p : fx.expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
-  engine::GenerateOptions opt;
-  opt.max_new_tokens = int64_t(fx.expected["prompts"][0]["greedy_ids"].size());
-  opt.return_prompt_logits = true;
-  auto res = engine::greedy_generate(*model, prompts, Device::cpu(), Variant::baseline, opt);
-
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const auto& p = fx.expected["prompts"][i];
-    auto hf_logits = p["prompt_logits"].get<std::vector<std::vector<double>>>();
-    std::vector<float> ours = res.prompt_logits[i].to_floats();
-    const int64_t vocab = res.prompt_logits[i].size(1);
-    double max_err = 0;
-    for (size_t t = 0; t < hf_logits.size(); ++t)
-      for (int64_t v = 0; v < vocab; ++v)
-        max_err = std::max(max_err, std::fabs(double(ours[t * size_t(vocab) + size_t(v)]) - hf_logits[t][size_t(v)]));
-    EXPECT_LT(max_err, kLogitTolerance) << name << " prompt " << i;
-    EXPECT_EQ(res.tokens[i], p["greedy_ids"].get<std::vector<int64_t>>()) << name << " prompt " << i;
-  }
-}
-
-}  // namespace
+using kbn::test::check_against_hf;
+using kbn::test::HfFixture;
+using kbn::test::load_hf_fixture;
 
 TEST(LlamaVsHF, TinyShardedCheckpointLogitsAndGreedyTokens) { check_against_hf("tiny-llama"); }
 
@@ -71,7 +30,7 @@ TEST(LlamaVsHF, TinyTiedEmbeddingsSingleFileLogitsAndGreedyTokens) { check_again
 TEST(LlamaVsHF, PeakedAttentionGqaLogitsAndGreedyTokens) { check_against_hf("tiny-llama-peaky-gqa"); }
 
 TEST(LlamaGenerate, BatchedEqualsOneAtATime) {
-  Fixture fx = load_fixture("tiny-llama");
+  HfFixture fx = load_hf_fixture("tiny-llama");
   auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
   std::vector<std::vector<int64_t>> prompts = {{5, 6, 7}, {100, 3, 9, 44, 12, 8, 1}, {300}};
   engine::GenerateOptions opt;
@@ -85,7 +44,7 @@ TEST(LlamaGenerate, BatchedEqualsOneAtATime) {
 }
 
 TEST(LlamaGenerate, RejectsTokenIdsOutsideVocabulary) {
-  Fixture fx = load_fixture("tiny-llama");
+  HfFixture fx = load_hf_fixture("tiny-llama");
   auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
   try {
     engine::greedy_generate(*model, {{1, 512}}, Device::cpu(), Variant::baseline, {});

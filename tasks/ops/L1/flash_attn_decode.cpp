@@ -17,8 +17,8 @@ KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
 
 namespace {
 
-// Batches B x contexts; `tokens` are batch sizes. Random cases draw a small batch, and random CPU-sized ones
-// keep the 1024-token context only.
+// Batches B x contexts; `tokens` are batch sizes. Random cases draw a small batch, and CPU-sized ones keep the
+// 1024-token context only.
 std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
   if (!m.attention) return {};
   const AttentionShape& a = *m.attention;
@@ -29,7 +29,7 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
   if (o.random)
     for (int64_t& B : batches) B = 1 + B % (o.small ? 3 : 48);
   std::vector<int64_t> contexts = cases::decode_attention_contexts();
-  if (o.random && o.small) contexts = {contexts.front()};
+  if (o.small) contexts = {contexts.front()};
   std::vector<BenchCase> out;
   for (int64_t B : batches) {
     for (int64_t ctx : contexts) {
