@@ -1,5 +1,6 @@
 // Binds registry(Variant) to the compiled variants. Without candidate files the candidate registry is the
-// baseline's (nothing is compiled twice).
+// baseline's (nothing is compiled twice); with them, it is the baseline's with the entries of the ops the candidate
+// variant compiled (those whose include closure reaches a candidate file) in their place.
 #include "kbn/registry.h"
 
 namespace kbn {
@@ -20,8 +21,14 @@ const Registry& registry(Variant v) {
   }();
 #ifdef KBN_HAVE_CANDIDATE
   static const Registry cand = [] {
+    Registry own;
+    candidate::register_ops(own);
     Registry r;
-    candidate::register_ops(r);
+    for (const OpEntry& e : base.entries()) {
+      const OpEntry* c = own.find(e.name);
+      r.set_source(c ? c->source : e.source);
+      r.add(c ? *c : e);
+    }
     return r;
   }();
   return v == Variant::baseline ? base : cand;

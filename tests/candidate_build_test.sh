@@ -14,13 +14,17 @@
 #             with the check named in tests/cheats/README.md, and the command exits non-zero.
 set -u
 src=$1; work=$2; case=$3; main_bin=${4:-}
-build="$work/candidate-$case"
-rm -rf "$build"
+# NOTE: every case reconfigures one shared build folder with its own candidate folder (the tests hold a ctest
+# RESOURCE_LOCK on it), so the baseline variant, engine, bench and CLI compile once for all of them and each case
+# compiles only its candidate's include closure. Each case's logs and outputs go to $art.
+build="$work/candidate-build"
+art="$work/candidate-$case"
+rm -rf "$art" && mkdir -p "$art"
 cfg() {  # [candidate dir]
   # NOTE: CMAKE_BUILD_TYPE=None (no -O3): these builds exist to check what compiles, swaps and fails, and CI
   # runs nine of them; unoptimised they compile several times faster and the tiny CPU runs stay quick.
   cmake -S "$src" -B "$build" -G Ninja -DKBN_ENABLE_CUDA=OFF -DKBN_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=None \
-        -DKBN_CANDIDATE_DIR="${1:-$src/tests/candidates/$case}" >"$build.log" 2>&1
+        -DKBN_CANDIDATE_DIR="${1:-$src/tests/candidates/$case}" >"$art/build.log" 2>&1
 }
 expect_in() {  # text, pattern; whitespace runs (incl. the line wraps CMake puts in long messages) match any run
   local flat
@@ -40,21 +44,21 @@ case "$case" in
     # scaled_rms_norm builds from a copy of its candidate folder, which the edit-and-rerun check below edits.
     cand_src="$src/tests/candidates/$case"
     if [ "$case" = scaled_rms_norm ]; then
-      cand_src="$build-src"
+      cand_src="$art-src"
       rm -rf "$cand_src" && cp -r "$src/tests/candidates/$case" "$cand_src"
     fi
-    cfg "$cand_src" || { cat "$build.log"; exit 1; }
-    ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
+    cfg "$cand_src" || { cat "$art/build.log"; exit 1; }
+    ninja -C "$build" kb_nano >"$art/build.log" 2>&1 || { tail -40 "$art/build.log"; exit 1; }
     bin="$build/kb_nano"
     args=(generate --model tiny-llama --device cpu --prompt-ids 5,6,7,8 --max-new-tokens 8 --seed 1)
     # Logits, not only tokens: a change deep in the model need not flip a greedy token of a tiny random model.
-    base=$("$bin" "${args[@]}" --variant baseline --save-logits "$build/base.safetensors" 2>/dev/null | grep '^prompt')
-    cand=$("$bin" "${args[@]}" --variant candidate --save-logits "$build/cand.safetensors" 2>/dev/null | grep '^prompt')
+    base=$("$bin" "${args[@]}" --variant baseline --save-logits "$art/base.safetensors" 2>/dev/null | grep '^prompt')
+    cand=$("$bin" "${args[@]}" --variant candidate --save-logits "$art/cand.safetensors" 2>/dev/null | grep '^prompt')
     ref=""
-    [ -n "$main_bin" ] && ref=$("$main_bin" "${args[@]}" --save-logits "$build/ref.safetensors" 2>/dev/null | grep '^prompt' || true)
+    [ -n "$main_bin" ] && ref=$("$main_bin" "${args[@]}" --save-logits "$art/ref.safetensors" 2>/dev/null | grep '^prompt' || true)
     [ -n "$base" ] && [ -n "$cand" ] || { echo "FAIL: no output"; exit 1; }
-    ! cmp -s "$build/base.safetensors" "$build/cand.safetensors" || { echo "FAIL: the candidate did not change L4 logits"; exit 1; }
-    if [ -n "$ref" ] && { [ "$ref" != "$base" ] || ! cmp -s "$build/ref.safetensors" "$build/base.safetensors"; }; then
+    ! cmp -s "$art/base.safetensors" "$art/cand.safetensors" || { echo "FAIL: the candidate did not change L4 logits"; exit 1; }
+    if [ -n "$ref" ] && { [ "$ref" != "$base" ] || ! cmp -s "$art/ref.safetensors" "$art/base.safetensors"; }; then
       echo "FAIL: the baseline variant changed in the candidate build"; exit 1
     fi
     line=$("$bin" list --candidates | grep -- "tasks/candidate/$file ->")
@@ -83,51 +87,51 @@ case "$case" in
       # `kb_nano eval` side by side: negated logits make greedy decoding pick the baseline's last choice, so no
       # request matches, and the baseline's rerun at each first divergence ranks the candidate's token last
       # (never a near-tie), far below its own.
-      "$bin" eval --device cpu --num-requests 4 --json "$build/eval.json" >"$build/eval.log" 2>&1 ||
-        { echo "FAIL: eval with the candidate"; tail -20 "$build/eval.log"; exit 1; }
-      num() { grep -m1 "\"$1\":" "$build/eval.json" | sed -E 's/.*: ([^,]*),?$/\1/'; }
+      "$bin" eval --device cpu --num-requests 4 --json "$art/eval.json" >"$art/eval.log" 2>&1 ||
+        { echo "FAIL: eval with the candidate"; tail -20 "$art/eval.log"; exit 1; }
+      num() { grep -m1 "\"$1\":" "$art/eval.json" | sed -E 's/.*: ([^,]*),?$/\1/'; }
       [ "$(num exact_match)" = 0 ] && [ "$(num scored)" = 4 ] && awk -v r="$(num rank2_fraction)" \
         -v m="$(num median_margin_over_std)" 'BEGIN { exit !(r == 0 && m > 2) }' ||
-        { echo "FAIL: eval's divergence scoring of negated logits:"; grep -A8 '"divergences"' "$build/eval.json"; exit 1; }
-      expect_in "$(cat "$build/eval.log")" "first divergences as the baseline sees them (4 scored of 4 diverged requests"
+        { echo "FAIL: eval's divergence scoring of negated logits:"; grep -A8 '"divergences"' "$art/eval.json"; exit 1; }
+      expect_in "$(cat "$art/eval.log")" "first divergences as the baseline sees them (4 scored of 4 diverged requests"
       echo "eval: 0/4 identical, divergences ranked last by the baseline (median margin $(num median_margin_over_std) std)"
     fi
     echo "baseline: $base"; echo "candidate: $cand"; echo "$line"; echo "PASS"
     ;;
   cheats)
-    cfg "$src/tests/cheats" || { cat "$build.log"; exit 1; }
-    ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
-    kern() {  # cheat [more args] -> exit status; writes $build/<cheat>.json and .out
+    cfg "$src/tests/cheats" || { cat "$art/build.log"; exit 1; }
+    ninja -C "$build" kb_nano >"$art/build.log" 2>&1 || { tail -40 "$art/build.log"; exit 1; }
+    kern() {  # cheat [more args] -> exit status; writes $art/<cheat>.json and .out
       local cheat=$1
       shift
       KBN_CHEAT=$cheat "$build/kb_nano" kernels --device cpu --model tiny-llama --target rms_norm --tokens 5,33 \
-        --random 2 --seeds 2 --json "$build/$cheat.json" "$@" >"$build/$cheat.out" 2>&1
+        --random 2 --seeds 2 --json "$art/$cheat.json" "$@" >"$art/$cheat.out" 2>&1
     }
     # The honest run includes the composition: the decoder layer built with the candidate rms_norm (2 cases).
-    kern honest || { echo "FAIL: the honest candidate did not pass"; cat "$build/honest.out"; exit 1; }
-    expect_in "$(cat "$build/honest.out")" "6 of 6 cases pass"
-    expect_in "$(cat "$build/honest.out")" "in the blocks that include it"
-    speedup=$(grep -o '"geomean_speedup": [0-9.e+-]*' "$build/honest.json" | awk '{print $2}')
+    kern honest || { echo "FAIL: the honest candidate did not pass"; cat "$art/honest.out"; exit 1; }
+    expect_in "$(cat "$art/honest.out")" "6 of 6 cases pass"
+    expect_in "$(cat "$art/honest.out")" "in the blocks that include it"
+    speedup=$(grep -o '"geomean_speedup": [0-9.e+-]*' "$art/honest.json" | awk '{print $2}')
     awk -v s="$speedup" 'BEGIN { exit !(s > 1.0) }' || { echo "FAIL: honest candidate not faster (geomean $speedup)"; exit 1; }
     for spec in cached_output:"fresh output" side_stream:unwritten zero_skip:tolerance shape_specialised:tolerance \
                 stale_output:"fresh output" low_precision:"tolerance|precision" partial_write:unwritten \
                 mutate_input:immutable; do
       cheat=${spec%%:*}; want=${spec#*:}
-      if kern "$cheat" --no-composition; then echo "FAIL: cheat '$cheat' passed"; cat "$build/$cheat.out"; exit 1; fi
-      checks=$(grep -o '"check": "[a-z ]*"' "$build/$cheat.json" | sed 's/"check": //; s/"//g' | grep -v '^$' | sort -u)
-      [ -n "$checks" ] || { echo "FAIL: cheat '$cheat' failed without a validation check"; cat "$build/$cheat.out"; exit 1; }
+      if kern "$cheat" --no-composition; then echo "FAIL: cheat '$cheat' passed"; cat "$art/$cheat.out"; exit 1; fi
+      checks=$(grep -o '"check": "[a-z ]*"' "$art/$cheat.json" | sed 's/"check": //; s/"//g' | grep -v '^$' | sort -u)
+      [ -n "$checks" ] || { echo "FAIL: cheat '$cheat' failed without a validation check"; cat "$art/$cheat.out"; exit 1; }
       if grep -qvxE "$want" <<<"$checks"; then
-        echo "FAIL: cheat '$cheat' should fail '$want', failed: $checks"; cat "$build/$cheat.out"; exit 1
+        echo "FAIL: cheat '$cheat' should fail '$want', failed: $checks"; cat "$art/$cheat.out"; exit 1
       fi
       echo "$cheat: FAIL as expected ($checks)"
     done
     # The shape-specialised cheat is right on every config shape and wrong on random odd ones.
-    [ "$(grep -c '"verdict": "PASS"' "$build/shape_specialised.json")" = 2 ] ||
+    [ "$(grep -c '"verdict": "PASS"' "$art/shape_specialised.json")" = 2 ] ||
       { echo "FAIL: shape_specialised should pass exactly the 2 config shapes"; exit 1; }
     echo "PASS"
     ;;
   bad_signature|bad_class)
-    cfg || { cat "$build.log"; exit 1; }
+    cfg || { cat "$art/build.log"; exit 1; }
     out=$(ninja -C "$build" CMakeFiles/kbn_tasks_candidate.dir/tasks/ops/L1/rms_norm.cpp.o 2>&1) && { echo "FAIL: built"; exit 1; }
     expect_in "$out" "tasks/candidate/L1/rms_norm.h"
     if [ "$case" = bad_signature ]; then expect_in "$out" "must declare \`Tensor forward(const Tensor&)\`"
@@ -136,7 +140,7 @@ case "$case" in
     ;;
   orphan)
     if cfg; then echo "FAIL: configured"; exit 1; fi
-    out=$(cat "$build.log")
+    out=$(cat "$art/build.log")
     expect_in "$out" "has no baseline twin"
     expect_in "$out" "L1/fast_gelu.h"
     echo "PASS"
@@ -172,8 +176,8 @@ case "$case" in
     expect_in "$out" "rms_norm, fused_add_rms_norm"
     out=$(stubs --architecture NoSuchForCausalLM) && { echo "FAIL: accepted an unknown architecture"; exit 1; }
     expect_in "$out" "--architecture: 'NoSuchForCausalLM' is neither"
-    cfg "$stubs_dir" || { cat "$build.log"; exit 1; }
-    ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
+    cfg "$stubs_dir" || { cat "$art/build.log"; exit 1; }
+    ninja -C "$build" kb_nano >"$art/build.log" 2>&1 || { tail -40 "$art/build.log"; exit 1; }
     bin="$build/kb_nano"
     args=(generate --model tiny-llama --device cpu --prompt-ids 5,6,7 --max-new-tokens 4)
     base=$("$bin" "${args[@]}" --variant baseline 2>/dev/null | grep '^prompt')
@@ -186,8 +190,8 @@ case "$case" in
     echo "tokens: $cand"; echo "PASS"
     ;;
   hidden)
-    cfg || { cat "$build.log"; exit 1; }
-    ninja -C "$build" kb_nano >"$build.log" 2>&1 || { tail -40 "$build.log"; exit 1; }
+    cfg || { cat "$art/build.log"; exit 1; }
+    ninja -C "$build" kb_nano >"$art/build.log" 2>&1 || { tail -40 "$art/build.log"; exit 1; }
     listing=$("$build/kb_nano" list --candidates)
     rms=$(grep -A4 '^  tasks/candidate/L1/rms_norm.cu' <<<"$listing")
     expect_in "$rms" "hidden from llama_decoder_layer (L3) by tasks/candidate/L3/llama_decoder_layer.h"
