@@ -6,12 +6,16 @@
 
 namespace kbn::engine {
 
-std::vector<KVCache> allocate_kv_caches(const KVCacheSpec& spec, int64_t num_blocks, int64_t block_size,
-                                        Device device) {
+std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs, int64_t num_blocks,
+                                        int64_t block_size, Device device) {
   KBN_CHECK(num_blocks > 0 && block_size > 0, "allocate_kv_caches: need positive num_blocks and block_size, got ",
             num_blocks, " and ", block_size);
   std::vector<KVCache> caches;
-  for (int64_t l = 0; l < spec.num_layers; ++l) {
+  for (size_t l = 0; l < specs.size(); ++l) {
+    const LayerCacheSpec& spec = specs[l];
+    KBN_CHECK(spec.kind == LayerCacheSpec::Kind::paged_kv && spec.sliding_window == 0, "allocate_kv_caches: layer ",
+              l, " declares a ", spec.describe(),
+              " cache; the engine allocates full-attention paged K/V caches only so far");
     Shape s{num_blocks, block_size, spec.num_kv_heads, spec.head_size};
     caches.push_back({Tensor::zeros(s, spec.dtype, device), Tensor::zeros(s, spec.dtype, device)});
   }
@@ -47,7 +51,7 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     total_blocks += nblocks[size_t(i)];
     max_blocks = std::max(max_blocks, nblocks[size_t(i)]);
   }
-  std::vector<KVCache> caches = allocate_kv_caches(model.kv_cache_spec(), total_blocks, bs, device);
+  std::vector<KVCache> caches = allocate_kv_caches(model.cache_specs(), total_blocks, bs, device);
   auto slot_of = [&](int64_t seq, int64_t pos) { return (first_block[size_t(seq)] + pos / bs) * bs + pos % bs; };
   auto block_table_rows = [&](const std::vector<int64_t>& seqs) {
     std::vector<int32_t> bt(seqs.size() * size_t(max_blocks), 0);

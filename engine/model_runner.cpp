@@ -50,14 +50,13 @@ ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_
 }
 
 int64_t ModelRunner::kv_bytes_per_block() const {
-  const KVCacheSpec s = model_.kv_cache_spec();
-  return 2 * s.num_layers * block_size_ * s.num_kv_heads * s.head_size * int64_t(dtype_size(s.dtype));
+  return paged_bytes_per_block(model_.cache_specs(), block_size_);
 }
 
 void ModelRunner::allocate_kv_cache(int64_t num_blocks) {
   KBN_CHECK(kv_caches_.empty(), "model runner: the KV cache is already allocated");
   const StreamGuard guard(stream());
-  kv_caches_ = allocate_kv_caches(model_.kv_cache_spec(), num_blocks, block_size_, device_);
+  kv_caches_ = allocate_kv_caches(model_.cache_specs(), num_blocks, block_size_, device_);
   num_kv_blocks_ = num_blocks;
 }
 
@@ -265,7 +264,7 @@ void ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
                         [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
   out.num_prefills =
       std::count_if(out.seqs.begin(), out.seqs.end(), [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
-  std::vector<KVCache> caches = allocate_kv_caches(model_.kv_cache_spec(), blocks.num_blocks(), block_size_, device_);
+  std::vector<KVCache> caches = allocate_kv_caches(model_.cache_specs(), blocks.num_blocks(), block_size_, device_);
   run(out, caches);
   synchronize(device_);
 }

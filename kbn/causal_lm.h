@@ -3,19 +3,13 @@
 // architecture implements this; the engine needs no branch for it unless its cache is genuinely new.
 #include <functional>
 #include <string>
+#include <vector>
 
+#include "kbn/cache_spec.h"
 #include "kbn/forward_context.h"
 #include "kbn/module.h"
 
 namespace kbn {
-
-// Shape of the paged KV cache one model needs per layer (per tensor-parallel rank).
-struct KVCacheSpec {
-  int64_t num_layers = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_size = 0;
-  DType dtype = DType::f32;
-};
 
 // Yields (HF name, tensor) pairs from a checkpoint; the callback may be called in any order.
 using WeightVisitor = std::function<void(const std::string& name, const Tensor& tensor)>;
@@ -31,7 +25,9 @@ class CausalLM : public Module {
   // Maps checkpoint names onto parameters (stacked q/k/v, gate/up, tied embeddings, TP shards) and throws
   // naming any checkpoint tensor it cannot place or any parameter left unfilled.
   virtual void load_weights(const WeightSource& weights) = 0;
-  virtual KVCacheSpec kv_cache_spec() const = 0;
+  // What every layer keeps between steps (this rank's share), one entry per layer in layer order; the engine
+  // allocates and sizes its caches from this alone.
+  virtual std::vector<LayerCacheSpec> cache_specs() const = 0;
   virtual int64_t vocab_size() const = 0;
 };
 

@@ -124,7 +124,7 @@ TEST(EngineGraphGpu, SplitKvDecodeReplayMatchesEagerDecode) {
   synchronize(dev);  // the random weights were written on the legacy stream
   const OwnedStream stream(dev);
   const StreamGuard on_stream(stream.get());
-  std::vector<KVCache> caches = allocate_kv_caches(model->kv_cache_spec(), 512, block_size, dev);
+  std::vector<KVCache> caches = allocate_kv_caches(model->cache_specs(), 512, block_size, dev);
   ModelRunner layout(*model, Variant::baseline, dev, block_size);  // prepare_inputs only; its own cache is unused
 
   // Five sequences from 2 to 1500 tokens (one to six 256-key partitions eagerly; the graph partitions for

@@ -44,7 +44,7 @@ TEST(KernelTraceGpu, RecordsEveryOpOfAGraphModeRun) {
 
   std::map<std::string, int64_t> calls;
   for (const auto& k : t.by_op) calls[k.name] = k.calls;
-  const int64_t layers = model->kv_cache_spec().num_layers;
+  const int64_t layers = int64_t(model->cache_specs().size());
   for (const char* op : {"embedding", "rms_norm", "linear", "rotary_embedding", "store_kvcache",
                          "flash_attn_decode / flash_attn_prefill (shared kernel)", "silu_and_mul", "argmax"})
     EXPECT_GT(calls[op], 0) << op;

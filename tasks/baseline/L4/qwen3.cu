@@ -41,9 +41,10 @@ Tensor Qwen3ForCausalLM::forward(const Tensor& input_ids, const Tensor& position
 
 Tensor Qwen3ForCausalLM::compute_logits(const Tensor& hidden_states) { return lm_head.forward(hidden_states); }
 
-KVCacheSpec Qwen3ForCausalLM::kv_cache_spec() const {
-  return {config_.num_hidden_layers, model.layers.front()->self_attn.qkv_proj.num_kv_heads(), config_.head_dim,
-          dtype_};
+std::vector<LayerCacheSpec> Qwen3ForCausalLM::cache_specs() const {
+  const auto& attn = model.layers.front()->self_attn.qkv_proj;
+  return std::vector<LayerCacheSpec>(size_t(config_.num_hidden_layers),
+                                     LayerCacheSpec::paged_kv(attn.num_kv_heads(), config_.head_dim, dtype_));
 }
 
 void Qwen3ForCausalLM::load_weights(const WeightSource& weights) {

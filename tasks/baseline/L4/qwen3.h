@@ -33,7 +33,7 @@ class Qwen3ForCausalLM : public CausalLM {
   Tensor forward(const Tensor& input_ids, const Tensor& positions) override;
   Tensor compute_logits(const Tensor& hidden_states) override;
   void load_weights(const WeightSource& weights) override;
-  KVCacheSpec kv_cache_spec() const override;
+  std::vector<LayerCacheSpec> cache_specs() const override;
   int64_t vocab_size() const override { return config_.vocab_size; }
 
   const Qwen3Config& config() const { return config_; }

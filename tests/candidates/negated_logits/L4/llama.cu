@@ -53,9 +53,10 @@ Tensor LlamaForCausalLM::compute_logits(const Tensor& hidden_states) {
   return Tensor::from_floats(v, logits.shape(), logits.dtype());
 }
 
-KVCacheSpec LlamaForCausalLM::kv_cache_spec() const {
+std::vector<LayerCacheSpec> LlamaForCausalLM::cache_specs() const {
   const auto& attn = model.layers.front()->self_attn.qkv_proj;
-  return {config_.num_hidden_layers, attn.num_kv_heads(), config_.head_dim, dtype_};
+  return std::vector<LayerCacheSpec>(size_t(config_.num_hidden_layers),
+                                     LayerCacheSpec::paged_kv(attn.num_kv_heads(), config_.head_dim, dtype_));
 }
 
 void LlamaForCausalLM::load_weights(const WeightSource& weights) {

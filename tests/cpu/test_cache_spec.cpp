@@ -1,0 +1,56 @@
+// Per-layer cache declarations (kbn/cache_spec.h): what each kind costs, how the engine allocates from them, and
+// the refusal of a kind it has no cache manager for yet, naming the layer.
+#include <gtest/gtest.h>
+
+#include "engine/generate.h"
+#include "engine/model_loader.h"
+#include "kbn/cache_spec.h"
+#include "kbn/error.h"
+
+using namespace kbn;
+
+TEST(CacheSpec, BytesPerTokenBlockAndSequence) {
+  const LayerCacheSpec kv = LayerCacheSpec::paged_kv(8, 128, DType::bf16);
+  EXPECT_EQ(kv.bytes_per_token(), 2 * 8 * 128 * 2);
+  EXPECT_EQ(kv.bytes_per_sequence(), 0);
+  LayerCacheSpec latent;
+  latent.kind = LayerCacheSpec::Kind::paged_latent;
+  latent.dtype = DType::bf16;
+  latent.latent_size = 576;
+  EXPECT_EQ(latent.bytes_per_token(), 576 * 2);
+  LayerCacheSpec state;
+  state.kind = LayerCacheSpec::Kind::state;
+  state.dtype = DType::f32;
+  state.state_shapes = {{3, 8192}, {128, 64, 128}};
+  EXPECT_EQ(state.bytes_per_token(), 0);
+  EXPECT_EQ(state.bytes_per_sequence(), (3 * 8192 + 128 * 64 * 128) * 4);
+  // A hybrid: paged layers cost per block, the state layer not at all.
+  EXPECT_EQ(paged_bytes_per_block({kv, latent, state}, 16), 16 * (2 * 8 * 128 * 2 + 576 * 2));
+  EXPECT_EQ(LayerCacheSpec::paged_kv(8, 128, DType::bf16, 128).describe(), "paged K/V 8 x 128 bf16, window 128");
+  EXPECT_THROW(LayerCacheSpec::paged_kv(0, 128, DType::bf16), Error);
+  EXPECT_THROW(LayerCacheSpec::paged_kv(8, 128, DType::bf16, -1), Error);
+}
+
+TEST(CacheSpec, TheModelDeclaresOneSpecPerLayerAndTheEngineAllocatesThem) {
+  engine::ModelSpec spec = engine::resolve_model("tiny-qwen3");
+  auto model = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  const auto specs = model->cache_specs();
+  ASSERT_EQ(specs.size(), 2u);  // num_hidden_layers
+  EXPECT_EQ(specs[1].describe(), "paged K/V 2 x 32 f32");
+  const auto caches = engine::allocate_kv_caches(specs, 3, 16, Device::cpu());
+  ASSERT_EQ(caches.size(), 2u);
+  EXPECT_EQ(caches[0].key.shape(), (Shape{3, 16, 2, 32}));
+}
+
+TEST(CacheSpec, KindsWithoutACacheManagerAreRefusedNamingTheLayer) {
+  std::vector<LayerCacheSpec> specs = {LayerCacheSpec::paged_kv(2, 16, DType::f32),
+                                       LayerCacheSpec::paged_kv(2, 16, DType::f32, 64)};
+  try {
+    engine::allocate_kv_caches(specs, 4, 16, Device::cpu());
+    FAIL() << "a windowed layer was allocated as a full one";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("layer 1"), std::string::npos) << m;
+    EXPECT_NE(m.find("window 64"), std::string::npos) << m;
+  }
+}
