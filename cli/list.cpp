@@ -34,8 +34,9 @@ std::map<std::string, std::vector<std::string>> ops_by_model(Variant v) {
         if (!archs.empty() && a == archs.front()) l4 = &e;
     if (!l4) continue;  // an architecture kb-nano does not implement yet
     std::set<std::string> files = g.closure(l4->header);
+    // The ops the model's L4 includes, and those the engine runs around every model (the sampler).
     for (const auto& e : reg.entries())
-      if (files.count(e.header)) out[model].push_back(e.name);
+      if (files.count(e.header) || e.every_model) out[model].push_back(e.name);
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kbn/allocator.h"
+#include "kbn/step_metadata.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #endif
@@ -190,20 +191,22 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
   // The last replay's copies read the pinned buffers asynchronously; they finished long ago (that step
   // synchronised to sample), so this returns at once, but it is what makes rewriting the buffers safe.
   KBN_CUDA_CHECK(cudaEventSynchronize(inputs_copied_));
+  std::vector<StepSequence> seqs;
+  seqs.reserve(size_t(n));
+  for (const ScheduledSequence& e : out.seqs) seqs.push_back({e.num_computed_tokens, 1, &e.seq->block_table, false});
+  const StepLayout layout = build_step_layout(seqs, block_size_);
+  const int64_t width = layout.max_blocks;  // block-table columns the real rows need
+  KBN_CHECK(width <= max_blocks_per_seq_, "CUDA graphs: a sequence has ", width, " blocks, more than the ",
+            max_blocks_per_seq_, " the graphs were captured for");
   int64_t* ids = host_rows_;
   int64_t* positions = host_rows_ + max_batch_;
   int64_t* slots = host_rows_ + 2 * max_batch_;
-  int64_t width = 1;  // block-table columns the real rows need
   for (int64_t i = 0; i < n; ++i) {
-    const Sequence& s = *out.seqs[size_t(i)].seq;
-    const int64_t t = out.seqs[size_t(i)].num_computed_tokens;  // the token decoded now
-    KBN_CHECK(int64_t(s.block_table.size()) * block_size_ > t, "CUDA graphs: sequence ", s.id, " has ",
-              s.block_table.size(), " blocks for ", t + 1, " tokens");
-    ids[i] = s.token(t);
-    positions[i] = t;
-    slots[i] = int64_t(s.block_table[size_t(t / block_size_)]) * block_size_ + t % block_size_;
-    host_seq_lens_[i] = int32_t(t + 1);
-    width = std::max(width, int64_t(s.block_table.size()));
+    ids[i] = out.seqs[size_t(i)].seq->token(out.seqs[size_t(i)].num_computed_tokens);  // the token decoded now
+    positions[i] = layout.positions[size_t(i)];
+    slots[i] = layout.slot_mapping[size_t(i)];
+    host_seq_lens_[i] = layout.seq_lens[size_t(i)];
+    std::copy_n(layout.block_tables.begin() + i * width, width, host_block_tables_ + i * max_blocks_per_seq_);
   }
   // Padding rows up to the graph's size: seq_len 0 makes both decode kernels read no key and write zeros
   // (split-KV: every split returns at once and the merge gives 0 for a sequence without keys), and slot -1
@@ -214,12 +217,6 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
     positions[i] = 0;
     slots[i] = -1;
     host_seq_lens_[i] = 0;
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const std::vector<int32_t>& table = out.seqs[size_t(i)].seq->block_table;
-    int32_t* row = host_block_tables_ + i * max_blocks_per_seq_;
-    std::copy(table.begin(), table.end(), row);
-    std::fill(row + table.size(), row + width, 0);
   }
 
   const size_t row_pitch = size_t(max_batch_) * sizeof(int64_t);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/clock.h"
+#include "kbn/step_metadata.h"
 
 namespace kbn::engine {
 
@@ -25,7 +26,6 @@ std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs
 namespace {
 
 Tensor to_device_i64(const std::vector<int64_t>& v, Device d) { return Tensor::from_i64(v, {int64_t(v.size())}).to(d); }
-Tensor to_device_i32(const std::vector<int32_t>& v, const Shape& s, Device d) { return Tensor::from_i32(v, s).to(d); }
 
 }  // namespace
 
@@ -41,25 +41,14 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
   }
   const int64_t bs = opt.block_size, nseq = int64_t(prompts.size());
 
-  // Every sequence reserves the blocks for its whole length up front.
-  std::vector<int64_t> first_block(static_cast<size_t>(nseq)), nblocks(static_cast<size_t>(nseq));
-  int64_t total_blocks = 0, max_blocks = 0;
+  // Every sequence reserves the blocks for its whole length up front, consecutive in the cache.
+  std::vector<std::vector<int32_t>> tables(static_cast<size_t>(nseq));
+  int64_t total_blocks = 0;
   for (int64_t i = 0; i < nseq; ++i) {
-    int64_t len = int64_t(prompts[size_t(i)].size()) + opt.max_new_tokens;
-    nblocks[size_t(i)] = (len + bs - 1) / bs;
-    first_block[size_t(i)] = total_blocks;
-    total_blocks += nblocks[size_t(i)];
-    max_blocks = std::max(max_blocks, nblocks[size_t(i)]);
+    const int64_t len = int64_t(prompts[size_t(i)].size()) + opt.max_new_tokens;
+    for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) tables[size_t(i)].push_back(int32_t(total_blocks++));
   }
   std::vector<KVCache> caches = allocate_kv_caches(model.cache_specs(), total_blocks, bs, device);
-  auto slot_of = [&](int64_t seq, int64_t pos) { return (first_block[size_t(seq)] + pos / bs) * bs + pos % bs; };
-  auto block_table_rows = [&](const std::vector<int64_t>& seqs) {
-    std::vector<int32_t> bt(seqs.size() * size_t(max_blocks), 0);
-    for (size_t r = 0; r < seqs.size(); ++r)
-      for (int64_t b = 0; b < nblocks[size_t(seqs[r])]; ++b)
-        bt[r * size_t(max_blocks) + size_t(b)] = int32_t(first_block[size_t(seqs[r])] + b);
-    return to_device_i32(bt, {int64_t(seqs.size()), max_blocks}, device);
-  };
 
   std::unique_ptr<AnyOp> sampler = registry(variant).get("argmax").make(OpArgs{"argmax", {}, {}});
   GenerateResult res;
@@ -69,33 +58,19 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
   // ---- prefill: every prompt in one step ----
   double t0 = steady_seconds();
   {
-    std::vector<int64_t> ids, pos, slots, all(static_cast<size_t>(nseq));
-    std::vector<int32_t> qsl{0}, seq_lens;
-    int64_t max_len = 0;
+    std::vector<int64_t> ids;
+    std::vector<StepSequence> seqs;
     for (int64_t i = 0; i < nseq; ++i) {
       const auto& p = prompts[size_t(i)];
-      all[size_t(i)] = i;
-      for (int64_t j = 0; j < int64_t(p.size()); ++j) {
-        ids.push_back(p[size_t(j)]);
-        pos.push_back(j);
-        slots.push_back(slot_of(i, j));
-      }
-      qsl.push_back(qsl.back() + int32_t(p.size()));
-      seq_lens.push_back(int32_t(p.size()));
+      ids.insert(ids.end(), p.begin(), p.end());
+      seqs.push_back({0, int64_t(p.size()), &tables[size_t(i)], true});
       lens[size_t(i)] = int64_t(p.size());
-      max_len = std::max(max_len, int64_t(p.size()));
     }
-    AttentionMetadata md;
-    md.num_prefills = nseq;
-    md.num_prefill_tokens = int64_t(ids.size());
-    md.slot_mapping = to_device_i64(slots, device);
-    md.query_start_loc = to_device_i32(qsl, {nseq + 1}, device);
-    md.seq_lens = to_device_i32(seq_lens, {nseq}, device);
-    md.block_tables = block_table_rows(all);
-    md.max_prefill_query_len = max_len;
-    md.max_prefill_seq_len = max_len;
+    const StepLayout layout = build_step_layout(seqs, bs);
+    const AttentionMetadata md = upload_step_metadata(layout, device);
     ForwardContextGuard guard({&md, &caches});
-    Tensor hidden = model.forward(to_device_i64(ids, device), to_device_i64(pos, device));
+    Tensor hidden = model.forward(to_device_i64(ids, device), to_device_i64(layout.positions, device));
+    const std::vector<int32_t>& qsl = layout.query_start_loc;
     Tensor last = Tensor::empty({nseq, hidden.size(1)}, hidden.dtype(), device);
     for (int64_t i = 0; i < nseq; ++i)
       last.slice(0, i, i + 1).copy_(hidden.slice(0, qsl[size_t(i) + 1] - 1, qsl[size_t(i) + 1]));
@@ -124,28 +99,18 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     for (int64_t i = 0; i < nseq; ++i)
       if (!finished(i)) running.push_back(i);
     if (running.empty()) break;
-    std::vector<int64_t> ids, pos, slots;
-    std::vector<int32_t> seq_lens;
-    int64_t max_len = 0;
+    std::vector<int64_t> ids;
+    std::vector<StepSequence> seqs;
     for (int64_t i : running) {
-      int64_t p = lens[size_t(i)];  // the position of the token being fed
       ids.push_back(res.tokens[size_t(i)].back());
-      pos.push_back(p);
-      slots.push_back(slot_of(i, p));
-      lens[size_t(i)] = p + 1;
-      seq_lens.push_back(int32_t(p + 1));
-      max_len = std::max(max_len, p + 1);
+      seqs.push_back({lens[size_t(i)], 1, &tables[size_t(i)], false});  // feeds the token at position lens[i]
+      lens[size_t(i)]++;
     }
     const int64_t n = int64_t(running.size());
-    AttentionMetadata md;
-    md.num_decodes = n;
-    md.slot_mapping = to_device_i64(slots, device);
-    md.query_start_loc = to_device_i32({0}, {1}, device);
-    md.seq_lens = to_device_i32(seq_lens, {n}, device);
-    md.block_tables = block_table_rows(running);
-    md.max_decode_seq_len = max_len;
+    const StepLayout layout = build_step_layout(seqs, bs);
+    const AttentionMetadata md = upload_step_metadata(layout, device);
     ForwardContextGuard guard({&md, &caches});
-    Tensor hidden = model.forward(to_device_i64(ids, device), to_device_i64(pos, device));
+    Tensor hidden = model.forward(to_device_i64(ids, device), to_device_i64(layout.positions, device));
     std::vector<int64_t> next = sampler->call({model.compute_logits(hidden)})[0].to_ints();
     for (int64_t r = 0; r < n; ++r) res.tokens[size_t(running[size_t(r)])].push_back(next[size_t(r)]);
     res.decode_steps++;

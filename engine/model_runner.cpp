@@ -6,6 +6,7 @@
 
 #include "engine/clock.h"
 #include "engine/generate.h"
+#include "kbn/step_metadata.h"
 #include "kbn/allocator.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
@@ -71,50 +72,23 @@ void ModelRunner::capture_cuda_graphs(const std::vector<int64_t>& sizes, int64_t
 
 StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out) const {
   const StreamGuard guard(stream());
-  std::vector<int64_t> ids, pos, slots;
+  std::vector<StepSequence> seqs;
+  seqs.reserve(out.seqs.size());
+  std::vector<int64_t> ids;
   ids.reserve(size_t(out.num_tokens));
-  pos.reserve(size_t(out.num_tokens));
-  slots.reserve(size_t(out.num_tokens));
-  std::vector<int32_t> query_start_loc{0}, seq_lens;
   StepInputs in;
-  AttentionMetadata& md = in.metadata;
-  int64_t max_blocks = 1;
-  for (const ScheduledSequence& e : out.seqs) max_blocks = std::max(max_blocks, int64_t(e.seq->block_table.size()));
-  const int64_t num_seqs = int64_t(out.seqs.size());
-  std::vector<int32_t> block_tables(size_t(num_seqs * max_blocks), 0);
-
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const ScheduledSequence& e = out.seqs[size_t(i)];
-    const Sequence& s = *e.seq;
-    const int64_t begin = e.num_computed_tokens, end = begin + e.num_new_tokens;
-    KBN_CHECK(int64_t(s.block_table.size()) * block_size_ >= end, "model runner: sequence ", s.id, " has ",
-              s.block_table.size(), " blocks for ", end, " tokens");
-    for (int64_t t = begin; t < end; ++t) {
-      ids.push_back(s.token(t));
-      pos.push_back(t);
-      slots.push_back(int64_t(s.block_table[size_t(t / block_size_)]) * block_size_ + t % block_size_);
-    }
-    std::copy(s.block_table.begin(), s.block_table.end(), block_tables.begin() + i * max_blocks);
-    seq_lens.push_back(int32_t(end));  // cached + new: a chunked prefill attends to its earlier chunks
-    if (i < out.num_prefills) {
-      query_start_loc.push_back(query_start_loc.back() + int32_t(e.num_new_tokens));
-      md.max_prefill_query_len = std::max(md.max_prefill_query_len, e.num_new_tokens);
-      md.max_prefill_seq_len = std::max(md.max_prefill_seq_len, end);
-      md.num_prefill_tokens += e.num_new_tokens;
-    } else {
-      md.max_decode_seq_len = std::max(md.max_decode_seq_len, end);
-    }
+  for (size_t i = 0; i < out.seqs.size(); ++i) {
+    const ScheduledSequence& e = out.seqs[i];
+    seqs.push_back({e.num_computed_tokens, e.num_new_tokens, &e.seq->block_table, int64_t(i) < out.num_prefills});
+    for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
+      ids.push_back(e.seq->token(t));
     if (e.samples) in.logit_rows.push_back(int64_t(ids.size()) - 1);
   }
-  md.num_prefills = out.num_prefills;
-  md.num_decodes = num_seqs - out.num_prefills;
+  const StepLayout layout = build_step_layout(seqs, block_size_);
   const int64_t n = int64_t(ids.size());
   in.input_ids = Tensor::from_i64(ids, {n}).to(device_);
-  in.positions = Tensor::from_i64(pos, {n}).to(device_);
-  md.slot_mapping = Tensor::from_i64(slots, {n}).to(device_);
-  md.query_start_loc = Tensor::from_i32(query_start_loc, {int64_t(query_start_loc.size())}).to(device_);
-  md.seq_lens = Tensor::from_i32(seq_lens, {num_seqs}).to(device_);
-  md.block_tables = Tensor::from_i32(block_tables, {num_seqs, max_blocks}).to(device_);
+  in.positions = Tensor::from_i64(layout.positions, {n}).to(device_);
+  in.metadata = upload_step_metadata(layout, device_);
   return in;
 }
 

@@ -6,6 +6,7 @@
 
 #include "kbn/error.h"
 #include "kbn/rng.h"
+#include "kbn/step_metadata.h"
 
 namespace kbn::cases {
 
@@ -118,39 +119,22 @@ StepShape step_shape(int64_t T, int64_t max_positions) {
 std::shared_ptr<StepContext> make_step_context(const StepShape& st, int64_t kv_heads, int64_t head_dim, DType dt,
                                                Device d, uint64_t seed) {
   const int64_t seqs = int64_t(st.query.size());
-  int64_t max_len = 0, max_q = 0;
-  for (int64_t i = 0; i < seqs; ++i) {
-    max_len = std::max(max_len, st.cached[size_t(i)] + st.query[size_t(i)]);
-    max_q = std::max(max_q, st.query[size_t(i)]);
-  }
+  int64_t max_len = 0;
+  for (int64_t i = 0; i < seqs; ++i) max_len = std::max(max_len, st.cached[size_t(i)] + st.query[size_t(i)]);
   const int64_t bps = ceil_div(max_len, kKvBlockSize), blocks = seqs * bps;
   // Blocks scattered over the cache from a seeded permutation, as a long-running server's would be.
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   std::iota(table.begin(), table.end(), 0);
   std::mt19937_64 gen(hash_seed(seed, "block_tables"));
   std::shuffle(table.begin(), table.end(), gen);
-  std::vector<int64_t> slots;
-  std::vector<int32_t> qsl{0}, seq_lens;
+  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(seqs));
+  std::vector<StepSequence> step;
   for (int64_t i = 0; i < seqs; ++i) {
-    for (int64_t j = 0; j < st.query[size_t(i)]; ++j) {
-      const int64_t p = st.cached[size_t(i)] + j;
-      slots.push_back(int64_t(table[size_t(i * bps + p / kKvBlockSize)]) * kKvBlockSize + p % kKvBlockSize);
-    }
-    if (!st.decode) qsl.push_back(qsl.back() + int32_t(st.query[size_t(i)]));
-    seq_lens.push_back(int32_t(st.cached[size_t(i)] + st.query[size_t(i)]));
+    rows[size_t(i)].assign(table.begin() + i * bps, table.begin() + (i + 1) * bps);
+    step.push_back({st.cached[size_t(i)], st.query[size_t(i)], &rows[size_t(i)], !st.decode});
   }
   auto ctx = std::make_shared<StepContext>();
-  AttentionMetadata& md = ctx->metadata;
-  md.num_prefills = st.decode ? 0 : seqs;
-  md.num_prefill_tokens = st.decode ? 0 : st.tokens();
-  md.num_decodes = st.decode ? seqs : 0;
-  md.slot_mapping = Tensor::from_i64(slots, {int64_t(slots.size())}).to(d);
-  md.query_start_loc = Tensor::from_i32(qsl, {int64_t(qsl.size())}).to(d);
-  md.seq_lens = Tensor::from_i32(seq_lens, {seqs}).to(d);
-  md.block_tables = Tensor::from_i32(table, {seqs, bps}).to(d);
-  md.max_prefill_query_len = st.decode ? 0 : max_q;
-  md.max_prefill_seq_len = st.decode ? 0 : max_len;
-  md.max_decode_seq_len = st.decode ? max_len : 0;
+  ctx->metadata = upload_step_metadata(build_step_layout(step, kKvBlockSize), d);
   // The cached tokens' K and V: random, like any earlier step's output; the step writes its own slots.
   ctx->kv_caches.push_back({normal({blocks, kKvBlockSize, kv_heads, head_dim}, dt, d, seed, "key_cache", 1.0),
                             normal({blocks, kKvBlockSize, kv_heads, head_dim}, dt, d, seed, "value_cache", 1.0)});
