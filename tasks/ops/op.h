@@ -95,6 +95,11 @@ auto adapter(std::string name, size_t nargs, Make make, Call call) {
   };
 }
 
+// The single-rank view of the model config an L2..L4 op is built from (OpArgs::config).
+inline ModelView view_of(const OpArgs& a) {
+  return ModelView::from(a.op, std::make_shared<const ModelConfig>(a.model_config()), 1);
+}
+
 // Host maxima for attention launches, read from the metadata tensors (a device-to-host copy) when the
 // caller does not pass them in OpArgs.
 inline int64_t host_max(const Tensor& t) {

@@ -24,7 +24,7 @@ KBN_REGISTER_OPS(r) {
          .make = adapter(
              "attention", 3,
              [](const OpArgs& a) {
-               const ModelView m = ModelView::from(a.op, std::make_shared<const ModelConfig>(a.model_config()), 1);
+               const ModelView m = view_of(a);
                KBN_CHECK(m.attention, "attention: config ", a.model_config().source(), " has no attention");
                const AttentionShape& at = *m.attention;
                return std::make_unique<Attention>(at.num_heads, at.head_dim, 1.0 / std::sqrt(double(at.head_dim)),

@@ -27,9 +27,6 @@ KBN_REQUIRE_METHOD(RowParallelLinear, TensorPair, forward, (const Tensor&), "L2/
 
 namespace {
 
-ModelView view_of(const OpArgs& a) {
-  return ModelView::from(a.op, std::make_shared<const ModelConfig>(a.model_config()), 1);
-}
 const AttentionShape& attention_of(const ModelView& m, const char* op) {
   KBN_CHECK(m.attention, op, ": config ", m.config->source(), " has no attention ('num_attention_heads')");
   return *m.attention;
