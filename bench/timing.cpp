@@ -69,6 +69,7 @@ void summarise(Timing& t, std::vector<double> per_call_ms, std::vector<double> w
   t.ok = true;
   t.iterations = int(per_call_ms.size());
   t.median_ms = percentile(per_call_ms, 0.5);
+  t.min_ms = per_call_ms.front();
   t.p10_ms = percentile(per_call_ms, 0.1);
   t.p90_ms = percentile(per_call_ms, 0.9);
   t.host_wall_median_ms = percentile(wall_ms, 0.5);
@@ -79,16 +80,19 @@ bool keep_going(int iterations, double measured_ms, const TimingOptions& o) {
   return measured_ms < o.min_measured_ms && iterations < o.max_iterations;
 }
 
-Timing time_host(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
+Timing time_host(const TimedOp& op, const TimingOptions& o) {
   Timing t;
-  t.input_sets = input_sets;
-  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
+  t.input_sets = op.input_sets;
+  for (int i = 0; i < o.warmup_calls; ++i) op.call(i % op.input_sets);
   std::vector<double> ms;
   double measured = 0;
   for (int it = 0; keep_going(it, measured, o); ++it) {
+    const int set = it % op.input_sets;
+    if (op.refresh) op.refresh(set, it);
     const auto start = std::chrono::steady_clock::now();
-    call(it % input_sets);
+    std::vector<Tensor> out = op.call(set);
     const double m = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (op.observe) op.observe(set, it, out);
     ms.push_back(m);
     measured += m;
   }
@@ -169,8 +173,9 @@ double sync_overhead_ms(cudaStream_t stream, const EventPair& ev, cudaEvent_t af
   return gaps[gaps.size() / 2];
 }
 
-Timing time_eager(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
+Timing time_eager(const TimedOp& op, const TimingOptions& o) {
   Timing t;
+  const int input_sets = op.input_sets;
   t.input_sets = input_sets;
   const bool cold = o.mode == TimingMode::cold;
   const cudaStream_t stream = current_stream();
@@ -183,16 +188,22 @@ Timing time_eager(const std::function<void(int)>& call, int input_sets, const Ti
     flush_sink = reinterpret_cast<uint32_t*>(static_cast<char*>(flush->ptr) + kFlushBytes - 16);
   }
 
-  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
+  for (int i = 0; i < o.warmup_calls; ++i) op.call(i % input_sets);
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
   const double overhead = sync_overhead_ms(stream, ev, after_sync.e);
+  t.empty_round_trip_ms = overhead;
 
   std::vector<double> per_call, wall, outside;
   double measured = 0;
   for (int it = 0; keep_going(it, measured, o); ++it) {
-    // NOTE: the flush is enqueued before the start event, so it is not timed (l2_flush.h: why it reads).
+    const int set = it % input_sets;
+    // NOTE: new values first, then the flush, both enqueued before the start event, so neither is timed and the
+    // flush also evicts the freshly written inputs (l2_flush.h: why it reads).
+    if (op.refresh) op.refresh(set, it);
     if (cold) flush_l2_by_reading(flush->ptr, kFlushBytes - 16, flush_sink, stream);
-    const Iteration r = timed_iteration(stream, ev, after_sync.e, [&] { call(it % input_sets); });
+    std::vector<Tensor> out;
+    const Iteration r = timed_iteration(stream, ev, after_sync.e, [&] { out = op.call(set); });
+    if (op.observe) op.observe(set, it, out);
     per_call.push_back(r.stream_ms);
     wall.push_back(r.wall_ms);
     outside.push_back(r.device_wide_ms - r.stream_ms);
@@ -204,8 +215,9 @@ Timing time_eager(const std::function<void(int)>& call, int input_sets, const Ti
   return t;
 }
 
-Timing time_graph(const std::function<void(int)>& call, int input_sets, const TimingOptions& o) {
+Timing time_graph(const TimedOp& op, const TimingOptions& o) {
   Timing t;
+  const int input_sets = op.input_sets;
   t.input_sets = input_sets;
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
   int device = 0;
@@ -215,13 +227,16 @@ Timing time_graph(const std::function<void(int)>& call, int input_sets, const Ti
   StreamGuard guard(stream);
   // Warm-up on the capture stream itself: per-stream workspaces (cuBLASLt) and cached output blocks exist
   // before capture, so the captured calls allocate nothing new.
-  for (int i = 0; i < o.warmup_calls; ++i) call(i % input_sets);
+  for (int i = 0; i < o.warmup_calls; ++i) op.call(i % input_sets);
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
 
   OwnedGraph g;
+  // The captured calls' outputs stay allocated (held here), so every replay writes them again and each can be
+  // observed after a launch.
+  std::vector<std::vector<Tensor>> captured;
   KBN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    for (int i = 0; i < o.graph_calls; ++i) call(i % input_sets);
+    for (int i = 0; i < o.graph_calls; ++i) captured.push_back(op.call(i % input_sets));
   } catch (const Error& e) {
     cudaGraph_t partial = nullptr;
     cudaStreamEndCapture(stream, &partial);
@@ -238,12 +253,20 @@ Timing time_graph(const std::function<void(int)>& call, int input_sets, const Ti
   EventPair ev;
   OwnedEvent after_sync;
   const double overhead = sync_overhead_ms(stream, ev, after_sync.e);
+  t.empty_round_trip_ms = overhead;
   std::vector<double> per_call, wall, outside;
   double measured = 0;
   const double n = double(o.graph_calls);
   for (int it = 0; keep_going(it, measured, o); ++it) {
+    const int64_t first_call = int64_t(it) * o.graph_calls;
+    // NOTE: each set is refreshed once per launch; a set holds the values of its refresh for every captured call
+    // that uses it, so graph mode gets its own input set per captured call where memory allows (kernels.cpp).
+    if (op.refresh)
+      for (int s = 0; s < std::min(input_sets, o.graph_calls); ++s) op.refresh(s, first_call + s);
     const Iteration r =
         timed_iteration(stream, ev, after_sync.e, [&] { KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream)); });
+    if (op.observe)
+      for (int i = 0; i < o.graph_calls; ++i) op.observe(i % input_sets, first_call + i, captured[size_t(i)]);
     per_call.push_back(r.stream_ms / n);
     wall.push_back(r.wall_ms / n);
     outside.push_back(r.device_wide_ms - r.stream_ms);
@@ -257,28 +280,41 @@ Timing time_graph(const std::function<void(int)>& call, int input_sets, const Ti
 
 }  // namespace
 
-Timing time_op(const std::function<void(int)>& call, int input_sets, bool capturable, const TimingOptions& options) {
-  KBN_CHECK(input_sets >= 1, "bench: time_op needs at least one input set, got ", input_sets);
-  if (options.host) return time_host(call, input_sets, options);
+Timing time_op(const TimedOp& op, const TimingOptions& options) {
+  KBN_CHECK(op.input_sets >= 1, "bench: time_op needs at least one input set, got ", op.input_sets);
+  KBN_CHECK(bool(op.call), "bench: time_op needs a call");
+  if (options.host) return time_host(op, options);
   if (options.mode == TimingMode::graph) {
-    if (!capturable) {
+    if (!op.capturable) {
       Timing t;
       t.skipped = "graph: n/a";
-      t.input_sets = input_sets;
+      t.input_sets = op.input_sets;
       return t;
     }
-    return time_graph(call, input_sets, options);
+    return time_graph(op, options);
   }
-  return time_eager(call, input_sets, options);
+  return time_eager(op, options);
 }
 
 #else
 
-Timing time_op(const std::function<void(int)>& call, int input_sets, bool, const TimingOptions& options) {
-  if (options.host) return time_host(call, input_sets, options);
+Timing time_op(const TimedOp& op, const TimingOptions& options) {
+  KBN_CHECK(op.input_sets >= 1, "bench: time_op needs at least one input set, got ", op.input_sets);
+  if (options.host) return time_host(op, options);
   KBN_FAIL("kb_nano kernels times CUDA kernels; this binary was built without CUDA");
 }
 
 #endif
+
+Timing time_op(const std::function<void(int)>& call, int input_sets, bool capturable, const TimingOptions& options) {
+  TimedOp op;
+  op.input_sets = input_sets;
+  op.capturable = capturable;
+  op.call = [&call](int set) {
+    call(set);
+    return std::vector<Tensor>{};
+  };
+  return time_op(op, options);
+}
 
 }  // namespace kbn::bench

@@ -89,26 +89,11 @@ std::vector<Tensor> clone_all(const std::vector<Tensor>& v) {
   return out;
 }
 
-bool same_memory(const Tensor& a, const Tensor& b) {
-  return a.defined() && b.defined() && a.storage() && b.storage() && a.storage()->data() == b.storage()->data();
-}
-
-bool aliases_any(const Tensor& t, const std::vector<Tensor>& v) {
-  return std::any_of(v.begin(), v.end(), [&](const Tensor& u) { return same_memory(t, u); });
-}
-
 std::string describe_output(size_t j) { return "output " + std::to_string(j); }
 
 struct Failure {
   std::string check, reason;
   explicit operator bool() const { return !check.empty(); }
-};
-
-// The candidate's outputs of one checked call, with a copy of each taken on the op's stream right after it.
-struct CheckedCall {
-  std::vector<Tensor> outputs;
-  std::vector<Tensor> snapshots;
-  std::vector<bool> fresh;  // allocated by the call (not an in-place input)
 };
 
 Failure compare_outputs(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const Tolerance& tol,
@@ -134,60 +119,9 @@ Failure compare_outputs(const std::vector<Tensor>& got, const std::vector<Tensor
   return {};
 }
 
-// Runs `op` on `inputs` (the candidate's own copies, allocated under an audit) with new allocations
-// poisoned and guarded, then checks what the call left behind.
-Failure checked_call(const OpEntry& e, AnyOp& op, std::vector<Tensor>& inputs, const std::vector<Tensor>& pristine,
-                     Device device, CheckedCall& rec) {
-  {
-    AllocationAudit audit;
-    rec.outputs = op.call(inputs);
-  }
-  // NOTE: the snapshots are stream-ordered right after the call: they hold what a consumer on the op's
-  // stream would read, so work left running on another stream or thread shows up as unwritten.
-  for (const Tensor& t : rec.outputs) rec.snapshots.push_back(t.defined() ? t.clone() : Tensor());
-  synchronize(device);
-  for (size_t j = 0; j < rec.outputs.size(); ++j) {
-    const bool fresh = rec.outputs[j].defined() && !aliases_any(rec.outputs[j], inputs);
-    rec.fresh.push_back(fresh);
-    if (!fresh) continue;
-    int64_t first = -1;
-    const int64_t n = count_poisoned(rec.snapshots[j], kAuditPoisonByte, &first);
-    if (n > 0)
-      return {"unwritten", describe_output(j) + ": " + std::to_string(n) + " of " +
-                               std::to_string(rec.snapshots[j].numel()) + " elements still hold the poison (first at " +
-                               unravel_index(rec.snapshots[j].shape(), first) +
-                               ") when the call's stream finished: skipped work, or work left on another stream or "
-                               "thread"};
-  }
-  for (size_t k = 0; k < inputs.size(); ++k) {
-    if (!inputs[k].defined()) continue;
-    const std::string& name = k < e.args.size() ? e.args[k] : std::to_string(k);
-    if (std::find(e.mutates.begin(), e.mutates.end(), name) != e.mutates.end()) continue;
-    int64_t first = -1;
-    const int64_t n = count_bitwise_mismatches(inputs[k], pristine[k], &first);
-    if (n > 0)
-      return {"immutable", "input '" + name + "' changed in " + std::to_string(n) + " elements (first at " +
-                               unravel_index(inputs[k].shape(), first) + ") but " + e.name +
-                               " does not declare it mutable"};
-  }
-  const auto violations = take_guard_violations();
-  if (!violations.empty())
-    return {"guards",
-            violations[0].describe() +
-                (violations.size() > 1 ? " (and " + std::to_string(violations.size() - 1) + " more)" : std::string())};
-  return {};
-}
-
-// Audited copies of `v`: the harness's inputs get guard zones too, so writes past an in-place input's end
-// are caught.
-std::vector<Tensor> audited_clones(const std::vector<Tensor>& v) {
-  AllocationAudit audit;
-  return clone_all(v);
-}
-
 }  // namespace
 
-Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& baseline, AnyOp& candidate,
+Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& baseline, CandidateRunner& candidate,
                               AnyOp* oracle, Device device, uint64_t seed, const ValidationOptions& o) {
   Validation v;
   const Tolerance tol = tolerance_for(entry, c.dtype);
@@ -197,50 +131,30 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
     v.reason = f.reason + (context.empty() ? "" : " [" + context + "]");
     return v;
   };
-  (void)take_guard_violations();  // start clean: nothing from earlier cases is blamed on this one
 
-  CheckedCall previous;
   for (int s = 0; s < std::max(1, o.seeds); ++s) {
     const uint64_t run_seed = seed + uint64_t(s) * 1000003u;
-    const std::vector<Tensor> base_inputs = c.make_inputs(device, run_seed);
     const bool all_dists = s == 0 && c.input_bytes <= o.max_distribution_bytes;
     for (const std::string& dist : distributions()) {
       if (dist != "normal" && !all_dists) continue;
       const std::string context = "seed " + std::to_string(run_seed) + ", " + dist + " inputs";
-      const std::vector<Tensor> pristine = apply_distribution(base_inputs, dist, run_seed);
-
+      const InputSpec spec{run_seed, dist};
+      // NOTE: the candidate runs first: nothing the baseline computes for these values exists anywhere yet.
+      const CallResult rec = candidate.call(CallKind::checked, spec);
+      if (rec.failed()) return fail({rec.check, rec.reason}, context);
+      v.runs++;
+      const std::vector<Tensor> pristine = apply_distribution(c.make_inputs(device, run_seed), dist, run_seed);
       std::vector<Tensor> base_in = clone_all(pristine);
       const std::vector<Tensor> want = baseline.call(base_in);
       synchronize(device);
-
-      std::vector<Tensor> cand_in = audited_clones(pristine);
-      CheckedCall rec;
-      if (auto f = checked_call(entry, candidate, cand_in, pristine, device, rec)) return fail(f, context);
-      v.runs++;
-      if (auto f = compare_outputs(rec.snapshots, want, tol, "baseline", entry, &v.worst_mean_rel_err))
+      if (auto f = compare_outputs(rec.outputs, want, tol, "baseline", entry, &v.worst_mean_rel_err))
         return fail(f, context);
       // Declared in-place inputs must end as the baseline leaves them.
-      for (size_t k = 0; k < cand_in.size(); ++k) {
+      for (size_t k = 0; k < rec.inputs_after.size() && k < base_in.size(); ++k) {
+        if (!rec.inputs_after[k].defined()) continue;
         const std::string& name = k < entry.args.size() ? entry.args[k] : "";
-        if (!cand_in[k].defined() || std::find(entry.mutates.begin(), entry.mutates.end(), name) == entry.mutates.end())
-          continue;
-        if (auto f = compare_outputs({cand_in[k]}, {base_in[k]}, tol, "baseline", entry, nullptr))
+        if (auto f = compare_outputs({rec.inputs_after[k]}, {base_in[k]}, tol, "baseline", entry, nullptr))
           return fail({"tolerance", "in-place input '" + name + "': " + f.reason}, context);
-      }
-
-      // Fresh output: the previous run's outputs, still held here, are untouched and not handed out again.
-      for (size_t j = 0; j < previous.outputs.size(); ++j) {
-        if (j >= previous.fresh.size() || !previous.fresh[j]) continue;
-        for (size_t i = 0; i < rec.outputs.size(); ++i)
-          if (rec.fresh[i] && same_memory(rec.outputs[i], previous.outputs[j]))
-            return fail(
-                {"fresh output", describe_output(i) + " is the buffer of the previous call's " + describe_output(j) +
-                                     ", which the caller still holds (a cached or reused output)"},
-                context);
-        if (count_bitwise_mismatches(previous.outputs[j], previous.snapshots[j]) > 0)
-          return fail({"fresh output", "this call overwrote the previous call's " + describe_output(j) +
-                                           ", which the caller still holds"},
-                      context);
       }
 
       // NOTE: the oracle runs on the first seed's inputs (every distribution): it is single-threaded double
@@ -252,7 +166,7 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
           cpu_in.push_back(!t.defined() ? Tensor() : t.is_cpu() ? t.clone() : t.to(Device::cpu()));
         const std::vector<Tensor> truth = oracle->call(cpu_in);
         double cand_rel = 0, base_rel = 0;
-        if (auto f = compare_outputs(rec.snapshots, truth, tol, "oracle", entry, &cand_rel)) return fail(f, context);
+        if (auto f = compare_outputs(rec.outputs, truth, tol, "oracle", entry, &cand_rel)) return fail(f, context);
         (void)compare_outputs(want, truth, Tolerance{1e30, 1e30, 0}, "oracle", entry, &base_rel);
         v.oracle_runs++;
         const double budget = std::max(2.0 * base_rel, 0.25 * tol.rtol);
@@ -267,59 +181,66 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
       }
 
       if (s == 0 && dist == "normal") {
-        const std::vector<Tensor> first_snapshots = rec.snapshots;
         // New values written into the same input buffers (and the old outputs scrambled) must give new,
         // correct outputs: a cache keyed on pointers or shapes returns the old result.
-        const std::vector<Tensor> fresh_values = c.make_inputs(device, run_seed ^ 0x5eedf00dULL);
-        for (size_t k = 0; k < cand_in.size(); ++k)
-          if (cand_in[k].defined()) cand_in[k].copy_(fresh_values[k]);
-        for (size_t j = 0; j < rec.outputs.size(); ++j)
-          if (rec.fresh[j]) rec.outputs[j].fill_(is_floating(rec.outputs[j].dtype()) ? NAN : -1.0);
-        std::vector<Tensor> fresh_base_in = clone_all(fresh_values);
-        const std::vector<Tensor> fresh_want = baseline.call(fresh_base_in);
-        const std::vector<Tensor> fresh_got = candidate.call(cand_in);
-        synchronize(device);
+        const InputSpec fresh{run_seed ^ 0x5eedf00dULL, "normal"};
+        const CallResult got = candidate.call(CallKind::rewrite, fresh);
+        if (got.failed()) return fail({got.check, got.reason}, context);
         v.runs++;
-        if (auto f = compare_outputs(fresh_got, fresh_want, tol, "baseline", entry, nullptr))
+        std::vector<Tensor> fresh_base_in = c.make_inputs(device, fresh.seed);
+        const std::vector<Tensor> fresh_want = baseline.call(fresh_base_in);
+        synchronize(device);
+        if (auto f = compare_outputs(got.outputs, fresh_want, tol, "baseline", entry, nullptr))
           return fail({"fresh output", "after new values were written into the same input buffers: " + f.reason},
                       context);
-        rec = CheckedCall{};  // its outputs were scrambled on purpose; do not hold them against the next run
         // Determinism: identical inputs, bit-identical outputs.
-        std::vector<Tensor> again_in = clone_all(pristine);
-        const std::vector<Tensor> again = candidate.call(again_in);
-        synchronize(device);
+        const CallResult again = candidate.call(CallKind::plain, spec);
+        if (again.failed()) return fail({again.check, again.reason}, context);
         v.runs++;
-        for (size_t j = 0; j < again.size() && j < first_snapshots.size(); ++j) {
+        for (size_t j = 0; j < again.outputs.size() && j < rec.outputs.size(); ++j) {
           int64_t first = -1;
-          const int64_t n = count_bitwise_mismatches(again[j], first_snapshots[j], &first);
+          const int64_t n = count_bitwise_mismatches(again.outputs[j], rec.outputs[j], &first);
           if (n > 0)
             return fail({"determinism", describe_output(j) + " differs between two calls on identical inputs in " +
                                             std::to_string(n) + " elements (first at " +
-                                            unravel_index(again[j].shape(), first) + ")"},
+                                            unravel_index(again.outputs[j].shape(), first) + ")"},
                         context);
         }
       }
-      previous = std::move(rec);
     }
   }
-  const auto late = take_guard_violations();
-  if (!late.empty()) return fail({"guards", late[0].describe()}, "found after the runs");
   return v;
 }
 
-std::string verify_timed_call(const OpEntry& entry, AnyOp& baseline, AnyOp& candidate,
-                              const std::vector<Tensor>& inputs, DType dtype) {
-  const Tolerance tol = tolerance_for(entry, dtype);
-  std::vector<Tensor> pre = clone_all(inputs);
-  std::vector<Tensor> got = candidate.call(inputs);
-  std::vector<Tensor> snap;
-  for (const Tensor& t : got) snap.push_back(t.defined() ? t.clone() : Tensor());
-  const Device device = inputs.empty() ? Device::cpu() : inputs[0].device();
-  synchronize(device);
-  const std::vector<Tensor> want = baseline.call(pre);
-  synchronize(device);
-  if (auto f = compare_outputs(snap, want, tol, "baseline", entry, nullptr))
-    return "after timing, a call made like the timed ones: " + f.reason;
+Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& baseline, AnyOp& candidate,
+                              AnyOp* oracle, Device device, uint64_t seed, const ValidationOptions& o) {
+  (void)take_guard_violations();  // start clean: nothing from earlier cases is blamed on this one
+  InProcessRunner runner(c, entry, candidate, device);
+  Validation v = validate_candidate(c, entry, baseline, runner, oracle, device, seed, o);
+  const auto late = take_guard_violations();
+  if (v.pass && !late.empty()) {
+    v.pass = false;
+    v.check = "guards";
+    v.reason = late[0].describe() + " [found after the runs]";
+  }
+  return v;
+}
+
+std::string verify_timed_samples(const BenchCase& c, const OpEntry& entry, AnyOp& baseline,
+                                 const std::vector<TimedSample>& samples, Device device) {
+  const Tolerance tol = tolerance_for(entry, c.dtype);
+  for (const TimedSample& s : samples) {
+    std::vector<Tensor> in = c.make_inputs(device, s.value_seed);
+    const std::vector<Tensor> want = baseline.call(in);
+    synchronize(device);
+    if (auto f = compare_outputs(s.outputs, want, tol, "baseline", entry, nullptr)) {
+      const std::string which =
+          s.call == -2 ? "the call made after timing, on fresh values written into input set 0"
+                       : "timed call " + std::to_string(s.call) + " (input set " + std::to_string(s.set) +
+                             ", new values written into it just before)";
+      return which + ": " + f.reason;
+    }
+  }
   return "";
 }
 

@@ -1,7 +1,10 @@
 #pragma once
 // The validation contract of `kb_nano kernels` (DESIGN.md, "Validation contract"): what a candidate must
-// survive before its time means anything. Every check runs on the case's device (CPU ops too, which is how
-// CI tests the harness without a GPU) and names what failed:
+// survive before its time means anything. Under `kb_nano kernels` the op under test runs in a worker process of
+// the same binary (bench/runner.h) that holds only its own inputs, drawn there from seeds; outputs come back by
+// value and are compared here, where the baseline and the oracle run. Every seed is mixed with the run's secret
+// seed. Every check runs on the case's device (CPU ops too, which is how CI tests the harness without a GPU) and
+// names what failed:
 //
 //   tolerance     outputs within the op's tolerance of the baseline's (per dtype; exact for copies and
 //                 integer results), and of the reference oracle's on the first seed's inputs when the case
@@ -15,13 +18,46 @@
 //   immutable     inputs the op does not declare mutable are bit-identical after the call;
 //   fresh output  a second call may not reuse or overwrite the first call's output (the caller holds it),
 //                 and new values written into the same input buffers must give new, correct outputs;
-//   determinism   two calls on identical inputs give bit-identical outputs.
+//   determinism   two calls on identical inputs give bit-identical outputs;
+//   worker        the worker process answered every request in time (--worker-timeout) and did not crash or
+//                 exit: otherwise the case FAILs with what happened (exit status, signal, time limit).
 //
-// After timing, `verify_timed_call` re-checks one more call made exactly like the timed ones.
+// Timing (bench/timing.h) writes new values into each input set before every timed call, and kernels.cpp then
+// checks, outside this file:
+//   timed outputs       a uniform sample of the timed calls (every call of small cases) and one call made after
+//                       timing on fresh values in a buffer the timing used, each against the baseline on the values
+//                       it ran on;
+//   above the roofline  the median is not faster than the roofline of the case's own shape measured in the same run
+//                       (the fastest cuBLASLt algorithm on a GEMM shape, the faster of the copy and read rates for
+//                       the bytes, never above the baseline's own fastest run);
+//   streams             no device work runs past the timed stream's end (more than the empty iteration's round
+//                       trip and 10% of the call).
+//
+// What PASS cannot mean (known limits, each with the reason):
+//   - The candidate's code is linked into the harness's binary. Its static initialisers run in the parent too, and a
+//     candidate written to patch the harness's own code or data in memory (at load time, in either process) is not
+//     caught: the worker keeps the expected values out of reach, not a determined attack on the harness. Review
+//     the candidate's diff for anything that is not a kernel.
+//   - Within the worker, the candidate shares the process with the harness code that draws its inputs and picks
+//     the sampled timed calls; the expected outputs are never there, but the sample choice and the public input
+//     generator are.
+//   - Timed calls are verified by sample: a candidate wrong on a few unsampled timed calls out of many is not
+//     caught (it gains at most those calls' share of the time). Small cases verify every timed call.
+//   - Correctness is checked on the value distributions above and the case's shapes, plus random shapes: an op
+//     wrong only on inputs none of them produce (e.g. specific values, denormals, inf) passes.
+//   - Tolerances allow two ulps of the output type against the baseline: a kernel that is consistently within
+//     them but less accurate than the baseline is caught by the precision check only where the oracle runs
+//     (cases that fit the CPU oracle).
+//   - Host-side work is not timed on the GPU: work the candidate does on CPU threads between calls is invisible to
+//     the GPU clock (fresh values before every call make it useless for precomputing outputs, not impossible).
+//   - A GEMM that beats every cuBLASLt algorithm on its shape by more than the baseline's run-to-run spread is
+//     reported "above the roofline" even if honest: a time alone cannot tell it from skipped work. `kb_nano
+//     profile` (tensor-pipe utilisation and DRAM bytes from Nsight Compute) is the evidence such a result needs.
 #include <string>
 #include <vector>
 
 #include "bench/cases.h"
+#include "bench/runner.h"
 #include "kbn/compare.h"
 #include "kbn/registry.h"
 
@@ -51,15 +87,20 @@ bool fits_cpu_oracle(const BenchCase& c);
 // The declared tolerance of `entry`'s outputs in `dtype`.
 Tolerance tolerance_for(const OpEntry& entry, DType dtype);
 
-// `baseline` and `candidate` are built from the same OpArgs and weights on the case's device; `oracle`
-// (may be null) is the baseline op on the CPU with the same weights.
+// `baseline` is built from the same OpArgs and weights as the op behind `candidate` (in a worker process under
+// `kb_nano kernels`, bench/runner.h), on the case's device; `oracle` (may be null) is the baseline op on the CPU
+// with the same weights. The candidate is asked first on every input set, so nothing the baseline computes for
+// those values exists when it runs.
+Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& baseline, CandidateRunner& candidate,
+                              AnyOp* oracle, Device device, uint64_t seed, const ValidationOptions& options);
+// The same with the candidate op in this process (tests).
 Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& baseline, AnyOp& candidate,
                               AnyOp* oracle, Device device, uint64_t seed, const ValidationOptions& options);
 
-// One more call on `inputs` exactly as the timed loop makes it (no audit, the same buffers), then its
-// outputs against the baseline on a copy of the same pre-call inputs. Returns "" or the failure.
-std::string verify_timed_call(const OpEntry& entry, AnyOp& baseline, AnyOp& candidate,
-                              const std::vector<Tensor>& inputs, DType dtype);
+// The sampled timed calls (and the call made after timing) against the baseline on the values each ran on:
+// "" or the failure, naming the call.
+std::string verify_timed_samples(const BenchCase& c, const OpEntry& entry, AnyOp& baseline,
+                                 const std::vector<TimedSample>& samples, Device device);
 
 // Value distributions applied to an input set's floating tensors (integer tensors are left alone).
 const std::vector<std::string>& distributions();  // {"normal", "large", "outliers", "sparse"}

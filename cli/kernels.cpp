@@ -4,10 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -16,6 +20,7 @@
 #include "bench/cases.h"
 #include "bench/ceilings.h"
 #include "bench/profile.h"
+#include "bench/runner.h"
 #include "bench/timing.h"
 #include "bench/validate.h"
 #include "cli/commands.h"
@@ -48,6 +53,10 @@ struct Options {
   std::string markdown;
   bool list = false;
   bool composition = true;  // L1 candidate: also run the L2/L3 ops whose code includes it
+  double worker_timeout_s = 300;  // per request to the worker process
+  bool in_process = false;        // the op under test in this process (kb_nano profile's ncu runs; not isolated)
+  std::string secret_seed_arg;          // --secret-seed as given
+  std::optional<uint64_t> secret_seed;  // drawn at random when not given; printed after the run
 };
 
 struct Row {
@@ -56,10 +65,13 @@ struct Row {
   bool validated = false;
   bench::Timing base, cand;  // cand: only when comparing
   std::string error;         // an exception while building, checking or timing the case
-  std::string after_timing;  // the post-timing re-check's failure, if any
-  std::string floor;         // why the time is physically impossible, if it is
+  std::string timed_check;   // "timed outputs" (a sampled timed call was wrong) or "worker" (it failed while timing)
+  std::string after_timing;  // what that check saw
+  std::string floor;         // why the time is above the roofline of its shape, if it is
   std::string streams;       // device work outside the timed stream, if any
   std::string skip;          // why the case was not run at all (it cannot fit on the device)
+  double roofline_ms = 0;    // the fastest time the case's shape allows (GPU, from the ceilings measured in this run)
+  std::string roofline_basis;
   double gb_per_s = 0, tflop_per_s = 0, pct_copy = 0, pct_bf16 = 0, speedup = 0;
   std::string bound;
   bool passed() const {
@@ -71,12 +83,21 @@ struct Row {
     if (!validated) return "-";
     return passed() ? "PASS" : "FAIL";
   }
+  // The check that failed first ("" when none did).
+  std::string check() const {
+    if (!skip.empty() || !error.empty()) return "";
+    if (validated && !validation.pass) return validation.check;
+    if (!after_timing.empty()) return timed_check;
+    if (!floor.empty()) return "above the roofline";
+    if (!streams.empty()) return "streams";
+    return "";
+  }
   std::string why() const {
     if (!skip.empty()) return skip;
     if (!error.empty()) return error;
     if (!validation.pass) return validation.check + ": " + validation.reason;
-    if (!after_timing.empty()) return "after timing: " + after_timing;
-    if (!floor.empty()) return "physical floor: " + floor;
+    if (!after_timing.empty()) return timed_check + ": " + after_timing;
+    if (!floor.empty()) return "above the roofline: " + floor;
     if (!streams.empty()) return "streams: " + streams;
     return "";
   }
@@ -258,8 +279,9 @@ std::string rerun_command(const bench::BenchCase& c, const Options& o) {
     cmd += " --random " + std::to_string(o.random >= 0 ? o.random : 3);
   else
     cmd += " --tokens " + std::to_string(c.tokens);
-  cmd += " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --dtype " + dtype_name(c.dtype) + " --variant " +
-         o.variant + " --device " + o.device + " --case " + bench::shell_join({c.label});
+  cmd += " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --secret-seed " +
+         std::to_string(o.secret_seed.value_or(0)) + " --dtype " + dtype_name(c.dtype) + " --variant " + o.variant +
+         " --device " + o.device + " --case " + bench::shell_join({c.label});
   return cmd;
 }
 
@@ -276,43 +298,96 @@ void fill_roofline(Row& r, const bench::Timing& t, const bench::Ceilings& ceil) 
   r.bound = memory_floor > compute_floor ? "memory" : "compute";
 }
 
-// NOTE: the floors use 1.25x the measured copy rate and 1.3x the measured GEMM rate, above the H200's
-// datasheet peaks (4.8 TB/s, 989 dense bf16 TFLOP/s, vs 4.25 and 780-800 measured): a time under them is
-// impossible, not fast. Bytes count only in cold mode, where the inputs are not in L2.
-std::string physical_floor(const bench::BenchCase& c, const bench::Timing& t, const bench::Ceilings& ceil,
-                           bench::TimingMode mode) {
-  if (!t.ok || ceil.copy_gb_per_s <= 0) return "";
-  const double byte_floor_ms =
-      mode == bench::TimingMode::cold ? double(c.bytes) / (1.25 * ceil.copy_gb_per_s * 1e9) * 1e3 : 0.0;
-  const double flop_floor_ms = double(c.flops) / (1.3 * ceil.bf16_tflop_per_s * 1e12) * 1e3;
-  const double floor_ms = std::max(byte_floor_ms, flop_floor_ms);
-  if (t.median_ms >= floor_ms) return "";
-  char buf[240];
-  std::snprintf(buf, sizeof buf,
-                "median %.2f us is below the physical floor %.2f us (%lld bytes, %lld FLOPs at 1.25x/1.3x the "
-                "measured ceilings): the kernel cannot have done the work",
-                t.median_ms * 1e3, floor_ms * 1e3, (long long)c.bytes, (long long)c.flops);
-  return buf;
-}
-
 struct Context {
   Device device;
   bool compare = false;
+  bool small = false;  // CPU-sized cases
   bench::DeviceInfo dev;
   bench::Ceilings ceil;
   bench::TimingOptions topts;
   bench::ValidationOptions vopts;
+  uint64_t secret = 0;       // the run's secret seed (printed after the run)
+  uint64_t input_seed = 0;   // --seed mixed with the secret: every input value the candidate sees
+  uint64_t weight_seed = 0;  // --seed mixed with the secret: the op's weights
+  std::unique_ptr<bench::WorkerRunner> worker;
+  std::map<std::string, bench::GemmCeiling> gemm_ceilings;  // per GEMM shape, measured once per run
 };
 
-// Input sets one timed case holds at once: cold mode rotates sets totalling > 3x L2, hot and graph modes use two
-// (so a result cached from the previous call is never the right answer).
+// Input sets one timed case holds at once: cold mode rotates sets totalling > 3x L2; graph mode one per captured
+// call where 4 GiB allow (each set is refreshed once per launch); hot mode two.
 int timing_input_sets(const bench::BenchCase& c, const Context& ctx) {
-  return ctx.topts.mode == bench::TimingMode::cold && ctx.device.is_cuda()
-             ? std::max(2, bench::cold_input_sets(c.input_bytes, ctx.dev.l2_bytes))
-             : 2;
+  if (!ctx.device.is_cuda()) return 2;
+  if (ctx.topts.mode == bench::TimingMode::cold)
+    return std::max(2, bench::cold_input_sets(c.input_bytes, ctx.dev.l2_bytes));
+  if (ctx.topts.mode == bench::TimingMode::graph) {
+    const long long fit = c.input_bytes > 0 ? (4LL << 30) / c.input_bytes : ctx.topts.graph_calls;
+    return int(std::clamp<long long>(fit, 2, ctx.topts.graph_calls));
+  }
+  return 2;
 }
 
-Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
+// The roofline of the case's shape in this run: the fastest time the ceilings measured in this run allow. Memory:
+// the bytes at the faster of the copy and read rates (cold mode only: hot inputs sit in L2). Compute: for a case that
+// is one GEMM and compute-bound, the fastest run of any cuBLASLt algorithm on that very shape (measured here, in the
+// same mode); for anything else the FLOPs at the 8192^3 GEMM rate. A time the baseline itself reached in this run is
+// achievable by definition, so the roofline is never above the baseline's fastest run.
+void fill_roofline_floor(Row& r, const bench::Timing& base, Context& ctx) {
+  const bench::BenchCase& c = *r.c;
+  const bool cold = ctx.topts.mode == bench::TimingMode::cold;
+  const double mem_rate = std::max(ctx.ceil.copy_gb_per_s, ctx.ceil.read_gb_per_s) * 1e9;
+  const double memory_ms = cold && mem_rate > 0 ? double(c.bytes) / mem_rate * 1e3 : 0.0;
+  double compute_ms = ctx.ceil.bf16_tflop_per_s > 0 ? double(c.flops) / (ctx.ceil.bf16_tflop_per_s * 1e12) * 1e3 : 0;
+  std::string basis = "FLOPs at the 8192^3 GEMM rate " + fmt("%.0f", ctx.ceil.bf16_tflop_per_s) + " TFLOP/s";
+  if (c.gemm && compute_ms >= memory_ms) {
+    const auto [m, n, k] = *c.gemm;
+    const std::string key = std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) + " " +
+                            dtype_name(c.dtype) + (cold ? " cold" : " hot");
+    auto it = ctx.gemm_ceilings.find(key);
+    if (it == ctx.gemm_ceilings.end())
+      it = ctx.gemm_ceilings.emplace(key, bench::measure_gemm_ceiling(m, n, k, c.dtype, cold)).first;
+    if (it->second.ms > 0) {
+      compute_ms = it->second.ms;
+      basis = "the fastest of " + std::to_string(it->second.algorithms) + " cuBLASLt algorithms on " + key + " (" +
+              fmt("%.2f", it->second.ms * 1e3) + " us)";
+    }
+  }
+  r.roofline_ms = std::max(memory_ms, compute_ms);
+  if (memory_ms > compute_ms)
+    basis = std::to_string(c.bytes) + " bytes at " + fmt("%.0f", mem_rate / 1e9) + " GB/s (the faster of copy and read)";
+  if (base.ok && base.min_ms > 0 && base.min_ms < r.roofline_ms) {
+    r.roofline_ms = base.min_ms;
+    basis = "the baseline's fastest run in this case (" + basis + " is slower)";
+  }
+  r.roofline_basis = basis;
+  const bench::Timing& t = ctx.compare ? r.cand : r.base;
+  if (!t.ok || r.roofline_ms <= 0 || t.median_ms >= r.roofline_ms) return;
+  r.floor = "median " + fmt("%.2f", t.median_ms * 1e3) + " us is " + fmt("%.1f", 100.0 * r.roofline_ms / t.median_ms) +
+            "% of the roofline of this shape, " + fmt("%.2f", r.roofline_ms * 1e3) + " us (" + basis +
+            "): faster than the hardware allows, so the work was not all done in the timed call";
+}
+
+bench::CaseKey case_key(const bench::BenchCase& c, const Options& o, bool small) {
+  bench::CaseKey k;
+  k.op = c.op;
+  k.model = c.model;
+  k.label = c.label;
+  k.tp = c.tp;
+  k.tokens = c.tokens;
+  k.random = c.label.rfind("random#", 0) == 0;
+  k.random_count = o.random >= 0 ? o.random : (small ? 2 : 3);
+  k.shape_seed = o.seed;
+  k.small = small;
+  k.dtype = c.dtype;
+  return k;
+}
+
+// Samples of the timed calls verified per case: all outputs of up to 16 calls, fewer for large outputs (~512 MiB).
+int timed_samples(const bench::BenchCase& c) {
+  const double out_bytes = std::max(1.0, double(c.output_numel) * double(dtype_size(c.dtype)));
+  return int(std::clamp(double(512 << 20) / out_bytes, 1.0, 16.0));
+}
+
+Row run_case(const bench::BenchCase& c, const Options& o, Context& ctx) {
   Row r;
   r.c = &c;
   const int sets = timing_input_sets(c, ctx);
@@ -326,38 +401,81 @@ Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
     OwnedStream stream(ctx.device);
     StreamGuard guard(stream.get());
     const OpEntry& be = registry(Variant::baseline).get(c.op);
-    const OpEntry& ce = ctx.compare ? registry(Variant::candidate).get(c.op) : be;
-    std::unique_ptr<AnyOp> base = bench::build_case_op(be, c, ctx.device, o.seed);
-    // Without a candidate the baseline is validated against a second instance of itself and the oracle: it
-    // must meet the same contract.
-    std::unique_ptr<AnyOp> cand = bench::build_case_op(ce, c, ctx.device, o.seed);
+    std::unique_ptr<AnyOp> base = bench::build_case_op(be, c, ctx.device, ctx.weight_seed);
     std::unique_ptr<AnyOp> oracle;
-    if (bench::fits_cpu_oracle(c)) oracle = bench::build_case_op(be, c, Device::cpu(), o.seed);
-
-    r.validation = bench::validate_candidate(c, be, *base, *cand, oracle.get(), ctx.device, o.seed, ctx.vopts);
+    if (bench::fits_cpu_oracle(c)) oracle = bench::build_case_op(be, c, Device::cpu(), ctx.weight_seed);
+    // The op under test lives in the worker process; without a candidate it is a second instance of the baseline,
+    // which must meet the same contract. (--in-process keeps it here, for kb_nano profile's ncu runs.)
+    const Variant tested = ctx.compare ? Variant::candidate : Variant::baseline;
+    std::unique_ptr<AnyOp> local_op;
+    std::unique_ptr<bench::InProcessRunner> local;
+    std::string opened;
+    if (o.in_process) {
+      const OpEntry& te = registry(tested).get(c.op);
+      local_op = bench::build_case_op(te, c, ctx.device, ctx.weight_seed);
+      local = std::make_unique<bench::InProcessRunner>(c, te, *local_op, ctx.device);
+      (void)take_guard_violations();
+    } else {
+      opened = ctx.worker->open(case_key(c, o, ctx.small), tested, ctx.weight_seed, ctx.device);
+    }
+    bench::CandidateRunner& worker = o.in_process ? static_cast<bench::CandidateRunner&>(*local) : *ctx.worker;
     r.validated = true;
+    if (!opened.empty()) {
+      r.validation.pass = false;
+      r.validation.check = "worker";
+      r.validation.reason = opened;
+    } else {
+      r.validation =
+          bench::validate_candidate(c, be, *base, worker, oracle.get(), ctx.device, ctx.input_seed, ctx.vopts);
+    }
     if (!r.validation.pass) {
       r.base.skipped = r.cand.skipped = "not timed: validation failed";
     } else {
-      // Every timed iteration gets a different input set (timing_input_sets).
-      auto make_sets = [&] {
-        std::vector<std::vector<Tensor>> in;
-        for (int s = 0; s < sets; ++s) in.push_back(c.make_inputs(ctx.device, o.seed + 7919u * uint64_t(s + 1)));
-        return in;
-      };
+      // Every timed call runs on values written into its input set just before it (bench/timing.h); the
+      // baseline's and the candidate's values come from different seeds.
+      bench::Timing parent;
       {
-        auto inputs = make_sets();
-        r.base = bench::time_op([&](int s) { base->call(inputs[size_t(s)]); }, sets, c.graph_capturable, ctx.topts);
+        std::vector<std::vector<Tensor>> inputs;
+        const uint64_t value_seed = hash_seed(ctx.input_seed, "timing.baseline");
+        for (int s = 0; s < sets; ++s) inputs.push_back(c.make_inputs(ctx.device, bench::refresh_seed(value_seed, s, -1)));
+        bench::TimedOp op;
+        op.input_sets = sets;
+        op.capturable = c.graph_capturable;
+        op.call = [&](int s) { return base->call(inputs[size_t(s)]); };
+        op.refresh = [&](int s, int64_t n) {
+          const std::vector<Tensor> values = c.make_inputs(ctx.device, bench::refresh_seed(value_seed, s, n));
+          for (size_t k = 0; k < values.size(); ++k)
+            if (inputs[size_t(s)][k].defined()) inputs[size_t(s)][k].copy_(values[k]);
+        };
+        parent = bench::time_op(op, ctx.topts);
       }
-      if (ctx.compare) {
-        auto inputs = make_sets();  // the same values the baseline was timed on
-        r.cand = bench::time_op([&](int s) { cand->call(inputs[size_t(s)]); }, sets, c.graph_capturable, ctx.topts);
-        r.after_timing = bench::verify_timed_call(be, *base, *cand, inputs[0], c.dtype);
+      bench::TimingRequest req;
+      req.options = ctx.topts;
+      req.input_sets = sets;
+      req.value_seed = hash_seed(ctx.input_seed, "timing.candidate");
+      req.max_samples = timed_samples(c);
+      req.sample_seed = hash_seed(ctx.secret, ("samples " + c.op + " " + c.label).c_str());
+      req.capturable = c.graph_capturable;
+      const bench::TimingResult tr = worker.time(req);
+      // Comparing: the parent's baseline against the worker's candidate. Baseline only: the worker's second
+      // instance is the one validated, and its time is reported.
+      r.base = ctx.compare ? parent : tr.timing;
+      if (ctx.compare) r.cand = tr.timing;
+      if (tr.failed()) {
+        r.timed_check = tr.check;
+        r.after_timing = tr.reason;
+      } else {
+        const std::string wrong = bench::verify_timed_samples(c, be, *base, tr.samples, ctx.device);
+        if (!wrong.empty()) {
+          r.timed_check = "timed outputs";
+          r.after_timing = wrong;
+        }
       }
       const bench::Timing& t = ctx.compare ? r.cand : r.base;
-      // Work that escapes the timed stream is not in the time: such a result is not a measurement.
-      if (t.ok && t.outside_stream_ms > std::max(0.005, 0.1 * t.median_ms)) {
-        char buf[200];
+      // Work that escapes the timed stream is not in the time: such a result is not a measurement. The bound is
+      // the empty iteration's round trip measured in the same run (and 10% of the call).
+      if (t.ok && t.outside_stream_ms > std::max(t.empty_round_trip_ms, 0.1 * t.median_ms)) {
+        char buf[240];
         std::snprintf(buf, sizeof buf,
                       "about %.1f us of device work per call ran after the timed stream's end (another stream or "
                       "thread the caller's stream never waits for); the %.1f us measured leave it out",
@@ -365,9 +483,14 @@ Row run_case(const bench::BenchCase& c, const Options& o, const Context& ctx) {
         r.streams = buf;
       }
       fill_roofline(r, t, ctx.ceil);
-      if (ctx.device.is_cuda()) r.floor = physical_floor(c, t, ctx.ceil, ctx.topts.mode);
+      if (ctx.device.is_cuda()) fill_roofline_floor(r, parent, ctx);
       if (ctx.compare && r.base.ok && r.cand.ok && r.cand.median_ms > 0)
         r.speedup = r.base.median_ms / r.cand.median_ms;
+    }
+    const std::string closed = o.in_process ? "" : ctx.worker->close();
+    if (!closed.empty() && r.validation.pass && r.after_timing.empty()) {
+      r.timed_check = "worker";
+      r.after_timing = closed;
     }
   } catch (const Error& e) {
     r.error = e.what();
@@ -483,14 +606,20 @@ nlohmann::json provenance(const Context& ctx, const Options& o) {
                    {"memory_clock_khz", dev.memory_clock_khz},
                    {"driver_version", dev.driver_version},
                    {"runtime_version", dev.runtime_version}};
-    p["ceilings"] = {{"copy_gb_per_s", ctx.ceil.copy_gb_per_s}, {"bf16_tflop_per_s", ctx.ceil.bf16_tflop_per_s}};
+    p["ceilings"] = {{"copy_gb_per_s", ctx.ceil.copy_gb_per_s},
+                     {"read_gb_per_s", ctx.ceil.read_gb_per_s},
+                     {"bf16_tflop_per_s", ctx.ceil.bf16_tflop_per_s}};
   } else {
     p["device"] = {{"name", "cpu"}};
   }
   p["date"] = utc_now();
   p["mode"] = o.mode;
   p["seed"] = o.seed;
+  p["secret_seed"] = ctx.secret;
   p["validation_seeds"] = o.seeds;
+  p["isolation"] = o.in_process ? "none: --in-process (kb_nano profile's runs)"
+                                 : "the op under test ran in worker processes of this binary";
+  p["workers_started"] = ctx.worker ? ctx.worker->started() : 0;
   p["variant"] = ctx.compare ? "both" : "baseline";
   return p;
 }
@@ -525,6 +654,7 @@ nlohmann::json row_json(const Row& r, const Options& o, bool compare) {
   j["bytes"] = c.bytes;
   j["flops"] = c.flops;
   j["verdict"] = r.verdict();
+  j["check"] = r.check();
   j["reason"] = r.why();
   j["validation"] = {{"pass", r.validation.pass},
                      {"check", r.validation.check},
@@ -543,6 +673,12 @@ nlohmann::json row_json(const Row& r, const Options& o, bool compare) {
     j["pct_copy_bandwidth"] = r.pct_copy;
     j["pct_bf16_rate"] = r.pct_bf16;
     j["bound"] = r.bound;
+  }
+  if (r.roofline_ms > 0) {
+    j["roofline_us"] = r.roofline_ms * 1e3;
+    j["roofline_basis"] = r.roofline_basis;
+    const bench::Timing& t = compare ? r.cand : r.base;
+    if (t.ok && t.median_ms > 0) j["pct_roofline"] = 100.0 * r.roofline_ms / t.median_ms;
   }
   if (!r.error.empty()) j["error"] = r.error;
   if (!c.note.empty()) j["note"] = c.note;
@@ -609,7 +745,28 @@ void print_composition(const std::vector<std::string>& ops) {
   }
 }
 
-void run(const Options& o) {
+// The worker's side of a case: the same selection `kernels` made, found again by its label.
+bench::BenchCase rebuild_case(const bench::CaseKey& key) {
+  const engine::ModelSpec spec = engine::resolve_model(key.model);
+  const ModelView view = bench::model_view(spec.name, spec.config, key.tp);
+  std::vector<bench::BenchCase> found;
+  if (key.random) {
+    found = bench::random_cases(key.op, view, key.random_count, key.shape_seed, key.small, key.dtype);
+    for (auto& c : found) c.model = spec.name;
+  } else {
+    bench::CaseOptions co;
+    co.tokens = {key.tokens};
+    co.dtype = key.dtype;
+    co.small = key.small;
+    found = bench::cases_for(key.op, view, co);
+  }
+  for (auto& c : found)
+    if (c.label == key.label) return std::move(c);
+  KBN_FAIL("kernels worker: no case of ", key.op, " on ", key.model, " (tp ", key.tp, ", tokens ", key.tokens,
+           ") is labelled '", key.label, "'");
+}
+
+void run(Options o) {
   const bool small = o.device == "cpu";
   const Selection selection = build_cases(o, small);
   const std::vector<bench::BenchCase>& cases = selection.cases;
@@ -620,6 +777,27 @@ void run(const Options& o) {
   }
   Context ctx;
   ctx.device = pick_device(o);
+  ctx.small = small;
+  // The secret seed (GPU MODE's leaderboard keeps one too): mixed into every input and weight value the candidate
+  // sees, so nothing can be precomputed for the public --seed; printed after the run, which --secret-seed repeats.
+  if (!o.secret_seed_arg.empty()) {
+    size_t used = 0;
+    unsigned long long v = 0;
+    try {
+      v = std::stoull(o.secret_seed_arg, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KBN_CHECK(used == o.secret_seed_arg.size() && o.secret_seed_arg[0] != '-',
+              "--secret-seed: expected a non-negative integer (as printed after a run), got '", o.secret_seed_arg, "'");
+    o.secret_seed = uint64_t(v);
+  }
+  if (!o.secret_seed) o.secret_seed = (uint64_t(std::random_device{}()) << 32) ^ uint64_t(std::random_device{}());
+  ctx.secret = *o.secret_seed;
+  ctx.input_seed = hash_seed(o.seed ^ ctx.secret, "kernels.inputs");
+  ctx.weight_seed = hash_seed(o.seed ^ ctx.secret, "kernels.weights");
+  ctx.worker = std::make_unique<bench::WorkerRunner>(std::vector<std::string>{"/proc/self/exe", "kernels-worker"},
+                                                     o.worker_timeout_s);
   ctx.compare = comparing(o);
   ctx.topts.mode = bench::parse_timing_mode(o.mode);
   KBN_CHECK(o.seeds >= 1, "--seeds: expected at least 1 validation seed, got ", o.seeds);
@@ -640,8 +818,8 @@ void run(const Options& o) {
     std::fprintf(stderr, "kb_nano kernels: %s, %d SMs, L2 %lld MiB; measuring ceilings...\n", ctx.dev.name.c_str(),
                  ctx.dev.sm_count, ctx.dev.l2_bytes >> 20);
     ctx.ceil = bench::measure_ceilings();
-    std::fprintf(stderr, "kb_nano kernels: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s; %zu cases, mode %s, %s\n",
-                 ctx.ceil.copy_gb_per_s, ctx.ceil.bf16_tflop_per_s, cases.size(), o.mode.c_str(),
+    std::fprintf(stderr, "kb_nano kernels: copy %.0f GB/s, read %.0f GB/s, bf16 GEMM %.0f TFLOP/s; %zu cases, mode %s, %s\n",
+                 ctx.ceil.copy_gb_per_s, ctx.ceil.read_gb_per_s, ctx.ceil.bf16_tflop_per_s, cases.size(), o.mode.c_str(),
                  ctx.compare ? "baseline vs candidate" : "baseline");
   }
 
@@ -684,6 +862,8 @@ void run(const Options& o) {
   if (sum.composition_geomean_speedup > 0)
     std::printf("; in the blocks that include it %.3fx", sum.composition_geomean_speedup);
   std::printf(" (%.0f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::printf("Secret seed of this run: %llu (--secret-seed %llu repeats its inputs and weights)\n",
+              (unsigned long long)ctx.secret, (unsigned long long)ctx.secret);
   if (ctx.compare) print_composition(std::vector<std::string>(ops.begin(), ops.end()));
 
   if (!o.json.empty()) {
@@ -744,7 +924,32 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_flag("!--no-composition", o->composition,
                 "With an L1 candidate, do not also run the L2/L3 blocks that include it");
   cmd->add_flag("--list", o->list, "Print the cases (op, model, tp, case, bytes, FLOPs) without running them");
+  cmd->add_option("--worker-timeout", o->worker_timeout_s,
+                  "Seconds the op's worker process may take to answer one request before the case FAILs and the "
+                  "worker is killed (default 300)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--secret-seed", o->secret_seed_arg,
+                  "The run's secret seed (default: drawn at random and printed after the run); mixed into every "
+                  "input and weight the op under test sees");
+  // kb_nano profile's ncu runs: the op under test in this process, where ncu's launch counting expects it. Not
+  // isolated (provenance says so); hidden from --help.
+  cmd->add_flag("--in-process", o->in_process, "")->group("");
   cmd->callback([o] { run(*o); });
+
+  // The worker process the op under test runs in (bench/runner.h); started by `kernels`, not by people.
+  struct WorkerOptions {
+    int in_fd = -1, out_fd = -1;
+  };
+  auto w = std::make_shared<WorkerOptions>();
+  CLI::App* worker = app.add_subcommand("kernels-worker", "");
+  worker->group("");  // hidden from --help
+  worker->add_option("--in-fd", w->in_fd)->required();
+  worker->add_option("--out-fd", w->out_fd)->required();
+  worker->callback([w] {
+    const int status = bench::serve_worker(w->in_fd, w->out_fd, rebuild_case, bench::build_case_op);
+    std::fflush(nullptr);
+    std::_Exit(status);
+  });
 }
 
 }  // namespace kbn::cli

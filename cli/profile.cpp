@@ -432,7 +432,9 @@ std::vector<std::string> workload(const std::string& exe, const bench::BenchCase
           "--dtype",   dtype_name(c.dtype),
           "--mode",    "hot",
           "--seeds",   std::to_string(kValidationSeeds),
-          "--variant", variant};
+          "--variant", variant,
+          // ncu counts launches in the process it starts: the op under test stays in that process.
+          "--in-process"};
 }
 
 // Calls of the profiled variant's op before its first timed call, as `kernels` makes them

@@ -3,9 +3,11 @@
 // arguments, a seeded input maker and exact byte and FLOP counts (ggml's test-backend-ops keeps these with
 // the op; here each op's facts file in tasks/ops/ builds them from a ModelView). Also the helpers those facts
 // files share: seeded inputs, the default token counts, and the one-step forward context of attention blocks.
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,9 @@ struct BenchCase {
   int64_t input_bytes = 0;       // bytes of one input set as allocated (for sizing the cold-L2 rotation)
   int64_t output_numel = 0;      // elements of all outputs (gates the CPU correctness check)
   bool graph_capturable = true;  // false when a call does host work a CUDA graph cannot hold
+  // {m, n, k} when the case is one GEMM out[m, n] = x[m, k] w[n, k]^T: `kb_nano kernels` then measures the roofline
+  // of that very shape (the fastest cuBLASLt algorithm on it) instead of using the 8192^3 rate.
+  std::optional<std::array<int64_t, 3>> gemm;
   std::string note;              // a caveat stamped on the result row (e.g. host work inside the timed call)
   // L2/L3 cases: the model config the op is built from (args.config points into it), and, for ops that
   // contain attention, the forward context every call must run under (same seed: same cache contents on

@@ -9,9 +9,9 @@
 #             and a build with all stubs as candidates generates the same tokens as the baseline.
 # CASE hidden: a candidate L3 decoder layer that no longer includes L1/rms_norm.h hides the candidate
 #              L1/rms_norm.cu from it, and `kb_nano list --candidates` says so, naming the L3 file.
-# CASE cheats: tests/cheats/ (one rms_norm candidate, behaviour picked by KBN_CHEAT) through `kb_nano kernels
-#             --device cpu`: the honest candidate PASSes and is faster than the CPU baseline; each cheat FAILs
-#             with the check named in tests/cheats/README.md, and the command exits non-zero.
+# CASE cheats: tests/cheats/ (an rms_norm and a linear candidate, behaviour picked by KBN_CHEAT) through `kb_nano
+#             kernels --device cpu`: each honest candidate PASSes (the rms_norm one faster than the CPU baseline);
+#             each cheat FAILs with the check named in tests/cheats/README.md, and the command exits non-zero.
 set -u
 src=$1; work=$2; case=$3; main_bin=${4:-}
 # NOTE: every case reconfigures one shared build folder with its own candidate folder (the tests hold a ctest
@@ -113,21 +113,46 @@ case "$case" in
     expect_in "$(cat "$art/honest.out")" "in the blocks that include it"
     speedup=$(grep -o '"geomean_speedup": [0-9.e+-]*' "$art/honest.json" | awk '{print $2}')
     awk -v s="$speedup" 'BEGIN { exit !(s > 1.0) }' || { echo "FAIL: honest candidate not faster (geomean $speedup)"; exit 1; }
+    failed_as() {  # name, json, out, wanted checks (ERE): the checks of the failing rows are all wanted ones
+      local checks
+      checks=$(grep -o '"check": "[a-z ]*"' "$2" 2>/dev/null | sed 's/"check": //; s/"//g' | grep -v '^$' | sort -u)
+      [ -n "$checks" ] || { echo "FAIL: cheat '$1' failed without a validation check"; cat "$3"; exit 1; }
+      if grep -qvxE "$4" <<<"$checks"; then
+        echo "FAIL: cheat '$1' should fail '$4', failed: $checks"; cat "$3"; exit 1
+      fi
+      echo "$1: FAIL as expected ($(tr '\n' ',' <<<"$checks" | sed 's/,$//'))"
+    }
     for spec in cached_output:"fresh output" side_stream:unwritten zero_skip:tolerance shape_specialised:tolerance \
                 stale_output:"fresh output" low_precision:"tolerance|precision" partial_write:unwritten \
                 mutate_input:immutable; do
       cheat=${spec%%:*}; want=${spec#*:}
       if kern "$cheat" --no-composition; then echo "FAIL: cheat '$cheat' passed"; cat "$art/$cheat.out"; exit 1; fi
-      checks=$(grep -o '"check": "[a-z ]*"' "$art/$cheat.json" | sed 's/"check": //; s/"//g' | grep -v '^$' | sort -u)
-      [ -n "$checks" ] || { echo "FAIL: cheat '$cheat' failed without a validation check"; cat "$art/$cheat.out"; exit 1; }
-      if grep -qvxE "$want" <<<"$checks"; then
-        echo "FAIL: cheat '$cheat' should fail '$want', failed: $checks"; cat "$art/$cheat.out"; exit 1
-      fi
-      echo "$cheat: FAIL as expected ($checks)"
+      failed_as "$cheat" "$art/$cheat.json" "$art/$cheat.out" "$want"
     done
     # The shape-specialised cheat is right on every config shape and wrong on random odd ones.
     [ "$(grep -c '"verdict": "PASS"' "$art/shape_specialised.json")" = 2 ] ||
       { echo "FAIL: shape_specialised should pass exactly the 2 config shapes"; exit 1; }
+    # The linear cheats (tests/cheats/L1/linear.cu). Each case's candidate runs in a worker process that must
+    # answer within --worker-timeout: hang costs that long per case, so it runs the five T=5 cases with 3 s.
+    kern_linear() {  # cheat -> exit status; writes $art/linear-<cheat>.json and .out
+      local tokens=5,33 random=1 limit=10
+      [ "$1" = hang ] && tokens=5 random=0 limit=3
+      KBN_CHEAT=$1 "$build/kb_nano" kernels --device cpu --model tiny-llama --target linear --tokens $tokens \
+        --random $random --seeds 2 --no-composition --worker-timeout $limit --json "$art/linear-$1.json" \
+        >"$art/linear-$1.out" 2>&1
+    }
+    kern_linear honest || { echo "FAIL: the honest linear candidate did not pass"; cat "$art/linear-honest.out"; exit 1; }
+    rows=$(grep -c '"verdict":' "$art/linear-honest.json")
+    passed=$(grep -c '"verdict": "PASS"' "$art/linear-honest.json")
+    [ "$rows" -gt 0 ] && [ "$passed" = "$rows" ] ||
+      { echo "FAIL: the honest linear candidate passed $passed of $rows cases"; cat "$art/linear-honest.out"; exit 1; }
+    echo "linear honest: $passed of $rows cases pass"
+    for spec in address_cache:"timed outputs|tolerance|fresh output" peek_baseline:"unwritten|tolerance" \
+                prefetch_next:"timed outputs|tolerance|fresh output" exit_zero:worker hang:worker; do
+      cheat=${spec%%:*}; want=${spec#*:}
+      if kern_linear "$cheat"; then echo "FAIL: linear cheat '$cheat' passed"; cat "$art/linear-$cheat.out"; exit 1; fi
+      failed_as "linear $cheat" "$art/linear-$cheat.json" "$art/linear-$cheat.out" "$want"
+    done
     echo "PASS"
     ;;
   bad_signature|bad_class)

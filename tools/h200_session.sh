@@ -11,7 +11,9 @@
 #              tokens on seeded random weights, into $OUT/session/fixtures/<name> (copy to tests/fixtures/)
 #   hf-compare tools/hf_compare.py on $HF_COMPARE_MODEL (default llama-3.1-8b-instruct): full-scale logits and
 #              greedy tokens against transformers on the same random weights
-#   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels
+#   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels (rms_norm's,
+#              then linear's at Llama-3.1-8B's 2k-8k-token GEMMs, where the address-keyed cache once passed 8 of 15)
+#   gpu-tests-3  the GPU test binary three times in a row (flakiness), one JSON per run
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
 #   eval       kb_nano eval on $EVAL_MODEL (default llama-3.1-8b-instruct): $EVAL_WORKLOADS (default latency-b1
 #              latency-b32 balanced) in
@@ -86,6 +88,16 @@ for part in "$@"; do
                mutate_input; do
         step "cheat_$c" 45 env KBN_CHEAT=$c build-cheats/kb_nano kernels --target rms_norm --tokens 1,4096 \
           --random 1 --seeds 1 --no-composition --json "$out/cheat_$c.json"
+      done
+      for c in honest address_cache peek_baseline prefetch_next exit_zero hang; do
+        limit=60 tokens=2048,4096,8192; [[ $c == hang ]] && limit=10 tokens=2048  # a hang costs the limit per case
+        step "cheat_linear_$c" 150 env KBN_CHEAT=$c build-cheats/kb_nano kernels --target linear --tokens $tokens \
+          --random 0 --seeds 1 --no-composition --worker-timeout $limit --json "$out/cheat_linear_$c.json"
+      done
+      ;;
+    gpu-tests-3)
+      for i in 1 2 3; do
+        step "gpu_tests_run$i" 280 build/tests/kbn_gpu_tests --gtest_output=json:"$out/gpu_tests_run$i.json"
       done
       ;;
     honest)

@@ -49,6 +49,7 @@ std::vector<BenchCase> linear_cases(const ModelView& m, const CaseOptions& o) {
       b.flops = 2 * T * N * K;
       b.input_bytes = (T * K + N * K) * es;
       b.output_numel = T * N;
+      b.gemm = std::array<int64_t, 3>{T, N, K};
       out.push_back(std::move(b));
     }
   }
