@@ -71,15 +71,6 @@ double copy_bandwidth_gb_per_s() {
   return 2.0 * double(kBytes) / (ms * 1e-3) / 1e9;  // read + written
 }
 
-// Owns a device allocation, released on every path.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { KBN_CUDA_CHECK(cudaMalloc(&ptr, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
 double read_bandwidth_gb_per_s() {
   constexpr size_t kBytes = size_t(2) << 30;
   DeviceBuffer buf(kBytes);

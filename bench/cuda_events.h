@@ -1,5 +1,7 @@
 #pragma once
-// A start/end pair of CUDA events, released on every path (including errors). CUDA builds only.
+// RAII holders of the bench's CUDA resources, released on every path (including errors). CUDA builds only.
+#include <cstddef>
+
 #include "kbn/cuda_check.h"
 
 namespace kbn::bench {
@@ -16,6 +18,15 @@ struct EventPair {
   }
   EventPair(const EventPair&) = delete;
   EventPair& operator=(const EventPair&) = delete;
+};
+
+// A device allocation for one measurement.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { KBN_CUDA_CHECK(cudaMalloc(&ptr, bytes)); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
 }  // namespace kbn::bench

@@ -107,15 +107,6 @@ namespace {
 
 constexpr size_t kFlushBytes = size_t(256) << 20;
 
-// Owns a device allocation for one measurement, released on every path (including errors).
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { KBN_CUDA_CHECK(cudaMalloc(&ptr, bytes)); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
 struct OwnedGraph {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;

@@ -143,7 +143,9 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
       const CallResult rec = candidate.call(CallKind::checked, spec);
       if (rec.failed()) return fail({rec.check, rec.reason}, context);
       v.runs++;
-      const std::vector<Tensor> pristine = apply_distribution(c.make_inputs(device, run_seed), dist, run_seed);
+      const std::vector<Tensor>* held = candidate.inputs_held(spec);
+      const std::vector<Tensor> pristine =
+          held ? *held : apply_distribution(c.make_inputs(device, run_seed), dist, run_seed);
       std::vector<Tensor> base_in = clone_all(pristine);
       const std::vector<Tensor> want = baseline.call(base_in);
       synchronize(device);

@@ -12,7 +12,7 @@
 #   hf-compare tools/hf_compare.py on $HF_COMPARE_MODEL (default llama-3.1-8b-instruct): full-scale logits and
 #              greedy tokens against transformers on the same random weights
 #   cheats     the cheat corpus (tests/cheats) on the GPU: each KBN_CHEAT value through kb_nano kernels (rms_norm's,
-#              then linear's at Llama-3.1-8B's 2k-8k-token GEMMs, where the address-keyed cache once passed 8 of 15)
+#              then linear's at Llama-3.1-8B's five 4096-token GEMMs: the address-keyed cache once passed 8 of 15 at 2k-8k)
 #   gpu-tests-3  the GPU test binary three times in a row (flakiness), one JSON per run
 #   honest     the honest rms_norm candidate vs the baseline (with its L3 composition)
 #   eval       kb_nano eval on $EVAL_MODEL (default llama-3.1-8b-instruct): $EVAL_WORKLOADS (default latency-b1
@@ -90,7 +90,7 @@ for part in "$@"; do
           --random 1 --seeds 1 --no-composition --json "$out/cheat_$c.json"
       done
       for c in honest address_cache peek_baseline prefetch_next exit_zero hang; do
-        limit=60 tokens=2048,4096,8192; [[ $c == hang ]] && limit=10 tokens=2048  # a hang costs the limit per case
+        limit=60 tokens=4096; [[ $c == hang ]] && limit=10  # a hang costs the limit per case (5 cases)
         step "cheat_linear_$c" 150 env KBN_CHEAT=$c build-cheats/kb_nano kernels --target linear --tokens $tokens \
           --random 0 --seeds 1 --no-composition --worker-timeout $limit --json "$out/cheat_linear_$c.json"
       done
