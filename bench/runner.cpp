@@ -254,7 +254,7 @@ TimingResult InProcessRunner::time(const TimingRequest& req) {
   // A uniform sample of the timed calls (reservoir sampling), each with the values it ran on.
   std::mt19937_64 pick(req.sample_seed);
   int64_t seen = 0;
-  const size_t keep = size_t(std::max(1, req.max_samples));
+  const size_t keep = size_t(std::max(0, req.max_samples));
   auto observe = [&](int s, int64_t n, const std::vector<Tensor>& outputs) {
     seen++;
     size_t slot = result.samples.size();
@@ -273,11 +273,11 @@ TimingResult InProcessRunner::time(const TimingRequest& req) {
   op.capturable = req.capturable;
   op.call = [&](int s) { return s_->op.call(sets[size_t(s)]); };
   op.refresh = refresh;
-  op.observe = observe;
+  if (keep > 0) op.observe = observe;
   result.timing = time_op(op, req.options);
   synchronize(device);
   // One more call made like the timed ones, after fresh values were written into a buffer the timing used.
-  if (result.timing.ok || req.options.host) {
+  if (result.timing.ok && keep > 0) {
     refresh(0, -2);
     const std::vector<Tensor> outputs = s_->op.call(sets[0]);
     result.samples.push_back({0, -2, held[0], clone_all(outputs)});
@@ -562,10 +562,6 @@ std::unique_ptr<WorkerRunner::Process> spawn(const std::vector<std::string>& arg
   p->from_child = from_child[0];
   return p;
 }
-
-}  // namespace
-
-namespace {
 
 // One request and its answer, or the reason there is none (the worker is then killed and gone).
 struct Exchange {

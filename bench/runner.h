@@ -46,7 +46,8 @@ struct TimingRequest {
   TimingOptions options;
   int input_sets = 1;
   uint64_t value_seed = 0;  // input values: refresh_seed(value_seed, set, call) (bench/timing.h: fresh values)
-  int max_samples = 4;      // timed calls kept for verification (a uniform sample of all of them)
+  int max_samples = 4;      // timed calls kept for verification (a uniform sample of all of them); 0: time only,
+                            // with no samples and no call after timing (the trusted baseline's own timing)
   uint64_t sample_seed = 0;
   bool capturable = true;
 };

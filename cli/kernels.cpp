@@ -418,7 +418,7 @@ Row run_case(const bench::BenchCase& c, const Options& o, Context& ctx) {
     } else {
       opened = ctx.worker->open(case_key(c, o, ctx.small), tested, ctx.weight_seed, ctx.device);
     }
-    bench::CandidateRunner& worker = o.in_process ? static_cast<bench::CandidateRunner&>(*local) : *ctx.worker;
+    bench::CandidateRunner& under_test = o.in_process ? static_cast<bench::CandidateRunner&>(*local) : *ctx.worker;
     r.validated = true;
     if (!opened.empty()) {
       r.validation.pass = false;
@@ -426,37 +426,25 @@ Row run_case(const bench::BenchCase& c, const Options& o, Context& ctx) {
       r.validation.reason = opened;
     } else {
       r.validation =
-          bench::validate_candidate(c, be, *base, worker, oracle.get(), ctx.device, ctx.input_seed, ctx.vopts);
+          bench::validate_candidate(c, be, *base, under_test, oracle.get(), ctx.device, ctx.input_seed, ctx.vopts);
     }
     if (!r.validation.pass) {
       r.base.skipped = r.cand.skipped = "not timed: validation failed";
     } else {
       // Every timed call runs on values written into its input set just before it (bench/timing.h); the
-      // baseline's and the candidate's values come from different seeds.
-      bench::Timing parent;
-      {
-        std::vector<std::vector<Tensor>> inputs;
-        const uint64_t value_seed = hash_seed(ctx.input_seed, "timing.baseline");
-        for (int s = 0; s < sets; ++s) inputs.push_back(c.make_inputs(ctx.device, bench::refresh_seed(value_seed, s, -1)));
-        bench::TimedOp op;
-        op.input_sets = sets;
-        op.capturable = c.graph_capturable;
-        op.call = [&](int s) { return base->call(inputs[size_t(s)]); };
-        op.refresh = [&](int s, int64_t n) {
-          const std::vector<Tensor> values = c.make_inputs(ctx.device, bench::refresh_seed(value_seed, s, n));
-          for (size_t k = 0; k < values.size(); ++k)
-            if (inputs[size_t(s)][k].defined()) inputs[size_t(s)][k].copy_(values[k]);
-        };
-        parent = bench::time_op(op, ctx.topts);
-      }
+      // baseline's and the candidate's values come from different seeds. The trusted baseline is timed here, the
+      // same way, without samples.
       bench::TimingRequest req;
       req.options = ctx.topts;
       req.input_sets = sets;
+      req.capturable = c.graph_capturable;
+      req.value_seed = hash_seed(ctx.input_seed, "timing.baseline");
+      req.max_samples = 0;
+      const bench::Timing parent = bench::InProcessRunner(c, be, *base, ctx.device).time(req).timing;
       req.value_seed = hash_seed(ctx.input_seed, "timing.candidate");
       req.max_samples = timed_samples(c);
       req.sample_seed = hash_seed(ctx.secret, ("samples " + c.op + " " + c.label).c_str());
-      req.capturable = c.graph_capturable;
-      const bench::TimingResult tr = worker.time(req);
+      const bench::TimingResult tr = under_test.time(req);
       // Comparing: the parent's baseline against the worker's candidate. Baseline only: the worker's second
       // instance is the one validated, and its time is reported.
       r.base = ctx.compare ? parent : tr.timing;
