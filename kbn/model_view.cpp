@@ -39,7 +39,34 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
             ": key 'max_position_embeddings' must be positive, got ", m.max_position_embeddings);
   m.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
   KBN_CHECK(m.rms_norm_eps > 0, "config ", c.source(), ": key 'rms_norm_eps' must be positive, got ", m.rms_norm_eps);
-  if (c.has("intermediate_size")) m.intermediate_size = split(positive("intermediate_size"), "intermediate_size");
+  // Mixture of experts: Mixtral names its expert count num_local_experts and its expert size intermediate_size
+  // (it has no dense MLP); Qwen3-MoE names them num_experts and moe_intermediate_size, and keeps intermediate_size
+  // for the dense layers that mlp_only_layers and decoder_sparse_step select.
+  const char* experts_key = c.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  const bool moe = c.has(experts_key) && c.get_int(experts_key) > 0;
+  int64_t dense_layers = m.num_layers;
+  if (moe) {
+    MoeShape e;
+    e.num_experts = positive(experts_key);
+    e.top_k = positive("num_experts_per_tok");
+    KBN_CHECK(e.top_k <= e.num_experts, "config ", c.source(), ": 'num_experts_per_tok' (", e.top_k,
+              ") must not exceed '", experts_key, "' (", e.num_experts, ")");
+    const char* size_key = c.has("moe_intermediate_size") ? "moe_intermediate_size" : "intermediate_size";
+    e.total_intermediate_size = positive(size_key);
+    e.intermediate_size = split(e.total_intermediate_size, size_key);
+    e.renormalize = c.get_bool("norm_topk_prob", true);
+    const int64_t step = c.has("decoder_sparse_step") ? positive("decoder_sparse_step") : 1;
+    std::vector<int64_t> mlp_only;
+    if (c.has("mlp_only_layers")) mlp_only = c.get_int_list("mlp_only_layers");
+    for (int64_t l = 0; l < m.num_layers; ++l)
+      if (std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() && (l + 1) % step == 0)
+        ++e.num_sparse_layers;
+    dense_layers = m.num_layers - e.num_sparse_layers;
+    m.moe = e;
+  }
+  const bool dense_size = !moe || c.has("moe_intermediate_size");
+  if (dense_size && dense_layers > 0 && c.has("intermediate_size"))
+    m.intermediate_size = split(positive("intermediate_size"), "intermediate_size");
   if (c.has("num_attention_heads")) {
     AttentionShape a;
     a.total_num_heads = positive("num_attention_heads");

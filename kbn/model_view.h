@@ -22,6 +22,17 @@ struct AttentionShape {
   RopeConfig rope;
 };
 
+// A mixture-of-experts MLP as one rank sees it: vLLM's FusedMoE splits each expert's intermediate dimension over
+// the tensor-parallel ranks (every rank holds every expert).
+struct MoeShape {
+  int64_t num_experts = 0;
+  int64_t top_k = 0;              // experts per token
+  int64_t intermediate_size = 0;  // of one expert, this rank's share
+  int64_t total_intermediate_size = 0;
+  bool renormalize = true;  // the top-k weights divided by their sum (Mixtral; Qwen3-MoE's norm_topk_prob)
+  int64_t num_sparse_layers = 0;
+};
+
 struct ModelView {
   std::string name;  // models/ name, "random", or the path given
   std::shared_ptr<const ModelConfig> config;
@@ -36,7 +47,8 @@ struct ModelView {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   std::optional<AttentionShape> attention;
-  std::optional<int64_t> intermediate_size;  // dense MLP, this rank's share
+  std::optional<int64_t> intermediate_size;  // dense MLP, this rank's share (absent when every layer is MoE)
+  std::optional<MoeShape> moe;
 
   bool has_feature(std::string_view f) const;
 

@@ -1,6 +1,8 @@
 #include "kbn/op_case.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <numeric>
 #include <random>
 
@@ -77,6 +79,61 @@ Tensor permutation_prefix(int64_t total, const Shape& shape, DType dtype, Device
   if (dtype == DType::i64) return Tensor::from_i64(values, shape).to(device);
   std::vector<int32_t> narrow(values.begin(), values.end());
   return Tensor::from_i32(narrow, shape).to(device);
+}
+
+const char* routing_name(Routing routing) { return routing == Routing::uniform ? "uniform" : "skewed"; }
+
+namespace {
+double unit_double(std::mt19937_64& gen) { return double(gen() >> 11) * 0x1.0p-53; }  // [0, 1)
+}  // namespace
+
+Tensor routing_ids(int64_t tokens, int64_t top_k, int64_t num_experts, Routing routing, Device device, uint64_t seed,
+                   const char* name) {
+  KBN_CHECK(top_k >= 1 && top_k <= num_experts, "bench: a routing of top_k ", top_k, " over ", num_experts,
+            " experts needs 1 <= top_k <= num_experts");
+  std::mt19937_64 gen(hash_seed(seed, name));
+  // Popularity weight of each expert: uniform, or Zipf over a seeded ranking.
+  std::vector<double> popularity(static_cast<size_t>(num_experts), 1.0);
+  if (routing == Routing::skewed) {
+    std::vector<int64_t> rank(static_cast<size_t>(num_experts));
+    std::iota(rank.begin(), rank.end(), int64_t(0));
+    for (int64_t i = num_experts - 1; i > 0; --i) std::swap(rank[size_t(i)], rank[size_t(gen() % uint64_t(i + 1))]);
+    for (int64_t e = 0; e < num_experts; ++e) popularity[size_t(rank[size_t(e)])] = std::pow(double(e + 1), -1.2);
+  }
+  std::vector<int32_t> ids(size_t(tokens * top_k));
+  std::vector<double> left(static_cast<size_t>(num_experts));
+  for (int64_t t = 0; t < tokens; ++t) {
+    left = popularity;
+    double total = std::accumulate(left.begin(), left.end(), 0.0);
+    for (int64_t j = 0; j < top_k; ++j) {
+      // One draw among the experts this token has not taken yet.
+      double x = unit_double(gen) * total;
+      int64_t pick = -1;
+      for (int64_t e = 0; e < num_experts; ++e) {
+        if (left[size_t(e)] == 0) continue;
+        pick = e;
+        if (x < left[size_t(e)]) break;
+        x -= left[size_t(e)];
+      }
+      ids[size_t(t * top_k + j)] = int32_t(pick);
+      total -= left[size_t(pick)];
+      left[size_t(pick)] = 0;
+    }
+  }
+  return Tensor::from_i32(ids, {tokens, top_k}).to(device);
+}
+
+Tensor routing_weights(int64_t tokens, int64_t top_k, Device device, uint64_t seed, const char* name) {
+  std::mt19937_64 gen(hash_seed(seed, name));
+  std::vector<float> w(size_t(tokens * top_k));
+  std::vector<double> row(static_cast<size_t>(top_k));
+  for (int64_t t = 0; t < tokens; ++t) {
+    double sum = 0;
+    for (double& v : row) sum += (v = 0.05 + unit_double(gen));
+    std::sort(row.begin(), row.end(), std::greater<>());
+    for (int64_t j = 0; j < top_k; ++j) w[size_t(t * top_k + j)] = float(row[size_t(j)] / sum);
+  }
+  return Tensor::from_floats(w, {tokens, top_k}, DType::f32).to(device);
 }
 
 Tensor filled_i32(const std::vector<int32_t>& values, Device device) {

@@ -94,6 +94,18 @@ Tensor permutation_prefix(int64_t total, const Shape& shape, DType dtype, Device
                           const char* name);
 Tensor filled_i32(const std::vector<int32_t>& values, Device device);
 
+// Expert routings of the MoE cases: each token's top_k distinct experts, drawn from (seed, name).
+//   uniform: every expert equally likely.
+//   skewed:  Zipf-like, a few hot experts: the expert of popularity rank r (ranks a seeded permutation of the
+//            experts) is drawn with weight 1 / (r + 1)^1.2, without replacement within a token.
+enum class Routing { uniform, skewed };
+const char* routing_name(Routing routing);
+// topk_ids [tokens, top_k] i32.
+Tensor routing_ids(int64_t tokens, int64_t top_k, int64_t num_experts, Routing routing, Device device, uint64_t seed,
+                   const char* name);
+// topk_weights [tokens, top_k] f32: positive, each row summing to 1, best first (as a renormalised router's).
+Tensor routing_weights(int64_t tokens, int64_t top_k, Device device, uint64_t seed, const char* name);
+
 // One step's sequences for a block case: T <= kDecodeMaxTokens is a decode step (T sequences with
 // kDecodeContext cached tokens, one new token each), larger T a prefill step (sequences of at most
 // kPrefillSequence new tokens, nothing cached). Prefills first, as the metadata wants.

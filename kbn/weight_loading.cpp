@@ -18,6 +18,12 @@ const std::vector<StackedParam>& qkv_gate_up_stacking() {
 
 void load_stacked_weights(Module& model, const WeightSource& weights, const std::vector<StackedParam>& stacking,
                           const std::function<bool(const std::string&)>& skip, const std::string& who) {
+  load_stacked_weights(model, weights, stacking, {}, skip, who);
+}
+
+void load_stacked_weights(Module& model, const WeightSource& weights, const std::vector<StackedParam>& stacking,
+                          const std::vector<StackedParam>& experts,
+                          const std::function<bool(const std::string&)>& skip, const std::string& who) {
   std::map<std::string, Parameter> params;
   for (auto& [name, p] : model.named_parameters()) params.emplace(name, p);
   // Every parameter must be filled; fused ones by each of their shards.
@@ -29,11 +35,30 @@ void load_stacked_weights(Module& model, const WeightSource& weights, const std:
       if (t.param == s.param) ids.insert(t.shard);
     shards_needed[s.param + "."] = ids.size();
   }
+  for (const auto& s : experts) {
+    KBN_CHECK(!s.ckpt.empty() && s.ckpt.back() == '.', who, "::load_weights: expert mapping '", s.ckpt,
+              "' must end in '.'");
+    std::set<std::string> ids;
+    for (const auto& t : experts)
+      if (t.param == s.param) ids.insert(t.shard);
+    shards_needed[s.param] = ids.size();
+  }
 
   weights([&](const std::string& ckpt_name, const Tensor& tensor) {
     if (skip && skip(ckpt_name)) return;
     std::string name = ckpt_name, shard;
+    bool expert = false;
+    for (const auto& s : experts) {
+      const size_t pos = name.find(s.ckpt);
+      if (pos != std::string::npos) {
+        name.replace(pos, s.ckpt.size(), s.param);
+        shard = s.shard;
+        expert = true;
+        break;
+      }
+    }
     for (const auto& s : stacking) {
+      if (expert) break;
       const size_t pos = name.find(s.ckpt + ".");
       if (pos != std::string::npos) {
         name.replace(pos, s.ckpt.size(), s.param);

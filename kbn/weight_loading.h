@@ -28,4 +28,13 @@ const std::vector<StackedParam>& qkv_gate_up_stacking();
 void load_stacked_weights(Module& model, const WeightSource& weights, const std::vector<StackedParam>& stacking,
                           const std::function<bool(const std::string&)>& skip, const std::string& who);
 
+// The same with per-expert checkpoint tensors stacked into a mixture-of-experts parameter (vLLM's
+// expert_params_mapping): an `experts` entry's ckpt is a literal part of the checkpoint name that ends in '.'
+// (".experts.3.w1.") and is replaced by its param (".experts.w13_", giving ".experts.w13_weight"), its shard id
+// naming the expert and the part ("3.w1"). Expert entries are tried before `stacking` (a Qwen3-MoE expert's
+// ".gate_proj" must not land in a dense gate_up_proj); a stacked parameter needs every shard id its entries list.
+void load_stacked_weights(Module& model, const WeightSource& weights, const std::vector<StackedParam>& stacking,
+                          const std::vector<StackedParam>& experts,
+                          const std::function<bool(const std::string&)>& skip, const std::string& who);
+
 }  // namespace kbn

@@ -25,6 +25,8 @@
 #              --tp 2 with NCCL for every all-reduce (run on nvidia-h200-x2)
 #   modes      kb_nano kernels in hot and graph timing modes (rms_norm, silu_and_mul, linear, decode attention)
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
+#   moe        kb_nano kernels for the MoE L1 ops of $MOE_MODELS (default Mixtral-8x7B and Qwen3-30B-A3B), at
+#              $MOE_TOKENS (default: the ops' token counts), and tools/torch_bench.py --sections moe beside them
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -139,6 +141,16 @@ for part in "$@"; do
       step profile_decode 120 build/kb_nano profile --target flash_attn_decode \
         --case 'B=64 ctx=4096 heads=32 kv=8 D=128' --variant baseline --save-csv "$out/ncu" \
         --json "$out/profile_decode.json" --markdown "$out/profile_decode.md"
+      ;;
+    moe)  # the MoE L1 ops of Mixtral-8x7B and Qwen3-30B-A3B, then PyTorch's grouped GEMMs at the same shapes
+      for km in ${MOE_MODELS:-mixtral-8x7b-instruct-v0.1 qwen3-30b-a3b}; do
+        for op in fused_experts topk_softmax moe_align_block_size moe_sum; do
+          step "kernels_${km}_$op" 300 build/kb_nano kernels --model "$km" --variant baseline --target "$op" \
+            ${MOE_TOKENS:+--tokens $MOE_TOKENS} --json "$out/kernels_${km}_$op.json" --markdown "$out/kernels_${km}_$op.md"
+        done
+        step "torch_moe_$km" 300 python3 tools/torch_bench.py --model "models/$km.json" --sections moe \
+          ${MOE_TOKENS:+--tokens $MOE_TOKENS} --json "$out/torch_moe_$km.json"
+      done
       ;;
     torch)  # PyTorch's own ops at the same shapes, same protocol (the side-by-side table of issue 3)
       step torch_bench 300 python3 tools/torch_bench.py --model models/llama-3.1-8b-instruct.json \

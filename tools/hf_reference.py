@@ -12,6 +12,17 @@ must reproduce both.
 
     python3 tools/hf_reference.py --config models/tiny-llama.json --out tests/fixtures/tiny-llama \
         --max-shard-size 200KB
+
+Mixture-of-experts families (Mixtral, Qwen3-MoE) work the same way:
+
+    python3 tools/hf_reference.py --config models/tiny-mixtral.json --out tests/fixtures/tiny-mixtral
+    python3 tools/hf_reference.py --config models/tiny-qwen3-moe.json --out tests/fixtures/tiny-qwen3-moe
+
+kb-nano reads the per-expert checkpoint names the published checkpoints use (Mixtral `experts.{e}.w1/w3/w2`,
+Qwen3-MoE `experts.{e}.gate_proj/up_proj/down_proj`); a transformers version that saves the experts fused
+(`experts.gate_up_proj`, `experts.down_proj`) has them split back per expert (split_fused_experts), and the result
+is checked (check_expert_names). A wrong split cannot pass silently: kb-nano's CPU test compares its logits with
+transformers' own.
 """
 import argparse
 import json
@@ -21,6 +32,92 @@ import platform
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
+
+
+# The per-expert projection names of each MoE family's checkpoints (what kb-nano's loaders read).
+EXPERT_NAMES = {
+    "mixtral": ("w1", "w3", "w2"),
+    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
+def split_fused_experts(out_dir, cfg_json):
+    """Rewrites a saved MoE checkpoint whose experts are fused 3-D tensors (`experts.gate_up_proj` [E, 2N, H] and
+    `experts.down_proj` [E, H, N], or their transposes: the orientation is read off the shapes, which the tiny configs
+    keep unambiguous) into the published per-expert layout (experts.{e}.<gate>/<up>/<down>.weight). Returns the
+    number of tensors split."""
+    model_type = cfg_json.get("model_type")
+    if model_type not in EXPERT_NAMES:
+        return 0
+    from safetensors.torch import load_file, save_file
+    gate, up, down = EXPERT_NAMES[model_type]
+    H = cfg_json["hidden_size"]
+    N = cfg_json.get("moe_intermediate_size", cfg_json.get("intermediate_size"))
+    split = 0
+    for f in sorted(os.listdir(out_dir)):
+        if not f.endswith(".safetensors"):
+            continue
+        path = os.path.join(out_dir, f)
+        tensors = load_file(path)
+        out = {}
+        for name, t in tensors.items():
+            base = name[:-len(".weight")] if name.endswith(".weight") else name
+            if base.endswith(".experts.gate_up_proj") and t.dim() == 3:
+                prefix = base[:-len("gate_up_proj")]
+                if tuple(t.shape[1:]) == (2 * N, H) and 2 * N != H:
+                    rows = t
+                elif tuple(t.shape[1:]) == (H, 2 * N) and 2 * N != H:
+                    rows = t.transpose(1, 2)
+                else:
+                    raise SystemExit(f"{name} {tuple(t.shape)}: orientation not decidable for hidden {H}, inter {N}")
+                for e in range(t.shape[0]):
+                    out[f"{prefix}{e}.{gate}.weight"] = rows[e, :N].contiguous()
+                    out[f"{prefix}{e}.{up}.weight"] = rows[e, N:].contiguous()
+                split += 1
+            elif base.endswith(".experts.down_proj") and t.dim() == 3:
+                prefix = base[:-len("down_proj")]
+                if tuple(t.shape[1:]) == (H, N) and H != N:
+                    rows = t
+                elif tuple(t.shape[1:]) == (N, H) and H != N:
+                    rows = t.transpose(1, 2)
+                else:
+                    raise SystemExit(f"{name} {tuple(t.shape)}: orientation not decidable for hidden {H}, inter {N}")
+                for e in range(t.shape[0]):
+                    out[f"{prefix}{e}.{down}.weight"] = rows[e].contiguous()
+                split += 1
+            else:
+                out[name] = t
+        if split:
+            save_file(out, path, metadata={"format": "pt"})
+    index = os.path.join(out_dir, "model.safetensors.index.json")
+    if split and os.path.exists(index):
+        raise SystemExit("split_fused_experts: sharded checkpoints with fused experts are not rewritten; "
+                         "save unsharded (no --max-shard-size)")
+    return split
+
+
+def check_expert_names(out_dir, cfg_json):
+    """Refuses a saved MoE checkpoint whose experts are not one tensor per expert and projection."""
+    model_type = cfg_json.get("model_type")
+    if model_type not in EXPERT_NAMES:
+        return
+    from safetensors import safe_open
+    names = set()
+    for f in os.listdir(out_dir):
+        if f.endswith(".safetensors"):
+            with safe_open(os.path.join(out_dir, f), framework="pt") as st:
+                names.update(st.keys())
+    experts = cfg_json.get("num_local_experts", cfg_json.get("num_experts", 0))
+    per_expert = [n for n in names if ".experts." in n]
+    wanted = {f".experts.{e}.{p}.weight" for e in range(experts) for p in EXPERT_NAMES[model_type]}
+    found = {w for w in wanted if any(n.endswith(w) for n in per_expert)}
+    stray = [n for n in per_expert if not any(n.endswith(w) for w in wanted)]
+    if found != wanted or stray:
+        raise SystemExit(
+            f"transformers {transformers.__version__} saved the {model_type} experts as {sorted(stray)[:4]} "
+            f"(missing {sorted(wanted - found)[:4]}); kb-nano reads one tensor per expert and projection "
+            f"(experts.{{e}}.{'/'.join(EXPERT_NAMES[model_type])}), as the published checkpoints hold them. "
+            f"Use a transformers version that saves that layout.")
 
 
 def main():
@@ -61,6 +158,10 @@ def main():
     if args.max_shard_size:
         save_kwargs["max_shard_size"] = args.max_shard_size
     model.save_pretrained(args.out, **save_kwargs)
+    split = split_fused_experts(args.out, cfg_json)
+    if split:
+        print(f"transformers {transformers.__version__} saved {split} fused expert tensors; rewrote them per expert")
+    check_expert_names(args.out, cfg_json)
 
     model = model.to(args.device)
     vocab = config.vocab_size

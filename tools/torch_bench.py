@@ -3,7 +3,8 @@
 
 Shapes come from a config in models/ (default Llama-3.1-8B-Instruct, tp 1): rms_norm and fused add+norm
 [T, hidden], silu*mul [T, 2*intermediate], the model's GEMMs (x @ W^T), causal prefill attention through
-SDPA's flash / cuDNN / efficient backends (GQA), and decode attention over a contiguous cache. Timing: CUDA
+SDPA's flash / cuDNN / efficient backends (GQA), decode attention over a contiguous cache, and (--sections moe) the
+expert MLPs of an MoE config through torch._grouped_mm. Timing: CUDA
 events around one call, warm-up, repeat to >= 200 ms (max 1000), median with p10/p90, and a 256 MiB buffer
 written between calls so L2 is cold (--hot skips it). Writes JSON rows that kb-nano's tables can sit beside.
 
@@ -41,6 +42,62 @@ def timeit(fn, flush, min_ms=200.0, max_iters=1000):
     return q(0.5), q(0.1), q(0.9), len(times)
 
 
+def moe(cfg, tp, tokens, record, dev, dt):
+    """The expert MLPs of kb-nano's fused_experts cases (same shapes, uniform and skewed routings, the same bytes and
+    FLOPs formulas): out[t] = sum_j w[t, j] * W2[e] (silu(g) * u), [g; u] = W13[e] x[t]. Two peers:
+    grouped_mm: the two torch._grouped_mm calls and silu*mul on rows already sorted by expert (routing,
+    permutation and the weighted sum not counted, as the MoE issue's table measured it);
+    torch: everything fused_experts does (sort the pairs, gather, both grouped GEMMs, scale, sum per token)."""
+    H = cfg["hidden_size"]
+    E = cfg.get("num_local_experts", cfg.get("num_experts"))
+    k = cfg["num_experts_per_tok"]
+    N = cfg.get("moe_intermediate_size", cfg["intermediate_size"]) // tp
+    w13 = torch.randn(E, 2 * N, H, device=dev, dtype=dt) * 0.02
+    w2 = torch.randn(E, H, N, device=dev, dtype=dt) * 0.02
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(0)
+    ranks = torch.randperm(E, device=dev, generator=gen).float()
+    popularity = {"uniform": torch.ones(E, device=dev), "skewed": (ranks + 1) ** -1.2}
+    for T in tokens:
+        x = torch.randn(T, H, device=dev, dtype=dt)
+        for route, pop in popularity.items():
+            ids = torch.multinomial(pop.expand(T, E), k, replacement=False, generator=gen).to(torch.int32)
+            wts = torch.rand(T, k, device=dev, generator=gen) + 0.05
+            wts = wts / wts.sum(1, keepdim=True)
+            touched = int(torch.unique(ids).numel())
+            label = f"T={T} E={E} k={k} H={H} N={N} {route}"
+            bytes_ = touched * 3 * H * N * 2 + 2 * T * H * 2 + T * k * 8
+            flops = 2 * T * k * 3 * H * N
+
+            def prep(ids=ids):
+                flat = ids.flatten()
+                order = torch.argsort(flat, stable=True)
+                counts = torch.bincount(flat, minlength=E)
+                offs = torch.cumsum(counts, 0).to(torch.int32)
+                return order, offs
+
+            order, offs = prep()
+            xs = x[order // k]
+
+            def gemms(xs=xs, offs=offs):
+                h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
+                a = F.silu(h[:, :N]) * h[:, N:]
+                return torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
+
+            def full(x=x, ids=ids, wts=wts, T=T):
+                order, offs = prep(ids)
+                h = torch._grouped_mm(x[order // k], w13.transpose(1, 2), offs=offs)
+                a = F.silu(h[:, :N]) * h[:, N:]
+                y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs) * wts.flatten()[order, None].to(dt)
+                out = torch.zeros(T * k, H, device=dev, dtype=dt)
+                out[order] = y
+                return out.view(T, k, H).sum(1)
+
+            record("fused_experts", label, "grouped_mm", bytes_, flops, gemms)
+            record("fused_experts", label, "torch", bytes_, flops, full)
+        del x
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/llama-3.1-8b-instruct.json")
@@ -48,7 +105,11 @@ def main():
     ap.add_argument("--tokens", default="1,32,256,1024,4096,16384")
     ap.add_argument("--hot", action="store_true")
     ap.add_argument("--json", required=True)
+    ap.add_argument("--sections", default="dense,attention",
+                    help="comma list of: dense (norms, silu*mul, GEMMs), attention, moe (the expert MLPs of an MoE "
+                         "config, torch._grouped_mm)")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
     cfg = json.load(open(args.model))
     H, I, V = cfg["hidden_size"], cfg["intermediate_size"] // args.tp, cfg["vocab_size"] // args.tp
     nh, nkv = cfg["num_attention_heads"] // args.tp, max(1, cfg["num_key_value_heads"] // args.tp)
@@ -82,8 +143,11 @@ def main():
     record("ceiling_matmul", "8192^3 bf16", "torch", 0, 2 * 8192 ** 3, lambda: a @ b)
     del src, dst, a, b
 
+    if "moe" in sections:
+        moe(cfg, args.tp, tokens, record, dev, dt)
+
     w = torch.randn(H, device=dev, dtype=dt)
-    for T in tokens:
+    for T in (tokens if "dense" in sections else []):
         x = torch.randn(T, H, device=dev, dtype=dt)
         r = torch.randn(T, H, device=dev, dtype=dt)
         record("rms_norm", f"T={T} H={H}", "torch", 2 * T * H * 2 + H * 2, 0,
@@ -116,7 +180,7 @@ def main():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    for T in (1024, 4096, 8192, 16384):
+    for T in ((1024, 4096, 8192, 16384) if "attention" in sections else ()):
         q = torch.randn(1, nh, T, D, device=dev, dtype=dt)
         k = torch.randn(1, nkv, T, D, device=dev, dtype=dt)
         v = torch.randn(1, nkv, T, D, device=dev, dtype=dt)
@@ -128,7 +192,7 @@ def main():
             # bytes: q and out [T, nh, D], k and v [T, nkv, D], bf16
             record("flash_attn_prefill", f"T={T} {nh}/{nkv} d{D} causal", bname, 2 * (2 * T * nh * D + 2 * T * nkv * D),
                    flops, run)
-    for B, ctx in ((1, 4096), (64, 4096), (128, 8192)):
+    for B, ctx in (((1, 4096), (64, 4096), (128, 8192)) if "attention" in sections else ()):
         q = torch.randn(B, nh, 1, D, device=dev, dtype=dt)
         k = torch.randn(B, nkv, ctx, D, device=dev, dtype=dt)
         v = torch.randn(B, nkv, ctx, D, device=dev, dtype=dt)

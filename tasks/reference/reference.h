@@ -67,3 +67,29 @@ void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cach
 void argmax(Tensor& out, const Tensor& logits);
 
 }  // namespace kbn::reference
+
+namespace kbn::reference {
+
+// ---- mixture of experts (vLLM fused_moe) ----
+
+// Router top-k: softmax over each row of gating_output [num_tokens, num_experts], the top_k experts by logit (ties:
+// lower index first) best first, their probabilities (divided by the chosen ones' sum when renormalize).
+// topk_weights: [num_tokens, top_k] f32; topk_ids: [num_tokens, top_k] i32. A NaN logit is an error naming it.
+void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_output, bool renormalize);
+
+// moe_align_block_size (L1/moe_align_block_size.h has the layout). topk_ids: [num_tokens, top_k] i32; outputs i32
+// sized by the caller: sorted_token_ids [max_padded], expert_ids [max_padded / block_size], num_tokens_post_padded [1].
+void moe_align_block_size(Tensor& sorted_token_ids, Tensor& expert_ids, Tensor& num_tokens_post_padded,
+                          const Tensor& topk_ids, int64_t block_size, int64_t num_experts);
+
+// out[t, :] = sum_j input[t, j, :].   input: [num_tokens, top_k, hidden]; out: [num_tokens, hidden]
+void moe_sum(Tensor& out, const Tensor& input);
+
+// fused_experts with silu (L1/fused_experts.h): per pair, h = w13[e] x rounded to x's dtype, a = silu(h_gate) * h_up
+// rounded, y = topk_weight * (w2[e] a) rounded, out[t] = sum_j y_j, as vLLM's caches round them.
+// x: [num_tokens, hidden]; w13: [E, 2 * inter, hidden]; w2: [E, hidden, inter]; topk_weights f32 and topk_ids i32:
+// [num_tokens, top_k]; out: [num_tokens, hidden]
+void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
+                   const Tensor& topk_ids);
+
+}  // namespace kbn::reference

@@ -5,8 +5,6 @@
 #include "kbn/checks.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
-#include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types (the function is fetched from the driver)
-
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
 #include "L1/mbarrier.cuh"
+#include "L1/tma.cuh"
 #include "L1/wgmma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
@@ -348,16 +347,6 @@ constexpr int kStages = 3;
 // (2 + wg); each warpgroup's turn to issue wgmma (4 + wg).
 constexpr int kBarVZeroed = 1, kBarWarpGroup0 = 2, kBarTurn0 = 4;
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 24 + 2 x 240 = 3 x 168
-
-// One box of the 4-D tensor map (head_size, kv_heads, block_size, num_blocks) at coordinates (c0, c1, c2, c3).
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
-                                            int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
-      "[%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
 
 // exp2 without the subnormal handling of exp2f (results below 2^-126 flush to 0: a probability that small is 0 here).
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -724,25 +713,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   __trap();  // not launched: the host picks this kernel only when the binary holds sm_90a code for the device
 #endif
-}
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled from the driver (no link-time libcuda dependency), or null when the driver has none.
-inline EncodeTiled encode_tiled() {
-  static EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      f = nullptr;
-    }
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
 }
 
 // A tensor map over one cache [num_blocks, block_size, num_kv_heads, head_size] (strides in elements) whose box is

@@ -1,5 +1,8 @@
 // qkv_parallel_linear, merged_column_parallel_linear, row_parallel_linear: the tensor-parallel linears of
-// tasks/baseline/L2/parallel_linear.h, built for layer 0 of any model with attention and a dense MLP.
+// tasks/baseline/L2/parallel_linear.h, built for layer 0 of any model with attention and an MLP (dense, or one
+// expert's shapes when every MLP is a mixture of experts).
+#include <optional>
+
 #include "L2/parallel_linear.h"
 #include "ops/op.h"
 
@@ -31,9 +34,17 @@ const AttentionShape& attention_of(const ModelView& m, const char* op) {
   KBN_CHECK(m.attention, op, ": config ", m.config->source(), " has no attention ('num_attention_heads')");
   return *m.attention;
 }
+// The MLP size the gate/up and down linears are built for: the dense MLP's, or, in a model whose every MLP is a
+// mixture of experts (Mixtral), one expert's (its gate/up and down projections have these shapes).
+std::optional<int64_t> mlp_size(const ModelView& m) {
+  if (m.intermediate_size) return m.intermediate_size;
+  if (m.moe) return m.moe->intermediate_size;
+  return std::nullopt;
+}
 int64_t intermediate_of(const ModelView& m, const char* op) {
-  KBN_CHECK(m.intermediate_size, op, ": config ", m.config->source(), " has no dense MLP ('intermediate_size')");
-  return *m.intermediate_size;
+  const std::optional<int64_t> I = mlp_size(m);
+  KBN_CHECK(I, op, ": config ", m.config->source(), " has no MLP ('intermediate_size')");
+  return *I;
 }
 
 }  // namespace
@@ -82,8 +93,8 @@ KBN_REGISTER_OPS(r) {
              },
              [](MergedColumnParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; }),
          .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
-           if (!m.intermediate_size) return {};
-           const int64_t I = *m.intermediate_size;
+           if (!mlp_size(m)) return {};
+           const int64_t I = *mlp_size(m);
            return cases::block_cases("merged_column_parallel_linear", m, o,
                                      {.params = m.hidden_size * 2 * I, .in_features = m.hidden_size, .out_features = 2 * I});
          }});
@@ -104,8 +115,8 @@ KBN_REGISTER_OPS(r) {
              },
              [](RowParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; }),
          .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
-           if (!m.intermediate_size) return {};
-           const int64_t I = *m.intermediate_size;
+           if (!mlp_size(m)) return {};
+           const int64_t I = *mlp_size(m);
            return cases::block_cases("row_parallel_linear", m, o,
                                      {.params = I * m.hidden_size, .in_features = I, .out_features = m.hidden_size});
          }});

@@ -1,0 +1,479 @@
+#include "L1/fused_experts.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "L1/moe_align_block_size.h"
+#include "L1/moe_sum.h"
+#include "kbn/checks.h"
+#include "reference/reference.h"
+#ifdef KBN_WITH_CUDA
+#include <algorithm>
+#include <type_traits>
+
+#include "L1/attention_mma.cuh"  // smem_addr, pack2, KernelLaunchFacts, runs_sm90_image
+#include "L1/mbarrier.cuh"
+#include "L1/tma.cuh"
+#include "L1/wgmma.cuh"
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
+#endif
+
+namespace kbn::KBN_VARIANT {
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+// ---- kernel layer ----
+//
+// The GPU path, all on the stream with no host sync (so it can be captured in a CUDA graph):
+//   1. moe_align_block_size (L1/moe_align_block_size.h) with kBlockM: the pairs grouped by expert, padded to blocks
+//      of kBlockM rows, one expert per block.
+//   2. moe_permute: x_sorted[r] = hidden_states[sorted[r] / top_k] (zeros for padding rows), so the GEMMs read their
+//      rows as dense tiles; it also zeroes the output rows of pairs whose expert id is out of range (dropped).
+//   3. expert GEMM 1 (gate and up): act[r, c] = silu(g) * u with [g; u] = w13[expert(r)] x_sorted[r], per block.
+//   4. expert GEMM 2 (down): cache[pair(r)] = topk_weight(pair) * w2[expert(r)] act[r], scattered back to pair order.
+//   5. moe_sum (L1/moe_sum.h) over each token's top_k rows.
+// Blocks past num_tokens_post_padded exit at once, so a launch sized for the worst case costs only empty blocks.
+// The intermediates are rounded to the activation dtype where vLLM's caches round them (g and u, act, each y).
+//
+// Hopper (bf16 / f16, sm_90a image): a block computes a kBlockM x 128 accumulator tile with wgmma from shared
+// memory, fed by a TMA producer through a ring of kStages stages of (A: kBlockM x 64, B: 128 x 64) 128-byte-swizzled
+// tiles (A's padding rows are not copied). GEMM 1's B tile is 64 gate rows and the 64 matching up rows of one expert (two TMA boxes), so the
+// activation is fused in the epilogue and a block writes 64 columns of act; GEMM 2's B tile is 128 rows of w2.
+// Every other dtype or layout runs a shared-memory-tiled SIMT kernel of the same structure.
+constexpr int kBlockM = 128;
+constexpr int kBlockK = 64;  // one 128-byte swizzle row of 16-bit values
+constexpr int kStages = 5;
+constexpr int kGroupM = 8;  // m blocks that walk the n tiles together (their B tiles are shared through L2)
+
+struct PermuteParams {
+  void* x_sorted;  // [max_padded, hidden]
+  void* cache;     // [num_pairs, hidden]: rows of dropped pairs zeroed
+  const void* x;   // [num_tokens, hidden]
+  const int32_t* sorted;
+  const int32_t* post_padded;
+  const int32_t* ids;  // [num_pairs]
+  int num_pairs, top_k, hidden, num_experts;
+};
+
+template <class T, bool kVec>
+__global__ void __launch_bounds__(128) moe_permute_kernel(PermuteParams p) {
+  using V = Vec16<T>;
+  constexpr int N = kVec ? V::N : 1;
+  const int r = blockIdx.x;
+  const int chunks = p.hidden / N;
+  if (r < p.num_pairs) {
+    const int id = p.ids[r];
+    if (id < 0 || id >= p.num_experts)
+      for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        T* dst = static_cast<T*>(p.cache) + int64_t(r) * p.hidden + int64_t(c) * N;
+        if constexpr (kVec)
+          *reinterpret_cast<V*>(dst) = V{};
+        else
+          *dst = from_f32<T>(0.f);
+      }
+  }
+  if (r >= *p.post_padded) return;
+  const int pair = p.sorted[r];
+  const T* src = pair < p.num_pairs ? static_cast<const T*>(p.x) + int64_t(pair / p.top_k) * p.hidden : nullptr;
+  T* dst = static_cast<T*>(p.x_sorted) + int64_t(r) * p.hidden;
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    if constexpr (kVec)
+      reinterpret_cast<V*>(dst)[c] = src ? reinterpret_cast<const V*>(src)[c] : V{};
+    else
+      dst[c] = src ? src[c] : from_f32<T>(0.f);
+  }
+}
+
+// What both GEMM kernels need. Mode 1 (gate/up): out = act [max_padded, inter], b_rows = 2 * inter, up_offset =
+// inter, n_out = inter, 64 output columns per tile. Mode 2 (down): out = cache [num_pairs, hidden], b_rows = hidden,
+// n_out = hidden, 128 output columns per tile.
+struct GemmParams {
+  const int32_t* sorted;
+  const int32_t* expert_ids;
+  const int32_t* post_padded;
+  const float* topk_weights;  // [num_pairs]
+  void* out;
+  int num_pairs;
+  int n_out;       // valid output columns
+  int b_rows;      // rows of one expert's weight matrix
+  int up_offset;   // mode 1: row of the first up row within an expert
+  int k;           // the reduction extent
+  int m_blocks, n_tiles;
+};
+
+// Tile (m block, n tile) of linear block index `tile`: groups of kGroupM m blocks walk the n tiles together.
+__device__ __forceinline__ void tile_of(int tile, int m_blocks, int n_tiles, int& m, int& n) {
+  const int per_group = kGroupM * n_tiles;
+  const int group = tile / per_group, first_m = group * kGroupM;
+  const int rows = min(kGroupM, m_blocks - first_m);
+  const int in_group = tile % per_group;
+  m = first_m + in_group % rows;
+  n = in_group / rows;
+}
+
+__device__ __forceinline__ float silu(float a) { return a / (1.f + __expf(-a)); }
+
+template <class T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_f32(from_f32<T>(v));
+}
+
+namespace hopper_path {
+
+constexpr int kConsumerThreads = 256;  // two warpgroups, 64 rows each
+constexpr int kThreads = 128 + kConsumerThreads;
+constexpr uint32_t kTileBytes = kBlockM * kBlockK * 2;  // A and B tiles alike (128 rows x 128 bytes)
+constexpr uint32_t kStageBytes = 2 * kTileBytes;
+constexpr int kABoxRows = 16;  // A's TMA box: 16 rows (two swizzle atoms) x 64 columns
+constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment
+
+// grid = m_blocks * n_tiles; block = kThreads (warpgroup 0: the TMA producer; 1 and 2: consumers).
+template <class T, int kMode>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_expert_gemm_tma_kernel(GemmParams p, const __grid_constant__ CUtensorMap a_map,
+                               const __grid_constant__ CUtensorMap b_map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "fused_experts: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a"
+#endif
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  int m, n;
+  tile_of(blockIdx.x, p.m_blocks, p.n_tiles, m, n);
+  if (m * kBlockM >= *p.post_padded) return;  // the whole block leaves: no barrier has been touched
+  const int expert = p.expert_ids[m];
+
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const uint32_t full_bar = base + kStages * kStageBytes;
+  const uint32_t empty_bar = full_bar + kStages * 8;
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full_bar + 8 * s, 1);                         // the producer's arrive.expect_tx
+      mbar_init(empty_bar + 8 * s, kConsumerThreads / 32);  // lane 0 of every consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const int num_kb = (p.k + kBlockK - 1) / kBlockK;
+
+  if (tid < 128) {
+    // ---- producer: one thread issues every copy ----
+    if (tid == 0) {
+      const int b_row = expert * p.b_rows + (kMode == 1 ? n * 64 : n * 128);
+      // A is copied in boxes of kABoxRows rows, and only the boxes that start with a real pair: padding follows an
+      // expert's pairs, so they are a prefix. At decode a block holds a few real rows, and its A traffic shrinks with
+      // them (rows never copied hold stale values; they only reach output rows that are discarded).
+      int live = 0;
+      for (int j = 0; j < kBlockM / kABoxRows; ++j)
+        if (p.sorted[m * kBlockM + j * kABoxRows] < p.num_pairs) live = j + 1;
+      const uint32_t bytes = kTileBytes + uint32_t(live) * kABoxRows * 128;
+      for (int kb = 0; kb < num_kb; ++kb) {
+        const int s = kb % kStages;
+        if (kb >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((kb / kStages - 1) & 1));
+        const uint32_t a_s = base + s * kStageBytes, b_s = a_s + kTileBytes, bar = full_bar + 8 * s;
+        mbar_arrive_expect_tx(bar, bytes);
+        for (int j = 0; j < live; ++j)
+          tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
+        if constexpr (kMode == 1) {
+          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                              // 64 gate rows
+          tma_load_2d(b_s + kTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // 64 up rows
+        } else {
+          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // 128 rows of w2
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers: warpgroup wg owns rows 64 wg .. 64 wg + 63 of the tile ----
+  const int wg = tid / 128 - 1, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
+  float d[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  for (int kb = 0; kb < num_kb; ++kb) {
+    const int s = kb % kStages;
+    mbar_wait(full_bar + 8 * s, uint32_t((kb / kStages) & 1));
+    const uint32_t a_s = base + s * kStageBytes + wg * (64 * 128), b_s = base + s * kStageBytes + kTileBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / 16; ++kk)
+      wgmma_ss_n128<T>(d, sw128_desc(a_s + kk * 32, 16, 1024), sw128_desc(b_s + kk * 32, 16, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<1>();  // the previous stage's group is done: hand its buffers back
+    if (kb > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kb - 1) % kStages));
+  }
+  wgmma_wait<0>();
+  fence_regs(d);
+
+  // Accumulator fragment: d[4j + e] is row g (+ 8 for e >= 2), column 8j + 2t + (e & 1).
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = m * kBlockM + wg * 64 + warp_in_wg * 16 + g + 8 * half;
+    if constexpr (kMode == 1) {
+      T* out = static_cast<T*>(p.out) + int64_t(r) * p.n_out;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = n * 64 + 8 * j + 2 * t;
+        if (col >= p.n_out) continue;
+        const float a0 = silu(round_to<T>(d[4 * j + 2 * half])) * round_to<T>(d[4 * (j + 8) + 2 * half]);
+        const float a1 = silu(round_to<T>(d[4 * j + 2 * half + 1])) * round_to<T>(d[4 * (j + 8) + 2 * half + 1]);
+        *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(a0, a1);
+      }
+    } else {
+      const int pair = p.sorted[r];
+      if (pair >= p.num_pairs) continue;
+      const float w = p.topk_weights[pair];
+      T* out = static_cast<T*>(p.out) + int64_t(pair) * p.n_out;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int col = n * 128 + 8 * j + 2 * t;
+        if (col >= p.n_out) continue;
+        *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(w * d[4 * j + 2 * half], w * d[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+#else
+  __trap();  // not launched: the host picks this kernel only when the binary holds sm_90a code for the device
+#endif
+}
+
+// A 2-D tensor map over a row-major [rows, cols] matrix of 16-bit values, box [box_rows, 64], 128-byte swizzled;
+// false when the layout does not allow one.
+bool encode_matrix_map(CUtensorMap& map, const void* base, DType dt, int64_t rows, int64_t cols, int box_rows) {
+  const EncodeTiled fn = encode_tiled();
+  if (!fn || reinterpret_cast<uintptr_t>(base) % 16 != 0 || cols * 2 % 16 != 0) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols * 2)};
+  const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUtensorMapDataType type = dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+}  // namespace hopper_path
+
+namespace simt_path {
+
+// A block computes a kTile x kTile output tile (mode 1: kTile act columns from kTile gate and kTile up rows), one
+// value per thread, through kTile-deep shared-memory slices of A and B.
+constexpr int kTile = 16;
+static_assert(kBlockM % kTile == 0, "an m tile lies within one expert block");
+
+template <class T, int kMode>
+__global__ void __launch_bounds__(kTile* kTile) moe_expert_gemm_simt_kernel(GemmParams p, const T* a, const T* b) {
+  __shared__ float as[kTile][kTile + 1], bs[kTile][kTile + 1], us[kTile][kTile + 1];
+  const int r0 = blockIdx.y * kTile, c0 = blockIdx.x * kTile;
+  if (r0 >= *p.post_padded) return;
+  const int expert = p.expert_ids[r0 / kBlockM];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  float acc = 0.f, acc_up = 0.f;
+  for (int k0 = 0; k0 < p.k; k0 += kTile) {
+    const int kc = k0 + tx;
+    as[ty][tx] = kc < p.k ? to_f32(a[int64_t(r0 + ty) * p.k + kc]) : 0.f;
+    const bool row_ok = c0 + ty < p.n_out && kc < p.k;
+    const int64_t brow = int64_t(expert) * p.b_rows + c0 + ty;
+    bs[ty][tx] = row_ok ? to_f32(b[brow * p.k + kc]) : 0.f;
+    if constexpr (kMode == 1) us[ty][tx] = row_ok ? to_f32(b[(brow + p.up_offset) * p.k + kc]) : 0.f;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kTile; ++i) {
+      acc += as[ty][i] * bs[tx][i];
+      if constexpr (kMode == 1) acc_up += as[ty][i] * us[tx][i];
+    }
+    __syncthreads();
+  }
+  const int r = r0 + ty, col = c0 + tx;
+  if (col >= p.n_out) return;
+  if constexpr (kMode == 1) {
+    static_cast<T*>(p.out)[int64_t(r) * p.n_out + col] = from_f32<T>(silu(round_to<T>(acc)) * round_to<T>(acc_up));
+  } else {
+    const int pair = p.sorted[r];
+    if (pair < p.num_pairs)
+      static_cast<T*>(p.out)[int64_t(pair) * p.n_out + col] = from_f32<T>(p.topk_weights[pair] * acc);
+  }
+}
+
+}  // namespace simt_path
+
+struct ExpertsLaunch {
+  const void* x;
+  const void* w13;
+  const void* w2;
+  const float* topk_weights;
+  const int32_t* topk_ids;
+  const int32_t* sorted;
+  const int32_t* expert_ids;
+  const int32_t* post_padded;
+  void* x_sorted;  // [max_padded, hidden]
+  void* act;       // [max_padded, inter]
+  void* cache;     // [num_pairs, hidden]
+  int num_pairs, top_k, hidden, inter, num_experts, max_padded;
+};
+
+template <class T>
+void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
+  // 2. gather the rows into expert order
+  const PermuteParams pp{.x_sorted = l.x_sorted,
+                         .cache = l.cache,
+                         .x = l.x,
+                         .sorted = l.sorted,
+                         .post_padded = l.post_padded,
+                         .ids = l.topk_ids,
+                         .num_pairs = l.num_pairs,
+                         .top_k = l.top_k,
+                         .hidden = l.hidden,
+                         .num_experts = l.num_experts};
+  const bool vec = l.hidden % Vec16<T>::N == 0 && reinterpret_cast<uintptr_t>(l.x) % 16 == 0;
+  if (vec)
+    moe_permute_kernel<T, true><<<l.max_padded, 128, 0, stream>>>(pp);
+  else
+    moe_permute_kernel<T, false><<<l.max_padded, 128, 0, stream>>>(pp);
+  KBN_CUDA_CHECK_LAUNCH();
+
+  const int m_blocks = l.max_padded / kBlockM;
+  GemmParams g1{.sorted = l.sorted,
+                .expert_ids = l.expert_ids,
+                .post_padded = l.post_padded,
+                .topk_weights = l.topk_weights,
+                .out = l.act,
+                .num_pairs = l.num_pairs,
+                .n_out = l.inter,
+                .b_rows = 2 * l.inter,
+                .up_offset = l.inter,
+                .k = l.hidden,
+                .m_blocks = m_blocks,
+                .n_tiles = 0};
+  GemmParams g2 = g1;
+  g2.out = l.cache;
+  g2.n_out = l.hidden;
+  g2.b_rows = l.hidden;
+  g2.up_offset = 0;
+  g2.k = l.inter;
+
+  // 3-4. the expert GEMMs
+  if constexpr (!std::is_same_v<T, float>) {
+    using namespace hopper_path;
+    int device = 0;
+    KBN_CUDA_CHECK(cudaGetDevice(&device));
+    auto* k1 = moe_expert_gemm_tma_kernel<T, 1>;
+    auto* k2 = moe_expert_gemm_tma_kernel<T, 2>;
+    CUtensorMap a1{}, b1{}, a2{}, b2{};
+    const int64_t e = l.num_experts;
+    if (runs_sm90_image(reinterpret_cast<const void*>(k1), device) &&
+        encode_matrix_map(a1, l.x_sorted, dt, l.max_padded, l.hidden, kABoxRows) &&
+        encode_matrix_map(b1, l.w13, dt, e * 2 * l.inter, l.hidden, 64) &&
+        encode_matrix_map(a2, l.act, dt, l.max_padded, l.inter, kABoxRows) &&
+        encode_matrix_map(b2, l.w2, dt, e * l.hidden, l.inter, 128)) {
+      (void)kernel_launch_facts(reinterpret_cast<const void*>(k1), device, kThreads, kSmemBytes);  // smem opt-in
+      (void)kernel_launch_facts(reinterpret_cast<const void*>(k2), device, kThreads, kSmemBytes);
+      g1.n_tiles = (l.inter + 63) / 64;
+      g2.n_tiles = (l.hidden + 127) / 128;
+      k1<<<unsigned(int64_t(m_blocks) * g1.n_tiles), kThreads, kSmemBytes, stream>>>(g1, a1, b1);
+      KBN_CUDA_CHECK_LAUNCH();
+      k2<<<unsigned(int64_t(m_blocks) * g2.n_tiles), kThreads, kSmemBytes, stream>>>(g2, a2, b2);
+      KBN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
+  using simt_path::kTile;
+  const dim3 block{kTile, kTile};
+  const dim3 grid1{unsigned((l.inter + kTile - 1) / kTile), unsigned(l.max_padded / kTile)};
+  simt_path::moe_expert_gemm_simt_kernel<T, 1>
+      <<<grid1, block, 0, stream>>>(g1, static_cast<const T*>(l.x_sorted), static_cast<const T*>(l.w13));
+  KBN_CUDA_CHECK_LAUNCH();
+  const dim3 grid2{unsigned((l.hidden + kTile - 1) / kTile), unsigned(l.max_padded / kTile)};
+  simt_path::moe_expert_gemm_simt_kernel<T, 2>
+      <<<grid2, block, 0, stream>>>(g2, static_cast<const T*>(l.act), static_cast<const T*>(l.w2));
+  KBN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+#endif  // KBN_WITH_CUDA
+
+// ---- op layer ----
+
+Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2,
+                             const Tensor& topk_weights, const Tensor& topk_ids) {
+  constexpr const char* kOp = "fused_experts";
+  check_rank(hidden_states, kOp, "hidden_states", 2, "[num_tokens, hidden]");
+  check_dtype(hidden_states, kOp, "hidden_states", {DType::f32, DType::f16, DType::bf16});
+  check_contiguous(hidden_states, kOp, "hidden_states");
+  check_rank(w13, kOp, "w13", 3, "[num_experts, 2 * inter, hidden]");
+  check_rank(w2, kOp, "w2", 3, "[num_experts, hidden, inter]");
+  check_same_dtype(hidden_states, w13, kOp, "hidden_states", "w13");
+  check_same_dtype(hidden_states, w2, kOp, "hidden_states", "w2");
+  check_contiguous(w13, kOp, "w13");
+  check_contiguous(w2, kOp, "w2");
+  const int64_t t = hidden_states.size(0), h = hidden_states.size(1), e = w13.size(0);
+  KBN_CHECK(w13.size(1) % 2 == 0 && w13.size(1) > 0, kOp,
+            ": argument 'w13' [num_experts, 2 * inter, hidden] needs a positive even dim 1, got ", w13.str());
+  const int64_t inter = w13.size(1) / 2;
+  check_size(w13, kOp, "w13", 2, h, "hidden");
+  check_size(w2, kOp, "w2", 0, e, "num_experts");
+  check_size(w2, kOp, "w2", 1, h, "hidden");
+  check_size(w2, kOp, "w2", 2, inter, "inter");
+  check_rank(topk_ids, kOp, "topk_ids", 2, "[num_tokens, top_k]");
+  check_dtype(topk_ids, kOp, "topk_ids", {DType::i32});
+  check_contiguous(topk_ids, kOp, "topk_ids");
+  check_size(topk_ids, kOp, "topk_ids", 0, t, "num_tokens");
+  const int64_t k = topk_ids.size(1);
+  check_rank(topk_weights, kOp, "topk_weights", 2, "[num_tokens, top_k]");
+  check_dtype(topk_weights, kOp, "topk_weights", {DType::f32});
+  check_contiguous(topk_weights, kOp, "topk_weights");
+  check_size(topk_weights, kOp, "topk_weights", 0, t, "num_tokens");
+  check_size(topk_weights, kOp, "topk_weights", 1, k, "top_k");
+  for (const auto& [arg, tensor] :
+       {std::pair{"w13", &w13}, std::pair{"w2", &w2}, std::pair{"topk_weights", &topk_weights},
+        std::pair{"topk_ids", &topk_ids}})
+    check_same_device(hidden_states, *tensor, kOp, "hidden_states", arg);
+  KBN_CHECK(k >= 1 && k <= e, kOp, ": argument 'topk_ids' ", topk_ids.str(), " must choose 1 to num_experts (", e,
+            ") experts per token");
+
+  Tensor out = Tensor::empty({t, h}, hidden_states.dtype(), hidden_states.device());
+  if (hidden_states.is_cpu()) {
+    reference::fused_experts(out, hidden_states, w13, w2, topk_weights, topk_ids);
+    return out;
+  }
+  if (t == 0) return out;
+#ifdef KBN_WITH_CUDA
+  const int64_t pairs = t * k, padded = MoeAlignBlockSize::max_padded(pairs, kBlockM, e);
+  KBN_CHECK(padded * std::max(h, inter) <= std::numeric_limits<int32_t>::max() && e * std::max(2 * inter, h) <=
+                                                                                     std::numeric_limits<int32_t>::max(),
+            kOp, ": shapes too large for 32-bit row indices: hidden_states ", hidden_states.str(), ", w13 ", w13.str(),
+            ", top_k ", k);
+  auto [sorted, expert_ids, post] = MoeAlignBlockSize(kBlockM, e).forward(topk_ids);
+  const Device d = hidden_states.device();
+  const DType dt = hidden_states.dtype();
+  Tensor x_sorted = Tensor::empty({padded, h}, dt, d);
+  Tensor act = Tensor::empty({padded, inter}, dt, d);
+  Tensor cache = Tensor::empty({t, k, h}, dt, d);
+  const ExpertsLaunch l{.x = hidden_states.data_ptr(),
+                        .w13 = w13.data_ptr(),
+                        .w2 = w2.data_ptr(),
+                        .topk_weights = topk_weights.data<float>(),
+                        .topk_ids = topk_ids.data<int32_t>(),
+                        .sorted = sorted.data<int32_t>(),
+                        .expert_ids = expert_ids.data<int32_t>(),
+                        .post_padded = post.data<int32_t>(),
+                        .x_sorted = x_sorted.data_ptr(),
+                        .act = act.data_ptr(),
+                        .cache = cache.data_ptr(),
+                        .num_pairs = int(pairs),
+                        .top_k = int(k),
+                        .hidden = int(h),
+                        .inter = int(inter),
+                        .num_experts = int(e),
+                        .max_padded = int(padded)};
+  dispatch_float16_32(dt, kOp, "hidden_states",
+                      [&](auto tag) { launch_fused_experts<decltype(tag)>(l, dt, current_stream()); });
+  out = MoeSum().forward(cache);
+#endif
+  return out;
+}
+
+}  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,35 @@
+#include "L3/mixtral_decoder_layer.h"
+
+namespace kbn::KBN_VARIANT {
+
+MixtralDecoderLayer::MixtralDecoderLayer(const MixtralConfig& config, const std::string& prefix,
+                                         const ParamOptions& opts)
+    : self_attn(config, config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.rope_theta,
+                config.rope_scaling, config.max_position_embeddings, config.attention_bias, prefix + ".self_attn",
+                opts),
+      block_sparse_moe(config.num_local_experts, config.num_experts_per_tok, config.hidden_size,
+                       config.intermediate_size, prefix + ".block_sparse_moe", opts),
+      input_layernorm(config.hidden_size, config.rms_norm_eps, opts),
+      post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts) {
+  register_module("self_attn", &self_attn);
+  register_module("block_sparse_moe", &block_sparse_moe);
+  register_module("input_layernorm", &input_layernorm);
+  register_module("post_attention_layernorm", &post_attention_layernorm);
+}
+
+std::pair<Tensor, Tensor> MixtralDecoderLayer::forward(const Tensor& positions, const Tensor& hidden_states,
+                                                       const Tensor& residual) {
+  Tensor h, res;
+  if (!residual.defined()) {
+    res = hidden_states;
+    h = input_layernorm.forward(hidden_states);
+  } else {
+    std::tie(h, res) = input_layernorm.forward(hidden_states, residual);
+  }
+  h = self_attn.forward(positions, h);
+  std::tie(h, res) = post_attention_layernorm.forward(h, res);
+  h = block_sparse_moe.forward(h);
+  return {h, res};
+}
+
+}  // namespace kbn::KBN_VARIANT

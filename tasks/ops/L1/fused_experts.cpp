@@ -1,0 +1,98 @@
+// fused_experts: class FusedExperts (tasks/baseline/L1/fused_experts.h), the MoE expert MLPs (gate/up GEMM, silu
+// and mul, down GEMM with the routing weight, per-token sum); oracle tasks/reference/moe.cpp.
+#include <cmath>
+#include <set>
+
+#include "L1/fused_experts.h"
+#include "ops/op.h"
+#include "reference/reference.h"
+
+KBN_FALLBACK_CLASS(FusedExperts)
+
+namespace kbn::KBN_VARIANT {
+using namespace kbn::missing_task_class;
+using namespace kbn::ops;
+
+KBN_REQUIRE_CLASS(FusedExperts, "L1/fused_experts.h");
+KBN_REQUIRE_CTOR(FusedExperts, "L1/fused_experts.h");
+KBN_REQUIRE_METHOD(FusedExperts, Tensor, forward,
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&), "L1/fused_experts.h");
+
+namespace {
+
+// Three routings of each token count:
+//   uniform, skewed: cases::routing_ids (every expert equally likely; Zipf-like hot experts), weights positive and
+//     summing to 1 per token;
+//   router: what the random-weight model's own router hands over: logits distributed as its gate's output
+//     (x ~ N(0, 1) against gate rows ~ N(0, 0.02): N(0, 0.02^2 hidden)) through the oracle's topk_softmax with the
+//     config's renormalisation.
+enum class Route { uniform, skewed, router };
+const char* route_name(Route r) { return r == Route::uniform ? "uniform" : r == Route::skewed ? "skewed" : "router"; }
+
+// (topk_weights, topk_ids) on `d`.
+std::pair<Tensor, Tensor> make_routing(Route r, int64_t T, int64_t k, int64_t E, int64_t H, bool renormalize,
+                                       Device d, uint64_t seed) {
+  if (r != Route::router) {
+    const auto routing = r == Route::uniform ? cases::Routing::uniform : cases::Routing::skewed;
+    return {cases::routing_weights(T, k, d, seed, "topk_weights"),
+            cases::routing_ids(T, k, E, routing, d, seed, "topk_ids")};
+  }
+  const Tensor logits =
+      cases::normal({T, E}, DType::f32, Device::cpu(), seed, "router_logits", cases::kWeightStd * std::sqrt(double(H)));
+  Tensor w = Tensor::empty({T, k}, DType::f32, Device::cpu()), ids = Tensor::empty({T, k}, DType::i32, Device::cpu());
+  reference::topk_softmax(w, ids, logits, renormalize);
+  return {w.to(d), ids.to(d)};
+}
+
+std::vector<BenchCase> fused_experts_cases(const ModelView& m, const CaseOptions& o) {
+  if (!m.moe) return {};
+  const DType dt = o.dtype;
+  const int64_t es = int64_t(dtype_size(dt)), H = m.hidden_size, E = m.moe->num_experts, k = m.moe->top_k;
+  const int64_t N = m.moe->intermediate_size;
+  const bool renormalize = m.moe->renormalize;
+  std::vector<BenchCase> out;
+  for (int64_t T : cases::token_counts(o)) {
+    for (const Route route : {Route::uniform, Route::skewed, Route::router}) {
+      BenchCase b = cases::base("fused_experts", m, T, dt);
+      b.label = "T=" + cases::str(T) + " E=" + cases::str(E) + " k=" + cases::str(k) + " H=" + cases::str(H) +
+                " N=" + cases::str(N) + " " + route_name(route);
+      b.make_inputs = [=](Device d, uint64_t seed) {
+        auto [w, ids] = make_routing(route, T, k, E, H, renormalize, d, seed);
+        return std::vector<Tensor>{cases::normal({T, H}, dt, d, seed, "hidden_states", 1.0),
+                                   cases::normal({E, 2 * N, H}, dt, d, seed, "w13", cases::kWeightStd),
+                                   cases::normal({E, H, N}, dt, d, seed, "w2", cases::kWeightStd), w, ids};
+      };
+      // Bytes: the weights of the experts the routing touches (counted on the routing of seed 0; other seeds touch
+      // the same number of experts up to a few at small T), x read, out written, the routing read.
+      const auto [w0, ids0] = make_routing(route, T, k, E, H, renormalize, Device::cpu(), 0);
+      const auto id_values = ids0.to_ints();
+      const int64_t touched = int64_t(std::set<int64_t>(id_values.begin(), id_values.end()).size());
+      b.bytes = touched * 3 * H * N * es + 2 * T * H * es + T * k * 8;
+      b.flops = 2 * T * k * 3 * H * N;
+      b.input_bytes = (E * 3 * H * N + T * H) * es + T * k * 8;
+      b.output_numel = T * H;
+      b.note = cases::str(touched) + " of " + cases::str(E) + " experts touched";
+      out.push_back(std::move(b));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+KBN_REGISTER_OPS(r) {
+  r.add({.name = "fused_experts",
+         .class_name = "FusedExperts",
+         .level = 1,
+         .header = "L1/fused_experts.h",
+         .ctor_args = {},
+         .args = {"hidden_states", "w13", "w2", "topk_weights", "topk_ids"},
+         .mutates = {},
+         .make = adapter(
+             "fused_experts", 5, [](const OpArgs&) { return std::make_unique<FusedExperts>(); },
+             [](FusedExperts& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4])}; }),
+         .kernels = {"moe_align", "moe_permute", "moe_expert_gemm", "moe_sum"},
+         .cases = fused_experts_cases});
+}
+
+}  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,179 @@
+// Oracle: the mixture-of-experts ops (vLLM fused_moe.py): router top-k, per-expert alignment, the expert MLPs and
+// the per-token sum.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+
+namespace kbn::reference {
+
+namespace {
+
+double silu(double a) { return a / (1.0 + std::exp(-a)); }
+
+// Values rounded to `dtype` (through f32), as a kernel storing them in that dtype would.
+std::vector<double> rounded(const std::vector<double>& v, DType dtype) {
+  std::vector<float> f(v.begin(), v.end());
+  return Tensor::from_floats(f, {int64_t(f.size())}, dtype).to_doubles();
+}
+
+void check_ids(const Tensor& topk_ids, const char* op, int64_t num_experts) {
+  check_rank(topk_ids, op, "topk_ids", 2, "[num_tokens, top_k]");
+  check_dtype(topk_ids, op, "topk_ids", {DType::i32});
+  check_cpu(topk_ids, op, "topk_ids");
+  const auto ids = topk_ids.to_ints();
+  for (size_t p = 0; p < ids.size(); ++p)
+    KBN_CHECK(ids[p] >= 0 && ids[p] < num_experts, op, ": topk_ids[", int64_t(p) / topk_ids.size(1), ", ",
+              int64_t(p) % topk_ids.size(1), "] = ", ids[p], " is not an expert in [0, ", num_experts, ")");
+}
+
+}  // namespace
+
+void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_output, bool renormalize) {
+  constexpr const char* kOp = "reference::topk_softmax";
+  check_rank(gating_output, kOp, "gating_output", 2, "[num_tokens, num_experts]");
+  check_dtype(gating_output, kOp, "gating_output", {DType::f32, DType::f16, DType::bf16});
+  check_cpu(gating_output, kOp, "gating_output");
+  const int64_t n = gating_output.size(0), e = gating_output.size(1), k = topk_ids.size(-1);
+  KBN_CHECK(k >= 1 && k <= e, kOp, ": top_k must be in [1, num_experts = ", e, "], got ", k);
+  check_rank(topk_weights, kOp, "topk_weights", 2, "[num_tokens, top_k]");
+  check_dtype(topk_weights, kOp, "topk_weights", {DType::f32});
+  check_size(topk_weights, kOp, "topk_weights", 0, n, "num_tokens");
+  check_size(topk_weights, kOp, "topk_weights", 1, k, "top_k");
+  check_rank(topk_ids, kOp, "topk_ids", 2, "[num_tokens, top_k]");
+  check_dtype(topk_ids, kOp, "topk_ids", {DType::i32});
+  check_size(topk_ids, kOp, "topk_ids", 0, n, "num_tokens");
+
+  const std::vector<double> g = gating_output.to_doubles();
+  std::vector<float> w(size_t(n * k));
+  std::vector<int32_t> ids(size_t(n * k));
+  std::vector<int64_t> order(static_cast<size_t>(e));
+  for (int64_t t = 0; t < n; ++t) {
+    const double* row = g.data() + t * e;
+    for (int64_t x = 0; x < e; ++x)
+      KBN_CHECK(!std::isnan(row[x]), kOp, ": gating_output[", t, ", ", x, "] is NaN (router logits must be numbers)");
+    const double mx = *std::max_element(row, row + e);
+    double sum = 0;
+    for (int64_t x = 0; x < e; ++x) sum += std::exp(row[x] - mx);
+    std::iota(order.begin(), order.end(), 0);
+    // Best logit first; equal logits: lower expert first.
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    double chosen = 0;
+    for (int64_t j = 0; j < k; ++j) chosen += std::exp(row[order[size_t(j)]] - mx) / sum;
+    for (int64_t j = 0; j < k; ++j) {
+      const double p = std::exp(row[order[size_t(j)]] - mx) / sum;
+      w[size_t(t * k + j)] = float(renormalize ? p / chosen : p);
+      ids[size_t(t * k + j)] = int32_t(order[size_t(j)]);
+    }
+  }
+  topk_weights.copy_(Tensor::from_floats(w, {n, k}, DType::f32));
+  topk_ids.copy_(Tensor::from_i32(ids, {n, k}));
+}
+
+void moe_align_block_size(Tensor& sorted_token_ids, Tensor& expert_ids, Tensor& num_tokens_post_padded,
+                          const Tensor& topk_ids, int64_t block_size, int64_t num_experts) {
+  constexpr const char* kOp = "reference::moe_align_block_size";
+  KBN_CHECK(block_size >= 1, kOp, ": block_size must be positive, got ", block_size);
+  KBN_CHECK(num_experts >= 1, kOp, ": num_experts must be positive, got ", num_experts);
+  check_ids(topk_ids, kOp, num_experts);
+  const int64_t pairs = topk_ids.numel();
+  const int64_t max_padded = sorted_token_ids.numel(), blocks = expert_ids.numel();
+  KBN_CHECK(max_padded % block_size == 0 && blocks == max_padded / block_size, kOp,
+            ": sorted_token_ids [", max_padded, "] and expert_ids [", blocks, "] disagree with block_size ", block_size);
+  const auto ids = topk_ids.to_ints();
+  std::vector<int32_t> sorted(static_cast<size_t>(max_padded), int32_t(pairs)), experts(static_cast<size_t>(blocks), int32_t(num_experts));
+  int64_t pos = 0;
+  for (int64_t x = 0; x < num_experts; ++x) {
+    const int64_t start = pos;
+    for (int64_t p = 0; p < pairs; ++p)
+      if (ids[size_t(p)] == x) sorted[size_t(pos++)] = int32_t(p);
+    pos = start + (pos - start + block_size - 1) / block_size * block_size;
+    KBN_CHECK(pos <= max_padded, kOp, ": sorted_token_ids [", max_padded, "] is too small for the padded pairs");
+    for (int64_t b = start / block_size; b < pos / block_size; ++b) experts[size_t(b)] = int32_t(x);
+  }
+  sorted_token_ids.copy_(Tensor::from_i32(sorted, {max_padded}));
+  expert_ids.copy_(Tensor::from_i32(experts, {blocks}));
+  num_tokens_post_padded.copy_(Tensor::from_i32({int32_t(pos)}, {1}));
+}
+
+void moe_sum(Tensor& out, const Tensor& input) {
+  constexpr const char* kOp = "reference::moe_sum";
+  check_rank(input, kOp, "input", 3, "[num_tokens, top_k, hidden]");
+  check_dtype(input, kOp, "input", {DType::f32, DType::f16, DType::bf16});
+  check_cpu(input, kOp, "input");
+  const int64_t n = input.size(0), k = input.size(1), h = input.size(2);
+  check_rank(out, kOp, "out", 2, "[num_tokens, hidden]");
+  check_size(out, kOp, "out", 0, n, "num_tokens");
+  check_size(out, kOp, "out", 1, h, "hidden");
+  const std::vector<double> x = input.to_doubles();
+  std::vector<float> o(size_t(n * h));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < h; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < k; ++j) s += x[size_t((t * k + j) * h + i)];
+      o[size_t(t * h + i)] = float(s);
+    }
+  out.copy_(Tensor::from_floats(o, {n, h}, DType::f32));
+}
+
+void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
+                   const Tensor& topk_ids) {
+  constexpr const char* kOp = "reference::fused_experts";
+  check_rank(x, kOp, "hidden_states", 2, "[num_tokens, hidden]");
+  check_dtype(x, kOp, "hidden_states", {DType::f32, DType::f16, DType::bf16});
+  check_rank(w13, kOp, "w13", 3, "[num_experts, 2 * inter, hidden]");
+  check_rank(w2, kOp, "w2", 3, "[num_experts, hidden, inter]");
+  const int64_t n = x.size(0), h = x.size(1), e = w13.size(0), inter = w13.size(1) / 2;
+  KBN_CHECK(w13.size(1) % 2 == 0, kOp, ": w13 [num_experts, 2 * inter, hidden] needs an even dim 1, got ", w13.str());
+  check_size(w13, kOp, "w13", 2, h, "hidden");
+  check_size(w2, kOp, "w2", 0, e, "num_experts");
+  check_size(w2, kOp, "w2", 1, h, "hidden");
+  check_size(w2, kOp, "w2", 2, inter, "inter");
+  check_ids(topk_ids, kOp, e);
+  check_size(topk_ids, kOp, "topk_ids", 0, n, "num_tokens");
+  const int64_t k = topk_ids.size(1);
+  check_rank(topk_weights, kOp, "topk_weights", 2, "[num_tokens, top_k]");
+  check_size(topk_weights, kOp, "topk_weights", 0, n, "num_tokens");
+  check_size(topk_weights, kOp, "topk_weights", 1, k, "top_k");
+  const DType dt = x.dtype();
+
+  const std::vector<double> xv = x.to_doubles(), wv = topk_weights.to_doubles();
+  const auto ids = topk_ids.to_ints();
+  // Each touched expert's weights, converted once.
+  std::vector<std::vector<double>> w13v(static_cast<size_t>(e)), w2v(static_cast<size_t>(e));
+  for (int64_t id : ids)
+    if (w13v[size_t(id)].empty()) {
+      w13v[size_t(id)] = w13.select(0, id).to_doubles();
+      w2v[size_t(id)] = w2.select(0, id).to_doubles();
+    }
+  std::vector<double> sum(size_t(n * h), 0.0), hid(size_t(2 * inter)), act(static_cast<size_t>(inter)), y(static_cast<size_t>(h));
+  for (int64_t t = 0; t < n; ++t) {
+    const double* xt = xv.data() + t * h;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t id = ids[size_t(t * k + j)];
+      const std::vector<double>& a = w13v[size_t(id)];
+      for (int64_t r = 0; r < 2 * inter; ++r) {
+        double s = 0;
+        for (int64_t c = 0; c < h; ++c) s += a[size_t(r * h + c)] * xt[c];
+        hid[size_t(r)] = s;
+      }
+      const std::vector<double> hr = rounded(hid, dt);
+      for (int64_t i = 0; i < inter; ++i) act[size_t(i)] = silu(hr[size_t(i)]) * hr[size_t(inter + i)];
+      const std::vector<double> ar = rounded(act, dt);
+      const std::vector<double>& b = w2v[size_t(id)];
+      for (int64_t r = 0; r < h; ++r) {
+        double s = 0;
+        for (int64_t c = 0; c < inter; ++c) s += b[size_t(r * inter + c)] * ar[size_t(c)];
+        y[size_t(r)] = wv[size_t(t * k + j)] * s;
+      }
+      const std::vector<double> yr = rounded(y, dt);
+      for (int64_t r = 0; r < h; ++r) sum[size_t(t * h + r)] += yr[size_t(r)];
+    }
+  }
+  out.copy_(Tensor::from_floats(std::vector<float>(sum.begin(), sum.end()), {n, h}, DType::f32));
+}
+
+}  // namespace kbn::reference

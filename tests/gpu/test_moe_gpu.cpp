@@ -1,0 +1,251 @@
+// GPU tests of the MoE L1 ops (topk_softmax, moe_align_block_size, moe_sum, fused_experts): each on CUDA tensors
+// against the same op on CPU tensors (the kbn::reference oracle) at small shapes that reach every kernel path
+// (partial tiles, odd widths, several alignment chunks, ties), and, at the real models' expert shapes where the
+// oracle is too slow, the bf16 Hopper expert GEMMs against the f32 SIMT ones.
+//
+// Tolerance (kbn/compare.h): bf16 rtol = atol_rms = 1.6e-2, f16 2e-3, f32 1e-4 (two ulps of the output type, as
+// the op contract's); ids and the alignment compare exactly. The bf16-vs-f32 test's own tolerance is at the test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "L1/fused_experts.h"
+#include "L1/moe_align_block_size.h"
+#include "L1/moe_sum.h"
+#include "L1/topk_softmax.h"
+#include "kbn/compare.h"
+#include "kbn/device.h"
+#include "kbn/op_case.h"
+#include "kbn/rng.h"
+#include "kbn/tensor.h"
+
+using namespace kbn;
+using namespace kbn::baseline;
+
+namespace {
+
+#define KBN_SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+const Device kCpu = Device::cpu();
+const Device kGpu = Device::cuda(0);
+
+Tolerance tol_for(DType dt) {
+  switch (dt) {
+    case DType::bf16:
+      return {1.6e-2, 1.6e-2, 0};
+    case DType::f16:
+      return {2e-3, 2e-3, 0};
+    default:
+      return {1e-4, 1e-4, 0};
+  }
+}
+
+void expect_close(const Tensor& actual, const Tensor& expected, DType dt, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const CompareStats s = compare_close(actual.to(kCpu), expected.to(kCpu), tol_for(dt));
+  EXPECT_EQ(s.bad, 0) << what << ": " << s.describe();
+  EXPECT_EQ(s.nan_actual, 0) << what;
+}
+
+void expect_equal_ints(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const auto a = actual.to(kCpu).to_ints(), e = expected.to(kCpu).to_ints();
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != e[i]) {
+      ADD_FAILURE() << what << ": first difference at flat index " << i << ": " << a[i] << " vs " << e[i];
+      return;
+    }
+}
+
+Tensor randn(const Shape& shape, DType dt, uint64_t seed, double std) {
+  Tensor g = Tensor::empty(shape, dt, kGpu);
+  fill_normal_(g, seed, 0.0, std);
+  return g;
+}
+
+TEST(TopkSoftmaxGpu, MatchesTheOracleIncludingTies) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Shape3 {
+    int64_t tokens, experts, k;
+  };
+  for (const Shape3 s : {Shape3{1, 8, 2}, Shape3{37, 8, 2}, Shape3{300, 128, 8}, Shape3{65, 60, 4},
+                         Shape3{9, 256, 8}, Shape3{17, 512, 32}, Shape3{5, 3, 3}})
+    for (const DType dt : {DType::bf16, DType::f16, DType::f32})
+      for (const bool renormalize : {true, false}) {
+        // Logits on a coarse grid (multiples of 0.25 in [-2, 2]) so that many tie.
+        Tensor logits = randn({s.tokens, s.experts}, DType::f32, 11 + s.experts, 1.0).to(kCpu);
+        std::vector<float> v(size_t(logits.numel()));
+        const auto d = logits.to_doubles();
+        for (size_t i = 0; i < v.size(); ++i) v[i] = float(std::round(std::clamp(d[i], -2.0, 2.0) * 4) / 4);
+        const Tensor cpu = Tensor::from_floats(v, {s.tokens, s.experts}, dt);
+        TopkSoftmax op(s.k, renormalize);
+        auto [w_gpu, ids_gpu] = op.forward(cpu.to(kGpu));
+        auto [w_cpu, ids_cpu] = op.forward(cpu);
+        const std::string what = "T=" + std::to_string(s.tokens) + " E=" + std::to_string(s.experts) +
+                                 " k=" + std::to_string(s.k) + " " + dtype_name(dt) +
+                                 (renormalize ? " renormalized" : "");
+        expect_equal_ints(ids_gpu, ids_cpu, what + " ids");
+        expect_close(w_gpu, w_cpu, DType::f16, what + " weights");  // f32 softmax: well inside 2e-3
+      }
+}
+
+TEST(TopkSoftmaxGpu, NanLogitsRankLast) {
+  KBN_SKIP_WITHOUT_GPU();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor logits = Tensor::from_floats({nan, 1.f, 3.f, nan, 2.f, 0.f}, {1, 6}, DType::f32).to(kGpu);
+  auto [w, ids] = TopkSoftmax(3, true).forward(logits);
+  EXPECT_EQ(ids.to(kCpu).to_ints(), (std::vector<int64_t>{2, 4, 1}));
+}
+
+// Checks the alignment invariants directly (used where the oracle refuses the input: out-of-range ids).
+void expect_valid_alignment(const std::vector<int64_t>& ids, int64_t E, int64_t bs, const Tensor& sorted_t,
+                            const Tensor& experts_t, const Tensor& post_t) {
+  const auto sorted = sorted_t.to(kCpu).to_ints(), experts = experts_t.to(kCpu).to_ints();
+  const int64_t post = post_t.to(kCpu).to_ints()[0], pairs = int64_t(ids.size());
+  ASSERT_EQ(post % bs, 0);
+  std::multiset<int64_t> seen;
+  int64_t last_pair = -1, last_expert = -1;
+  for (int64_t r = 0; r < int64_t(sorted.size()); ++r) {
+    const int64_t p = sorted[size_t(r)];
+    if (r >= post || p == pairs) {
+      EXPECT_EQ(p, pairs) << "slot " << r;
+      continue;
+    }
+    ASSERT_TRUE(p >= 0 && p < pairs) << "slot " << r;
+    const int64_t e = experts[size_t(r / bs)];
+    EXPECT_EQ(ids[size_t(p)], e) << "pair " << p << " sits in a block of expert " << e;
+    if (e == last_expert) EXPECT_GT(p, last_pair) << "expert " << e << "'s pairs out of order";
+    last_pair = p;
+    last_expert = e;
+    seen.insert(p);
+  }
+  for (int64_t p = 0; p < pairs; ++p)
+    EXPECT_EQ(seen.count(p), (ids[size_t(p)] >= 0 && ids[size_t(p)] < E) ? 1u : 0u) << "pair " << p;
+  for (int64_t b = post / bs; b < int64_t(experts.size()); ++b) EXPECT_EQ(experts[size_t(b)], E) << "block " << b;
+}
+
+TEST(MoeAlignBlockSizeGpu, MatchesTheOracleExactly) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, k, experts, block;
+  };
+  for (const Case c : {Case{1, 2, 8, 128}, Case{37, 2, 8, 16}, Case{300, 8, 128, 64}, Case{5000, 8, 128, 128},
+                       Case{129, 1, 3, 1}, Case{700, 4, 1024, 32}, Case{0, 2, 8, 16}})
+    for (const auto routing : {cases::Routing::uniform, cases::Routing::skewed}) {
+      const Tensor ids = cases::routing_ids(c.tokens, c.k, c.experts, routing, kCpu, 5, "ids");
+      MoeAlignBlockSize op(c.block, c.experts);
+      auto [s_gpu, e_gpu, p_gpu] = op.forward(ids.to(kGpu));
+      auto [s_cpu, e_cpu, p_cpu] = op.forward(ids);
+      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" +
+                               std::to_string(c.experts) + " bs=" + std::to_string(c.block) + " " +
+                               cases::routing_name(routing);
+      expect_equal_ints(s_gpu, s_cpu, what + " sorted_token_ids");
+      expect_equal_ints(e_gpu, e_cpu, what + " expert_ids");
+      expect_equal_ints(p_gpu, p_cpu, what + " num_tokens_post_padded");
+    }
+}
+
+TEST(MoeAlignBlockSizeGpu, DropsOutOfRangeIds) {
+  KBN_SKIP_WITHOUT_GPU();
+  std::vector<int64_t> ids = cases::routing_ids(1500, 2, 16, cases::Routing::skewed, kCpu, 3, "ids").to_ints();
+  for (size_t i = 0; i < ids.size(); i += 7) ids[i] = (i % 2) ? -1 : 16 + int64_t(i % 5);
+  const Tensor t = Tensor::from_i32(std::vector<int32_t>(ids.begin(), ids.end()), {1500, 2});
+  auto [sorted, experts, post] = MoeAlignBlockSize(16, 16).forward(t.to(kGpu));
+  expect_valid_alignment(ids, 16, 16, sorted, experts, post);
+}
+
+TEST(MoeSumGpu, MatchesTheOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const DType dt : {DType::bf16, DType::f16, DType::f32})
+    for (const auto& shape : {Shape{1, 2, 4096}, Shape{37, 8, 2048}, Shape{5, 3, 33}}) {
+      const Tensor x = randn(shape, dt, 21, 1.0);
+      expect_close(MoeSum().forward(x), MoeSum().forward(x.to(kCpu)), dt, std::string("moe_sum ") + dtype_name(dt));
+    }
+}
+
+struct ExpertsInputs {
+  Tensor x, w13, w2, weights, ids;  // on the GPU
+};
+
+ExpertsInputs experts_inputs(int64_t T, int64_t k, int64_t E, int64_t H, int64_t N, DType dt, cases::Routing r,
+                             uint64_t seed) {
+  return {randn({T, H}, dt, seed, 1.0), randn({E, 2 * N, H}, dt, seed + 1, 0.02), randn({E, H, N}, dt, seed + 2, 0.02),
+          cases::routing_weights(T, k, kGpu, seed, "w"), cases::routing_ids(T, k, E, r, kGpu, seed, "ids")};
+}
+
+TEST(FusedExpertsGpu, MatchesTheOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, k, experts, hidden, inter;
+  };
+  // Partial tiles in every direction (inter not a multiple of 64, hidden not of 128, K not of 64), one alignment
+  // block and several, widths the Hopper path refuses (hidden 100: rows not 16-byte multiples).
+  for (const Case c : {Case{1, 2, 8, 256, 320}, Case{5, 2, 8, 200, 136}, Case{130, 2, 4, 128, 64},
+                       Case{37, 8, 16, 96, 48}, Case{3, 1, 2, 100, 60}})
+    for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 7);
+      FusedExperts op;
+      const Tensor gpu = op.forward(in.x, in.w13, in.w2, in.weights, in.ids);
+      const Tensor cpu = op.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu), in.ids.to(kCpu));
+      expect_close(gpu, cpu, dt,
+                   "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" + std::to_string(c.experts) +
+                       " H=" + std::to_string(c.hidden) + " N=" + std::to_string(c.inter) + " " + dtype_name(dt));
+    }
+}
+
+TEST(FusedExpertsGpu, OutOfRangeIdsAreDropped) {
+  KBN_SKIP_WITHOUT_GPU();
+  const int64_t T = 50, k = 2, E = 8, H = 128, N = 192;
+  ExpertsInputs in = experts_inputs(T, k, E, H, N, DType::bf16, cases::Routing::uniform, 9);
+  std::vector<int64_t> ids = in.ids.to(kCpu).to_ints();
+  std::vector<double> w = in.weights.to(kCpu).to_doubles();
+  std::vector<int64_t> bad = ids;
+  for (size_t i = 0; i < ids.size(); i += 5) {
+    bad[i] = (i % 2) ? -3 : E;
+    ids[i] = 0;  // the oracle's equivalent: a valid expert with weight 0
+    w[i] = 0;
+  }
+  const Tensor gpu = FusedExperts().forward(
+      in.x, in.w13, in.w2, in.weights, Tensor::from_i32(std::vector<int32_t>(bad.begin(), bad.end()), {T, k}).to(kGpu));
+  const Tensor cpu = FusedExperts().forward(
+      in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu),
+      Tensor::from_floats(std::vector<float>(w.begin(), w.end()), {T, k}, DType::f32),
+      Tensor::from_i32(std::vector<int32_t>(ids.begin(), ids.end()), {T, k}));
+  expect_close(gpu, cpu, DType::bf16, "dropped pairs");
+}
+
+// At the real expert shapes the double-precision oracle is too slow; the bf16 Hopper kernels are checked against
+// the f32 SIMT kernels on the same values (their difference is the bf16 rounding of the intermediates).
+TEST(FusedExpertsGpu, HopperMatchesF32AtModelShapes) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* model;
+    int64_t k, experts, hidden, inter;
+  };
+  for (const Case c : {Case{"qwen3-30b-a3b", 8, 128, 2048, 768}, Case{"mixtral-8x7b", 2, 8, 4096, 14336}})
+    for (const int64_t T : {1, 64, 700})
+      for (const auto routing : {cases::Routing::uniform, cases::Routing::skewed}) {
+        const ExpertsInputs in = experts_inputs(T, c.k, c.experts, c.hidden, c.inter, DType::bf16, routing, 13);
+        FusedExperts op;
+        const Tensor bf16 = op.forward(in.x, in.w13, in.w2, in.weights, in.ids);
+        const Tensor f32 = op.forward(in.x.to(DType::f32), in.w13.to(DType::f32), in.w2.to(DType::f32), in.weights,
+                                      in.ids);
+        // The bf16 path rounds g, u, the activation and each expert's output to bf16, so an element where the
+        // top_k outputs cancel carries a few bf16 ulps of the summands' scale: atol 4e-2 of the output's rms per
+        // element, and the mean relative error (sum |a - e| / sum |e|) within 5e-3.
+        const std::string what =
+            std::string(c.model) + " T=" + std::to_string(T) + " " + cases::routing_name(routing);
+        const CompareStats s = compare_close(bf16.to(DType::f32).to(kCpu), f32.to(kCpu), Tolerance{1.6e-2, 4e-2, 0});
+        EXPECT_EQ(s.bad, 0) << what << ": " << s.describe();
+        EXPECT_LT(s.mean_rel_err(), 5e-3) << what << ": " << s.describe();
+      }
+}
+
+}  // namespace
