@@ -47,7 +47,8 @@ def moe(cfg, tp, tokens, record, dev, dt):
     FLOPs formulas): out[t] = sum_j w[t, j] * W2[e] (silu(g) * u), [g; u] = W13[e] x[t]. Two peers:
     grouped_mm: the two torch._grouped_mm calls and silu*mul on rows already sorted by expert (routing,
     permutation and the weighted sum not counted, as the MoE issue's table measured it);
-    torch: everything fused_experts does (sort the pairs, gather, both grouped GEMMs, scale, sum per token)."""
+    torch: everything fused_experts does (sort the pairs, gather, both grouped GEMMs, scale, sum per token);
+    loop: transformers' eager MoE, a matmul chain per touched expert (its host syncs included)."""
     H = cfg["hidden_size"]
     E = cfg.get("num_local_experts", cfg.get("num_experts"))
     k = cfg["num_experts_per_tok"]
@@ -93,8 +94,19 @@ def moe(cfg, tp, tokens, record, dev, dt):
                 out[order] = y
                 return out.view(T, k, H).sum(1)
 
+            def loop(x=x, ids=ids, wts=wts):
+                # transformers' eager MoE: one matmul chain per expert that some token chose.
+                out = torch.zeros_like(x)
+                for e in torch.unique(ids).tolist():
+                    tok, slot = torch.where(ids == e)
+                    h = x[tok] @ w13[e].t()
+                    y = (F.silu(h[:, :N]) * h[:, N:]) @ w2[e].t()
+                    out.index_add_(0, tok, y * wts[tok, slot, None].to(dt))
+                return out
+
             record("fused_experts", label, "grouped_mm", bytes_, flops, gemms)
             record("fused_experts", label, "torch", bytes_, flops, full)
+            record("fused_experts", label, "loop", bytes_, flops, loop)
         del x
 
 
