@@ -186,9 +186,11 @@ TEST(FusedExpertsGpu, MatchesTheOracle) {
     int64_t tokens, k, experts, hidden, inter;
   };
   // Partial tiles in every direction (inter not a multiple of 64, hidden not of 128, K not of 64), one alignment
-  // block and several, widths the Hopper path refuses (hidden 100: rows not 16-byte multiples).
+  // block and several, widths the Hopper path refuses (hidden 100: rows not 16-byte multiples), and a launch large
+  // enough for the 256-wide tiles.
   for (const Case c : {Case{1, 2, 8, 256, 320}, Case{5, 2, 8, 200, 136}, Case{130, 2, 4, 128, 64},
-                       Case{37, 8, 16, 96, 48}, Case{3, 1, 2, 100, 60}})
+                       Case{37, 8, 16, 96, 48}, Case{3, 1, 2, 100, 60},
+                       Case{8448, 2, 4, 512, 200}})  // enough full blocks for the 256-wide prefill tiles
     for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
       const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 7);
       FusedExperts op;
@@ -230,7 +232,7 @@ TEST(FusedExpertsGpu, HopperMatchesF32AtModelShapes) {
     int64_t k, experts, hidden, inter;
   };
   for (const Case c : {Case{"qwen3-30b-a3b", 8, 128, 2048, 768}, Case{"mixtral-8x7b", 2, 8, 4096, 14336}})
-    for (const int64_t T : {1, 64, 700})
+    for (const int64_t T : {1, 64, 700, 4096})  // 4096: both models on the 256-wide tiles
       for (const auto routing : {cases::Routing::uniform, cases::Routing::skewed}) {
         const ExpertsInputs in = experts_inputs(T, c.k, c.experts, c.hidden, c.inter, DType::bf16, routing, 13);
         FusedExperts op;

@@ -37,14 +37,14 @@ namespace {
 // Blocks past num_tokens_post_padded exit at once, so a launch sized for the worst case costs only empty blocks.
 // The intermediates are rounded to the activation dtype where vLLM's caches round them (g and u, act, each y).
 //
-// Hopper (bf16 / f16, sm_90a image): a block computes a kBlockM x 128 accumulator tile with wgmma from shared
-// memory, fed by a TMA producer through a ring of kStages stages of (A: kBlockM x 64, B: 128 x 64) 128-byte-swizzled
-// tiles (A's padding rows are not copied). GEMM 1's B tile is 64 gate rows and the 64 matching up rows of one expert (two TMA boxes), so the
-// activation is fused in the epilogue and a block writes 64 columns of act; GEMM 2's B tile is 128 rows of w2.
+// Hopper (bf16 / f16, sm_90a image): a block computes a kBlockM x kBlockN accumulator tile (kBlockN 128 at decode
+// sizes, 256 at prefill sizes) with wgmma from shared memory, fed by a TMA producer through a ring of stages of
+// (A: kBlockM x 64, B: kBlockN x 64) 128-byte-swizzled tiles (A's padding rows are not copied). GEMM 1's B tile is
+// kBlockN / 2 gate rows and the matching up rows of one expert (two TMA boxes), so the activation is fused in the
+// epilogue and a block writes kBlockN / 2 columns of act; GEMM 2's B tile is kBlockN rows of w2.
 // Every other dtype or layout runs a shared-memory-tiled SIMT kernel of the same structure.
 constexpr int kBlockM = 128;
 constexpr int kBlockK = 64;  // one 128-byte swizzle row of 16-bit values
-constexpr int kStages = 5;
 constexpr int kGroupM = 8;  // m blocks that walk the n tiles together (their B tiles are shared through L2)
 
 struct PermuteParams {
@@ -124,13 +124,32 @@ namespace hopper_path {
 
 constexpr int kConsumerThreads = 256;  // two warpgroups, 64 rows each
 constexpr int kThreads = 128 + kConsumerThreads;
-constexpr uint32_t kTileBytes = kBlockM * kBlockK * 2;  // A and B tiles alike (128 rows x 128 bytes)
-constexpr uint32_t kStageBytes = 2 * kTileBytes;
-constexpr int kABoxRows = 16;  // A's TMA box: 16 rows (two swizzle atoms) x 64 columns
-constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers + alignment
+constexpr uint32_t kATileBytes = kBlockM * kBlockK * 2;  // 128 rows x 128 bytes
+constexpr int kABoxRows = 16;                              // A's TMA box: 16 rows (two swizzle atoms) x 64 columns
 
-// grid = m_blocks * n_tiles; block = kThreads (warpgroup 0: the TMA producer; 1 and 2: consumers).
-template <class T, int kMode>
+// The two tile shapes: kBlockN = 128 (B tile 128 rows, 5 stages) for decode-sized launches, where more blocks keep
+// more SMs streaming weights, and kBlockN = 256 (4 stages) for prefill, where the wider tile halves the
+// shared-memory operand traffic per FLOP (A is read once per 256 columns instead of per 128).
+template <int kBlockN>
+struct Tile {
+  static constexpr int kStages = kBlockN == 256 ? 4 : 5;
+  static constexpr uint32_t kBTileBytes = kBlockN * kBlockK * 2;
+  static constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
+  static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, align
+  static constexpr int kAcc = kBlockN / 2;  // accumulator floats per consumer thread (64 rows x kBlockN / 128)
+};
+
+template <class T, int kBlockN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t da, uint64_t db) {
+  if constexpr (kBlockN == 256)
+    wgmma_ss_n256<T>(d, da, db, 1);
+  else
+    wgmma_ss_n128<T>(d, da, db, 1);
+}
+
+// grid = m_blocks * n_tiles; block = kThreads (warpgroup 0: the TMA producer; 1 and 2: consumers). Mode 1's tile
+// is kBlockN / 2 gate rows and the matching up rows (kBlockN / 2 act columns); mode 2's, kBlockN rows of w2.
+template <class T, int kMode, int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_expert_gemm_tma_kernel(GemmParams p, const __grid_constant__ CUtensorMap a_map,
                                const __grid_constant__ CUtensorMap b_map) {
@@ -138,6 +157,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #error "fused_experts: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a"
 #endif
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Cfg = Tile<kBlockN>;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kOutCols = kMode == 1 ? kBlockN / 2 : kBlockN;  // output columns of one tile
   int m, n;
   tile_of(blockIdx.x, p.m_blocks, p.n_tiles, m, n);
   if (m * kBlockM >= *p.post_padded) return;  // the whole block leaves: no barrier has been touched
@@ -145,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
-  const uint32_t full_bar = base + kStages * kStageBytes;
+  const uint32_t full_bar = base + kStages * Cfg::kStageBytes;
   const uint32_t empty_bar = full_bar + kStages * 8;
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -160,27 +182,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid < 128) {
     // ---- producer: one thread issues every copy ----
+    if constexpr (kBlockN == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == 0) {
-      const int b_row = expert * p.b_rows + (kMode == 1 ? n * 64 : n * 128);
+      const int b_row = expert * p.b_rows + n * kOutCols;
       // A is copied in boxes of kABoxRows rows, and only the boxes that start with a real pair: padding follows an
       // expert's pairs, so they are a prefix. At decode a block holds a few real rows, and its A traffic shrinks with
       // them (rows never copied hold stale values; they only reach output rows that are discarded).
       int live = 0;
       for (int j = 0; j < kBlockM / kABoxRows; ++j)
         if (p.sorted[m * kBlockM + j * kABoxRows] < p.num_pairs) live = j + 1;
-      const uint32_t bytes = kTileBytes + uint32_t(live) * kABoxRows * 128;
+      const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
       for (int kb = 0; kb < num_kb; ++kb) {
         const int s = kb % kStages;
         if (kb >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((kb / kStages - 1) & 1));
-        const uint32_t a_s = base + s * kStageBytes, b_s = a_s + kTileBytes, bar = full_bar + 8 * s;
+        const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
         mbar_arrive_expect_tx(bar, bytes);
         for (int j = 0; j < live; ++j)
           tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
         if constexpr (kMode == 1) {
-          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                              // 64 gate rows
-          tma_load_2d(b_s + kTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // 64 up rows
+          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                      // gate rows
+          tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
         } else {
-          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // 128 rows of w2
+          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
         }
       }
     }
@@ -188,18 +211,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- consumers: warpgroup wg owns rows 64 wg .. 64 wg + 63 of the tile ----
+  if constexpr (kBlockN == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int wg = tid / 128 - 1, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
-  float d[64];
+  float d[Cfg::kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = 0.f;
+  for (int i = 0; i < Cfg::kAcc; ++i) d[i] = 0.f;
   for (int kb = 0; kb < num_kb; ++kb) {
     const int s = kb % kStages;
     mbar_wait(full_bar + 8 * s, uint32_t((kb / kStages) & 1));
-    const uint32_t a_s = base + s * kStageBytes + wg * (64 * 128), b_s = base + s * kStageBytes + kTileBytes;
+    const uint32_t a_s = base + s * Cfg::kStageBytes + wg * (64 * 128), b_s = base + s * Cfg::kStageBytes + kATileBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockK / 16; ++kk)
-      wgmma_ss_n128<T>(d, sw128_desc(a_s + kk * 32, 16, 1024), sw128_desc(b_s + kk * 32, 16, 1024), 1);
+      wgmma_tile<T, kBlockN>(d, sw128_desc(a_s + kk * 32, 16, 1024), sw128_desc(b_s + kk * 32, 16, 1024));
     wgmma_commit();
     wgmma_wait<1>();  // the previous stage's group is done: hand its buffers back
     if (kb > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kb - 1) % kStages));
@@ -209,17 +233,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Accumulator fragment: d[4j + e] is row g (+ 8 for e >= 2), column 8j + 2t + (e & 1).
   const int g = lane / 4, t = lane % 4;
+  constexpr int kHalfTiles = kBlockN / 16;  // mode 1: n-tiles of 8 gate columns; up column c sits at c + kBlockN / 2
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = m * kBlockM + wg * 64 + warp_in_wg * 16 + g + 8 * half;
     if constexpr (kMode == 1) {
       T* out = static_cast<T*>(p.out) + int64_t(r) * p.n_out;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = n * 64 + 8 * j + 2 * t;
+      for (int j = 0; j < kHalfTiles; ++j) {
+        const int col = n * kOutCols + 8 * j + 2 * t;
         if (col >= p.n_out) continue;
-        const float a0 = silu(round_to<T>(d[4 * j + 2 * half])) * round_to<T>(d[4 * (j + 8) + 2 * half]);
-        const float a1 = silu(round_to<T>(d[4 * j + 2 * half + 1])) * round_to<T>(d[4 * (j + 8) + 2 * half + 1]);
+        const int gi = 4 * j + 2 * half, ui = 4 * (j + kHalfTiles) + 2 * half;
+        const float a0 = silu(round_to<T>(d[gi])) * round_to<T>(d[ui]);
+        const float a1 = silu(round_to<T>(d[gi + 1])) * round_to<T>(d[ui + 1]);
         *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(a0, a1);
       }
     } else {
@@ -228,8 +254,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float w = p.topk_weights[pair];
       T* out = static_cast<T*>(p.out) + int64_t(pair) * p.n_out;
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int col = n * 128 + 8 * j + 2 * t;
+      for (int j = 0; j < kBlockN / 8; ++j) {
+        const int col = n * kOutCols + 8 * j + 2 * t;
         if (col >= p.n_out) continue;
         *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(w * d[4 * j + 2 * half], w * d[4 * j + 2 * half + 1]);
       }
@@ -315,6 +341,32 @@ struct ExpertsLaunch {
   int num_pairs, top_k, hidden, inter, num_experts, max_padded;
 };
 
+// The two Hopper GEMMs with kBlockN-wide tiles; false (nothing launched) when a tensor map cannot be made.
+template <class T, int kBlockN>
+bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, DType dt, int device, Stream stream) {
+  using namespace hopper_path;
+  using Cfg = Tile<kBlockN>;
+  auto* k1 = moe_expert_gemm_tma_kernel<T, 1, kBlockN>;
+  auto* k2 = moe_expert_gemm_tma_kernel<T, 2, kBlockN>;
+  CUtensorMap a1{}, b1{}, a2{}, b2{};
+  const int64_t e = l.num_experts;
+  if (!encode_matrix_map(a1, l.x_sorted, dt, l.max_padded, l.hidden, kABoxRows) ||
+      !encode_matrix_map(b1, l.w13, dt, e * 2 * l.inter, l.hidden, kBlockN / 2) ||
+      !encode_matrix_map(a2, l.act, dt, l.max_padded, l.inter, kABoxRows) ||
+      !encode_matrix_map(b2, l.w2, dt, e * l.hidden, l.inter, kBlockN))
+    return false;
+  (void)kernel_launch_facts(reinterpret_cast<const void*>(k1), device, kThreads, Cfg::kSmemBytes);  // smem opt-in
+  (void)kernel_launch_facts(reinterpret_cast<const void*>(k2), device, kThreads, Cfg::kSmemBytes);
+  const int m_blocks = g1.m_blocks;
+  g1.n_tiles = (l.inter + kBlockN / 2 - 1) / (kBlockN / 2);
+  g2.n_tiles = (l.hidden + kBlockN - 1) / kBlockN;
+  k1<<<unsigned(int64_t(m_blocks) * g1.n_tiles), kThreads, Cfg::kSmemBytes, stream>>>(g1, a1, b1);
+  KBN_CUDA_CHECK_LAUNCH();
+  k2<<<unsigned(int64_t(m_blocks) * g2.n_tiles), kThreads, Cfg::kSmemBytes, stream>>>(g2, a2, b2);
+  KBN_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 template <class T>
 void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
   // 2. gather the rows into expert order
@@ -357,28 +409,16 @@ void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
 
   // 3-4. the expert GEMMs
   if constexpr (!std::is_same_v<T, float>) {
-    using namespace hopper_path;
     int device = 0;
     KBN_CUDA_CHECK(cudaGetDevice(&device));
-    auto* k1 = moe_expert_gemm_tma_kernel<T, 1>;
-    auto* k2 = moe_expert_gemm_tma_kernel<T, 2>;
-    CUtensorMap a1{}, b1{}, a2{}, b2{};
-    const int64_t e = l.num_experts;
-    if (runs_sm90_image(reinterpret_cast<const void*>(k1), device) &&
-        encode_matrix_map(a1, l.x_sorted, dt, l.max_padded, l.hidden, kABoxRows) &&
-        encode_matrix_map(b1, l.w13, dt, e * 2 * l.inter, l.hidden, 64) &&
-        encode_matrix_map(a2, l.act, dt, l.max_padded, l.inter, kABoxRows) &&
-        encode_matrix_map(b2, l.w2, dt, e * l.hidden, l.inter, 128)) {
-      (void)kernel_launch_facts(reinterpret_cast<const void*>(k1), device, kThreads, kSmemBytes);  // smem opt-in
-      (void)kernel_launch_facts(reinterpret_cast<const void*>(k2), device, kThreads, kSmemBytes);
-      g1.n_tiles = (l.inter + 63) / 64;
-      g2.n_tiles = (l.hidden + 127) / 128;
-      k1<<<unsigned(int64_t(m_blocks) * g1.n_tiles), kThreads, kSmemBytes, stream>>>(g1, a1, b1);
-      KBN_CUDA_CHECK_LAUNCH();
-      k2<<<unsigned(int64_t(m_blocks) * g2.n_tiles), kThreads, kSmemBytes, stream>>>(g2, a2, b2);
-      KBN_CUDA_CHECK_LAUNCH();
+    const bool hopper = runs_sm90_image(reinterpret_cast<const void*>(hopper_path::moe_expert_gemm_tma_kernel<T, 1, 128>), device);
+    // Wide tiles once the full m blocks alone give GEMM 2 two waves of blocks (prefill); narrow ones below that.
+    int num_sms = 0;
+    KBN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    const bool wide = int64_t(l.num_pairs / kBlockM) * ((l.hidden + 255) / 256) >= 2 * int64_t(num_sms);
+    if (hopper && (wide ? launch_hopper_gemms<T, 256>(l, g1, g2, dt, device, stream)
+                        : launch_hopper_gemms<T, 128>(l, g1, g2, dt, device, stream)))
       return;
-    }
   }
   using simt_path::kTile;
   const dim3 block{kTile, kTile};
