@@ -30,8 +30,10 @@ bool fits_cpu_oracle(const BenchCase& c) {
 Tolerance tolerance_for(const OpEntry& entry, DType dtype) {
   if (entry.exact_outputs) return {};
   if (entry.tolerance) return entry.tolerance(dtype);
-  // Two ulps of the output type, relative to each element and to the output's rms (kbn/compare.h): two
-  // correct kernels that round once differently stay inside; a lower-precision computation does not.
+  return default_tolerance(dtype);
+}
+
+Tolerance default_tolerance(DType dtype) {
   switch (dtype) {
     case DType::bf16:
       return {1.6e-2, 1.6e-2, 0};

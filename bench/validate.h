@@ -84,7 +84,10 @@ struct Validation {
 // elements, 3e8 FLOPs and 1.1 GiB of inputs (about a second of CPU per call at most).
 bool fits_cpu_oracle(const BenchCase& c);
 
-// The declared tolerance of `entry`'s outputs in `dtype`.
+// Two ulps of the output type, relative to each element and to the output's rms (kbn/compare.h): two correct kernels
+// that round once differently stay inside; a lower-precision computation does not.
+Tolerance default_tolerance(DType dtype);
+// The declared tolerance of `entry`'s outputs in `dtype`: exact, the op's own, or default_tolerance.
 Tolerance tolerance_for(const OpEntry& entry, DType dtype);
 
 // `baseline` is built from the same OpArgs and weights as the op behind `candidate` (in a worker process under

@@ -3,8 +3,8 @@
 // (partial tiles, odd widths, several alignment chunks, ties), and, at the real models' expert shapes where the
 // oracle is too slow, the bf16 Hopper expert GEMMs against the f32 SIMT ones.
 //
-// Tolerance (kbn/compare.h): bf16 rtol = atol_rms = 1.6e-2, f16 2e-3, f32 1e-4 (two ulps of the output type, as
-// the op contract's); ids and the alignment compare exactly. The bf16-vs-f32 test's own tolerance is at the test.
+// Tolerance: the op contract's default (bench::default_tolerance, two ulps of the output type); ids and the
+// alignment compare exactly. The bf16-vs-f32 test's own tolerance is at the test.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +19,7 @@
 #include "L1/moe_align_block_size.h"
 #include "L1/moe_sum.h"
 #include "L1/topk_softmax.h"
+#include "bench/validate.h"
 #include "kbn/compare.h"
 #include "kbn/device.h"
 #include "kbn/op_case.h"
@@ -36,20 +37,9 @@ namespace {
 const Device kCpu = Device::cpu();
 const Device kGpu = Device::cuda(0);
 
-Tolerance tol_for(DType dt) {
-  switch (dt) {
-    case DType::bf16:
-      return {1.6e-2, 1.6e-2, 0};
-    case DType::f16:
-      return {2e-3, 2e-3, 0};
-    default:
-      return {1e-4, 1e-4, 0};
-  }
-}
-
 void expect_close(const Tensor& actual, const Tensor& expected, DType dt, const std::string& what) {
   ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const CompareStats s = compare_close(actual.to(kCpu), expected.to(kCpu), tol_for(dt));
+  const CompareStats s = compare_close(actual.to(kCpu), expected.to(kCpu), bench::default_tolerance(dt));
   EXPECT_EQ(s.bad, 0) << what << ": " << s.describe();
   EXPECT_EQ(s.nan_actual, 0) << what;
 }
