@@ -411,14 +411,17 @@ void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
   if constexpr (!std::is_same_v<T, float>) {
     int device = 0;
     KBN_CUDA_CHECK(cudaGetDevice(&device));
-    const bool hopper = runs_sm90_image(reinterpret_cast<const void*>(hopper_path::moe_expert_gemm_tma_kernel<T, 1, 128>), device);
-    // Wide tiles once the full m blocks alone give GEMM 2 two waves of blocks (prefill); narrow ones below that.
-    int num_sms = 0;
-    KBN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-    const bool wide = int64_t(l.num_pairs / kBlockM) * ((l.hidden + 255) / 256) >= 2 * int64_t(num_sms);
-    if (hopper && (wide ? launch_hopper_gemms<T, 256>(l, g1, g2, dt, device, stream)
-                        : launch_hopper_gemms<T, 128>(l, g1, g2, dt, device, stream)))
-      return;
+    const auto* narrow = reinterpret_cast<const void*>(hopper_path::moe_expert_gemm_tma_kernel<T, 1, 128>);
+    if (runs_sm90_image(narrow, device)) {
+      // Wide tiles once the full m blocks alone give GEMM 2 two waves of blocks (prefill); narrow ones below that.
+      // The SM count comes from the launch facts cached per kernel and device (no driver query per call).
+      const int num_sms =
+          kernel_launch_facts(narrow, device, hopper_path::kThreads, hopper_path::Tile<128>::kSmemBytes).num_sms;
+      const bool wide = int64_t(l.num_pairs / kBlockM) * ((l.hidden + 255) / 256) >= 2 * int64_t(num_sms);
+      if (wide ? launch_hopper_gemms<T, 256>(l, g1, g2, dt, device, stream)
+               : launch_hopper_gemms<T, 128>(l, g1, g2, dt, device, stream))
+        return;
+    }
   }
   using simt_path::kTile;
   const dim3 block{kTile, kTile};
