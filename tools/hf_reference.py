@@ -19,10 +19,8 @@ Mixture-of-experts families (Mixtral, Qwen3-MoE) work the same way:
     python3 tools/hf_reference.py --config models/tiny-qwen3-moe.json --out tests/fixtures/tiny-qwen3-moe
 
 kb-nano reads the per-expert checkpoint names the published checkpoints use (Mixtral `experts.{e}.w1/w3/w2`,
-Qwen3-MoE `experts.{e}.gate_proj/up_proj/down_proj`); a transformers version that saves the experts fused
-(`experts.gate_up_proj`, `experts.down_proj`) has them split back per expert (split_fused_experts), and the result
-is checked (check_expert_names). A wrong split cannot pass silently: kb-nano's CPU test compares its logits with
-transformers' own.
+Qwen3-MoE `experts.{e}.gate_proj/up_proj/down_proj`), which is what transformers 5.17 saves; a checkpoint saved with
+fused expert tensors is refused (check_expert_names).
 """
 import argparse
 import json
@@ -34,90 +32,20 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 
-# The per-expert projection names of each MoE family's checkpoints (what kb-nano's loaders read).
-EXPERT_NAMES = {
-    "mixtral": ("w1", "w3", "w2"),
-    "qwen3_moe": ("gate_proj", "up_proj", "down_proj"),
-}
-
-
-def split_fused_experts(out_dir, cfg_json):
-    """Rewrites a saved MoE checkpoint whose experts are fused 3-D tensors (`experts.gate_up_proj` [E, 2N, H] and
-    `experts.down_proj` [E, H, N], or their transposes: the orientation is read off the shapes, which the tiny configs
-    keep unambiguous) into the published per-expert layout (experts.{e}.<gate>/<up>/<down>.weight). Returns the
-    number of tensors split."""
-    model_type = cfg_json.get("model_type")
-    if model_type not in EXPERT_NAMES:
-        return 0
-    from safetensors.torch import load_file, save_file
-    gate, up, down = EXPERT_NAMES[model_type]
-    H = cfg_json["hidden_size"]
-    N = cfg_json.get("moe_intermediate_size", cfg_json.get("intermediate_size"))
-    split = 0
-    for f in sorted(os.listdir(out_dir)):
-        if not f.endswith(".safetensors"):
-            continue
-        path = os.path.join(out_dir, f)
-        tensors = load_file(path)
-        out = {}
-        for name, t in tensors.items():
-            base = name[:-len(".weight")] if name.endswith(".weight") else name
-            if base.endswith(".experts.gate_up_proj") and t.dim() == 3:
-                prefix = base[:-len("gate_up_proj")]
-                if tuple(t.shape[1:]) == (2 * N, H) and 2 * N != H:
-                    rows = t
-                elif tuple(t.shape[1:]) == (H, 2 * N) and 2 * N != H:
-                    rows = t.transpose(1, 2)
-                else:
-                    raise SystemExit(f"{name} {tuple(t.shape)}: orientation not decidable for hidden {H}, inter {N}")
-                for e in range(t.shape[0]):
-                    out[f"{prefix}{e}.{gate}.weight"] = rows[e, :N].contiguous()
-                    out[f"{prefix}{e}.{up}.weight"] = rows[e, N:].contiguous()
-                split += 1
-            elif base.endswith(".experts.down_proj") and t.dim() == 3:
-                prefix = base[:-len("down_proj")]
-                if tuple(t.shape[1:]) == (H, N) and H != N:
-                    rows = t
-                elif tuple(t.shape[1:]) == (N, H) and H != N:
-                    rows = t.transpose(1, 2)
-                else:
-                    raise SystemExit(f"{name} {tuple(t.shape)}: orientation not decidable for hidden {H}, inter {N}")
-                for e in range(t.shape[0]):
-                    out[f"{prefix}{e}.{down}.weight"] = rows[e].contiguous()
-                split += 1
-            else:
-                out[name] = t
-        if split:
-            save_file(out, path, metadata={"format": "pt"})
-    index = os.path.join(out_dir, "model.safetensors.index.json")
-    if split and os.path.exists(index):
-        raise SystemExit("split_fused_experts: sharded checkpoints with fused experts are not rewritten; "
-                         "save unsharded (no --max-shard-size)")
-    return split
-
-
-def check_expert_names(out_dir, cfg_json):
-    """Refuses a saved MoE checkpoint whose experts are not one tensor per expert and projection."""
-    model_type = cfg_json.get("model_type")
-    if model_type not in EXPERT_NAMES:
-        return
+def check_expert_names(out_dir):
+    """Refuses a saved checkpoint whose mixture-of-experts weights are fused 3-D tensors (`experts.gate_up_proj`)
+    instead of one tensor per expert and projection (`experts.{e}.<proj>.weight`), the layout the published
+    checkpoints hold and kb-nano's loaders read. transformers 5.17 saves the per-expert layout."""
     from safetensors import safe_open
-    names = set()
+    fused = []
     for f in os.listdir(out_dir):
         if f.endswith(".safetensors"):
             with safe_open(os.path.join(out_dir, f), framework="pt") as st:
-                names.update(st.keys())
-    experts = cfg_json.get("num_local_experts", cfg_json.get("num_experts", 0))
-    per_expert = [n for n in names if ".experts." in n]
-    wanted = {f".experts.{e}.{p}.weight" for e in range(experts) for p in EXPERT_NAMES[model_type]}
-    found = {w for w in wanted if any(n.endswith(w) for n in per_expert)}
-    stray = [n for n in per_expert if not any(n.endswith(w) for w in wanted)]
-    if found != wanted or stray:
-        raise SystemExit(
-            f"transformers {transformers.__version__} saved the {model_type} experts as {sorted(stray)[:4]} "
-            f"(missing {sorted(wanted - found)[:4]}); kb-nano reads one tensor per expert and projection "
-            f"(experts.{{e}}.{'/'.join(EXPERT_NAMES[model_type])}), as the published checkpoints hold them. "
-            f"Use a transformers version that saves that layout.")
+                fused += [n for n in st.keys() if ".experts." in n and not n.split(".experts.")[1].split(".")[0].isdigit()]
+    if fused:
+        raise SystemExit(f"transformers {transformers.__version__} saved fused expert tensors {sorted(fused)[:4]}; "
+                         "kb-nano reads one tensor per expert and projection (experts.{e}.<proj>.weight), as the "
+                         "published checkpoints hold them. Use a transformers version that saves that layout.")
 
 
 def main():
@@ -158,10 +86,7 @@ def main():
     if args.max_shard_size:
         save_kwargs["max_shard_size"] = args.max_shard_size
     model.save_pretrained(args.out, **save_kwargs)
-    split = split_fused_experts(args.out, cfg_json)
-    if split:
-        print(f"transformers {transformers.__version__} saved {split} fused expert tensors; rewrote them per expert")
-    check_expert_names(args.out, cfg_json)
+    check_expert_names(args.out)
 
     model = model.to(args.device)
     vocab = config.vocab_size
