@@ -127,10 +127,13 @@ std::vector<RequestOutput> LLMEngine::step() {
   ++steps_;
   std::vector<RequestOutput> outputs;
   for (const auto& s : finished) outputs.push_back(to_output(*s));
-  if (config_.profile_steps) {
-    int64_t prefill_tokens = 0;
-    for (int64_t i = 0; i < out.num_prefills; ++i) prefill_tokens += out.seqs[size_t(i)].num_new_tokens;
-    profile_.record(runners_[0]->last_step_times(), out.num_tokens, prefill_tokens, schedule_s, now() - t);
+  if (step_shapes_ || config_.profile_steps) {
+    const double update_s = now() - t;
+    // Host integers the scheduler already decided: no device work, a pass over the step's sequences.
+    const StepShape shape = step_shape(out);
+    if (step_shapes_) step_shapes_->push_back(shape);
+    if (config_.profile_steps)
+      profile_.record(runners_[0]->last_step_times(), out.num_tokens, shape.prefill_tokens, schedule_s, update_s);
   }
   return outputs;
 }
@@ -146,6 +149,12 @@ RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,
   const StepProfile profile0 = profile_;
   res.start_time = now();
   for (const Request& r : requests) add_request(r, res.start_time);
+  // Steps record their shapes into the result while it runs; the guard stops that however the run ends.
+  step_shapes_ = &res.step_shapes;
+  struct StopRecording {
+    std::vector<StepShape>*& sink;
+    ~StopRecording() { sink = nullptr; }
+  } stop_recording{step_shapes_};
   res.outputs.resize(requests.size());
   EngineProgress p;
   p.total = int64_t(requests.size());

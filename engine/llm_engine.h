@@ -13,6 +13,7 @@
 #include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "engine/sequence.h"
+#include "engine/serial_floor.h"
 #include "engine/step_profile.h"
 #include "engine/tp_group.h"
 
@@ -56,6 +57,8 @@ struct RunResult {
   int64_t preemptions = 0;
   int64_t cached_tokens = 0;  // prefix-cache hits at admission, in tokens
   StepProfile profile;  // the run's steps (EngineConfig::profile_steps; all zero otherwise)
+  // Every step of the run as scheduled (tokens, contexts, sampling rows): what its serial floor is computed from.
+  std::vector<StepShape> step_shapes;
 
   ServingMetrics metrics() const;
 };
@@ -113,6 +116,7 @@ class LLMEngine {
   int64_t vocab_size_;
   int64_t steps_ = 0;
   StepProfile profile_;
+  std::vector<StepShape>* step_shapes_ = nullptr;  // run_to_completion's result while it runs
 };
 
 }  // namespace kbn::engine
