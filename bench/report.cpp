@@ -130,6 +130,21 @@ EvalVariant parse_eval_variant(const Node& n, const std::string& name) {
     const Node ops = t["by_op"];
     for (size_t i = 0; i < ops.size(); ++i) v.op_seconds.push_back({ops[i]["name"].str(), ops[i]["seconds"].number()});
   }
+  if (n.has("serial_floor")) {
+    const Node f = n["serial_floor"];
+    if (f["available"].boolean()) {
+      v.has_serial_floor = true;
+      v.floor_s = f["floor_s"].number();
+      v.floor_gemm_s = f["gemm_s"].number();
+      v.floor_kv_read_s = f["kv_read_s"].number();
+      v.floor_attention_flops_s = f["attention_flops_s"].number();
+      v.floor_achieved = f["achieved_fraction"].number();
+      const Node ops = f["by_op"];
+      for (size_t i = 0; i < ops.size(); ++i) v.op_floor_s.push_back({ops[i]["op"].str(), ops[i]["floor_s"].number()});
+    } else {
+      v.no_floor_reason = f["reason"].str();
+    }
+  }
   return v;
 }
 
@@ -809,6 +824,40 @@ std::vector<Plot> eval_plots(const std::vector<const ResultFile*>& files) {
     plots.push_back(std::move(al));
   }
 
+  std::vector<const ResultFile*> floored;
+  for (const auto* f : files)
+    if (std::any_of(f->eval.variants.begin(), f->eval.variants.end(),
+                    [](const EvalVariant& v) { return v.has_serial_floor; }))
+      floored.push_back(f);
+  if (!floored.empty()) {
+    Plot sf;
+    sf.file = "eval_serial_floor.svg";
+    sf.caption = "Serial floor per workload: the share of it reached, and measured against floor seconds";
+    sf.figure.title = "Serial floor: GEMMs, KV reads and attention FLOPs one after the other, at the measured rates";
+    sf.figure.subtitle = eval_context(floored);
+    BarPanel achieved =
+        workload_panel(floored, "Floor / measured duration", "% of the serial floor's speed",
+                       [](const EvalVariant& v) { return v.has_serial_floor ? 100 * v.floor_achieved : kNoValue; });
+    achieved.value_suffix = "%";
+    achieved.has_reference = true;
+    achieved.reference = 100;
+    achieved.reference_label = "at the floor";
+    BarPanel seconds = workload_panel(floored, "Measured duration and serial floor", "seconds",
+                                      [](const EvalVariant& v) { return v.duration_s; });
+    for (auto& s : seconds.series) s.name = "measured, " + s.name;
+    // The variants' floors differ only when their steps do; the baseline's stands for the workload.
+    BarSeries floor_series{"serial floor", kUncheckedColour, {}, {}, {}};
+    for (const auto* f : floored) {
+      const EvalVariant* v = f->eval.find("baseline");
+      if (!v || !v->has_serial_floor) v = f->eval.find("candidate");
+      floor_series.values.push_back(v && v->has_serial_floor ? v->floor_s : kNoValue);
+      floor_series.notes.push_back(v && v->has_serial_floor ? "" : "no floor");
+    }
+    seconds.series.push_back(std::move(floor_series));
+    sf.figure.panels = {achieved, seconds};
+    plots.push_back(std::move(sf));
+  }
+
   for (size_t i = 0; i < files.size(); ++i) {
     const EvalResult& r = files[i]->eval;
     std::vector<const EvalVariant*> traced;
@@ -839,6 +888,19 @@ std::vector<Plot> eval_plots(const std::vector<const ResultFile*>& files) {
         series.values.push_back(seconds);
       }
       series.values.push_back(std::max(0.0, v->trace_wall_s - v->trace_busy_s));
+      panel.series.push_back(std::move(series));
+    }
+    // Each op's share of the serial floor beside its GPU time (ops the floor does not count get no bar).
+    for (const auto* v : traced) {
+      if (!v->has_serial_floor) continue;
+      BarSeries series{"serial floor, " + v->name, kUncheckedColour, {}, {}, {}};
+      for (size_t c = 0; c + 1 < panel.categories.size(); ++c) {
+        double seconds = kNoValue;
+        for (const auto& [op, sec] : v->op_floor_s)
+          if (op == panel.categories[c]) seconds = sec;
+        series.values.push_back(seconds);
+      }
+      series.values.push_back(kNoValue);
       panel.series.push_back(std::move(series));
     }
     kt.figure.panels = {panel};
@@ -1144,6 +1206,51 @@ void add_eval_blocks(std::vector<Block>& blocks, const std::vector<const ResultF
                       "",
                       {}});
     blocks.push_back({Block::table, "", "", a});
+  }
+
+  Table f;
+  f.head = {"workload", "variant",    "duration s",        "serial floor s",
+            "GEMMs s",  "KV reads s", "attention FLOPs s", "floor / duration"};
+  for (size_t i = 0; i < files.size(); ++i)
+    for (const auto& v : files[i]->eval.variants) {
+      if (v.has_serial_floor)
+        f.rows.push_back({labels[i], v.name, fmt("%.3f", v.duration_s), fmt("%.3f", v.floor_s),
+                          fmt("%.3f", v.floor_gemm_s), fmt("%.3f", v.floor_kv_read_s),
+                          fmt("%.3f", v.floor_attention_flops_s), fmt("%.1f%%", 100 * v.floor_achieved)});
+      else if (!v.no_floor_reason.empty())
+        f.rows.push_back({labels[i], v.name, fmt("%.3f", v.duration_s), "n/a: " + v.no_floor_reason, "", "", "", ""});
+    }
+  if (!f.rows.empty()) {
+    blocks.push_back({Block::paragraph,
+                      "Serial floor of each run (eval on a GPU): the sum over the steps the engine executed of "
+                      "max(weight bytes / copy rate, GEMM FLOPs / bf16 GEMM rate) + KV bytes read / copy rate + "
+                      "attention FLOPs / bf16 GEMM rate, at the rates measured when the run started; MoE expert "
+                      "weights are the expected experts touched under uniform routing. Floor / duration is the "
+                      "share of that speed the run reached.",
+                      "",
+                      {}});
+    blocks.push_back({Block::table, "", "", f});
+  }
+  Table o;
+  o.head = {"workload", "variant", "op", "serial floor s", "GPU seconds (kernel trace)", "floor / GPU seconds"};
+  for (size_t i = 0; i < files.size(); ++i)
+    for (const auto& v : files[i]->eval.variants)
+      for (const auto& [op, floor] : v.op_floor_s) {
+        double measured = kNoValue;
+        for (const auto& [name, sec] : v.op_seconds)
+          if (name == op) measured = sec;
+        const bool traced = v.has_kernel_trace && std::isfinite(measured) && measured > 0;
+        o.rows.push_back({labels[i], v.name, op, fmt("%.3f", floor), traced ? fmt("%.3f", measured) : "-",
+                          traced ? fmt("%.1f%%", 100 * floor / measured) : "-"});
+      }
+  if (!o.rows.empty()) {
+    blocks.push_back({Block::paragraph,
+                      "The serial floor by op: a step's GEMM term goes to the ops by their bytes when bytes bound it, "
+                      "else by their FLOPs; attention to the decode and prefill kernels. Ops not listed are not "
+                      "counted in the floor.",
+                      "",
+                      {}});
+    blocks.push_back({Block::table, "", "", o});
   }
 
   Table k;

@@ -32,6 +32,13 @@ struct EvalVariant {
   bool has_kernel_trace = false;
   double trace_wall_s = 0, trace_kernel_s = 0, trace_busy_s = 0;  // busy: the busiest device
   std::vector<std::pair<std::string, double>> op_seconds;
+  // eval on a GPU: the run's serial floor (engine/serial_floor.h), its parts, and floor / duration; files written
+  // before eval had it, or by a CPU run (no_floor_reason says why), have none.
+  bool has_serial_floor = false;
+  double floor_s = 0, floor_gemm_s = 0, floor_kv_read_s = 0, floor_attention_flops_s = 0;
+  double floor_achieved = 0;  // floor_s / duration_s
+  std::string no_floor_reason;
+  std::vector<std::pair<std::string, double>> op_floor_s;  // the floor's share per op
 };
 
 struct EvalAlignment {
@@ -150,7 +157,9 @@ struct Plot {
 //   eval_throughput.svg            output and total tokens/s per workload, baseline vs candidate
 //   eval_latency_<workload>.svg    TTFT, TPOT, ITL and E2E p50/p90/p99 in ms, baseline vs candidate
 //   eval_alignment.svg             exact-match rate and mean matching prefix per workload (when compared)
-//   eval_kernel_time_<workload>.svg  GPU seconds per op and idle time, per variant (files with a kernel trace)
+//   eval_serial_floor.svg          % of the serial floor reached, and measured vs floor seconds (files with one)
+//   eval_kernel_time_<workload>.svg  GPU seconds per op and idle time, per variant, beside each op's share of the
+//                                  serial floor when the file has one (files with a kernel trace)
 std::vector<Plot> eval_plots(const std::vector<const ResultFile*>& files);
 // One kernels result; per (op, model, tp) group, named kernels_<op>_<model>_tp<N>_*:
 //   _speedup.svg  speedup per case, PASS/FAIL coloured, 1.0x line (baseline vs candidate runs only)

@@ -27,10 +27,11 @@ void run(const Options& o) {
 
 void add_report_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("report",
-                                     "Plot result files of 'kb_nano eval --json' and 'kb_nano kernels --json' as SVG "
-                                     "(throughput and latency per workload, alignment, speedup and % of the "
-                                     "ceilings per case) with an index.md and index.html of the key numbers");
+  CLI::App* cmd = app.add_subcommand(
+      "report",
+      "Plot result files of 'kb_nano eval --json' and 'kb_nano kernels --json' as SVG "
+      "(throughput and latency per workload, alignment, the serial floor and its "
+      "share per op, speedup and % of the ceilings per case) with an index.md and index.html of the key numbers");
   cmd->add_option("files", o->files, "Result JSON files (eval and kernels results may be mixed)")->required();
   cmd->add_option("--out", o->report.out_dir, "Folder for the plots and the index (default: report)");
   cmd->add_option("--title", o->report.title, "Title of the index (default: kb_nano report)");

@@ -571,3 +571,68 @@ TEST(ReportKernelTrace, ParsesPlotsAndTablesTheGpuTimePerOp) {
       << md;
   fs::remove_all(dir.parent_path());
 }
+
+TEST(ReportSerialFloor, ParsesPlotsAndTablesTheFloorAndItsShareByOp) {
+  // The H200 kernel-trace file with a serial floor added: synthetic figures, chosen to be easy to find in the output.
+  auto j = nlohmann::json::parse(read(fixture("eval_balanced_kernel_trace_h200.json")));
+  j["results"]["baseline"]["serial_floor"] = {{"available", true},
+                                              {"floor_s", 30.5},
+                                              {"achieved_fraction", 30.5 / 41.097864615999995},
+                                              {"gemm_s", 18.25},
+                                              {"kv_read_s", 12.0},
+                                              {"attention_flops_s", 0.25},
+                                              {"by_op",
+                                               {{{"op", "linear"}, {"floor_s", 18.125}},
+                                                {{"op", "embedding"}, {"floor_s", 0.125}},
+                                                {{"op", "flash_attn_decode"}, {"floor_s", 11.5}},
+                                                {{"op", "flash_attn_prefill"}, {"floor_s", 0.75}}}}};
+  const auto f = bench::parse_result(j.dump(), "floor.json");
+  const bench::EvalVariant* b = f.eval.find("baseline");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(b->has_serial_floor);
+  EXPECT_DOUBLE_EQ(b->floor_s, 30.5);
+  EXPECT_DOUBLE_EQ(b->floor_gemm_s, 18.25);
+  EXPECT_NEAR(b->floor_achieved, 0.7421, 1e-4);
+  ASSERT_EQ(b->op_floor_s.size(), 4u);
+  EXPECT_EQ(b->op_floor_s[2].first, "flash_attn_decode");
+
+  const auto plots = bench::eval_plots({&f});
+  const std::string floor_svg = bench::render_svg(find_plot(plots, "eval_serial_floor.svg").figure);
+  EXPECT_EQ(xml_problem(floor_svg), "");
+  EXPECT_EQ(count(floor_svg, "class=\"bar\""), 3u);  // achieved; measured and floor seconds
+  EXPECT_NE(floor_svg.find(">74.2%</text>"), std::string::npos);
+  EXPECT_NE(floor_svg.find(">30.5</text>"), std::string::npos);
+  // The kernel-time plot gains a bar per op the floor counts (4) beside the 10 ops and the idle time.
+  const std::string trace_svg = bench::render_svg(find_plot(plots, "eval_kernel_time_balanced.svg").figure);
+  EXPECT_EQ(count(trace_svg, "class=\"bar\""), 15u);
+  EXPECT_NE(trace_svg.find("<title>serial floor, baseline, flash_attn_decode: 11.5</title>"), std::string::npos);
+
+  const fs::path dir = kbn::test::temp_dir("kbn_report_floor_test") / "out";
+  bench::ReportOptions o;
+  o.out_dir = dir.string();
+  bench::write_report({f}, o);
+  const std::string md = read((dir / "index.md").string());
+  EXPECT_NE(md.find("| balanced | baseline | 41.098 | 30.500 | 18.250 | 12.000 | 0.250 | 74.2% |"), std::string::npos)
+      << md;
+  EXPECT_NE(md.find("| balanced | baseline | flash_attn_decode | 11.500 | 14.555 | 79.0% |"), std::string::npos) << md;
+  fs::remove_all(dir.parent_path());
+
+  // A CPU run says there is no floor, and the index says why; files from before the floor have none.
+  auto cpu = nlohmann::json::parse(read(fixture("eval_latency-b1_baseline.json")));
+  cpu["results"]["baseline"]["serial_floor"] = {{"available", false}, {"reason", "CPU run: no GPU rates"}};
+  const auto c = bench::parse_result(cpu.dump(), "cpu.json");
+  EXPECT_FALSE(c.eval.variants[0].has_serial_floor);
+  EXPECT_EQ(c.eval.variants[0].no_floor_reason, "CPU run: no GPU rates");
+  EXPECT_EQ(names(bench::eval_plots({&c})),
+            (std::vector<std::string>{"eval_throughput.svg", "eval_latency_latency-b1.svg"}));
+  const fs::path cdir = kbn::test::temp_dir("kbn_report_floor_cpu_test") / "out";
+  o.out_dir = cdir.string();
+  bench::write_report({c}, o);
+  EXPECT_NE(read((cdir / "index.md").string()).find("n/a: CPU run: no GPU rates"), std::string::npos);
+  fs::remove_all(cdir.parent_path());
+
+  // A floor without its parts names the key.
+  j["results"]["baseline"]["serial_floor"].erase("kv_read_s");
+  EXPECT_EQ(error_of([&] { bench::parse_result(j.dump(), "floor.json"); }),
+            "floor.json: missing key 'results.baseline.serial_floor.kv_read_s'");
+}
