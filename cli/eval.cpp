@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,10 +21,13 @@
 #include "engine/kernel_trace.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
+#include "engine/serial_floor.h"
 #include "engine/tp_group.h"
 #include "engine/workloads.h"
 #include "kbn/allocator.h"
+#include "kbn/device.h"
 #include "kbn/format.h"
+#include "kbn/model_view.h"
 #include "kbn/version.h"
 
 namespace kbn::cli {
@@ -72,7 +76,21 @@ struct VariantRun {
   int64_t graph_steps = 0;
   bool traced = false;
   engine::KernelTrace trace;  // --kernel-trace: every kernel of the measured run
+  // On a GPU: the serial floor of the steps the run executed.
+  std::optional<engine::SerialFloor> floor;
 };
+
+// The serial floor's rates (engine/serial_floor.h), measured at start-up on the run's GPU, or why there are none.
+struct FloorSetup {
+  std::optional<engine::FloorRates> rates;
+  std::string unavailable;  // why there is no floor (CPU run, f32 weights)
+};
+
+// What the floor is, in one line for the output and the JSON.
+constexpr const char* kFloorDefinition =
+    "sum over the run's steps of max(weight bytes / copy rate, GEMM FLOPs / bf16 GEMM rate) + KV bytes read / copy "
+    "rate + attention FLOPs / bf16 GEMM rate; MoE expert weights: the expected experts touched under uniform "
+    "routing, E(1 - (1 - k/E)^T) for the T tokens of a step";
 
 // The exact command as the shell passed it.
 std::string command_line() {
@@ -152,17 +170,26 @@ void print_step_profile(const VariantRun& r, Device device) {
 
 void print_kernel_trace(const VariantRun& r) {
   const engine::KernelTrace& t = r.trace;
+  const bool floor = r.floor.has_value();
   std::string busy;
   for (const auto& [d, b] : t.busy_s)
     busy += fmt(" cuda:%g", double(d)) + fmt(" %.1f%%", t.wall_s > 0 ? 100.0 * b / t.wall_s : 0.0);
   std::printf("\nkernel time [%s] (CUPTI, %lld kernels, %.3f s of kernels in %.3f s of wall time; busy:%s):\n",
               variant_name(r.variant), (long long)t.kernels, t.kernel_s, t.wall_s, busy.c_str());
   std::vector<std::vector<std::string>> ops = {{"op", "kernels", "seconds", "share", "mean us"}};
-  for (const auto& k : t.by_op)
+  if (floor) ops[0].insert(ops[0].end(), {"serial floor s", "floor / seconds"});
+  for (const auto& k : t.by_op) {
     ops.push_back({k.name, std::to_string(k.calls), fmt("%.3f", k.total_s),
                    fmt("%.1f%%", t.kernel_s > 0 ? 100.0 * k.total_s / t.kernel_s : 0.0),
                    fmt("%.1f", k.calls ? 1e6 * k.total_s / double(k.calls) : 0.0)});
+    if (!floor) continue;
+    const double f = r.floor->op_floor_s(k.name);
+    ops.back().push_back(f > 0 ? fmt("%.3f", f) : "-");
+    ops.back().push_back(f > 0 && k.total_s > 0 ? fmt("%.1f%%", 100.0 * f / k.total_s) : "-");
+  }
   print_cells(ops);
+  if (floor)
+    std::printf("  (serial floor s: the op's share of the run's serial floor; '-': an op the floor does not count)\n");
   std::printf("  top kernels:\n");
   std::vector<std::vector<std::string>> top = {{"kernel", "op", "calls", "seconds", "share"}};
   for (size_t i = 0; i < t.by_kernel.size() && i < 12; ++i) {
@@ -184,6 +211,39 @@ nlohmann::json kernel_trace_json(const engine::KernelTrace& t) {
   for (const auto& [d, b] : t.busy_s) busy["cuda:" + std::to_string(d)] = b;
   return {{"wall_s", t.wall_s},       {"kernel_s", t.kernel_s},          {"kernels", t.kernels},
           {"busy_s", busy},           {"by_op", stats(t.by_op, SIZE_MAX)}, {"by_kernel", stats(t.by_kernel, 40)}};
+}
+
+nlohmann::json serial_floor_json(const VariantRun& r, const FloorSetup& setup) {
+  if (!r.floor) return {{"available", false}, {"reason", setup.unavailable}};
+  const engine::SerialFloor& f = *r.floor;
+  nlohmann::json by_op = nlohmann::json::array();
+  for (const auto& o : f.by_op) {
+    nlohmann::json op = {{"op", o.op}, {"floor_s", o.floor_s}};
+    if (r.traced) {
+      double measured = 0;
+      for (const auto& k : r.trace.by_op)
+        if (k.name == o.op) measured = k.total_s;
+      op["kernel_s"] = measured;
+      op["achieved_fraction"] = measured > 0 ? o.floor_s / measured : 0.0;
+    }
+    by_op.push_back(op);
+  }
+  return {{"available", true},
+          {"definition", kFloorDefinition},
+          {"floor_s", f.floor_s},
+          {"achieved_fraction", f.achieved(r.metrics.duration_s)},
+          {"gemm_s", f.gemm_s},
+          {"kv_read_s", f.kv_read_s},
+          {"attention_flops_s", f.attention_flops_s},
+          {"steps", f.steps},
+          {"compute_bound_steps", f.compute_bound_steps},
+          {"weight_bytes", f.weight_bytes},
+          {"gemm_flops", f.gemm_flops},
+          {"kv_bytes", f.kv_bytes},
+          {"attention_flops", f.attention_flops},
+          {"copy_gb_per_s", f.rates.copy_bytes_per_s / 1e9},
+          {"bf16_tflop_per_s", f.rates.gemm_flop_per_s / 1e12},
+          {"by_op", by_op}};
 }
 
 nlohmann::json metrics_json(const VariantRun& r) {
@@ -270,6 +330,19 @@ void print_table(const std::vector<VariantRun>& runs) {
     cells.push_back(std::move(steps));
     cells.push_back(std::move(capture));
   }
+  {
+    std::vector<std::string> floor{"serial floor s"}, achieved{"floor / duration"};
+    for (const auto& r : runs) {
+      floor.push_back(r.floor ? fmt("%.3f", r.floor->floor_s) : "n/a");
+      achieved.push_back(r.floor ? fmt("%.1f%%", 100.0 * r.floor->achieved(r.metrics.duration_s)) : "n/a");
+    }
+    if (runs.size() == 2 && runs[0].floor && runs[1].floor) {
+      const double b = runs[0].floor->achieved(runs[0].metrics.duration_s);
+      achieved.push_back(b > 0 ? fmt("%.3fx", runs[1].floor->achieved(runs[1].metrics.duration_s) / b) : "-");
+    }
+    cells.push_back(std::move(floor));
+    cells.push_back(std::move(achieved));
+  }
   std::vector<size_t> width;
   for (const auto& line : cells)
     for (size_t c = 0; c < line.size(); ++c) {
@@ -281,6 +354,27 @@ void print_table(const std::vector<VariantRun>& runs) {
     for (size_t c = 0; c < line.size(); ++c)
       out += c + 1 < line.size() ? line[c] + std::string(width[c] - line[c].size() + 3, ' ') : line[c];
     std::printf("%s\n", out.c_str());
+  }
+}
+
+// The serial floor of each run and what it is made of (engine/serial_floor.h).
+void print_serial_floor(const std::vector<VariantRun>& runs, const FloorSetup& setup) {
+  if (!setup.rates) {
+    std::printf("\nserial floor: n/a (%s)\n", setup.unavailable.c_str());
+    return;
+  }
+  std::printf("\nserial floor (%s):\n", kFloorDefinition);
+  std::printf("  rates measured at start-up on this GPU: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n",
+              setup.rates->copy_bytes_per_s / 1e9, setup.rates->gemm_flop_per_s / 1e12);
+  for (const auto& r : runs) {
+    if (!r.floor) continue;
+    const engine::SerialFloor& f = *r.floor;
+    std::printf(
+        "  [%s] %.3f s = GEMMs %.3f s (%.3g GB of weights, %.3g TFLOP; %lld of %lld steps FLOP-bound) + KV reads %.3f "
+        "s (%.3g GB) + attention FLOPs %.3f s (%.3g TFLOP); measured %.3f s: %.1f%% of the floor's speed\n",
+        variant_name(r.variant), f.floor_s, f.gemm_s, f.weight_bytes / 1e9, f.gemm_flops / 1e12,
+        (long long)f.compute_bound_steps, (long long)f.steps, f.kv_read_s, f.kv_bytes / 1e9, f.attention_flops_s,
+        f.attention_flops / 1e12, r.metrics.duration_s, 100.0 * f.achieved(r.metrics.duration_s));
   }
 }
 
@@ -333,6 +427,7 @@ engine::RunResult run_workload(engine::LLMEngine& eng, const std::vector<engine:
     all.preemptions += r.preemptions;
     all.cached_tokens += r.cached_tokens;
     all.profile.add(r.profile);
+    all.step_shapes.insert(all.step_shapes.end(), r.step_shapes.begin(), r.step_shapes.end());
     for (auto& out : r.outputs) {
       before.output_tokens += int64_t(out.tokens.size());
       all.outputs.push_back(std::move(out));
@@ -499,6 +594,32 @@ void run(const Options& o, bool max_num_seqs_given) {
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)wave);
   std::fflush(stdout);
 
+  // The serial floor: the model's per-step work from its shapes (one rank's under --tp), and the rates, measured
+  // here before the weights and the KV cache take the device's memory.
+  const engine::FloorModel floor_model(
+      ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config), o.tp),
+      int64_t(dtype_size(popts.dtype)));
+  FloorSetup floor_setup;
+  if (!device.is_cuda()) {
+    floor_setup.unavailable = "CPU run: no GPU rates to take the floor at";
+  } else if (popts.dtype != DType::bf16 && popts.dtype != DType::f16) {
+    floor_setup.unavailable = std::string("--dtype ") + dtype_name(popts.dtype) +
+                              ": the floor's GEMM rate is the measured bf16 tensor-core rate, which " +
+                              dtype_name(popts.dtype) + " GEMMs do not reach";
+  } else {
+    std::printf("  measuring the serial floor's rates (copy bandwidth, bf16 GEMM) on %s...\n", device.str().c_str());
+    std::fflush(stdout);
+    {
+      const DeviceGuard guard(device);
+      const bench::Ceilings c = bench::measure_ceilings();
+      floor_setup.rates = engine::FloorRates{c.copy_gb_per_s * 1e9, c.bf16_tflop_per_s * 1e12};
+    }
+    // The GEMM's operands went through the caching allocator: give them back before the KV cache is sized.
+    cuda_empty_cache();
+    std::printf("  copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", floor_setup.rates->copy_bytes_per_s / 1e9,
+                floor_setup.rates->gemm_flop_per_s / 1e12);
+  }
+
   // Tensor parallel: one rank thread per GPU (or CPU rank), kept for every variant.
   std::unique_ptr<engine::TensorParallelGroup> group;
   if (o.tp > 1) {
@@ -529,6 +650,10 @@ void run(const Options& o, bool max_num_seqs_given) {
       }
       engine::LLMEngine& eng = *engine_ptr;
       run.sizing = eng.kv_cache_sizing();
+      KBN_CHECK(eng.runner().kv_bytes_per_block() == floor_model.kv_bytes_per_token() * ecfg.block_size,
+                "eval: the serial floor counts ", floor_model.kv_bytes_per_token(), " KV bytes per token for ",
+                spec.name, " but its paged cache holds ", eng.runner().kv_bytes_per_block(), " bytes per block of ",
+                ecfg.block_size, " tokens (engine/serial_floor.cpp and the model's cache specs disagree)");
       std::printf("  [%s] KV cache: %s\n", variant_name(v), run.sizing.explanation.c_str());
       if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
         run.graph_sizes = graphs->sizes();
@@ -559,6 +684,7 @@ void run(const Options& o, bool max_num_seqs_given) {
       }
       run.metrics = run.result.metrics();
       run.graph_steps = eng.runner().num_graph_steps() - graph_steps_before;
+      if (floor_setup.rates) run.floor = engine::serial_floor(floor_model, run.result.step_shapes, *floor_setup.rates);
     }
     // The next variant's model and cache get the whole device.
     if (device.is_cuda()) cuda_empty_cache();
@@ -567,6 +693,7 @@ void run(const Options& o, bool max_num_seqs_given) {
 
   std::printf("\n");
   print_table(runs);
+  print_serial_floor(runs, floor_setup);
   if (o.step_profile)
     for (const auto& r : runs) print_step_profile(r, device);
   for (const auto& r : runs)
@@ -645,6 +772,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                      {"output_len", {{"min", out_min}, {"max", out_max}, {"mean", double(output_tokens) / n}}}};
     for (const auto& r : runs) {
       j["results"][variant_name(r.variant)] = metrics_json(r);
+      j["results"][variant_name(r.variant)]["serial_floor"] = serial_floor_json(r, floor_setup);
       if (o.step_profile) j["results"][variant_name(r.variant)]["step_profile"] = step_profile_json(r.result.profile);
       if (r.traced) j["results"][variant_name(r.variant)]["kernel_trace"] = kernel_trace_json(r.trace);
     }
@@ -705,7 +833,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option(
       "--scale", o->scale,
       "Multiply every prompt and output length (default 1; " + fmt("%g", kCpuDefaultScale) + " on CPU; 0 = default)");
-  cmd->add_option("--json", o->json, "Write metrics per variant, alignment, config and provenance to this file");
+  cmd->add_option("--json", o->json,
+                  "Write metrics per variant (with the serial floor on a GPU), alignment, config and provenance to "
+                  "this file");
   cmd->add_flag("--step-profile", o->step_profile,
                 "Record where each step's time goes (host scheduling, input building, sampling; device spans of the "
                 "forward and the logits) and print it by kind of step; a step that samples nothing then waits for "
@@ -713,7 +843,8 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--kernel-trace", o->kernel_trace,
                 "Record every kernel of the measured run with CUPTI and print the GPU time per op (rms_norm, linear, "
                 "flash_attn_decode, ...) and the top kernels; --json adds them (CUDA only; libcupti is opened at run "
-                "time, $KBN_CUPTI_LIBRARY overrides where; tracing adds a little time per kernel)");
+                "time, $KBN_CUPTI_LIBRARY overrides where; tracing adds a little time per kernel); on bf16/f16 runs "
+                "each op's share of the serial floor beside it");
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
                 "Turn automatic prefix caching off (on by default, as in vLLM V1): every admitted request, and every "
                 "preempted one coming back, computes all of its tokens");

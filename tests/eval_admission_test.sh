@@ -3,6 +3,7 @@
 # CPU default workload, vLLM's optimistic admission (--admission optimistic, prefix caching on) preempts and finds
 # preempted requests' own blocks in the prefix cache; the default (--admission reserve) with --no-prefix-caching
 # preempts nothing and finds nothing; both runs produce every output token. A wrong --admission is refused by name.
+# A CPU run reports no serial floor (n/a), in its output and its JSON.
 # Usage: eval_admission_test.sh KB_NANO
 set -euo pipefail
 kb_nano=$1
@@ -32,6 +33,10 @@ v=$(field "$r" prefix_cache_hit_tokens); expect "run without prefix caching find
 v=$(field "$r" admission);               expect "reserve admission recorded" "$v" '[[ $v == \"reserve\" ]]'
 v=$(field "$d" admission);               expect "optimistic admission recorded" "$v" '[[ $v == \"optimistic\" ]]'
 v=$(field "$r" prefix_caching);          expect "prefix_caching recorded" "$v" '[[ $v == false ]]'
+# A CPU run has no serial floor, says so, and writes why into the JSON.
+v=$(field "$r" available);               expect "CPU run: serial floor unavailable" "$v" '[[ $v == false ]]'
+v=$(grep -c '^serial floor: n/a (CPU run' "$dir/reserve.log" || true)
+expect "CPU run prints that there is no serial floor" "$v" '[[ $v -eq 1 ]]'
 a=$(field "$d" output_tokens) b=$(field "$r" output_tokens)
 expect "the same output tokens ($a)" "$b" '[[ $a -gt 0 && $a == "$b" ]]'
 if err=$("$kb_nano" eval --device cpu --admission sometimes 2>&1); then
