@@ -176,10 +176,12 @@ TEST(FusedExpertsGpu, MatchesTheOracle) {
     int64_t tokens, k, experts, hidden, inter;
   };
   // Partial tiles in every direction (inter not a multiple of 64, hidden not of 128, K not of 64), one alignment
-  // block and several, widths the Hopper path refuses (hidden 100: rows not 16-byte multiples), and a launch large
-  // enough for the 256-wide tiles.
+  // block and several, widths the Hopper path refuses (hidden 100: rows not 16-byte multiples), each GEMM split along
+  // K, and a launch large enough for the 256-wide tiles.
   for (const Case c : {Case{1, 2, 8, 256, 320}, Case{5, 2, 8, 200, 136}, Case{130, 2, 4, 128, 64},
                        Case{37, 8, 16, 96, 48}, Case{3, 1, 2, 100, 60},
+                       Case{2, 2, 8, 1024, 256},   // few tiles, long K: GEMM 1 split along K
+                       Case{3, 2, 8, 256, 1032},   // GEMM 2 split along K, its last split shorter
                        Case{8448, 2, 4, 512, 200}})  // enough full blocks for the 256-wide prefill tiles
     for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
       const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 7);

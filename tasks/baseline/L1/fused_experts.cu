@@ -9,6 +9,7 @@
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 
 #include "L1/attention_mma.cuh"  // smem_addr, pack2, KernelLaunchFacts, runs_sm90_image
@@ -34,12 +35,15 @@ namespace {
 //   3. expert GEMM 1 (gate and up): act[r, c] = silu(g) * u with [g; u] = w13[expert(r)] x_sorted[r], per block.
 //   4. expert GEMM 2 (down): cache[pair(r)] = topk_weight(pair) * w2[expert(r)] act[r], scattered back to pair order.
 //   5. moe_sum (L1/moe_sum.h) over each token's top_k rows.
-// Blocks past num_tokens_post_padded exit at once, so a launch sized for the worst case costs only empty blocks.
+// The GEMMs read the number of active blocks (num_tokens_post_padded) on the device, so a launch sized for the worst
+// case costs nothing for the blocks that stay empty. At decode sizes, where one GEMM's tiles would leave SMs idle, it
+// is split along K: the splits write f32 partial sums, and a reduce kernel applies the activation (GEMM 1) or the
+// routing weight and the sum over top_k (GEMM 2, replacing steps 4's scatter and 5).
 // The intermediates are rounded to the activation dtype where vLLM's caches round them (g and u, act, each y).
 //
 // Hopper (bf16 / f16, sm_90a image): a block computes a kBlockM x kBlockN accumulator tile (kBlockN 128 at decode
-// sizes, 256 at prefill sizes) with wgmma from shared memory, fed by a TMA producer through a ring of stages of
-// (A: kBlockM x 64, B: kBlockN x 64) 128-byte-swizzled tiles (A's padding rows are not copied). GEMM 1's B tile is
+// sizes, 256 at prefill sizes), or its share of K, with wgmma from shared memory, fed by a TMA producer through a
+// ring of stages of (A: kBlockM x 64, B: kBlockN x 64) 128-byte-swizzled tiles (A's padding rows are not copied). GEMM 1's B tile is
 // kBlockN / 2 gate rows and the matching up rows of one expert (two TMA boxes), so the activation is fused in the
 // epilogue and a block writes kBlockN / 2 columns of act; GEMM 2's B tile is kBlockN rows of w2.
 // Every other dtype or layout runs a shared-memory-tiled SIMT kernel of the same structure.
@@ -101,6 +105,12 @@ struct GemmParams {
   int up_offset;   // mode 1: row of the first up row within an expert
   int k;           // the reduction extent
   int m_blocks, n_tiles;
+  // Split K (decode sizes, where the tiles alone would leave SMs idle): work item w is split w % splits of tile
+  // w / splits, reducing k blocks [split * kb_per_split, +kb_per_split); its f32 partial sums go to
+  // ws [splits, num_pairs, ws_cols] (mode 1: gate sums in columns [0, n_out), up sums in [n_out, 2 n_out); mode 2: the
+  // unweighted sums) at the row of the pair, and a reduce kernel finishes the op. splits == 1: no workspace.
+  int splits, kb_per_split;
+  float* ws;
 };
 
 // Tile (m block, n tile) of linear block index `tile`: groups of kGroupM m blocks walk the n tiles together.
@@ -147,8 +157,15 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t da,
     wgmma_ss_n128<T>(d, da, db, 1);
 }
 
-// grid = m_blocks * n_tiles; block = kThreads (warpgroup 0: the TMA producer; 1 and 2: consumers). Mode 1's tile
-// is kBlockN / 2 gate rows and the matching up rows (kBlockN / 2 act columns); mode 2's, kBlockN rows of w2.
+// grid = the most work items the shapes allow (m blocks x n tiles x K splits); block = kThreads (warpgroup 0: the TMA
+// producer; 1 and 2: consumers). The active m blocks are read on the device (num_tokens_post_padded): blocks past the
+// active items exit at once, so a launch sized for the worst case costs only empty blocks. Block b walks items b,
+// b + gridDim.x, ... with the stage ring running on across them, so a smaller (persistent) grid is correct too. On
+// the H200 a persistent grid (one block per SM) measured faster at decode (Mixtral, one token: 199.6 us against
+// 208.6 us) but 5-9% slower at Mixtral's long-K prefill (bench/results/h200/moe/README.md); the launch gives every
+// item its own block, the configuration measured end to end. Mode 1's tile is kBlockN / 2 gate rows and the
+// matching up rows (kBlockN / 2 act columns); mode 2's, kBlockN rows of w2.
+// A consumer warpgroup whose 64 rows are all padding (decode: most blocks hold a few pairs) skips its MMAs.
 template <class T, int kMode, int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_expert_gemm_tma_kernel(GemmParams p, const __grid_constant__ CUtensorMap a_map,
@@ -160,10 +177,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   using Cfg = Tile<kBlockN>;
   constexpr int kStages = Cfg::kStages;
   constexpr int kOutCols = kMode == 1 ? kBlockN / 2 : kBlockN;  // output columns of one tile
-  int m, n;
-  tile_of(blockIdx.x, p.m_blocks, p.n_tiles, m, n);
-  if (m * kBlockM >= *p.post_padded) return;  // the whole block leaves: no barrier has been touched
-  const int expert = p.expert_ids[m];
+  const int m_active = min(p.m_blocks, *p.post_padded / kBlockM);
+  const int num_items = m_active * p.n_tiles * p.splits;
+  if (int(blockIdx.x) >= num_items) return;  // the whole block leaves: no barrier has been touched
 
   extern __shared__ unsigned char smem_raw[];
   const uint32_t base = (smem_addr(smem_raw) + 1023u) & ~1023u;
@@ -179,31 +195,43 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   const int num_kb = (p.k + kBlockK - 1) / kBlockK;
+  // Work item -> (m block, n tile, k blocks [kb0, kb1)).
+  auto item = [&](int w, int& m, int& n, int& split, int& kb0, int& kb1) {
+    split = w % p.splits;
+    tile_of(w / p.splits, m_active, p.n_tiles, m, n);
+    kb0 = split * p.kb_per_split;
+    kb1 = min(num_kb, kb0 + p.kb_per_split);
+  };
 
   if (tid < 128) {
-    // ---- producer: one thread issues every copy ----
+    // ---- producer: one thread issues every copy; `it` counts stage uses over all of this block's items ----
     if constexpr (kBlockN == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
     if (tid == 0) {
-      const int b_row = expert * p.b_rows + n * kOutCols;
-      // A is copied in boxes of kABoxRows rows, and only the boxes that start with a real pair: padding follows an
-      // expert's pairs, so they are a prefix. At decode a block holds a few real rows, and its A traffic shrinks with
-      // them (rows never copied hold stale values; they only reach output rows that are discarded).
-      int live = 0;
-      for (int j = 0; j < kBlockM / kABoxRows; ++j)
-        if (p.sorted[m * kBlockM + j * kABoxRows] < p.num_pairs) live = j + 1;
-      const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
-      for (int kb = 0; kb < num_kb; ++kb) {
-        const int s = kb % kStages;
-        if (kb >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((kb / kStages - 1) & 1));
-        const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
-        mbar_arrive_expect_tx(bar, bytes);
-        for (int j = 0; j < live; ++j)
-          tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
-        if constexpr (kMode == 1) {
-          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                      // gate rows
-          tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
-        } else {
-          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
+      int it = 0;
+      for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+        int m, n, split, kb0, kb1;
+        item(w, m, n, split, kb0, kb1);
+        const int b_row = p.expert_ids[m] * p.b_rows + n * kOutCols;
+        // A is copied in boxes of kABoxRows rows, and only the boxes that start with a real pair: padding follows an
+        // expert's pairs, so they are a prefix. At decode a block holds a few real rows, and its A traffic shrinks
+        // with them (rows never copied hold stale values; they only reach output rows that are discarded).
+        int live = 0;
+        for (int j = 0; j < kBlockM / kABoxRows; ++j)
+          if (p.sorted[m * kBlockM + j * kABoxRows] < p.num_pairs) live = j + 1;
+        const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
+        for (int kb = kb0; kb < kb1; ++kb, ++it) {
+          const int s = it % kStages;
+          if (it >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((it / kStages - 1) & 1));
+          const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
+          mbar_arrive_expect_tx(bar, bytes);
+          for (int j = 0; j < live; ++j)
+            tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
+          if constexpr (kMode == 1) {
+            tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                      // gate rows
+            tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
+          } else {
+            tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
+          }
         }
       }
     }
@@ -213,51 +241,88 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- consumers: warpgroup wg owns rows 64 wg .. 64 wg + 63 of the tile ----
   if constexpr (kBlockN == 256) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
   const int wg = tid / 128 - 1, lane = tid % 32, warp_in_wg = (tid / 32) % 4;
-  float d[Cfg::kAcc];
-#pragma unroll
-  for (int i = 0; i < Cfg::kAcc; ++i) d[i] = 0.f;
-  for (int kb = 0; kb < num_kb; ++kb) {
-    const int s = kb % kStages;
-    mbar_wait(full_bar + 8 * s, uint32_t((kb / kStages) & 1));
-    const uint32_t a_s = base + s * Cfg::kStageBytes + wg * (64 * 128), b_s = base + s * Cfg::kStageBytes + kATileBytes;
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBlockK / 16; ++kk)
-      wgmma_tile<T, kBlockN>(d, sw128_desc(a_s + kk * 32, 16, 1024), sw128_desc(b_s + kk * 32, 16, 1024));
-    wgmma_commit();
-    wgmma_wait<1>();  // the previous stage's group is done: hand its buffers back
-    if (kb > 0 && lane == 0) mbar_arrive(empty_bar + 8 * ((kb - 1) % kStages));
-  }
-  wgmma_wait<0>();
-  fence_regs(d);
-
-  // Accumulator fragment: d[4j + e] is row g (+ 8 for e >= 2), column 8j + 2t + (e & 1).
   const int g = lane / 4, t = lane % 4;
-  constexpr int kHalfTiles = kBlockN / 16;  // mode 1: n-tiles of 8 gate columns; up column c sits at c + kBlockN / 2
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = m * kBlockM + wg * 64 + warp_in_wg * 16 + g + 8 * half;
-    if constexpr (kMode == 1) {
-      T* out = static_cast<T*>(p.out) + int64_t(r) * p.n_out;
-#pragma unroll
-      for (int j = 0; j < kHalfTiles; ++j) {
-        const int col = n * kOutCols + 8 * j + 2 * t;
-        if (col >= p.n_out) continue;
-        const int gi = 4 * j + 2 * half, ui = 4 * (j + kHalfTiles) + 2 * half;
-        const float a0 = silu(round_to<T>(d[gi])) * round_to<T>(d[ui]);
-        const float a1 = silu(round_to<T>(d[gi + 1])) * round_to<T>(d[ui + 1]);
-        *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(a0, a1);
+  float d[Cfg::kAcc];
+  int it = 0;
+  for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+    int m, n, split, kb0, kb1;
+    item(w, m, n, split, kb0, kb1);
+    const bool live = p.sorted[m * kBlockM + wg * 64] < p.num_pairs;  // uniform over the warpgroup
+    if (!live) {  // all 64 rows are padding: hand the stages back as they fill
+      for (int kb = kb0; kb < kb1; ++kb, ++it) {
+        const int s = it % kStages;
+        mbar_wait(full_bar + 8 * s, uint32_t((it / kStages) & 1));
+        if (lane == 0) mbar_arrive(empty_bar + 8 * s);
       }
-    } else {
-      const int pair = p.sorted[r];
-      if (pair >= p.num_pairs) continue;
-      const float w = p.topk_weights[pair];
-      T* out = static_cast<T*>(p.out) + int64_t(pair) * p.n_out;
+      continue;
+    }
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j) {
-        const int col = n * kOutCols + 8 * j + 2 * t;
-        if (col >= p.n_out) continue;
-        *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(w * d[4 * j + 2 * half], w * d[4 * j + 2 * half + 1]);
+    for (int i = 0; i < Cfg::kAcc; ++i) d[i] = 0.f;
+    for (int kb = kb0; kb < kb1; ++kb, ++it) {
+      const int s = it % kStages;
+      mbar_wait(full_bar + 8 * s, uint32_t((it / kStages) & 1));
+      const uint32_t a_s = base + s * Cfg::kStageBytes + wg * (64 * 128), b_s = base + s * Cfg::kStageBytes + kATileBytes;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk)
+        wgmma_tile<T, kBlockN>(d, sw128_desc(a_s + kk * 32, 16, 1024), sw128_desc(b_s + kk * 32, 16, 1024));
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous stage's group is done: hand its buffers back
+      if (kb > kb0 && lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));
+    }
+    wgmma_wait<0>();
+    fence_regs(d);
+    if (lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));  // the item's last stage
+
+    // Accumulator fragment: d[4j + e] is row g (+ 8 for e >= 2), column 8j + 2t + (e & 1).
+    constexpr int kHalfTiles = kBlockN / 16;  // mode 1: n-tiles of 8 gate columns; up column c sits at c + kBlockN / 2
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = m * kBlockM + wg * 64 + warp_in_wg * 16 + g + 8 * half;
+      if (p.splits > 1) {  // f32 partial sums at the pair's row of this split's workspace
+        const int pair = p.sorted[r];
+        if (pair >= p.num_pairs) continue;
+        const int ws_cols = kMode == 1 ? 2 * p.n_out : p.n_out;
+        float* ws = p.ws + (int64_t(split) * p.num_pairs + pair) * ws_cols;
+        if constexpr (kMode == 1) {
+#pragma unroll
+          for (int j = 0; j < kHalfTiles; ++j) {
+            const int col = n * kOutCols + 8 * j + 2 * t;
+            if (col >= p.n_out) continue;
+            const int gi = 4 * j + 2 * half, ui = 4 * (j + kHalfTiles) + 2 * half;
+            *reinterpret_cast<float2*>(ws + col) = make_float2(d[gi], d[gi + 1]);
+            *reinterpret_cast<float2*>(ws + p.n_out + col) = make_float2(d[ui], d[ui + 1]);
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < kBlockN / 8; ++j) {
+            const int col = n * kOutCols + 8 * j + 2 * t;
+            if (col >= p.n_out) continue;
+            *reinterpret_cast<float2*>(ws + col) = make_float2(d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+          }
+        }
+      } else if constexpr (kMode == 1) {
+        T* out = static_cast<T*>(p.out) + int64_t(r) * p.n_out;
+#pragma unroll
+        for (int j = 0; j < kHalfTiles; ++j) {
+          const int col = n * kOutCols + 8 * j + 2 * t;
+          if (col >= p.n_out) continue;
+          const int gi = 4 * j + 2 * half, ui = 4 * (j + kHalfTiles) + 2 * half;
+          const float a0 = silu(round_to<T>(d[gi])) * round_to<T>(d[ui]);
+          const float a1 = silu(round_to<T>(d[gi + 1])) * round_to<T>(d[ui + 1]);
+          *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(a0, a1);
+        }
+      } else {
+        const int pair = p.sorted[r];
+        if (pair >= p.num_pairs) continue;
+        const float wt = p.topk_weights[pair];
+        T* out = static_cast<T*>(p.out) + int64_t(pair) * p.n_out;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j) {
+          const int col = n * kOutCols + 8 * j + 2 * t;
+          if (col >= p.n_out) continue;
+          *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(wt * d[4 * j + 2 * half], wt * d[4 * j + 2 * half + 1]);
+        }
       }
     }
   }
@@ -282,6 +347,74 @@ bool encode_matrix_map(CUtensorMap& map, const void* base, DType dt, int64_t row
 }
 
 }  // namespace hopper_path
+
+// ---- the split-K reductions (decode sizes; see GemmParams::splits) ----
+
+struct SiluSplitsParams {
+  void* act;  // [max_padded, inter]
+  const float* ws;  // [splits, num_pairs, 2 * inter]
+  const int32_t* sorted;
+  const int32_t* post_padded;
+  int num_pairs, inter, splits;
+};
+
+// act[r] = silu(gate) * up of each real row r, from GEMM 1's per-split sums (rounded as the unsplit epilogue rounds).
+// Block (x, y) covers columns [x * 512, +512), four per thread, of rows y, y + gridDim.y, ... below
+// num_tokens_post_padded, so the grid need not cover the worst case. inter % 4 == 0 (the Hopper path's rows are
+// 16-byte multiples).
+template <class T>
+__global__ void __launch_bounds__(128) moe_silu_mul_splits_kernel(SiluSplitsParams p) {
+  const int rows = *p.post_padded;
+  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (c >= p.inter) return;
+  const int64_t stride = int64_t(p.num_pairs) * 2 * p.inter;
+  for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int pair = p.sorted[r];
+    if (pair >= p.num_pairs) continue;
+    const float* ws = p.ws + int64_t(pair) * 2 * p.inter + c;
+    float4 gate = make_float4(0.f, 0.f, 0.f, 0.f), up = gate;
+    for (int s = 0; s < p.splits; ++s) {
+      const float4 gs = *reinterpret_cast<const float4*>(ws + s * stride);
+      const float4 us = *reinterpret_cast<const float4*>(ws + s * stride + p.inter);
+      gate.x += gs.x, gate.y += gs.y, gate.z += gs.z, gate.w += gs.w;
+      up.x += us.x, up.y += us.y, up.z += us.z, up.w += us.w;
+    }
+    T* out = static_cast<T*>(p.act) + int64_t(r) * p.inter + c;
+    *reinterpret_cast<uint32_t*>(out) = pack2<T>(silu(round_to<T>(gate.x)) * round_to<T>(up.x),
+                                                 silu(round_to<T>(gate.y)) * round_to<T>(up.y));
+    *reinterpret_cast<uint32_t*>(out + 2) = pack2<T>(silu(round_to<T>(gate.z)) * round_to<T>(up.z),
+                                                     silu(round_to<T>(gate.w)) * round_to<T>(up.w));
+  }
+}
+
+struct SumSplitsParams {
+  void* out;        // [num_tokens, hidden]
+  const float* ws;  // [splits, num_pairs, hidden]
+  const float* topk_weights;
+  const int32_t* ids;
+  int num_tokens, hidden, top_k, splits, num_experts;
+};
+
+// out[t] = sum over t's valid pairs of round(weight * y), y = the sum of GEMM 2's splits: moe_sum fused with the
+// split reduction and the routing weight (pairs with an out-of-range expert id contribute zero, as when unsplit).
+template <class T>
+__global__ void __launch_bounds__(128) moe_sum_splits_kernel(SumSplitsParams p) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= p.hidden) return;
+  const int64_t stride = int64_t(p.num_tokens) * p.top_k * p.hidden;
+  for (int tok = blockIdx.y; tok < p.num_tokens; tok += gridDim.y) {
+    float acc = 0.f;
+    for (int j = 0; j < p.top_k; ++j) {
+      const int64_t pair = int64_t(tok) * p.top_k + j;
+      const int id = p.ids[pair];
+      if (id < 0 || id >= p.num_experts) continue;
+      float y = 0.f;
+      for (int s = 0; s < p.splits; ++s) y += p.ws[s * stride + pair * p.hidden + c];
+      acc += round_to<T>(p.topk_weights[pair] * y);
+    }
+    static_cast<T*>(p.out)[int64_t(tok) * p.hidden + c] = from_f32<T>(acc);
+  }
+}
 
 namespace simt_path {
 
@@ -338,12 +471,42 @@ struct ExpertsLaunch {
   void* x_sorted;  // [max_padded, hidden]
   void* act;       // [max_padded, inter]
   void* cache;     // [num_pairs, hidden]
+  void* out;       // [num_tokens, hidden]: written here only when GEMM 2 is split (its reduce kernel sums the pairs)
   int num_pairs, top_k, hidden, inter, num_experts, max_padded;
 };
 
-// The two Hopper GEMMs with kBlockN-wide tiles; false (nothing launched) when a tensor map cannot be made.
+// Wave efficiency of `items` equal work items over `slots` concurrent blocks: the fraction of the last wave's time
+// the slots spend busy, summed over the waves.
+double wave_efficiency(double items, int slots) {
+  const double waves = items / slots;
+  return waves / std::ceil(waves);
+}
+
+// K splits of one expert GEMM: 1 unless its tiles leave SMs idle in the last wave; then the count (up to 8, keeping
+// at least 4 k blocks per split and the workspace under 64 MiB) that best fills the waves, each extra split charged
+// 3% for its partial-sum traffic and the reduce. The active blocks are estimated from the shapes (no host sync): the
+// experts a uniform routing touches, E (1 - (1 - k / E)^tokens), plus one block per kBlockM pairs.
+int choose_splits(const ExpertsLaunch& l, int n_tiles, int k, int ws_cols, int num_sms) {
+  const double tokens = double(l.num_pairs) / l.top_k, e = l.num_experts;
+  const double touched = e * (1.0 - std::pow(1.0 - double(l.top_k) / e, tokens));
+  const double items = std::min(double(l.max_padded / kBlockM), touched + double(l.num_pairs / kBlockM)) * n_tiles;
+  if (items >= 8.0 * num_sms) return 1;
+  const int num_kb = (k + kBlockK - 1) / kBlockK;
+  int best = 1;
+  double best_score = wave_efficiency(items, num_sms);
+  for (int s = 2; s <= 8 && num_kb / s >= 4; ++s) {
+    if (double(s) * l.num_pairs * ws_cols * 4 > 64.0 * (1 << 20)) break;
+    const double score = wave_efficiency(items * s, num_sms) - 0.03 * (s - 1);
+    if (score > best_score + 1e-9) best = s, best_score = score;
+  }
+  return best;
+}
+
+// The two Hopper GEMMs with kBlockN-wide tiles, each split along K as choose_splits says (with its reduce kernel);
+// false (nothing launched) when a tensor map cannot be made. `summed`: GEMM 2 was split and its reduce wrote l.out.
 template <class T, int kBlockN>
-bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, DType dt, int device, Stream stream) {
+bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, DType dt, int device, int num_sms,
+                         Stream stream, bool& summed) {
   using namespace hopper_path;
   using Cfg = Tile<kBlockN>;
   auto* k1 = moe_expert_gemm_tma_kernel<T, 1, kBlockN>;
@@ -357,18 +520,64 @@ bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, D
     return false;
   (void)kernel_launch_facts(reinterpret_cast<const void*>(k1), device, kThreads, Cfg::kSmemBytes);  // smem opt-in
   (void)kernel_launch_facts(reinterpret_cast<const void*>(k2), device, kThreads, Cfg::kSmemBytes);
-  const int m_blocks = g1.m_blocks;
   g1.n_tiles = (l.inter + kBlockN / 2 - 1) / (kBlockN / 2);
   g2.n_tiles = (l.hidden + kBlockN - 1) / kBlockN;
-  k1<<<unsigned(int64_t(m_blocks) * g1.n_tiles), kThreads, Cfg::kSmemBytes, stream>>>(g1, a1, b1);
+  // Split K where the tiles would leave SMs idle (the workspaces live until the stream has used them: the allocator
+  // is stream-ordered).
+  Tensor ws1, ws2;
+  const Device dev = Device::cuda(device);
+  auto split = [&](GemmParams& g, int ws_cols, Tensor& ws) {
+    const int num_kb = (g.k + kBlockK - 1) / kBlockK;
+    const int s = choose_splits(l, g.n_tiles, g.k, ws_cols, num_sms);
+    g.kb_per_split = (num_kb + s - 1) / s;
+    g.splits = (num_kb + g.kb_per_split - 1) / g.kb_per_split;  // no empty split
+    if (g.splits > 1) {
+      ws = Tensor::empty({g.splits, l.num_pairs, ws_cols}, DType::f32, dev);
+      g.ws = ws.data<float>();
+    }
+  };
+  split(g1, 2 * l.inter, ws1);
+  split(g2, l.hidden, ws2);
+  auto grid = [&](const GemmParams& g) { return unsigned(int64_t(g.m_blocks) * g.n_tiles * g.splits); };
+  k1<<<grid(g1), kThreads, Cfg::kSmemBytes, stream>>>(g1, a1, b1);
   KBN_CUDA_CHECK_LAUNCH();
-  k2<<<unsigned(int64_t(m_blocks) * g2.n_tiles), kThreads, Cfg::kSmemBytes, stream>>>(g2, a2, b2);
+  if (g1.splits > 1) {
+    const SiluSplitsParams sp{.act = l.act,
+                              .ws = g1.ws,
+                              .sorted = l.sorted,
+                              .post_padded = l.post_padded,
+                              .num_pairs = l.num_pairs,
+                              .inter = l.inter,
+                              .splits = g1.splits};
+    const int col_blocks = (l.inter / 4 + 127) / 128;
+    const dim3 grid_act{unsigned(col_blocks), unsigned(std::min(l.max_padded, std::max(1, 2048 / col_blocks)))};
+    moe_silu_mul_splits_kernel<T><<<grid_act, 128, 0, stream>>>(sp);
+    KBN_CUDA_CHECK_LAUNCH();
+  }
+  k2<<<grid(g2), kThreads, Cfg::kSmemBytes, stream>>>(g2, a2, b2);
   KBN_CUDA_CHECK_LAUNCH();
+  summed = g2.splits > 1;
+  if (summed) {
+    const int tokens = l.num_pairs / l.top_k;
+    const SumSplitsParams sp{.out = l.out,
+                             .ws = g2.ws,
+                             .topk_weights = l.topk_weights,
+                             .ids = l.topk_ids,
+                             .num_tokens = tokens,
+                             .hidden = l.hidden,
+                             .top_k = l.top_k,
+                             .splits = g2.splits,
+                             .num_experts = l.num_experts};
+    const dim3 grid_sum{unsigned((l.hidden + 127) / 128), unsigned(std::min(tokens, 65535))};
+    moe_sum_splits_kernel<T><<<grid_sum, 128, 0, stream>>>(sp);
+    KBN_CUDA_CHECK_LAUNCH();
+  }
   return true;
 }
 
+// Returns true when the output is already summed into l.out (GEMM 2 split); otherwise l.cache holds the pairs' rows.
 template <class T>
-void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
+bool launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
   // 2. gather the rows into expert order
   const PermuteParams pp{.x_sorted = l.x_sorted,
                          .cache = l.cache,
@@ -399,7 +608,10 @@ void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
                 .up_offset = l.inter,
                 .k = l.hidden,
                 .m_blocks = m_blocks,
-                .n_tiles = 0};
+                .n_tiles = 0,
+                .splits = 1,
+                .kb_per_split = 1 << 30,
+                .ws = nullptr};
   GemmParams g2 = g1;
   g2.out = l.cache;
   g2.n_out = l.hidden;
@@ -418,9 +630,10 @@ void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
       const int num_sms =
           kernel_launch_facts(narrow, device, hopper_path::kThreads, hopper_path::Tile<128>::kSmemBytes).num_sms;
       const bool wide = int64_t(l.num_pairs / kBlockM) * ((l.hidden + 255) / 256) >= 2 * int64_t(num_sms);
-      if (wide ? launch_hopper_gemms<T, 256>(l, g1, g2, dt, device, stream)
-               : launch_hopper_gemms<T, 128>(l, g1, g2, dt, device, stream))
-        return;
+      bool summed = false;
+      if (wide ? launch_hopper_gemms<T, 256>(l, g1, g2, dt, device, num_sms, stream, summed)
+               : launch_hopper_gemms<T, 128>(l, g1, g2, dt, device, num_sms, stream, summed))
+        return summed;
     }
   }
   using simt_path::kTile;
@@ -433,6 +646,7 @@ void launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
   simt_path::moe_expert_gemm_simt_kernel<T, 2>
       <<<grid2, block, 0, stream>>>(g2, static_cast<const T*>(l.act), static_cast<const T*>(l.w2));
   KBN_CUDA_CHECK_LAUNCH();
+  return false;
 }
 
 }  // namespace
@@ -506,15 +720,17 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
                         .x_sorted = x_sorted.data_ptr(),
                         .act = act.data_ptr(),
                         .cache = cache.data_ptr(),
+                        .out = out.data_ptr(),
                         .num_pairs = int(pairs),
                         .top_k = int(k),
                         .hidden = int(h),
                         .inter = int(inter),
                         .num_experts = int(e),
                         .max_padded = int(padded)};
+  bool summed = false;
   dispatch_float16_32(dt, kOp, "hidden_states",
-                      [&](auto tag) { launch_fused_experts<decltype(tag)>(l, dt, current_stream()); });
-  out = MoeSum().forward(cache);
+                      [&](auto tag) { summed = launch_fused_experts<decltype(tag)>(l, dt, current_stream()); });
+  if (!summed) out = MoeSum().forward(cache);
 #endif
   return out;
 }

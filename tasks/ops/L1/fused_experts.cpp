@@ -91,9 +91,9 @@ KBN_REGISTER_OPS(r) {
          .make = adapter(
              "fused_experts", 5, [](const OpArgs&) { return std::make_unique<FusedExperts>(); },
              [](FusedExperts& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4])}; }),
-         // Its alignment and sum kernels are the moe_align_block_size and moe_sum ops' own: a kernel trace shows
-         // them on their own lines.
-         .kernels = {"moe_permute", "moe_expert_gemm"},
+         // Its alignment kernels, and the sum when GEMM 2 is not split, are the moe_align_block_size and moe_sum
+         // ops' own: a kernel trace shows them on their own lines. The split-K reduces are this op's.
+         .kernels = {"moe_permute", "moe_expert_gemm", "moe_silu_mul_splits", "moe_sum_splits"},
          .cases = fused_experts_cases});
 }
 
