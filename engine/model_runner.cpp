@@ -8,6 +8,7 @@
 #include "engine/generate.h"
 #include "kbn/step_metadata.h"
 #include "kbn/allocator.h"
+#include "kbn/device_errors.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #endif
@@ -207,6 +208,9 @@ std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
   } else {
     tokens = run(out, kv_caches_);
   }
+  // Errors kernels recorded in their inputs (a NaN router logit): a step that sampled has synchronised, so what its
+  // kernels found is visible; one that did not is caught at the next step that samples.
+  check_device_errors();
   if (profiling_) {
     // A step that samples has synchronised with the device already; one that does not (every chunk partial)
     // waits here for its marks.

@@ -22,6 +22,8 @@
 #include "bench/validate.h"
 #include "kbn/compare.h"
 #include "kbn/device.h"
+#include "kbn/device_errors.h"
+#include "kbn/error.h"
 #include "kbn/op_case.h"
 #include "kbn/rng.h"
 #include "kbn/tensor.h"
@@ -92,6 +94,18 @@ TEST(TopkSoftmaxGpu, NanLogitsRankLast) {
   const Tensor logits = Tensor::from_floats({nan, 1.f, 3.f, nan, 2.f, 0.f}, {1, 6}, DType::f32).to(kGpu);
   auto [w, ids] = TopkSoftmax(3, true).forward(logits);
   EXPECT_EQ(ids.to(kCpu).to_ints(), (std::vector<int64_t>{2, 4, 1}));
+  // ...and the NaN is an error at the next check after a synchronisation (to(kCpu) synchronised), raised once.
+  try {
+    check_device_errors();
+    ADD_FAILURE() << "a NaN router logit raised no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'gating_output' holds NaN in token 0"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_device_errors());
+  // A clean row records nothing.
+  (void)TopkSoftmax(2, true).forward(Tensor::from_floats({0.f, 1.f, 3.f}, {1, 3}, DType::f32).to(kGpu));
+  synchronize(kGpu);
+  EXPECT_NO_THROW(check_device_errors());
 }
 
 // Checks the alignment invariants directly (used where the oracle refuses the input: out-of-range ids).

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kbn/checks.h"
+#include "kbn/device_errors.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
@@ -19,7 +20,8 @@ namespace {
 //
 // Lane l holds logits l, l + 32, ... of its token (at most kMaxPerLane of them, so up to 32 * kMaxPerLane experts).
 // The softmax's max and sum are warp reductions; the top k are k rounds of a warp arg-max over the logits not yet
-// taken, ranked as the header says (a number beats NaN; a larger logit wins; equal logits: the lower expert).
+// taken, ranked as the header says (a number beats NaN; a larger logit wins; equal logits: the lower expert). A row
+// holding a NaN records the error for the host (kbn/device_errors.h) and is still ranked.
 constexpr int kWarps = 4;
 constexpr int kMaxPerLane = 16;  // 512 experts
 
@@ -31,6 +33,8 @@ struct TopkParams {
   int64_t num_tokens;
   int num_experts, top_k;
   bool renormalize;
+  DeviceErrorRecord* error;  // where a NaN logit is reported (host-mapped)
+  int32_t nan_code;
 };
 
 // True when candidate (v, i) ranks before (bv, bi).
@@ -54,6 +58,14 @@ __global__ void __launch_bounds__(kWarps * 32) topk_softmax_kernel(TopkParams p)
     const int e = lane + 32 * j;
     v[j] = e < p.num_experts ? to_f32(row[e]) : NAN;
     if (e < p.num_experts) mx = fmaxf(mx, v[j]);
+  }
+  bool nan = false;
+#pragma unroll
+  for (int j = 0; j < kMaxPerLane; ++j) nan |= lane + 32 * j < p.num_experts && isnan(v[j]);
+  if (__any_sync(0xffffffffu, nan) && lane == 0) {
+    volatile DeviceErrorRecord* r = p.error;
+    r->detail = t;
+    r->code = p.nan_code;
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -136,6 +148,9 @@ std::pair<Tensor, Tensor> TopkSoftmax::forward(const Tensor& gating_output) {
   KBN_CHECK(e <= 32 * kMaxPerLane, kOp, ": argument 'gating_output' has ", e, " experts; the kernel supports up to ",
             32 * kMaxPerLane);
   KBN_CHECK(top_k_ <= 32, kOp, ": top_k ", top_k_, " exceeds the kernel's 32 (one warp lane per chosen expert)");
+  static const int32_t nan_code = device_error_code(
+      "topk_softmax: argument 'gating_output' holds NaN in token {detail} (router logits must be numbers; on the GPU "
+      "the NaN ranked last and the step ran on)");
   const TopkParams p{.weights = weights.data<float>(),
                      .ids = ids.data<int32_t>(),
                      .x = gating_output.data_ptr(),
@@ -143,7 +158,9 @@ std::pair<Tensor, Tensor> TopkSoftmax::forward(const Tensor& gating_output) {
                      .num_tokens = n,
                      .num_experts = int(e),
                      .top_k = int(top_k_),
-                     .renormalize = renormalize_};
+                     .renormalize = renormalize_,
+                     .error = device_error_record(),
+                     .nan_code = nan_code};
   dispatch_float16_32(gating_output.dtype(), kOp, "gating_output",
                       [&](auto t) { launch_topk_softmax<decltype(t)>(p, current_stream()); });
 #endif

@@ -3,8 +3,9 @@
 // top_k experts, and, with renormalize, their weights divided by their sum.
 // Tie rule: experts rank by logit (the softmax is monotonic, so ranking the exact input values makes the choice
 // independent of how the softmax is rounded); equal logits rank the lower expert index first; a NaN logit ranks
-// below every number (on CPU tensors it is an error naming the token and expert). The k chosen experts are listed
-// best first.
+// below every number and is an error: on CPU tensors at once, naming the token and expert; on the GPU the kernel
+// records it (kbn/device_errors.h) and kbn::check_device_errors() raises it, naming the token, after the next
+// synchronisation (the engine checks after every step that samples). The k chosen experts are listed best first.
 #include <utility>
 
 #include "kbn/variant.h"
