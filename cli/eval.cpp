@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench/ceilings.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "engine/alignment.h"
 #include "engine/kernel_trace.h"
@@ -461,6 +462,8 @@ BatchDefaults batch_defaults(Device device) {
 }
 
 void run(const Options& o, bool max_num_seqs_given) {
+  // Output paths first: a typo must not cost a whole run.
+  check_output_file("--json", o.json);
   Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
   KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
             cuda_device_count(), " CUDA devices visible)");

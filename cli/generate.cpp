@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "engine/generate.h"
 #include "engine/model_loader.h"
@@ -53,6 +54,9 @@ std::vector<int64_t> parse_ids(const std::string& s) {
 }
 
 void run(const Options& o) {
+  // Output paths first: a typo must not cost a whole run.
+  check_output_file("--json", o.json);
+  check_output_file("--save-logits", o.save_logits);
   Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
   KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
             cuda_device_count(), " CUDA devices visible)");
@@ -139,7 +143,9 @@ void run(const Options& o) {
     j["decode_seconds"] = r.decode_seconds;
     j["decode_steps"] = r.decode_steps;
     j["commit"] = build_info().git_commit;
-    std::ofstream(o.json) << j.dump(2) << "\n";
+    std::ofstream out(o.json);
+    out << j.dump(2) << "\n";
+    KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
   }
 }
 

@@ -23,6 +23,7 @@
 #include "bench/runner.h"
 #include "bench/timing.h"
 #include "bench/validate.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "engine/model_loader.h"
 #include "kbn/allocator.h"
@@ -755,6 +756,9 @@ bench::BenchCase rebuild_case(const bench::CaseKey& key) {
 }
 
 void run(Options o) {
+  // Output paths first: a typo must not cost a whole run.
+  check_output_file("--json", o.json);
+  check_output_file("--markdown", o.markdown);
   const bool small = o.device == "cpu";
   const Selection selection = build_cases(o, small);
   const std::vector<bench::BenchCase>& cases = selection.cases;

@@ -29,6 +29,7 @@
 #include "bench/profile.h"
 #include "bench/timing.h"
 #include "bench/validate.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "engine/model_loader.h"
 #include "kbn/device.h"
@@ -550,6 +551,10 @@ std::vector<CaseResult> profile(const Options& o, std::string& ncu_path) {
 }
 
 void run(const Options& o) {
+  // Output paths first: a typo must not cost the ncu runs.
+  check_output_file("--json", o.json);
+  check_output_file("--markdown", o.markdown);
+  check_output_dir("--save-csv", o.save_csv);
   KBN_CHECK(o.launch_count >= 1, "--launch-count: expected at least 1, got ", o.launch_count);
   KBN_CHECK(o.candidate_csv.empty() || !o.from_csv.empty(), "--candidate-csv needs --from-csv for the baseline");
   std::string ncu_path;

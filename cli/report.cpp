@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "bench/report.h"
+#include "cli/args.h"
 #include "cli/commands.h"
 
 namespace kbn::cli {
@@ -17,6 +18,7 @@ struct Options {
 };
 
 void run(const Options& o) {
+  check_output_dir("--out", o.report.out_dir);
   // Every file is read before anything is written: a bad file fails the command without a partial report.
   std::vector<bench::ResultFile> results;
   for (const auto& path : o.files) results.push_back(bench::load_result(path));
