@@ -117,7 +117,10 @@ CLI::Validator one_of(const std::vector<std::string>& choices) {
       [choices](std::string& s) -> std::string {
         if (std::find(choices.begin(), choices.end(), s) != choices.end()) return "";
         const std::string near = closest(s, choices);
-        return "expected " + join(choices, ", ") + ", got '" + s + "'" +
+        std::string list;
+        for (size_t i = 0; i < choices.size(); ++i)
+          list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+        return "expected " + list + ", got '" + s + "'" +
                (near.empty() ? "" : "; did you mean '" + near + "'?");
       },
       join(choices, "|"));
@@ -155,18 +158,17 @@ void check_output_dir(const std::string& flag, const std::string& path) {
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
+  // Optimal string alignment: insertions, deletions, substitutions and swaps of two neighbours cost 1 each.
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
     for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
-  }
-  return row[b.size()];
+  return d[a.size()][b.size()];
 }
 
 std::string closest(const std::string& word, const std::vector<std::string>& candidates) {

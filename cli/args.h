@@ -38,7 +38,7 @@ void check_output_file(const std::string& flag, const std::string& path);
 // ancestor must be a writable folder.
 void check_output_dir(const std::string& flag, const std::string& path);
 
-// Levenshtein distance.
+// Edit distance (optimal string alignment: a swap of two neighbouring characters counts 1).
 size_t edit_distance(const std::string& a, const std::string& b);
 // The candidate closest to `word` when it is close enough to be a likely misspelling, else "".
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);

@@ -163,12 +163,13 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16 (default: f32 on CPU, the config's dtype on GPU)");
   cmd->add_option("--weights", o->weights, "HF folder or .safetensors file (default: seeded random weights)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "Comma-separated token ids; repeat for a batch");
-  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")->check(CLI::PositiveNumber);
-  cmd->add_option("--block-size", o->block_size, "KV cache block size")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")
+      ->check(integer_at_least(1));
+  cmd->add_option("--block-size", o->block_size, "KV cache block size")->check(integer_at_least(1));
   cmd->add_option("--tp", o->tp,
                   "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
                   "CPU (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1, "a tensor-parallel size"));
   cmd->add_option("--seed", o->seed, "Seed for random weights and the default prompt");
   cmd->add_option("--variant", o->variant, "baseline or candidate");
   cmd->add_flag("--stop-at-eos", o->stop_at_eos, "Stop a sequence at the config's eos_token_id");

@@ -898,7 +898,7 @@ void add_kernels_command(CLI::App& app) {
                   "Model name from models/ (repeatable; 'all' = every real config a registered model serves; "
                   "default llama-3.1-8b-instruct)");
   cmd->add_option("--tp", o->tps, "Tensor-parallel size whose per-rank shapes are timed (repeatable; default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1, "a tensor-parallel size"));
   cmd->add_option("--tokens", o->tokens,
                   "Comma-separated token counts replacing the defaults (decode attention: batch sizes)");
   cmd->add_option("--random", o->random,
@@ -919,7 +919,7 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--worker-timeout", o->worker_timeout_s,
                   "Seconds the op's worker process may take to answer one request before the case FAILs and the "
                   "worker is killed (default 300)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--secret-seed", o->secret_seed_arg,
                   "The run's secret seed (default: drawn at random and printed after the run); mixed into every "
                   "input and weight the op under test sees");

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "engine/model_loader.h"
 #include "kbn/registry.h"
@@ -189,7 +190,7 @@ void add_list_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("list", "List the ops by level, the models that use them, and candidates");
   cmd->add_flag("--map", opts->map, "Operators by model and models by operator, from the include graph");
   cmd->add_flag("--candidates", opts->candidates, "Candidate files compiled in and the ops each changes");
-  cmd->add_option("--level", opts->level, "Only this level (1..4)")->check(CLI::Range(1, 4));
+  cmd->add_option("--level", opts->level, "Only this level (1..4)")->check(integer_in(1, 4, "a level 1..4"));
   cmd->add_flag("--json", opts->json, "Machine-readable output");
   cmd->callback([opts] { run(*opts); });
 }

@@ -605,7 +605,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--target", o->target, "Op to profile (registry name, e.g. rms_norm, flash_attn_prefill)");
   cmd->add_option("--model", o->model, "Model name from models/ whose shapes are used (default llama-3.1-8b-instruct)");
   cmd->add_option("--tp", o->tp, "Tensor-parallel size whose per-rank shapes are used (default 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_at_least(1, "a tensor-parallel size"));
   cmd->add_option("--tokens", o->tokens, "Comma-separated token counts replacing the op's defaults");
   cmd->add_option("--case", o->case_labels,
                   "Only the case with this exact label (repeatable; kb_nano kernels --list shows them; default: "
@@ -613,7 +613,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--dtype", o->dtype, "Activation and weight dtype: bf16 (default), f16 or f32");
   cmd->add_option("--variant", o->variant,
                   "baseline, candidate or both (default: both when a candidate is compiled in, else baseline)")
-      ->check(CLI::IsMember({"baseline", "candidate", "both"}));
+      ->check(one_of({"baseline", "candidate", "both"}));
   cmd->add_option("--ncu", o->ncu, "Path of Nsight Compute's ncu (default: ncu on PATH, then /usr/local/cuda/bin)");
   cmd->add_option("--kernel-regex", o->kernel_regex,
                   "Which kernels to profile, matched against demangled names (default kbn::<variant>::, every "
@@ -621,7 +621,7 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--launch-skip", o->launch_skip,
                   "Matching launches to skip (default: the validation and warm-up calls that precede the timed "
                   "ones, counted per case)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_at_least(0));
   cmd->add_option("--launch-count", o->launch_count, "Matching launches to profile after the skipped ones (default 4)");
   cmd->add_option("--json", o->json, "Write raw metrics and the analysis of every kernel to this file");
   cmd->add_option("--markdown", o->markdown, "Write the report as Markdown to this file");

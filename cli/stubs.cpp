@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "engine/model_loader.h"
 #include "kbn/error.h"
@@ -319,7 +320,7 @@ void add_stubs_command(CLI::App& app) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "stubs", "Write candidate files for the selected ops: copies of the baseline with the signatures to keep");
-  cmd->add_option("--level", opts->level, "Only ops of this level (1..4)")->check(CLI::Range(1, 4));
+  cmd->add_option("--level", opts->level, "Only ops of this level (1..4)")->check(integer_in(1, 4, "a level 1..4"));
   cmd->add_option("--architecture", opts->architecture,
                   "Only ops used by this HF architecture (LlamaForCausalLM) or model name (tiny-llama)");
   cmd->add_option("--target", opts->targets, "Only these ops, by registry name (repeat or comma-separate)")

@@ -1,0 +1,76 @@
+// Usage errors in the tool's own words, never CLI11's defaults ("Value 0 not in range 0.000000 to 1797...", "A
+// subcommand is required" for a misspelt one, "At Most 1 required but received 2"), with "did you mean" for
+// misspelt commands, flags and choices, and one exit-code convention: 0 ok, 1 run failed, 2 usage error.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli/args.h"
+#include "test_paths.h"
+#include "test_process.h"
+
+namespace {
+
+kbn::test::ShellResult kb_nano(const std::string& args) {
+  return kbn::test::shell("KBN_MODELS_DIR=" KBN_SOURCE_DIR "/models " + kbn::test::kb_nano() + " " + args);
+}
+
+// Exit 2 with `message` in the output and none of CLI11's default phrasings.
+void expect_usage_error(const std::string& args, const std::string& message) {
+  if (kbn::test::kb_nano().empty()) GTEST_SKIP() << "kb_nano is not built next to the tests";
+  const auto r = kb_nano(args);
+  EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+  EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  for (const char* leak : {"not in range", "A subcommand is required", "At Most", "Run with --help",
+                           "were not expected", "was not expected", "Could not convert", "required TEXT missing"})
+    EXPECT_EQ(r.output.find(leak), std::string::npos) << args << " leaks CLI11's '" << leak << "'\n" << r.output;
+}
+
+}  // namespace
+
+TEST(CliUsage, EditDistanceAndSuggestions) {
+  EXPECT_EQ(kbn::cli::edit_distance("genrate", "generate"), 1u);
+  EXPECT_EQ(kbn::cli::edit_distance("", "abc"), 3u);
+  EXPECT_EQ(kbn::cli::edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(kbn::cli::edit_distance("evla", "eval"), 1u);  // a swap of neighbours is one slip
+  EXPECT_EQ(kbn::cli::closest("--max-new-token", {"--max-new-tokens", "--model"}), "--max-new-tokens");
+  EXPECT_EQ(kbn::cli::closest("evla", {"eval", "list"}), "eval");
+  EXPECT_EQ(kbn::cli::closest("serve", {"eval", "list", "report"}), "");  // nothing close: no suggestion
+}
+
+TEST(CliUsage, MisspeltCommandGetsASuggestion) {
+  expect_usage_error("genrate --device cpu", "unknown command 'genrate'; did you mean 'generate'?");
+  expect_usage_error("", "a command is needed, one of: list, generate");
+}
+
+TEST(CliUsage, MisspeltFlagGetsASuggestion) {
+  expect_usage_error("generate --device cpu --max-new-token 3",
+                     "kb_nano generate: unknown flag '--max-new-token'; did you mean '--max-new-tokens'?");
+  expect_usage_error("eval --worklod balanced", "unknown flag '--worklod'; did you mean '--workload'?");
+}
+
+TEST(CliUsage, RangesInTheToolsWords) {
+  expect_usage_error("generate --max-new-tokens 0", "--max-new-tokens: expected an integer >= 1, got '0'");
+  expect_usage_error("generate --max-new-tokens abc", "--max-new-tokens: expected an integer >= 1, got 'abc'");
+  expect_usage_error("list --level 7", "--level: expected a level 1..4, got '7'");
+  expect_usage_error("stubs --level 0", "--level: expected a level 1..4, got '0'");
+  expect_usage_error("profile --variant basline", "--variant: expected baseline, candidate or both, got 'basline'; "
+                                                  "did you mean 'baseline'?");
+}
+
+TEST(CliUsage, RepeatedFlagMissingValueAndArgument) {
+  expect_usage_error("eval --json a.json --json b.json", "--json: given 2 times; give it once");
+  expect_usage_error("generate --json", "--json: needs a value");
+  expect_usage_error("report", "kb_nano report: missing the files to read");
+  expect_usage_error("generate --device cpu stray", "unexpected argument(s) 'stray'");
+}
+
+TEST(CliUsage, ExitCodes) {
+  if (kbn::test::kb_nano().empty()) GTEST_SKIP() << "kb_nano is not built next to the tests";
+  EXPECT_EQ(kb_nano("--help").code, 0);
+  EXPECT_NE(kb_nano("--help").output.find("Exit codes: 0 success; 1 the run failed"), std::string::npos);
+  EXPECT_EQ(kb_nano("list --level 1").code, 0);
+  // A refused flag value (found while running) is a usage error; a failed load is a failed run.
+  EXPECT_EQ(kb_nano("generate --device cpu --model no-such-model").code, 2);
+  EXPECT_EQ(kb_nano("report " KBN_SOURCE_DIR "/README.md").code, 1);
+}
