@@ -832,10 +832,12 @@ void add_eval_command(CLI::App& app) {
                   "sizes 1, 2, 4, 8, 16, 24, ... up to min(max-num-seqs, 512) (CUDA only)");
   cmd->add_option("--num-requests", o->num_requests,
                   "Requests to run (default: the workload's count; " + std::to_string(kCpuDefaultRequests) +
-                      " on CPU; 0 = default)");
+                      " on CPU; 0 = default)")
+      ->check(integer_at_least(0));
   cmd->add_option(
       "--scale", o->scale,
-      "Multiply every prompt and output length (default 1; " + fmt("%g", kCpuDefaultScale) + " on CPU; 0 = default)");
+      "Multiply every prompt and output length (default 1; " + fmt("%g", kCpuDefaultScale) + " on CPU; 0 = default)")
+      ->check(positive_number(true));
   cmd->add_option("--json", o->json,
                   "Write metrics per variant (with the serial floor on a GPU), alignment, config and provenance to "
                   "this file");
@@ -859,27 +861,35 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--divergence-samples", o->divergence_samples,
                   "With a candidate: score the first divergence of up to this many differing requests (evenly "
                   "spaced) by rerunning the baseline on their common prefix, to tell near-ties (rounding) from "
-                  "choices the baseline ranks clearly lower (default 64; 0 = off)");
-  cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)");
+                  "choices the baseline ranks clearly lower (default 64; 0 = off)")
+      ->check(integer_at_least(0));
+  cmd->add_option("--seed", o->seed, "Seed of the workload and of random weights (default 0)")->check(seed_value());
   cmd->add_option("--variant", o->variant, "baseline, candidate or both (default: both when a candidate is built)");
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
                   "Token budget per step (default as vLLM's offline engine: 16384 on a >= 70 GiB GPU other than an "
-                  "A100, else 8192)");
+                  "A100, else 8192; 0 = this default)")
+      ->check(integer_at_least(0));
   CLI::Option* seqs = cmd->add_option("--max-num-seqs", o->max_num_seqs,
                                       "Running sequences at most (default as vLLM's offline engine: 1024 on a >= 70 GiB GPU other "
-                                      "than an A100, else 256; latency-b1/b32: 1/32)");
-  cmd->add_option("--block-size", o->block_size, "KV cache block size in tokens (default 16)");
+                                      "than an A100, else 256; latency-b1/b32: 1/32)")
+                                  ->check(integer_at_least(1));
+  cmd->add_option("--block-size", o->block_size, "KV cache block size in tokens (default 16)")
+      ->check(integer_at_least(1));
   cmd->add_option("--tp", o->tp,
                   "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL; decode-sized all-reduces over peer "
                   "memory) or, with --device cpu, on the "
                   "CPU (default 1)");
   cmd->add_option("--num-kv-blocks", o->num_kv_blocks,
                   "KV cache blocks (default: from free GPU memory; on CPU enough for max_num_seqs x max_model_len "
-                  "up to 1 GiB)");
+                  "up to 1 GiB; 0 = this default)")
+      ->check(integer_at_least(0));
   cmd->add_option("--max-model-len", o->max_model_len,
-                  "Prompt + output tokens per request at most (default: the config's max_position_embeddings)");
+                  "Prompt + output tokens per request at most; longer requests are clipped to it (default: the "
+                  "config's max_position_embeddings)")
+      ->check(integer_at_least(2));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
-                  "Share of GPU memory for weights, activations and KV cache (default 0.9)");
+                  "Share of GPU memory for weights, activations and KV cache (default 0.9)")
+      ->check(positive_number());
   cmd->add_option("--weights", o->weights, "HF folder or .safetensors file (default: seeded random weights)");
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or f16 (default: f32 on CPU, the config's dtype on GPU)");
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (default: cuda:0 when a GPU is present)");

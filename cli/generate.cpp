@@ -170,7 +170,7 @@ void add_generate_command(CLI::App& app) {
                   "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
                   "CPU (default 1)")
       ->check(integer_at_least(1, "a tensor-parallel size"));
-  cmd->add_option("--seed", o->seed, "Seed for random weights and the default prompt");
+  cmd->add_option("--seed", o->seed, "Seed for random weights and the default prompt (default 0)")->check(seed_value());
   cmd->add_option("--variant", o->variant, "baseline or candidate");
   cmd->add_flag("--stop-at-eos", o->stop_at_eos, "Stop a sequence at the config's eos_token_id");
   cmd->add_option("--json", o->json, "Write tokens and timings to this JSON file");

@@ -893,7 +893,9 @@ void add_kernels_command(CLI::App& app) {
                   "Op to run (repeatable; default: every op of --level that the model's L4 includes)");
   cmd->add_option("--level", o->level,
                   "1: single kernels (default), 2: blocks (parallel linears, attention and MLP blocks), "
-                  "3: decoder layers; whole models are measured by 'kb_nano eval'");
+                  "3: decoder layers; whole models are measured by 'kb_nano eval'")
+      ->check(integer_in(1, 3, "1 (single kernels), 2 (blocks) or 3 (decoder layers); whole models are measured by "
+                               "'kb_nano eval'"));
   cmd->add_option("--model", o->models,
                   "Model name from models/ (repeatable; 'all' = every real config a registered model serves; "
                   "default llama-3.1-8b-instruct)");
@@ -902,15 +904,16 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--tokens", o->tokens,
                   "Comma-separated token counts replacing the defaults (decode attention: batch sizes)");
   cmd->add_option("--random", o->random,
-                  "Random property-based shapes per op (odd sizes, GQA ratios; default 3, 2 on --device cpu)");
+                  "Random property-based shapes per op (odd sizes, GQA ratios; default 3, 2 on --device cpu; 0 = none)")
+      ->check(integer_at_least(0));
   cmd->add_option("--case", o->case_labels, "Only the case with this exact label (repeatable; see --list)");
   cmd->add_option("--mode", o->mode, "cold (flush L2, rotate inputs; default), hot, or graph (CUDA graph of 20 calls)");
   cmd->add_option("--dtype", o->dtype, "Activation and weight dtype: bf16 (default), f16 or f32");
   cmd->add_option("--variant", o->variant,
                   "baseline, or both (baseline vs candidate); default: both when a candidate is built");
   cmd->add_option("--device", o->device, "cuda (default when a GPU is visible) or cpu (the CPU ops: harness checks)");
-  cmd->add_option("--seed", o->seed, "Seed of the inputs, weights and random shapes");
-  cmd->add_option("--seeds", o->seeds, "Validation seeds per case (default 3)");
+  cmd->add_option("--seed", o->seed, "Seed of the inputs, weights and random shapes (default 0)")->check(seed_value());
+  cmd->add_option("--seeds", o->seeds, "Validation seeds per case (default 3)")->check(integer_at_least(1));
   cmd->add_option("--json", o->json, "Write one row per case, with provenance and a rerun command, to this file");
   cmd->add_option("--markdown", o->markdown, "Write the tables as Markdown to this file");
   cmd->add_flag("!--no-composition", o->composition,

@@ -622,7 +622,8 @@ void add_profile_command(CLI::App& app) {
                   "Matching launches to skip (default: the validation and warm-up calls that precede the timed "
                   "ones, counted per case)")
       ->check(integer_at_least(0));
-  cmd->add_option("--launch-count", o->launch_count, "Matching launches to profile after the skipped ones (default 4)");
+  cmd->add_option("--launch-count", o->launch_count, "Matching launches to profile after the skipped ones (default 4)")
+      ->check(integer_at_least(1));
   cmd->add_option("--json", o->json, "Write raw metrics and the analysis of every kernel to this file");
   cmd->add_option("--markdown", o->markdown, "Write the report as Markdown to this file");
   cmd->add_option("--save-csv", o->save_csv, "Keep each raw ncu capture in this folder (<op>__<variant>__<case>.csv)");

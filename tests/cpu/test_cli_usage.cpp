@@ -74,3 +74,31 @@ TEST(CliUsage, ExitCodes) {
   EXPECT_EQ(kb_nano("generate --device cpu --model no-such-model").code, 2);
   EXPECT_EQ(kb_nano("report " KBN_SOURCE_DIR "/README.md").code, 1);
 }
+
+TEST(CliUsage, ZeroAndNegativeValuesRefused) {
+  expect_usage_error("generate --seed -1", "--seed: expected a seed 0..18446744073709551615, got '-1'");
+  expect_usage_error("eval --seed -3", "--seed: expected a seed 0..18446744073709551615, got '-3'");
+  expect_usage_error("kernels --random -1", "--random: expected an integer >= 0, got '-1'");
+  expect_usage_error("kernels --seeds 0", "--seeds: expected an integer >= 1, got '0'");
+  expect_usage_error("kernels --level 4", "--level: expected 1 (single kernels), 2 (blocks) or 3 (decoder layers)");
+  expect_usage_error("eval --max-model-len 0", "--max-model-len: expected an integer >= 2, got '0'");
+  expect_usage_error("eval --max-model-len -5", "--max-model-len: expected an integer >= 2, got '-5'");
+  expect_usage_error("eval --max-num-batched-tokens -1", "--max-num-batched-tokens: expected an integer >= 0, got '-1'");
+  expect_usage_error("eval --max-num-seqs 0", "--max-num-seqs: expected an integer >= 1, got '0'");
+  expect_usage_error("eval --block-size 0", "--block-size: expected an integer >= 1, got '0'");
+  expect_usage_error("eval --num-kv-blocks -2", "--num-kv-blocks: expected an integer >= 0, got '-2'");
+  expect_usage_error("eval --gpu-memory-utilization 0", "--gpu-memory-utilization: expected a number > 0, got '0'");
+  expect_usage_error("profile --launch-count 0", "--launch-count: expected an integer >= 1, got '0'");
+}
+
+TEST(CliUsage, DocumentedZeroDefaultsStillAccepted) {
+  if (kbn::test::kb_nano().empty()) GTEST_SKIP() << "kb_nano is not built next to the tests";
+  // The run stops at the (checked first) output path, after the command line was accepted.
+  const auto r = kb_nano("eval --device cpu --num-requests 0 --scale 0 --max-num-batched-tokens 0 --num-kv-blocks 0 "
+                         "--divergence-samples 0 --json /nonexistent_kbn/e.json");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--json: cannot write"), std::string::npos) << r.output;
+  const std::string help = kb_nano("eval --help").output;
+  for (const char* doc : {"0 = this default)", "0 = default)", "0 = off)"})
+    EXPECT_NE(help.find(doc), std::string::npos) << doc << "\n" << help;
+}
