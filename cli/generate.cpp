@@ -1,4 +1,5 @@
 // kb_nano generate: greedy tokens from an L4 model (CPU or GPU), with prefill and decode timing.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -73,6 +74,17 @@ void run(const Options& o) {
     Tensor ids = Tensor::empty({8}, DType::i64);
     fill_randint_(ids, o.seed + 17, 0, spec.config.get_int("vocab_size"));
     prompts.push_back(ids.to_ints());
+  }
+  // Every position a prompt and its new tokens take must be one the model has (its rotary table ends there): checked
+  // here, before the model is built, rather than found by an op mid-run.
+  const int64_t max_pos = spec.config.get_int("max_position_embeddings");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const int64_t len = int64_t(prompts[i].size());
+    KBN_CHECK(len + o.max_new_tokens <= max_pos, "--max-new-tokens: prompt ", i, " (", len, " tokens) + ",
+              o.max_new_tokens, " new tokens = ", len + o.max_new_tokens, " positions, beyond ", spec.name,
+              "'s limit of ", max_pos, " (max_position_embeddings in ", spec.config_path, "); at most ",
+              std::max<int64_t>(max_pos - len, 0), " new tokens fit after this prompt",
+              len >= max_pos ? " (the prompt alone is too long)" : "");
   }
 
   std::fprintf(

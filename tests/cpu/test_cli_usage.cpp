@@ -102,3 +102,19 @@ TEST(CliUsage, DocumentedZeroDefaultsStillAccepted) {
   for (const char* doc : {"0 = this default)", "0 = default)", "0 = off)"})
     EXPECT_NE(help.find(doc), std::string::npos) << doc << "\n" << help;
 }
+
+TEST(CliUsage, GeneratePastTheModelsPositionsRefusedUpFront) {
+  // tiny-llama: max_position_embeddings 2048. Before this check the rotary op refused position 2048 mid-run.
+  expect_usage_error("generate --device cpu --model tiny-llama --prompt-ids 1,2,3 --max-new-tokens 2046",
+                     "--max-new-tokens: prompt 0 (3 tokens) + 2046 new tokens = 2049 positions, beyond tiny-llama's "
+                     "limit of 2048 (max_position_embeddings in");
+  expect_usage_error("generate --device cpu --model tiny-llama --prompt-ids 1,2,3 --max-new-tokens 2046",
+                     "at most 2045 new tokens fit after this prompt");
+  if (kbn::test::kb_nano().empty()) return;
+  // Exactly at the limit runs (on CPU, a 2048-token generation of the tiny model takes a few seconds: use a long
+  // prompt instead).
+  std::string ids = "1";
+  for (int i = 1; i < 2040; ++i) ids += ",1";
+  const auto r = kb_nano("generate --device cpu --model tiny-llama --prompt-ids " + ids + " --max-new-tokens 8");
+  EXPECT_EQ(r.code, 0) << r.output.substr(0, 2000);
+}
