@@ -4,8 +4,39 @@
 #include <set>
 
 #include "kbn/error.h"
+#include "kbn/safetensors.h"
 
 namespace kbn {
+
+namespace {
+
+// Elements of a contiguous host buffer whose exponent bits are all ones (NaN or Inf; fp8 e4m3 has only NaN).
+template <class Bits>
+int64_t count_non_finite(const Bits* p, int64_t n, Bits mask, int64_t& first) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if ((p[i] & mask) == mask) {
+      if (count++ == 0) first = i;
+    }
+  return count;
+}
+
+}  // namespace
+
+int64_t non_finite_count(const Tensor& t, int64_t* first_index) {
+  if (!is_floating(t.dtype()) || t.numel() == 0) return 0;
+  const Tensor host = t.device().is_cpu() && t.is_contiguous() ? t : t.to(Device::cpu()).contiguous();
+  int64_t first = -1, n = 0;
+  switch (host.dtype()) {
+    case DType::f32: n = count_non_finite(static_cast<const uint32_t*>(host.data_ptr()), host.numel(), 0x7f800000u, first); break;
+    case DType::f16: n = count_non_finite(static_cast<const uint16_t*>(host.data_ptr()), host.numel(), uint16_t(0x7c00), first); break;
+    case DType::bf16: n = count_non_finite(static_cast<const uint16_t*>(host.data_ptr()), host.numel(), uint16_t(0x7f80), first); break;
+    case DType::fp8e4m3: n = count_non_finite(static_cast<const uint8_t*>(host.data_ptr()), host.numel(), uint8_t(0x7f), first); break;
+    default: break;
+  }
+  if (first_index) *first_index = first;
+  return n;
+}
 
 const std::vector<StackedParam>& qkv_gate_up_stacking() {
   static const std::vector<StackedParam> s = {{".qkv_proj", ".q_proj", "q"},
@@ -69,6 +100,18 @@ void load_stacked_weights(Module& model, const WeightSource& weights, const std:
     auto it = params.find(name);
     KBN_CHECK(it != params.end(), who, "::load_weights: checkpoint tensor '", ckpt_name,
               "' matches no parameter (looked for '", name, "')");
+    // The loader converts dtypes, so a tensor relabelled I32 (or a quantized one) would load as garbage numbers.
+    const DType want = it->second.tensor->dtype();
+    KBN_CHECK(is_floating(want) ? is_floating(tensor.dtype()) : tensor.dtype() == want, who,
+              "::load_weights: checkpoint tensor '", ckpt_name, "' has dtype ", safetensors_dtype_name(tensor.dtype()),
+              "; expected ", is_floating(want) ? "a floating-point dtype (F32, F16, BF16 or F8_E4M3)"
+                                               : std::string(safetensors_dtype_name(want)),
+              " for parameter '", name, "' (", dtype_name(want), ")");
+    int64_t first = -1;
+    const int64_t bad = non_finite_count(tensor, &first);
+    KBN_CHECK(bad == 0, who, "::load_weights: checkpoint tensor '", ckpt_name, "' holds ", bad, " of ", tensor.numel(),
+              " values that are NaN or Inf (the first at flat index ", first,
+              "): the checkpoint is corrupt or was converted badly");
     try {
       it->second.loader(*it->second.tensor, tensor, shard);
     } catch (const Error& e) {

@@ -21,10 +21,16 @@ struct StackedParam {
 // The q/k/v and gate/up fusions of the Llama-style decoder layers (QKVParallelLinear, MergedColumnParallelLinear).
 const std::vector<StackedParam>& qkv_gate_up_stacking();
 
+// NaN and Inf elements of a floating-point tensor (0 for other dtypes), by their exponent bits: one pass over a
+// host copy; *first_index gets the flat index of the first (-1 when none).
+int64_t non_finite_count(const Tensor& t, int64_t* first_index = nullptr);
+
 // Loads `weights` into `model`'s parameters. `skip(name)` drops checkpoint tensors the model recomputes or
 // shares (rotary inv_freq, a tied lm_head). Errors start with `who` and name the checkpoint tensor or the
-// parameter: a tensor that matches no parameter, one that appears twice, a wrong shape (the loader's
-// message), a parameter left unfilled (with how many of its shards were found).
+// parameter: a tensor that matches no parameter, one that appears twice, a dtype that cannot hold the
+// parameter's values (an integer tensor for a floating-point parameter: the dtype found and the one expected),
+// NaN or Inf values (checked once per tensor as it is loaded: how many and where the first is), a wrong shape (the
+// loader's message), a parameter left unfilled (with how many of its shards were found).
 void load_stacked_weights(Module& model, const WeightSource& weights, const std::vector<StackedParam>& stacking,
                           const std::function<bool(const std::string&)>& skip, const std::string& who);
 
