@@ -221,11 +221,14 @@ have_gguf=0
 if [[ $skip_kb == 1 ]]; then
   skip kb_nano "--skip-kb-nano"
 elif [[ $mode == gpu ]]; then
-  step kb_latency_b1 240 "$kb" eval --workload latency-b1 --mode graph --variant baseline --max-model-len 4096 \
+  # The same model as the GGUF's: a models/ name, or the config's path
+  kb_model=$config
+  [[ $config == models/*.json && -f $root/$config ]] && kb_model=$(basename "$config" .json)
+  step kb_latency_b1 240 "$kb" eval --model "$kb_model" --workload latency-b1 --mode graph --variant baseline --max-model-len 4096 \
     --json "$out/kb_latency_b1.json"
-  step kb_prefill_4096 240 "$kb" eval --workload latency-b1 --mode graph --variant baseline --scale 32 \
+  step kb_prefill_4096 240 "$kb" eval --model "$kb_model" --workload latency-b1 --mode graph --variant baseline --scale 32 \
     --num-requests "${PREFILL_REQUESTS:-2}" --max-model-len 8256 --json "$out/kb_prefill_4096.json"
-  step kb_batched_256 240 "$kb" eval --workload latency-b32 --mode graph --variant baseline --scale 4 \
+  step kb_batched_256 240 "$kb" eval --model "$kb_model" --workload latency-b32 --mode graph --variant baseline --scale 4 \
     --num-requests 256 --max-num-seqs 256 --max-model-len 4096 --json "$out/kb_batched_256.json"
 elif [[ -x $kb ]]; then
   step kb_cpu_smoke 120 "${nice_cmd[@]}" "$kb" eval --device cpu --model tiny-llama --workload latency-b1 \
