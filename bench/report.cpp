@@ -284,15 +284,52 @@ ResultFile parse_result(const std::string& text, const std::string& path) {
   return f;
 }
 
-ResultFile load_result(const std::string& path) {
+namespace {
+
+std::string read_result_text(const std::string& path) {
   // An ifstream opens a folder without complaint on Linux; only the read would fail, without a reason.
   KBN_CHECK(!std::filesystem::is_directory(path), path, ": is a folder, not a result file");
   std::ifstream in(path, std::ios::binary);
   KBN_CHECK(in.good(), path, ": cannot read (", std::strerror(errno), ")");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_result(ss.str(), path);
+  return ss.str();
 }
+
+}  // namespace
+
+ResultFile load_result(const std::string& path) { return parse_result(read_result_text(path), path); }
+
+std::vector<ResultFile> parse_results(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    KBN_FAIL(path, ": not valid JSON (", e.what(), ")");
+  }
+  if (!(j.is_object() && j.contains("runs") && !j.contains("rows") && !j.contains("results")))
+    return {parse_result(text, path)};
+  const Node runs = Node(j, "", path)["runs"];
+  if (runs.size() == 0) runs.fail("key 'runs' is empty: the merged file holds no kernels run, so there is nothing to plot");
+  std::vector<ResultFile> out;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const json& run = j["runs"][i];
+    const std::string name = path + " runs[" + std::to_string(i) + "]" +
+                             (run.is_object() && run.contains("file") && run["file"].is_string()
+                                  ? " (" + run["file"].get<std::string>() + ")"
+                                  : std::string());
+    if (!(run.is_object() && run.contains("rows")))
+      runs[i].fail("key 'runs[" + std::to_string(i) + "]' is not a kb_nano kernels result (no 'rows' array)");
+    ResultFile f;
+    f.path = name;
+    f.kind = ResultKind::kernels;
+    f.kernels = parse_kernels(runs[i]);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::vector<ResultFile> load_results(const std::string& path) { return parse_results(read_result_text(path), path); }
 
 // ---- 2. SVG charts ----
 

@@ -99,6 +99,11 @@ struct ResultFile {
 ResultFile parse_result(const std::string& text, const std::string& path);
 // Reads and parses a file; a file that cannot be read is an error naming it and the system's reason.
 ResultFile load_result(const std::string& path);
+// The results a file holds: one, or for a merged kernels file (a top-level 'runs' array of kernels results, as
+// tools/h200_tables.py writes and bench/results/h200/kernels_llama-3.1-8b_tp1_cold.json is) one per run, each named
+// "PATH runs[i]" plus the run's 'file' when it has one.
+std::vector<ResultFile> parse_results(const std::string& text, const std::string& path);
+std::vector<ResultFile> load_results(const std::string& path);
 
 // ---- 2. SVG charts ----
 

@@ -6,14 +6,24 @@
 // Exit codes of kb_nano (also in `kb_nano --help` and README.md):
 //   0  success (and --help)
 //   1  the run failed: an error while loading or running, or a check that did not pass (kernels' FAILs)
-//   2  usage error: the command line cannot be parsed, or a flag's value is refused. Every refusal of a flag's
-//      value starts with the flag's name ("--json: ..."), which is how main() tells it from a failed run.
+//   2  usage error: the command line cannot be parsed, or a flag's value or an input file it names is refused.
+//      Every refusal of a flag's value starts with the flag's name ("--json: ..."), which is how main() tells it
+//      from a failed run; other refusals of the command line throw UsageError.
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "kbn/error.h"
+
 namespace kbn::cli {
+
+// A usage error found after parsing whose message does not start with a flag: an input file named on the command
+// line that cannot be read or is not what the command takes (kb_nano report's result files). Exit 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
 
 inline constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
 inline constexpr const char* kExitCodesHelp =

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
   } catch (const kbn::Error& e) {
     std::fprintf(stderr, "kb_nano: error: %s\n", e.what());
     // A refused flag value names the flag first (cli/args.h): a usage error. Anything else is a failed run.
-    return std::string(e.what()).rfind("--", 0) == 0 ? kbn::cli::kExitUsage : kbn::cli::kExitFailed;
+    const bool usage = dynamic_cast<const kbn::cli::UsageError*>(&e) || std::string(e.what()).rfind("--", 0) == 0;
+    return usage ? kbn::cli::kExitUsage : kbn::cli::kExitFailed;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kb_nano: error: %s\n", e.what());
     return kbn::cli::kExitFailed;

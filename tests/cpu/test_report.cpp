@@ -532,7 +532,44 @@ TEST(ReportCli, RefusalsNameTheFile) {
 
   r = kbn::test::shell(exe + " report");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("files is required"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("kb_nano report: missing the files to read"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// ---- merged kernels files (a top-level 'runs' array, as bench/results/h200/ holds) ----
+
+TEST(ReportParse, MergedKernelsFileGivesOneResultPerRun) {
+  const nlohmann::json one = nlohmann::json::parse(read(fixture("kernels_rms_norm_baseline.json")));
+  nlohmann::json a = one, b = one;
+  a["file"] = "kernels_a.json";
+  const std::string text = nlohmann::json{{"runs", {a, b}}}.dump();
+  const auto results = bench::parse_results(text, "merged.json");
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].path, "merged.json runs[0] (kernels_a.json)");
+  EXPECT_EQ(results[1].path, "merged.json runs[1]");
+  for (const auto& r : results) {
+    EXPECT_EQ(r.kind, bench::ResultKind::kernels);
+    EXPECT_EQ(r.kernels.rows.size(), one["rows"].size());
+  }
+  // A single result is one file, as before; a run that is no kernels result is named.
+  EXPECT_EQ(bench::parse_results(one.dump(), "k.json").size(), 1u);
+  const std::string bad = nlohmann::json{{"runs", {a, {{"summary", nlohmann::json::object()}}}}}.dump();
+  const std::string err = kbn::test::error_of([&] { bench::parse_results(bad, "m.json"); });
+  EXPECT_NE(err.find("m.json: key 'runs[1]' is not a kb_nano kernels result (no 'rows' array)"), std::string::npos)
+      << err;
+}
+
+TEST(ReportCli, ReadsTheCommittedMergedKernelsFile) {
+  const std::string exe = kbn::test::kb_nano();
+  if (exe.empty()) GTEST_SKIP() << "kb_nano is not built next to the test binary";
+  const fs::path dir = kbn::test::temp_dir("kbn_report_test");
+  const std::string merged = KBN_SOURCE_DIR "/bench/results/h200/kernels_llama-3.1-8b_tp1_cold.json";
+  const kbn::test::ShellResult r = kbn::test::shell(exe + " report " + merged + " --out " + (dir / "r").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string index = read((dir / "r" / "index.md").string());
+  for (const char* run : {"runs[0] (kernels_8b_argmax.json)", "(kernels_8b_linear.json)"})
+    EXPECT_NE(index.find(run), std::string::npos) << run;
+  EXPECT_TRUE(fs::exists(dir / "r" / "kernels_linear_llama-3.1-8b-instruct_tp1_time.svg"));
   fs::remove_all(dir);
 }
 
