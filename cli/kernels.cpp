@@ -178,6 +178,34 @@ void check_level(const Options& o) {
             "; whole models are measured by 'kb_nano eval'");
 }
 
+const char* level_name(int level) {
+  return level == 1 ? "single kernels" : level == 2 ? "blocks" : level == 3 ? "decoder layers" : "models";
+}
+
+// Every --target must be a benchmarked op. An unknown one is refused with the ops of the requested --level (not
+// every level's ops in one list), the levels that have benchmarked ops, and a "did you mean".
+void check_targets(const Options& o) {
+  std::vector<std::string> all;
+  std::map<int, std::vector<std::string>> by_level;
+  for (const auto& e : registry(Variant::baseline).entries())
+    if (e.cases) {
+      all.push_back(e.name);
+      by_level[e.level].push_back(e.name);
+    }
+  for (const auto& t : o.targets) {
+    if (std::find(all.begin(), all.end(), t) != all.end()) continue;
+    const std::string near = closest(t, all);
+    std::string ops, levels;
+    for (const auto& op : by_level[o.level]) ops += (ops.empty() ? "" : ", ") + op;
+    for (const auto& [level, names] : by_level)
+      levels += (levels.empty() ? "" : ", ") + std::to_string(level) + " (" + level_name(level) + ", " +
+                std::to_string(names.size()) + " ops)";
+    KBN_FAIL("--target: '", t, "' is not a benchmarked op", near.empty() ? "." : "; did you mean '" + near + "'?",
+             " Level ", o.level, " (", level_name(o.level), ") has: ", ops.empty() ? "(none)" : ops,
+             ". Levels with benchmarked ops: ", levels, "; --level N --target ? lists level N's");
+  }
+}
+
 // --target, else the benchmarked ops of --level that the model's L4 reaches.
 std::vector<std::string> selected_ops(const Options& o, const ModelView& m) {
   check_level(o);
@@ -759,6 +787,8 @@ void run(Options o) {
   // Output paths first: a typo must not cost a whole run.
   check_output_file("--json", o.json);
   check_output_file("--markdown", o.markdown);
+  check_level(o);
+  check_targets(o);
   const bool small = o.device == "cpu";
   const Selection selection = build_cases(o, small);
   const std::vector<bench::BenchCase>& cases = selection.cases;

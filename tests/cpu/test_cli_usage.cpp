@@ -118,3 +118,20 @@ TEST(CliUsage, GeneratePastTheModelsPositionsRefusedUpFront) {
   const auto r = kb_nano("generate --device cpu --model tiny-llama --prompt-ids " + ids + " --max-new-tokens 8");
   EXPECT_EQ(r.code, 0) << r.output.substr(0, 2000);
 }
+
+TEST(CliUsage, KernelsUnknownTargetListsTheRequestedLevel) {
+  if (kbn::test::kb_nano().empty()) GTEST_SKIP() << "kb_nano is not built next to the tests";
+  const std::string base = "kernels --device cpu --model tiny-llama --list --target nope --level ";
+  const auto l1 = kb_nano(base + "1"), l3 = kb_nano(base + "3");
+  EXPECT_EQ(l1.code, 2) << l1.output;
+  EXPECT_NE(l1.output.find("--target: 'nope' is not a benchmarked op. Level 1 (single kernels) has: argmax"),
+            std::string::npos)
+      << l1.output;
+  EXPECT_EQ(l1.output.find("llama_decoder_layer"), std::string::npos) << "level 1 lists level 3's ops\n" << l1.output;
+  EXPECT_NE(l3.output.find("Level 3 (decoder layers) has: llama_decoder_layer"), std::string::npos) << l3.output;
+  EXPECT_EQ(l3.output.find("rms_norm"), std::string::npos) << "level 3 lists level 1's ops\n" << l3.output;
+  for (const auto& r : {l1, l3})
+    EXPECT_NE(r.output.find("Levels with benchmarked ops: 1 (single kernels, "), std::string::npos) << r.output;
+  expect_usage_error("kernels --device cpu --model tiny-llama --list --target rms_nrom",
+                     "'rms_nrom' is not a benchmarked op; did you mean 'rms_norm'?");
+}
