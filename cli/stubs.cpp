@@ -1,7 +1,7 @@
-// kb_nano stubs: writes candidate starting points into tasks/candidate/ (or --dir): for each selected op, its
-// baseline header and implementation, copied so that the candidate variant compiles and behaves exactly like
-// the baseline, with a banner naming what the file replaces, the signatures it must keep, and where the
-// kernel goes.
+// kb_nano stubs: writes candidate starting points into tasks/candidate/ of the checkout the working directory is in
+// (or --dir): for each selected op, its baseline header and implementation, copied so that the candidate variant
+// compiles and behaves exactly like the baseline, with a banner naming what the file replaces, the signatures it
+// must keep, and where the kernel goes.
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -35,15 +35,27 @@ struct Options {
   std::string dir;
 };
 
-// The source tree holding tasks/baseline/: $KBN_SOURCE_DIR, else the tree kb_nano was configured from.
-std::string source_dir() {
+// The checkout the stubs belong to: $KBN_SOURCE_DIR, else the folder at or above the working directory that holds
+// tasks/baseline/ and CMakeLists.txt. Never silently the tree this binary was built from: a user in another
+// checkout (a second worktree, a copy) would get files where they do not look.
+fs::path checkout_root() {
   if (const char* env = std::getenv("KBN_SOURCE_DIR")) return env;
+  const fs::path cwd = fs::current_path();
+  for (fs::path p = cwd;; p = p.parent_path()) {
+    if (fs::is_directory(p / "tasks" / "baseline") && fs::is_regular_file(p / "CMakeLists.txt")) return p;
+    if (p == p.parent_path()) break;
+  }
+  KBN_FAIL("stubs: the working directory ", cwd.string(),
+           " is not inside a kb-nano checkout (no folder at or above it holds tasks/baseline/ and CMakeLists.txt); "
+           "cd into the checkout whose tasks/candidate/ should get the stubs, or set KBN_SOURCE_DIR to it");
+}
+
+// The source tree this binary was configured from ("" when unknown).
+std::string built_from() {
 #ifdef KBN_SOURCE_DIR
   return KBN_SOURCE_DIR;
 #else
-  KBN_FAIL(
-      "stubs: kb_nano was built without KBN_SOURCE_DIR; set the KBN_SOURCE_DIR environment variable to the "
-      "kb-nano source tree");
+  return "";
 #endif
 }
 
@@ -271,12 +283,12 @@ std::vector<StubFile> stubs_for_header(const std::string& header, const std::vec
 }
 
 void run(const Options& o) {
-  const fs::path src = source_dir();
+  const fs::path src = fs::absolute(checkout_root()).lexically_normal();
   const fs::path baseline_dir = src / "tasks" / "baseline";
   KBN_CHECK(fs::is_directory(baseline_dir), "stubs: no baseline tasks at ", baseline_dir.string(),
             "; set KBN_SOURCE_DIR to the kb-nano source tree");
   const bool default_dir = o.dir.empty();
-  const fs::path dir = default_dir ? src / "tasks" / "candidate" : fs::path(o.dir);
+  const fs::path dir = fs::absolute(default_dir ? src / "tasks" / "candidate" : fs::path(o.dir)).lexically_normal();
 
   std::map<std::string, std::vector<const OpEntry*>> by_header;  // ops sharing a header get one pair
   std::vector<std::string> order;
@@ -286,7 +298,7 @@ void run(const Options& o) {
   }
 
   int written = 0, skipped = 0;
-  std::cout << "Candidate stubs in " << dir.string() << ":\n";
+  std::cout << "Candidate stubs in " << dir.string() << " (checkout " << src.string() << "):\n";
   for (const auto& header : order) {
     for (const auto& f : stubs_for_header(header, by_header[header], baseline_dir)) {
       const fs::path p = dir / f.rel;
@@ -303,13 +315,21 @@ void run(const Options& o) {
       ++written;
     }
   }
-  std::cout << written << " written, " << skipped << " skipped.\n\nNext:\n"
-            << "  edit the bodies marked `" << kMarker << "` in the .cu files\n";
+  std::cout << written << " written, " << skipped << " skipped, in " << dir.string() << ".\n\n"
+            << "Rebuild kb_nano before they take effect: candidates are compiled in, so no binary built before now "
+               "runs them.\n";
+  const std::string built = built_from();
+  const bool same_tree = !built.empty() && fs::exists(built) && fs::equivalent(built, src);
+  if (!same_tree)
+    std::cout << "Note: this kb_nano was built from " << (built.empty() ? std::string("an unknown tree") : built)
+              << ", not from " << src.string() << "; build that checkout to use them.\n";
+  std::cout << "\nNext:\n  edit the bodies marked `" << kMarker << "` in the .cu files\n";
   if (default_dir) {
-    std::cout << "  scripts/kbn list --candidates    # rebuilds (CMake picks up new candidate files) and lists them\n"
+    std::cout << "  cd " << src.string()
+              << " && scripts/kbn list --candidates    # rebuilds (CMake picks up new candidate files) and lists them\n"
               << "  scripts/kbn generate --variant candidate ...   # run the model on the candidate variant\n";
   } else {
-    std::cout << "  cmake -S " << src.string() << " -B build-cand -DKBN_CANDIDATE_DIR=" << fs::absolute(dir).string()
+    std::cout << "  cmake -S " << src.string() << " -B build-cand -DKBN_CANDIDATE_DIR=" << dir.string()
               << "\n  cmake --build build-cand --target kb_nano && build-cand/kb_nano list --candidates\n";
   }
 }
@@ -326,7 +346,9 @@ void add_stubs_command(CLI::App& app) {
   cmd->add_option("--target", opts->targets, "Only these ops, by registry name (repeat or comma-separate)")
       ->delimiter(',');
   cmd->add_flag("--force", opts->force, "Overwrite existing candidate files");
-  cmd->add_option("--dir", opts->dir, "Write here instead of the source tree's tasks/candidate/");
+  cmd->add_option("--dir", opts->dir,
+                  "Write here instead of tasks/candidate/ of the checkout the working directory is in "
+                  "($KBN_SOURCE_DIR overrides which checkout)");
   cmd->callback([opts] { run(*opts); });
 }
 

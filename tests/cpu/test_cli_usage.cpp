@@ -3,6 +3,8 @@
 // misspelt commands, flags and choices, and one exit-code convention: 0 ok, 1 run failed, 2 usage error.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "cli/args.h"
@@ -134,4 +136,42 @@ TEST(CliUsage, KernelsUnknownTargetListsTheRequestedLevel) {
     EXPECT_NE(r.output.find("Levels with benchmarked ops: 1 (single kernels, "), std::string::npos) << r.output;
   expect_usage_error("kernels --device cpu --model tiny-llama --list --target rms_nrom",
                      "'rms_nrom' is not a benchmarked op; did you mean 'rms_norm'?");
+}
+
+TEST(CliUsage, StubsWriteIntoTheCheckoutOfTheWorkingDirectory) {
+  namespace fs = std::filesystem;
+  const std::string exe = kbn::test::kb_nano();
+  if (exe.empty()) GTEST_SKIP() << "kb_nano is not built next to the tests";
+  // A second checkout: what `stubs` reads (tasks/baseline/) and what marks a checkout root (CMakeLists.txt).
+  const fs::path root = kbn::test::temp_dir("kbn_stubs_checkout");
+  fs::create_directories(root / "tasks" / "baseline" / "L1");
+  fs::create_directories(root / "deeper" / "still");
+  for (const char* f : {"rms_norm.h", "rms_norm.cu"})
+    fs::copy_file(fs::path(KBN_SOURCE_DIR) / "tasks" / "baseline" / "L1" / f, root / "tasks" / "baseline" / "L1" / f);
+  std::ofstream(root / "CMakeLists.txt") << "# a checkout\n";
+  const fs::path built_tree_stub = fs::path(KBN_SOURCE_DIR) / "tasks" / "candidate" / "L1" / "rms_norm.h";
+  const bool built_tree_had_stub = fs::exists(built_tree_stub);
+
+  const auto r = kbn::test::shell("cd " + (root / "deeper" / "still").string() + " && env -u KBN_SOURCE_DIR " + exe +
+                                  " stubs --target rms_norm");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(root / "tasks" / "candidate" / "L1" / "rms_norm.h")) << r.output;
+  EXPECT_TRUE(fs::exists(root / "tasks" / "candidate" / "L1" / "rms_norm.cu")) << r.output;
+  EXPECT_NE(r.output.find("Candidate stubs in " + (root / "tasks" / "candidate").string()), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("Rebuild kb_nano before they take effect"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("this kb_nano was built from " KBN_SOURCE_DIR ", not from " + root.string()),
+            std::string::npos)
+      << r.output;
+  if (!built_tree_had_stub) EXPECT_FALSE(fs::exists(built_tree_stub)) << "stubs wrote into the build's source tree";
+
+  // Outside any checkout: refused, nothing written anywhere.
+  const fs::path elsewhere = kbn::test::temp_dir("kbn_stubs_elsewhere");
+  const auto e = kbn::test::shell("cd " + elsewhere.string() + " && env -u KBN_SOURCE_DIR " + exe +
+                                  " stubs --target rms_norm");
+  EXPECT_NE(e.code, 0) << e.output;
+  EXPECT_NE(e.output.find("is not inside a kb-nano checkout"), std::string::npos) << e.output;
+  if (!built_tree_had_stub) EXPECT_FALSE(fs::exists(built_tree_stub)) << "stubs wrote into the build's source tree";
+  fs::remove_all(root);
+  fs::remove_all(elsewhere);
 }
