@@ -60,6 +60,7 @@ struct Options {
   bool step_profile = false;
   bool kernel_trace = false;
   bool no_prefix_caching = false;
+  bool check_finite = false;
   std::string admission = "reserve";  // reserve | optimistic
   int64_t divergence_samples = 64;
   std::string json;
@@ -544,6 +545,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
   ecfg.mode = mode;
   ecfg.profile_steps = o.step_profile;
+  ecfg.check_finite = o.check_finite;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
   KBN_CHECK(!o.kernel_trace || device.is_cuda(), "--kernel-trace: needs a CUDA device (CUPTI), got ", device.str());
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
@@ -850,6 +852,10 @@ void add_eval_command(CLI::App& app) {
                 "flash_attn_decode, ...) and the top kernels; --json adds them (CUDA only; libcupti is opened at run "
                 "time, $KBN_CUPTI_LIBRARY overrides where; tracing adds a little time per kernel); on bf16/f16 runs "
                 "each op's share of the serial floor beside it");
+  cmd->add_flag("--check-finite", o->check_finite,
+                "Check the logits of every step that samples for NaN/Inf and on the first failure name the first layer "
+                "whose output was not finite (from the KV cache each layer wrote); one device-to-host copy of the "
+                "logits per step, so throughput runs are best made without it");
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
                 "Turn automatic prefix caching off (on by default, as in vLLM V1): every admitted request, and every "
                 "preempted one coming back, computes all of its tokens");

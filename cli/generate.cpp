@@ -31,6 +31,7 @@ struct Options {
   uint64_t seed = 0;
   std::string variant = "baseline";
   bool stop_at_eos = false;
+  bool check_finite = false;
   std::string json;
   std::string save_logits;
 };
@@ -101,6 +102,7 @@ void run(const Options& o) {
   gopts.block_size = o.block_size;
   if (o.stop_at_eos) gopts.eos_token_ids = spec.config.get_int_list("eos_token_id");
   gopts.return_prompt_logits = !o.save_logits.empty();
+  gopts.check_finite = o.check_finite;
   engine::GenerateResult r;
   if (o.tp == 1) {
     auto model = engine::build_model(spec, variant, popts, o.seed);
@@ -185,6 +187,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Seed for random weights and the default prompt (default 0)")->check(seed_value());
   cmd->add_option("--variant", o->variant, "baseline or candidate");
   cmd->add_flag("--stop-at-eos", o->stop_at_eos, "Stop a sequence at the config's eos_token_id");
+  cmd->add_flag("--check-finite", o->check_finite,
+                "Check every step's logits for NaN/Inf and on the first failure name the first layer whose output "
+                "was not finite (from the KV cache each layer wrote; one device-to-host copy of the logits per step)");
   cmd->add_option("--json", o->json, "Write tokens and timings to this JSON file");
   cmd->add_option("--save-logits", o->save_logits,
                   "Write every prompt position's logits (f32) to this .safetensors file, as prompt_logits.<i>");

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "engine/clock.h"
+#include "engine/finite_check.h"
 #include "kbn/step_metadata.h"
 
 namespace kbn::engine {
@@ -80,6 +81,7 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
         res.prompt_logits.push_back(logits.slice(0, qsl[size_t(i)], qsl[size_t(i) + 1]).clone());
     }
     Tensor last_logits = model.compute_logits(last);
+    if (opt.check_finite) check_logits_finite(last_logits, hidden, md, caches, "prefill");
     if (opt.return_last_logits) res.last_logits = last_logits.to(Device::cpu());
     std::vector<int64_t> next = sampler->call({last_logits})[0].to_ints();
     for (int64_t i = 0; i < nseq; ++i) res.tokens[size_t(i)].push_back(next[size_t(i)]);
@@ -111,7 +113,10 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     const AttentionMetadata md = upload_step_metadata(layout, device);
     ForwardContextGuard guard({&md, &caches});
     Tensor hidden = model.forward(to_device_i64(ids, device), to_device_i64(layout.positions, device));
-    std::vector<int64_t> next = sampler->call({model.compute_logits(hidden)})[0].to_ints();
+    const Tensor logits = model.compute_logits(hidden);
+    if (opt.check_finite)
+      check_logits_finite(logits, hidden, md, caches, "decode step " + std::to_string(res.decode_steps + 1));
+    std::vector<int64_t> next = sampler->call({logits})[0].to_ints();
     for (int64_t r = 0; r < n; ++r) res.tokens[size_t(running[size_t(r)])].push_back(next[size_t(r)]);
     res.decode_steps++;
   }

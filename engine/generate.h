@@ -22,6 +22,7 @@ struct GenerateOptions {
   std::vector<int64_t> eos_token_ids;  // stop a sequence at any of these (kept in its output)
   bool return_prompt_logits = false;   // keep the logits of every prompt position
   bool return_last_logits = false;     // keep the logits of each prompt's last position (the first new token's)
+  bool check_finite = false;           // every step's logits checked for NaN/Inf (engine/finite_check.h)
 };
 
 struct GenerateResult {

@@ -95,6 +95,7 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
       runners_[size_t(r)]->capture_cuda_graphs(
           cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens), config.max_model_len);
   });
+  for (auto& r : runners_) r->set_check_finite(config.check_finite);
   runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)
   blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(

@@ -39,6 +39,9 @@ struct EngineConfig {
   // Record where each step's time goes (step_profile()): host spans and, on CUDA, device spans by events. A step
   // that samples nothing then waits for the device before the next one is scheduled.
   bool profile_steps = false;
+  // Every sampling step's logits checked for NaN/Inf on every rank; a failure names the first layer whose output
+  // was not finite (engine/finite_check.h). One device-to-host copy of the logits per step.
+  bool check_finite = false;
 };
 
 struct EngineProgress {

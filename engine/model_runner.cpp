@@ -5,10 +5,12 @@
 #include <cstdio>
 
 #include "engine/clock.h"
+#include "engine/finite_check.h"
 #include "engine/generate.h"
 #include "kbn/step_metadata.h"
 #include "kbn/allocator.h"
 #include "kbn/device_errors.h"
+#include "kbn/weight_loading.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #endif
@@ -147,11 +149,12 @@ std::vector<int64_t> ModelRunner::run(const SchedulerOutput& out, std::vector<KV
     hidden = model_.forward(in.input_ids, in.positions);
   }
   mark(1);
-  return sample(out, hidden, in.logit_rows);
+  return sample(out, hidden, in.logit_rows, caches, &in.metadata);
 }
 
 std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tensor& hidden,
-                                         const std::vector<int64_t>& rows) {
+                                         const std::vector<int64_t>& rows, const std::vector<KVCache>& caches,
+                                         const AttentionMetadata* md) {
   if (rows.empty()) {
     mark(2);
     return {};
@@ -177,6 +180,13 @@ std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tenso
     }
   }
   Tensor logits = model_.compute_logits(last);
+  ++steps_sampled_;
+  if (check_finite_ && non_finite_count(logits) > 0) {
+    const StepInputs rebuilt = md ? StepInputs{} : prepare_inputs(out);
+    check_logits_finite(logits, hidden, md ? *md : rebuilt.metadata, caches,
+                        "step " + std::to_string(steps_sampled_) + " that sampled (" + std::to_string(rows.size()) +
+                            " sequences)");
+  }
   mark(2);
   std::vector<const SamplingParams*> params;
   std::vector<int64_t> output_index;
@@ -204,7 +214,7 @@ std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
     mark(0);
     const Tensor hidden = graphs_->run(out);
     mark(1);
-    tokens = sample(out, hidden, rows);
+    tokens = sample(out, hidden, rows, kv_caches_, nullptr);
   } else {
     tokens = run(out, kv_caches_);
   }

@@ -78,6 +78,9 @@ class ModelRunner {
   // device spans by CUDA events on this runner's stream. A step in which no sequence samples then waits for
   // the device before returning (otherwise the host would schedule the next step while the device works).
   void set_profiling(bool on) { profiling_ = on; }
+  // --check-finite (off by default): the logits of every step that samples are checked for NaN/Inf, and a failure
+  // names the first layer whose output was not finite (engine/finite_check.h).
+  void set_check_finite(bool on) { check_finite_ = on; }
   const StepTimes& last_step_times() const { return last_step_times_; }
 
   // Forward + logits + sampling of a dummy all-prefill step (num_tokens tokens in num_seqs sequences) on
@@ -88,8 +91,10 @@ class ModelRunner {
   // The stream the runner's device work goes to: its own in graph mode, else the caller's current stream.
   Stream stream() const { return stream_ ? stream_->get() : current_stream(); }
   std::vector<int64_t> run(const SchedulerOutput& out, std::vector<KVCache>& caches);
-  // Logits of hidden rows `rows` (the sampling sequences' last tokens, in out.seqs order), then sampling.
-  std::vector<int64_t> sample(const SchedulerOutput& out, const Tensor& hidden, const std::vector<int64_t>& rows);
+  // Logits of hidden rows `rows` (the sampling sequences' last tokens, in out.seqs order), then sampling. `caches`
+  // and `md` (null: rebuilt from `out`) serve --check-finite's search for the layer behind non-finite logits.
+  std::vector<int64_t> sample(const SchedulerOutput& out, const Tensor& hidden, const std::vector<int64_t>& rows,
+                              const std::vector<KVCache>& caches, const AttentionMetadata* md);
   // Step timing marks: 0 before the forward, 1 after it, 2 after the logits. On CUDA an event recorded on the
   // runner's stream; on CPU the host clock (the work is synchronous there).
   void mark(int i);
@@ -109,6 +114,8 @@ class ModelRunner {
   std::unique_ptr<CudaGraphRunner> graphs_;  // destroyed before the caches whose addresses it holds
   int64_t num_graph_steps_ = 0;
   bool profiling_ = false;
+  bool check_finite_ = false;
+  int64_t steps_sampled_ = 0;  // steps that computed logits (for --check-finite's messages)
   StepTimes last_step_times_;
   double host_marks_[3] = {0, 0, 0};
   struct StepEvents;                     // three CUDA events, created on first use (CUDA devices only)
