@@ -142,9 +142,26 @@ RopeConfig parse_rope_config(const ModelConfig& c, double default_theta) {
     s.original_max_position_embeddings = rs.get_int("original_max_position_embeddings");
     KBN_CHECK(s.factor > 0 && s.high_freq_factor > s.low_freq_factor, "config ", c.source(), ": ", rope_key,
               " needs factor > 0 and high_freq_factor > low_freq_factor");
+  } else if (s.rope_type == "linear") {
+    s.factor = rs.get_double("factor");
+    KBN_CHECK(s.factor > 0, "config ", c.source(), ": ", rope_key, ".factor must be positive, got ", s.factor);
+  } else if (s.rope_type == "yarn") {
+    s.factor = rs.get_double("factor");
+    s.original_max_position_embeddings = rs.get_int("original_max_position_embeddings");
+    s.beta_fast = rs.get_double("beta_fast", 32.0);
+    s.beta_slow = rs.get_double("beta_slow", 1.0);
+    s.truncate = rs.get_bool("truncate", true);  // vLLM and HF default to true; gpt-oss's config says false
+    s.attention_factor = rs.get_double("attention_factor", 0.0);
+    KBN_CHECK(s.factor > 0, "config ", c.source(), ": ", rope_key, ".factor must be positive, got ", s.factor);
+    KBN_CHECK(s.original_max_position_embeddings > 0, "config ", c.source(), ": ", rope_key,
+              ".original_max_position_embeddings must be positive, got ", s.original_max_position_embeddings);
+    KBN_CHECK(s.beta_slow > 0 && s.beta_fast > s.beta_slow, "config ", c.source(), ": ", rope_key,
+              " needs 0 < beta_slow < beta_fast, got beta_fast ", s.beta_fast, " and beta_slow ", s.beta_slow);
+    KBN_CHECK(s.attention_factor >= 0, "config ", c.source(), ": ", rope_key,
+              ".attention_factor must be positive when given, got ", s.attention_factor);
   } else {
     KBN_CHECK(s.rope_type == "default", "config ", c.source(), ": ", rope_key, ".rope_type '", s.rope_type,
-              "' is not supported (supported: default, llama3)");
+              "' is not supported (supported: default, llama3, linear, yarn)");
   }
   return r;
 }

@@ -11,14 +11,21 @@
 
 namespace kbn {
 
-// Frequency scaling of the rotary embedding; rope_type "default" means none, "llama3" is the Llama-3.1
-// wavelength-band scaling (HF's name for it).
+// Frequency scaling of the rotary embedding (HF's rope_type names): "default" means none, "llama3" is the
+// Llama-3.1 wavelength-band scaling, "linear" divides every frequency by `factor` (Gemma-3's global layers),
+// "yarn" blends interpolated and original frequencies over the band between beta_fast and beta_slow rotations
+// within original_max_position_embeddings and scales cos/sin by the attention factor (gpt-oss).
 struct RopeScaling {
   std::string rope_type = "default";
   double factor = 1.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+  // yarn only
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;         // floor/ceil the correction range (vLLM's and HF's default; gpt-oss sets false)
+  double attention_factor = 0;  // cos/sin scale; 0: 0.1 ln(factor) + 1 (1 when factor <= 1)
 };
 
 // The rotary embedding a config describes: rope_theta and rope scaling, read from "rope_parameters"

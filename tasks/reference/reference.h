@@ -4,6 +4,7 @@
 // rounded to f32 and then to the output's dtype (a double rounding that can cost one 16-bit ulp, rarely). Baseline L1
 // ops call these on CPU tensors, which is how the whole L1..L4 stack runs (and is tested) without a GPU.
 #include <cstdint>
+#include <vector>
 
 #include "kbn/config.h"
 #include "kbn/tensor.h"
@@ -21,10 +22,18 @@ void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, doubl
 // out[t, i] = silu(x[t, i]) * x[t, d + i], silu(a) = a / (1 + exp(-a)).   x: [num_tokens, 2d]; out: [num_tokens, d]
 void silu_and_mul(Tensor& out, const Tensor& x);
 
+// The rotary frequencies inv_freq[i] = base^(-2i/rotary_dim), i in [0, rotary_dim/2), rescaled by scaling.rope_type:
+// "llama3" (wavelengths above original_max/low_freq_factor divided by factor, below original_max/high_freq_factor
+// kept, smooth interpolation between), "linear" (all divided by factor), "yarn" (tasks/reference/rotary.cpp has the
+// correction range and ramp). Errors name the scaling argument that is out of range.
+std::vector<double> rope_inv_freq(int64_t rotary_dim, double base, const RopeScaling& scaling);
+
+// The factor cos and sin are scaled by: YaRN's attention factor (scaling.attention_factor, or 0.1 ln(factor) + 1
+// when that is 0, 1 for factor <= 1), 1 for every other rope_type.
+double rope_attention_scaling(const RopeScaling& scaling);
+
 // cos/sin table [max_position, rotary_dim] (f32): columns [0, rotary_dim/2) hold cos, the rest sin, of
-// position * inv_freq[i], inv_freq[i] = base^(-2i/rotary_dim), rescaled per Llama-3.1 when
-// scaling.rope_type == "llama3" (wavelengths above original_max/low_freq_factor divided by factor, below
-// original_max/high_freq_factor kept, smooth interpolation between).
+// position * rope_inv_freq(...)[i], both times rope_attention_scaling(scaling).
 Tensor rope_cos_sin_cache(int64_t rotary_dim, int64_t max_position, double base, const RopeScaling& scaling);
 
 // In place rotary embedding on query [num_tokens, num_heads * head_size] and key

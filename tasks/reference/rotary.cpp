@@ -1,5 +1,7 @@
-// Oracle: rotary position embedding (vLLM RotaryEmbedding / Llama3RotaryEmbedding, HF
-// _compute_default_rope_parameters / _compute_llama3_parameters).
+// Oracle: rotary position embedding (vLLM RotaryEmbedding / Llama3RotaryEmbedding / LinearScalingRotaryEmbedding /
+// YaRNScalingRotaryEmbedding, HF _compute_default_rope_parameters / _compute_llama3_parameters /
+// _compute_linear_scaling_rope_parameters / _compute_yarn_parameters).
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -45,6 +47,39 @@ void apply_llama3_scaling(std::vector<double>& inv_freq, const RopeScaling& s) {
       const double smooth = (original_max / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       freq = (1.0 - smooth) * freq / s.factor + smooth * freq;
     }
+  }
+}
+
+// YaRN (vLLM yarn_scaling_rope.py and rotary_embedding/common.py, HF _compute_yarn_parameters): the frequency index
+// d at which a wavelength turns r times within original_max positions is
+//   d(r) = rotary_dim * ln(original_max / (2 pi r)) / (2 ln base),
+// the correction range is [d(beta_fast), d(beta_slow)] (floor and ceil when `truncate`, clamped to [0, rotary_dim -
+// 1]), and with ramp(i) = clamp((i - low) / (high - low), 0, 1) each frequency becomes
+//   inv_freq[i] = inv_freq[i] / factor * ramp(i) + inv_freq[i] * (1 - ramp(i)):
+// fast frequencies (below low) keep their value, slow ones (above high) are interpolated by `factor`.
+void apply_yarn_scaling(std::vector<double>& inv_freq, int64_t rotary_dim, double base, const RopeScaling& s) {
+  KBN_CHECK(s.factor > 0, kCacheOp, ": argument 'scaling.factor' must be positive, got ", s.factor);
+  KBN_CHECK(s.original_max_position_embeddings > 0, kCacheOp,
+            ": argument 'scaling.original_max_position_embeddings' must be positive, got ",
+            s.original_max_position_embeddings);
+  KBN_CHECK(s.beta_slow > 0 && s.beta_fast > s.beta_slow, kCacheOp,
+            ": arguments 'scaling.beta_fast' and 'scaling.beta_slow' must satisfy 0 < beta_slow < beta_fast, got ",
+            s.beta_fast, " and ", s.beta_slow);
+  const double dim = double(rotary_dim), original_max = double(s.original_max_position_embeddings);
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(original_max / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1.0);
+  if (low == high) high += 0.001;  // as vLLM and HF: no division by zero
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    inv_freq[i] = inv_freq[i] / s.factor * ramp + inv_freq[i] * (1.0 - ramp);
   }
 }
 
@@ -94,25 +129,48 @@ void rotate_heads(Tensor& x, const std::vector<double>& token_cos_sin, int64_t n
 
 }  // namespace
 
-Tensor rope_cos_sin_cache(int64_t rotary_dim, int64_t max_position, double base, const RopeScaling& scaling) {
+std::vector<double> rope_inv_freq(int64_t rotary_dim, double base, const RopeScaling& scaling) {
   KBN_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, kCacheOp, ": argument 'rotary_dim' must be positive and even, got ",
             rotary_dim);
-  KBN_CHECK(max_position > 0, kCacheOp, ": argument 'max_position' must be positive, got ", max_position);
   KBN_CHECK(std::isfinite(base) && base > 0, kCacheOp, ": argument 'base' must be finite and positive, got ", base);
   std::vector<double> inv_freq = default_inv_freq(rotary_dim, base);
   if (scaling.rope_type == "llama3") {
     apply_llama3_scaling(inv_freq, scaling);
+  } else if (scaling.rope_type == "linear") {
+    // HF _compute_linear_scaling_rope_parameters: every frequency divided by the factor (positions / factor).
+    KBN_CHECK(scaling.factor > 0, kCacheOp, ": argument 'scaling.factor' must be positive, got ", scaling.factor);
+    for (double& f : inv_freq) f /= scaling.factor;
+  } else if (scaling.rope_type == "yarn") {
+    apply_yarn_scaling(inv_freq, rotary_dim, base, scaling);
   } else {
     KBN_CHECK(scaling.rope_type == "default", kCacheOp,
-              ": argument 'scaling.rope_type' must be \"default\" or \"llama3\", got \"", scaling.rope_type, "\"");
+              ": argument 'scaling.rope_type' must be \"default\", \"llama3\", \"linear\" or \"yarn\", got \"",
+              scaling.rope_type, "\"");
   }
+  return inv_freq;
+}
+
+double rope_attention_scaling(const RopeScaling& scaling) {
+  if (scaling.rope_type != "yarn") return 1.0;
+  KBN_CHECK(scaling.attention_factor >= 0, kCacheOp,
+            ": argument 'scaling.attention_factor' must be positive (or 0: derived from the factor), got ",
+            scaling.attention_factor);
+  if (scaling.attention_factor > 0) return scaling.attention_factor;
+  // vLLM yarn_get_mscale, HF get_mscale: 0.1 ln(factor) + 1, and 1 when the factor does not stretch.
+  return scaling.factor <= 1 ? 1.0 : 0.1 * std::log(scaling.factor) + 1.0;
+}
+
+Tensor rope_cos_sin_cache(int64_t rotary_dim, int64_t max_position, double base, const RopeScaling& scaling) {
+  KBN_CHECK(max_position > 0, kCacheOp, ": argument 'max_position' must be positive, got ", max_position);
+  const std::vector<double> inv_freq = rope_inv_freq(rotary_dim, base, scaling);
+  const double mscale = rope_attention_scaling(scaling);
   const int64_t half = rotary_dim / 2;
   std::vector<float> table(size_t(max_position * rotary_dim));
   for (int64_t p = 0; p < max_position; ++p) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = double(p) * inv_freq[size_t(i)];
-      table[size_t(p * rotary_dim + i)] = float(std::cos(angle));
-      table[size_t(p * rotary_dim + half + i)] = float(std::sin(angle));
+      table[size_t(p * rotary_dim + i)] = float(std::cos(angle) * mscale);
+      table[size_t(p * rotary_dim + half + i)] = float(std::sin(angle) * mscale);
     }
   }
   return Tensor::from_floats(table, {max_position, rotary_dim}, DType::f32);

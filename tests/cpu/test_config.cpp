@@ -162,8 +162,15 @@ TEST(Config, HeadDimMustFit) {
 
 TEST(Config, RopeScaling) {
   nlohmann::json j = minimal_llama();
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  expect_contains(llama_error(j), {kSource, "rope_type", "'yarn'", "not supported"});
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
+  expect_contains(llama_error(j), {kSource, "rope_type", "'longrope'", "not supported"});
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};  // YaRN needs its original context
+  expect_contains(llama_error(j), {kSource, "'original_max_position_embeddings'", "missing"});
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096},
+                       {"beta_fast", 1.0}, {"beta_slow", 32.0}};
+  expect_contains(llama_error(j), {kSource, "beta_slow < beta_fast", "beta_fast 1"});
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 0.0}};
+  expect_contains(llama_error(j), {kSource, "rope_scaling.factor must be positive", "got 0"});
 
   j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};  // the older spelling of the key
   expect_contains(llama_error(j), {kSource, "'dynamic'", "not supported"});

@@ -250,8 +250,8 @@ TEST(ReferenceRope, Llama3KeepsHighAndDividesLowFrequencies) {
 }
 
 TEST(ReferenceRope, RejectsBadArguments) {
-  std::string msg = error_of([] { reference::rope_cos_sin_cache(8, 4, 10000.0, RopeScaling{"yarn"}); });
-  EXPECT_TRUE(contains(msg, "rope_type") && contains(msg, "yarn")) << msg;
+  std::string msg = error_of([] { reference::rope_cos_sin_cache(8, 4, 10000.0, RopeScaling{"longrope"}); });
+  EXPECT_TRUE(contains(msg, "rope_type") && contains(msg, "longrope")) << msg;
   msg = error_of([] { reference::rope_cos_sin_cache(7, 4, 10000.0, {}); });
   EXPECT_TRUE(contains(msg, "'rotary_dim'")) << msg;
   msg = error_of([] { reference::rope_cos_sin_cache(8, 4, 10000.0, RopeScaling{"llama3", 8.0, 4.0, 1.0, 8192}); });

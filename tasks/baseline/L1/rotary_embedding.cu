@@ -1,6 +1,7 @@
 #include "L1/rotary_embedding.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -138,11 +139,21 @@ RotaryEmbedding::RotaryEmbedding(int64_t head_size, int64_t rotary_dim, int64_t 
   KBN_CHECK(base > 0, "RotaryEmbedding: argument 'base' must be positive, got ", base);
   KBN_CHECK(head_size <= std::numeric_limits<int>::max(), "RotaryEmbedding: argument 'head_size' is too large, got ",
             head_size);
-  // Built in f32 on the CPU, then stored in the model dtype on the model device, as vLLM does. A buffer:
-  // no parameter is registered, so loaders never look for it in a checkpoint.
-  cos_sin_cache = reference::rope_cos_sin_cache(rotary_dim, max_position_embeddings, base, rope_scaling)
-                      .to(opts.dtype)
-                      .to(opts.device);
+  // YaRN's table covers the stretched context: vLLM sizes it max(ceil(original_max * factor), max_position).
+  int64_t max_position = max_position_embeddings;
+  if (rope_scaling.rope_type == "yarn") {
+    KBN_CHECK(rope_scaling.factor > 0, "RotaryEmbedding: argument 'rope_scaling.factor' must be positive, got ",
+              rope_scaling.factor);
+    const double stretched = std::ceil(double(rope_scaling.original_max_position_embeddings) * rope_scaling.factor);
+    KBN_CHECK(stretched < double(std::numeric_limits<int32_t>::max()),
+              "RotaryEmbedding: original_max_position_embeddings * factor is too large, got ", stretched);
+    max_position = std::max(max_position, int64_t(stretched));
+  }
+  // Built in double on the CPU (reference::rope_cos_sin_cache has the variants' formulas), then stored in the model
+  // dtype on the model device, as vLLM does. A buffer: no parameter is registered, so loaders never look for it in a
+  // checkpoint.
+  cos_sin_cache =
+      reference::rope_cos_sin_cache(rotary_dim, max_position, base, rope_scaling).to(opts.dtype).to(opts.device);
 }
 
 std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, const Tensor& query, const Tensor& key) {

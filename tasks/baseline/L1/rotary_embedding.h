@@ -1,7 +1,9 @@
 #pragma once
-// RotaryEmbedding (vLLM vllm/model_executor/layers/rotary_embedding: RotaryEmbedding and, with
-// rope_scaling.rope_type == "llama3", Llama3RotaryEmbedding). Holds a cos/sin cache built once at
-// construction (f32 math, stored in the model dtype like vLLM); forward rotates query and key in place.
+// RotaryEmbedding (vLLM vllm/model_executor/layers/rotary_embedding: RotaryEmbedding and, by
+// rope_scaling.rope_type, Llama3RotaryEmbedding ("llama3"), LinearScalingRotaryEmbedding ("linear", Gemma-3's global
+// layers) and YaRNScalingRotaryEmbedding ("yarn", gpt-oss)). The variants differ only in the cos/sin cache, built
+// once at construction on the host (double math, stored in the model dtype like vLLM; YaRN's attention factor
+// multiplies cos and sin); forward rotates query and key in place with the one kernel.
 #include <utility>
 
 #include "kbn/config.h"
@@ -22,7 +24,9 @@ class RotaryEmbedding : public Module {
   int64_t rotary_dim() const { return rotary_dim_; }
   bool is_neox_style() const { return is_neox_style_; }
 
-  Tensor cos_sin_cache;  // [max_position_embeddings, rotary_dim]: cos | sin; a buffer, not a loaded weight
+  // [max_position, rotary_dim]: cos | sin; a buffer, not a loaded weight. max_position is max_position_embeddings,
+  // or for YaRN at least original_max_position_embeddings * factor (vLLM's table length).
+  Tensor cos_sin_cache;
 
  private:
   int64_t head_size_;

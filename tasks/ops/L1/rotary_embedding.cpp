@@ -1,5 +1,7 @@
 // rotary_embedding: class RotaryEmbedding (tasks/baseline/L1/rotary_embedding.h), oracle
 // tasks/reference/rotary.cpp.
+#include <algorithm>
+
 #include "L1/rotary_embedding.h"
 #include "ops/op.h"
 
@@ -17,28 +19,68 @@ KBN_REQUIRE_METHOD(RotaryEmbedding, TensorPair, forward, (const Tensor&, const T
 
 namespace {
 
-std::vector<BenchCase> rotary_cases(const ModelView& m, const CaseOptions& o) {
-  if (!m.attention) return {};
+// The constructor arguments of a rope config: base and, by rope_type, the scaling's keys (each type its own keys,
+// so the adapter rebuilds the RopeScaling from which ones are present).
+void rope_args(OpArgs& args, double base, const RopeScaling& s) {
+  args.values["base"] = base;
+  if (s.rope_type == "llama3") {
+    args.values["rope_factor"] = s.factor;
+    args.values["rope_low_freq_factor"] = s.low_freq_factor;
+    args.values["rope_high_freq_factor"] = s.high_freq_factor;
+    args.values["rope_original_max_position_embeddings"] = double(s.original_max_position_embeddings);
+  } else if (s.rope_type == "linear") {
+    args.values["rope_linear_factor"] = s.factor;
+  } else if (s.rope_type == "yarn") {
+    args.values["rope_yarn_factor"] = s.factor;
+    args.values["rope_original_max_position_embeddings"] = double(s.original_max_position_embeddings);
+    args.values["rope_beta_fast"] = s.beta_fast;
+    args.values["rope_beta_slow"] = s.beta_slow;
+    args.values["rope_truncate"] = s.truncate ? 1.0 : 0.0;
+    args.values["rope_attention_factor"] = s.attention_factor;
+  }
+}
+
+RopeScaling scaling_of(const OpArgs& a) {
+  RopeScaling s;
+  if (a.get("rope_factor", 0.0) > 0) {
+    s.rope_type = "llama3";
+    s.factor = a.get("rope_factor");
+    s.low_freq_factor = a.get("rope_low_freq_factor");
+    s.high_freq_factor = a.get("rope_high_freq_factor");
+    s.original_max_position_embeddings = a.get_int("rope_original_max_position_embeddings");
+  } else if (a.get("rope_linear_factor", 0.0) > 0) {
+    s.rope_type = "linear";
+    s.factor = a.get("rope_linear_factor");
+  } else if (a.get("rope_yarn_factor", 0.0) > 0) {
+    s.rope_type = "yarn";
+    s.factor = a.get("rope_yarn_factor");
+    s.original_max_position_embeddings = a.get_int("rope_original_max_position_embeddings");
+    s.beta_fast = a.get("rope_beta_fast", 32.0);
+    s.beta_slow = a.get("rope_beta_slow", 1.0);
+    s.truncate = a.get("rope_truncate", 1.0) != 0.0;
+    s.attention_factor = a.get("rope_attention_factor", 0.0);
+  }
+  return s;
+}
+
+// One rope of the model (its global rope, or Gemma-3's local one on the sliding layers) at every token count.
+void add_rotary_cases(std::vector<BenchCase>& out, const ModelView& m, const CaseOptions& o, double base,
+                      const RopeScaling& s, const std::string& tag) {
   const AttentionShape& a = *m.attention;
   const DType dt = o.dtype;
   const int64_t es = int64_t(dtype_size(dt)), D = a.head_dim, Hq = a.num_heads, Hk = a.num_kv_heads;
-  const int64_t max_pos = m.max_position_embeddings;
-  std::vector<BenchCase> out;
+  // NOTE: CPU-sized cases build a table of at most 8192 positions (the model's frequencies, positions drawn below it):
+  // a 128k x 256 table costs seconds on the host per instance. YaRN's table keeps vLLM's length (RotaryEmbedding).
+  const int64_t max_pos = o.small ? std::min<int64_t>(m.max_position_embeddings, 8192) : m.max_position_embeddings;
   for (int64_t T : cases::token_counts(o)) {
     BenchCase b = cases::base("rotary_embedding", m, T, dt);
-    b.label = "T=" + cases::str(T) + " heads=" + cases::str(Hq) + " kv=" + cases::str(Hk) + " D=" + cases::str(D);
+    b.label = "T=" + cases::str(T) + " heads=" + cases::str(Hq) + " kv=" + cases::str(Hk) + " D=" + cases::str(D) +
+              (s.rope_type == "linear" || s.rope_type == "yarn" ? " " + s.rope_type : "") + tag;
     b.args.values = {{"head_size", double(D)},
                      {"rotary_dim", double(D)},
                      {"max_position_embeddings", double(max_pos)},
-                     {"base", a.rope.theta},
                      {"is_neox_style", 1.0}};
-    const RopeScaling& s = a.rope.scaling;
-    if (s.rope_type == "llama3") {
-      b.args.values["rope_factor"] = s.factor;
-      b.args.values["rope_low_freq_factor"] = s.low_freq_factor;
-      b.args.values["rope_high_freq_factor"] = s.high_freq_factor;
-      b.args.values["rope_original_max_position_embeddings"] = double(s.original_max_position_embeddings);
-    }
+    rope_args(b.args, base, s);
     b.make_inputs = [=](Device d, uint64_t seed) {
       return std::vector<Tensor>{cases::randint({T}, DType::i64, d, seed, "positions", 0, max_pos),
                                  cases::normal({T, Hq * D}, dt, d, seed, "query", 1.0),
@@ -51,6 +93,15 @@ std::vector<BenchCase> rotary_cases(const ModelView& m, const CaseOptions& o) {
     b.output_numel = T * (Hq + Hk) * D;
     out.push_back(std::move(b));
   }
+}
+
+std::vector<BenchCase> rotary_cases(const ModelView& m, const CaseOptions& o) {
+  if (!m.attention) return {};
+  std::vector<BenchCase> out;
+  add_rotary_cases(out, m, o, m.attention->rope.theta, m.attention->rope.scaling, "");
+  // Gemma-3's sliding layers rotate with their own base and no scaling (vLLM Gemma3Attention: rope_local_base_freq).
+  if (m.config && m.config->has("rope_local_base_freq"))
+    add_rotary_cases(out, m, o, m.config->get_double("rope_local_base_freq"), RopeScaling{}, " local");
   return out;
 }
 
@@ -62,23 +113,17 @@ KBN_REGISTER_OPS(r) {
          .level = 1,
          .header = "L1/rotary_embedding.h",
          .ctor_args = {"head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style", "rope_factor",
-                       "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position_embeddings"},
+                       "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position_embeddings",
+                       "rope_linear_factor", "rope_yarn_factor", "rope_beta_fast", "rope_beta_slow", "rope_truncate",
+                       "rope_attention_factor"},
          .args = {"positions", "query", "key"},
          .mutates = {"query", "key"},
          .make = adapter(
              "rotary_embedding", 3,
              [](const OpArgs& a) {
-               RopeScaling s;
-               if (a.get("rope_factor", 0.0) > 0) {
-                 s.rope_type = "llama3";
-                 s.factor = a.get("rope_factor");
-                 s.low_freq_factor = a.get("rope_low_freq_factor");
-                 s.high_freq_factor = a.get("rope_high_freq_factor");
-                 s.original_max_position_embeddings = a.get_int("rope_original_max_position_embeddings");
-               }
                return std::make_unique<RotaryEmbedding>(a.get_int("head_size"), a.get_int("rotary_dim"),
                                                         a.get_int("max_position_embeddings"), a.get("base"),
-                                                        a.get("is_neox_style", 1.0) != 0.0, s, a.opts);
+                                                        a.get("is_neox_style", 1.0) != 0.0, scaling_of(a), a.opts);
              },
              [](RotaryEmbedding& op, const Tensors& t) {
                auto [q, k] = op.forward(t[0], t[1], t[2]);
