@@ -22,6 +22,27 @@ struct OpCase {
 };
 inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.model << " " << c.op; }
 
+// The view the contract runs a model at: its L4's (bench::model_view, with the features the L4 declares) or, for a
+// config whose architecture no registered L4 serves yet, ModelView::from the config itself (the text model's
+// `text_config` where the checkpoint nests it, as Gemma-3's does), without features.
+inline ModelView contract_view(const engine::ModelSpec& spec) {
+  const auto archs = spec.config.architectures();
+  for (const auto& e : registry(Variant::baseline).entries())
+    for (const auto& a : e.architectures)
+      if (!archs.empty() && a == archs.front()) return bench::model_view(spec.name, spec.config, 1);
+  const ModelConfig text = spec.config.has("text_config") ? spec.config.sub("text_config") : spec.config;
+  return ModelView::from(spec.name, std::make_shared<const ModelConfig>(text), 1);
+}
+
+// L1 ops that exist ahead of their model's L4 (issue 17: gpt-oss-20b and Gemma-3-12B), each with the real config
+// whose shapes it runs at. No tiny model reaches them until those L4s land (then op_cases_of does, and the entries
+// here go); rotary_embedding is listed for the YaRN, linear and local-base ropes these configs give it.
+inline std::vector<OpCase> pending_model_op_cases() {
+  return {{"gpt-oss-20b", "swiglu_oai_and_mul"}, {"gpt-oss-20b", "rotary_embedding"},
+          {"gemma-3-12b-it", "gemma_rms_norm"},  {"gemma-3-12b-it", "gemma_fused_add_rms_norm"},
+          {"gemma-3-12b-it", "gelu_and_mul"},    {"gemma-3-12b-it", "rotary_embedding"}};
+}
+
 // Every (model, op) with cases, for the given models, levels 1..3.
 inline std::vector<OpCase> op_cases_of(const std::vector<std::string>& models) {
   std::vector<OpCase> out;
@@ -57,8 +78,7 @@ inline std::string op_case_name(const ::testing::TestParamInfo<OpCase>& info) {
 // Runs every case of (model, op) at `tokens` plus `random` random shapes through validate_candidate on `device`.
 inline void check_op_contract(const OpCase& p, Device device, const std::vector<int64_t>& tokens, int random,
                               DType dtype) {
-  const engine::ModelSpec spec = engine::resolve_model(p.model);
-  const ModelView view = bench::model_view(spec.name, spec.config, 1);
+  const ModelView view = contract_view(engine::resolve_model(p.model));
   const OpEntry& entry = registry(Variant::baseline).get(p.op);
   const bool small = device.is_cpu();
   bench::CaseOptions o;

@@ -4,6 +4,7 @@
 // rounded to f32 and then to the output's dtype (a double rounding that can cost one 16-bit ulp, rarely). Baseline L1
 // ops call these on CPU tensors, which is how the whole L1..L4 stack runs (and is tested) without a GPU.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kbn/config.h"
@@ -19,8 +20,25 @@ void rms_norm(Tensor& out, const Tensor& x, const Tensor& weight, double eps);
 // x, residual: [num_tokens, hidden]; weight: [hidden]
 void fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, double eps);
 
+// Gemma's RMSNorm (vLLM GemmaRMSNorm): out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * (1 + weight), one
+// rounding at the end. Shapes as rms_norm.
+void gemma_rms_norm(Tensor& out, const Tensor& x, const Tensor& weight, double eps);
+
+// GemmaRMSNorm with a residual, in place: residual <- round(x + residual); x <- gemma_rms_norm(residual).
+// x, residual: [num_tokens, hidden]; weight: [hidden]
+void gemma_fused_add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, double eps);
+
 // out[t, i] = silu(x[t, i]) * x[t, d + i], silu(a) = a / (1 + exp(-a)).   x: [num_tokens, 2d]; out: [num_tokens, d]
 void silu_and_mul(Tensor& out, const Tensor& x);
+
+// vLLM GeluAndMul: out[t, i] = gelu(x[t, i]) * x[t, d + i] with gelu(a) = a/2 (1 + erf(a / sqrt 2)) when
+// approximate == "none", a/2 (1 + tanh(sqrt(2/pi) (a + 0.044715 a^3))) when "tanh".
+// x: [num_tokens, 2d]; out: [num_tokens, d]
+void gelu_and_mul(Tensor& out, const Tensor& x, const std::string& approximate);
+
+// vLLM SwigluOAIAndMul (gpt-oss), interleaved: g = min(x[t, 2i], limit), u = clamp(x[t, 2i + 1], -limit, limit),
+// out[t, i] = (u + 1) * g * sigmoid(alpha * g).   x: [num_tokens, 2d]; out: [num_tokens, d]
+void swiglu_oai_and_mul(Tensor& out, const Tensor& x, double alpha, double limit);
 
 // The rotary frequencies inv_freq[i] = base^(-2i/rotary_dim), i in [0, rotary_dim/2), rescaled by scaling.rope_type:
 // "llama3" (wavelengths above original_max/low_freq_factor divided by factor, below original_max/high_freq_factor

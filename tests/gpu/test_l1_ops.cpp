@@ -24,10 +24,13 @@
 #include "L1/all_reduce.h"
 #include "L1/argmax.h"
 #include "L1/embedding.h"
+#include "L1/gelu_and_mul.h"
+#include "L1/gemma_rms_norm.h"
 #include "L1/linear.h"
 #include "L1/rotary_embedding.h"
 #include "L1/silu_and_mul.h"
 #include "L1/store_kvcache.h"
+#include "L1/swiglu_oai_and_mul.h"
 #include "kbn/allocator.h"
 #include "kbn/error.h"
 #include "kbn/parallel_state.h"
@@ -607,6 +610,192 @@ TEST(ArgmaxGpu, TiesNaNAndInfinities) {
     const Tensor got = op.forward(logits.to(kGpu));
     EXPECT_EQ(got.to_ints(), expected);
     EXPECT_EQ(op.forward(logits).to_ints(), expected) << "the oracle disagrees with the constructed answers";
+  }
+}
+
+// ---------------------------------------------------------------- gelu_and_mul (Gemma-3)
+
+TEST(GeluAndMulGpu, MatchesOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, d, pad, offset;
+  };
+  // Gemma-3-12B's I = 15360 at decode and prefill sizes; odd widths and pads force the scalar path.
+  const Case cases[] = {{1, 15360, 0, 0}, {37, 15360, 0, 0}, {7, 769, 0, 0},   {37, 5125, 0, 0},
+                        {33, 1536, 16, 8}, {33, 1536, 3, 1}, {2, 8, 0, 0},     {5, 1, 0, 0}};
+  uint64_t seed = 700;
+  for (const char* approximate : {"tanh", "none"}) {
+    GeluAndMul op(approximate);
+    for (DType dt : kFloatTypes) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(std::string(approximate) + " " + dtype_name(dt) + " tokens " + std::to_string(c.tokens) + " d " +
+                     std::to_string(c.d) + " pad " + std::to_string(c.pad) + " offset " + std::to_string(c.offset));
+        const Pair x = strided_randn(c.tokens, 2 * c.d, c.pad, c.offset, dt, seed++);
+        poison_next_output({c.tokens, c.d}, dt);
+        expect_close(op.forward(x.gpu), op.forward(x.cpu), elementwise_tol(dt), "gelu_and_mul");
+      }
+    }
+  }
+}
+
+TEST(GeluAndMulGpu, EmptyAndSaturatingInputs) {
+  KBN_SKIP_WITHOUT_GPU();
+  GeluAndMul op("tanh");
+  EXPECT_EQ(op.forward(Tensor::empty({0, 256}, DType::bf16, kGpu)).shape(), (Shape{0, 128}));
+  // gelu(-100) = -0 and gelu(100) = 100 in both forms, without NaN from the cube.
+  const Tensor x = Tensor::from_floats({-100.f, -5.f, 0.f, 5.f, 100.f, 2.f, 2.f, 2.f, 2.f, 2.f}, {1, 10}, DType::f32);
+  for (const char* approximate : {"tanh", "none"}) {
+    GeluAndMul g(approximate);
+    expect_close(g.forward(x.to(kGpu)), g.forward(x), elementwise_tol(DType::f32), "gelu_and_mul saturation");
+  }
+}
+
+// ---------------------------------------------------------------- swiglu_oai_and_mul (gpt-oss)
+
+TEST(SwigluOaiAndMulGpu, MatchesOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t rows, d, pad, offset;
+  };
+  // gpt-oss-20b: N = 2880 per expert, rows = tokens x top_k 4; odd widths, odd pads and offsets take the scalar
+  // path (an odd offset breaks the 16-byte alignment of the interleaved pairs).
+  const Case cases[] = {{4, 2880, 0, 0}, {148, 2880, 0, 0}, {7, 769, 0, 0}, {37, 5125, 0, 0},
+                        {33, 1536, 16, 8}, {33, 1536, 3, 1}, {33, 1536, 0, 2}, {5, 1, 0, 0}};
+  SwigluOAIAndMul op(1.702, 7.0);
+  uint64_t seed = 800;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " rows " + std::to_string(c.rows) + " d " + std::to_string(c.d) +
+                   " pad " + std::to_string(c.pad) + " offset " + std::to_string(c.offset));
+      // std 4: many gates and ups beyond the limit 7, so both clamps are exercised.
+      const Pair x = randn({c.rows, 2 * c.d + c.pad}, dt, seed++, 4.0).slice(1, c.offset, c.offset + 2 * c.d);
+      poison_next_output({c.rows, c.d}, dt);
+      expect_close(op.forward(x.gpu), op.forward(x.cpu), elementwise_tol(dt), "swiglu_oai_and_mul");
+    }
+  }
+}
+
+TEST(SwigluOaiAndMulGpu, ClampsAndPropagatesNaN) {
+  KBN_SKIP_WITHOUT_GPU();
+  SwigluOAIAndMul op(1.702, 7.0);
+  // (gate, up) pairs at and beyond the limits, and a NaN gate that must stay NaN (torch.clamp keeps NaN).
+  const Tensor x = Tensor::from_floats({100.f, -100.f, -100.f, 100.f, 7.f, 7.f, -7.f, -7.f, 0.f, 3.f}, {1, 10});
+  expect_close(op.forward(x.to(kGpu)), op.forward(x), elementwise_tol(DType::f32), "swiglu_oai_and_mul clamps");
+  const Tensor nan_gate = Tensor::from_floats({float(kNaN), 1.f, 1.f, 1.f}, {1, 4}).to(kGpu);
+  const std::vector<double> out = op.forward(nan_gate).to_doubles();
+  EXPECT_TRUE(std::isnan(out[0])) << "a NaN gate gives NaN, got " << out[0];
+  EXPECT_TRUE(std::isfinite(out[1]));
+}
+
+// ---------------------------------------------------------------- gemma_rms_norm (Gemma-3)
+
+TEST(GemmaRmsNormGpu, MatchesOracleWithRandomWeights) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, hidden, pad;
+  };
+  // Gemma-3-12B's 3840, gpt-oss's 2880 (for scale), wide, odd and padded rows.
+  const Case cases[] = {{1, 3840, 0}, {37, 3840, 0}, {300, 3840, 8}, {4, 8192, 0},
+                        {7, 769, 0},  {5, 5125, 3},  {3, 2880, 0},   {2, 8, 0}};
+  uint64_t seed = 900;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " tokens " + std::to_string(c.tokens) + " hidden " +
+                   std::to_string(c.hidden) + " pad " + std::to_string(c.pad));
+      GemmaRMSNorm norm_gpu(c.hidden, 1e-6, {dt, kGpu}), norm_cpu(c.hidden, 1e-6, {dt, kCpu});
+      // Trained Gemma weights are offsets of either sign around 0 (scale 1 + w); zeros would hide a lost weight.
+      const Pair w = randn({c.hidden}, dt, seed++, 0.5);
+      norm_gpu.weight.copy_(w.gpu);
+      norm_cpu.weight.copy_(w.cpu);
+      const Pair x = strided_randn(c.tokens, c.hidden, c.pad, 0, dt, seed++);
+      poison_next_output({c.tokens, c.hidden}, dt);
+      expect_close(norm_gpu.forward(x.gpu), norm_cpu.forward(x.cpu), elementwise_tol(dt), "gemma_rms_norm");
+
+      const Pair xf = strided_randn(c.tokens, c.hidden, c.pad, 0, dt, seed++);
+      const Pair res = randn({c.tokens, c.hidden}, dt, seed++);
+      const auto [y_gpu, r_gpu] = norm_gpu.forward(xf.gpu, res.gpu);
+      norm_cpu.forward(xf.cpu, res.cpu);
+      EXPECT_EQ(y_gpu.data_ptr(), xf.gpu.data_ptr()) << "the fused norm works in place";
+      // The new residual is one rounded sum on both sides: bitwise equal; the output within tolerance.
+      expect_bitwise_equal(r_gpu, res.cpu, "gemma_fused_add_rms_norm residual");
+      expect_close(y_gpu, xf.cpu, elementwise_tol(dt), "gemma_fused_add_rms_norm x");
+    }
+  }
+}
+
+TEST(GemmaRmsNormGpu, PerHeadQkNormsOnFusedQkvViews) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, heads, kv_heads, head_dim;
+  };
+  // Gemma-3-12B: 16 q and 8 kv heads of 256 (the warp-per-row kernel); 64-wide heads; 36-wide (bf16/f16: the
+  // block-per-row scalar path).
+  const Case cases[] = {{1, 16, 8, 256}, {37, 16, 8, 256}, {300, 16, 8, 256}, {9, 8, 2, 64}, {5, 4, 2, 36}};
+  uint64_t seed = 950;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " tokens " + std::to_string(c.tokens) + " heads " +
+                   std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " D " + std::to_string(c.head_dim));
+      GemmaRMSNorm norm_gpu(c.head_dim, 1e-6, {dt, kGpu}), norm_cpu(c.head_dim, 1e-6, {dt, kCpu});
+      const Pair w = randn({c.head_dim}, dt, seed++, 0.5);
+      norm_gpu.weight.copy_(w.gpu);
+      norm_cpu.weight.copy_(w.cpu);
+      const int64_t D = c.head_dim, width = (c.heads + 2 * c.kv_heads) * D;
+      const Pair qkv = randn({c.tokens, width}, dt, seed++);
+      for (const bool is_q : {true, false}) {
+        const Pair view =
+            qkv_view(qkv, {c.tokens, is_q ? c.heads : c.kv_heads, D}, is_q ? 0 : c.heads * D);
+        poison_next_output(view.cpu.shape(), dt);
+        expect_close(norm_gpu.forward(view.gpu), norm_cpu.forward(view.cpu), elementwise_tol(dt),
+                     is_q ? "gemma q norm" : "gemma k norm");
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- rotary_embedding scalings (gpt-oss, Gemma-3)
+
+TEST(RotaryEmbeddingGpu, YarnLinearAndLocalRopesMatchOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    const char* name;
+    int64_t head_size, num_heads, num_kv_heads, max_position;
+    double base;
+    RopeScaling scaling;
+  };
+  RopeScaling yarn;  // gpt-oss-20b
+  yarn.rope_type = "yarn";
+  yarn.factor = 32.0;
+  yarn.original_max_position_embeddings = 4096;
+  yarn.truncate = false;
+  RopeScaling yarn_truncated = yarn;
+  yarn_truncated.truncate = true;
+  RopeScaling linear;  // Gemma-3-12B's global layers
+  linear.rope_type = "linear";
+  linear.factor = 8.0;
+  const Case cases[] = {{"gpt-oss yarn", 64, 64, 8, 131072, 150000.0, yarn},
+                        {"yarn truncated", 64, 64, 8, 131072, 150000.0, yarn_truncated},
+                        {"gemma-3 global linear", 256, 16, 8, 131072, 1e6, linear},
+                        {"gemma-3 local", 256, 16, 8, 131072, 10000.0, RopeScaling{}}};
+  uint64_t seed = 1000;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      RotaryEmbedding rope_gpu(c.head_size, c.head_size, c.max_position, c.base, true, c.scaling, {dt, kGpu});
+      RotaryEmbedding rope_cpu(c.head_size, c.head_size, c.max_position, c.base, true, c.scaling, {dt, kCpu});
+      expect_bitwise_equal(rope_gpu.cos_sin_cache, rope_cpu.cos_sin_cache, "cos_sin_cache");
+      for (const int64_t tokens : {int64_t(1), int64_t(37), int64_t(300)}) {
+        SCOPED_TRACE(std::string(c.name) + " " + dtype_name(dt) + " tokens " + std::to_string(tokens));
+        const int64_t q_size = c.num_heads * c.head_size, kv_size = c.num_kv_heads * c.head_size;
+        const Pair qkv = randn({tokens, q_size + 2 * kv_size}, dt, seed++);
+        Tensor positions = Tensor::empty({tokens}, DType::i64, kCpu);
+        fill_randint_(positions, seed++, 0, c.max_position);
+        const Pair pos = from_host(positions);
+        const Pair q = qkv.slice(1, 0, q_size), k = qkv.slice(1, q_size, q_size + kv_size);
+        rope_gpu.forward(pos.gpu, q.gpu, k.gpu);
+        rope_cpu.forward(pos.cpu, q.cpu, k.cpu);
+        expect_close(qkv.gpu, qkv.cpu, elementwise_tol(dt), "rotary_embedding qkv");
+      }
+    }
   }
 }
 

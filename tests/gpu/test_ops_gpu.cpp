@@ -1,5 +1,6 @@
 // Every registered op through the validation contract on the GPU (tests/op_contract.h): the tiny models and the
-// real 8B configs' shapes, decode and prefill token counts, two random shapes each.
+// real 8B configs' shapes, the ops ahead of their model at gpt-oss-20b's and Gemma-3-12B's, decode and prefill
+// token counts, two random shapes each.
 #include "op_contract.h"
 
 namespace {
@@ -20,6 +21,10 @@ TEST_P(OpContractGpu, CasesPassTheValidationContractOnTheGpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, OpContractGpu, ::testing::ValuesIn(kbn::test::op_cases_of(gpu_models())),
+                         kbn::test::op_case_name);
+
+// Ops ahead of their model's L4 (gpt-oss-20b, Gemma-3-12B) at the real configs' shapes.
+INSTANTIATE_TEST_SUITE_P(PendingModels, OpContractGpu, ::testing::ValuesIn(kbn::test::pending_model_op_cases()),
                          kbn::test::op_case_name);
 
 }  // namespace
