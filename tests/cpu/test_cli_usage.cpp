@@ -72,9 +72,10 @@ TEST(CliUsage, ExitCodes) {
   EXPECT_EQ(kb_nano("--help").code, 0);
   EXPECT_NE(kb_nano("--help").output.find("Exit codes: 0 success; 1 the run failed"), std::string::npos);
   EXPECT_EQ(kb_nano("list --level 1").code, 0);
-  // A refused flag value (found while running) is a usage error; a failed load is a failed run.
+  // A refused flag value (found while running) or input file is a usage error; a failed load is a failed run.
   EXPECT_EQ(kb_nano("generate --device cpu --model no-such-model").code, 2);
-  EXPECT_EQ(kb_nano("report " KBN_SOURCE_DIR "/README.md").code, 1);
+  EXPECT_EQ(kb_nano("report " KBN_SOURCE_DIR "/README.md").code, 2);
+  EXPECT_EQ(kb_nano("generate --device cpu --model tiny-llama --weights /nonexistent_kbn/w.safetensors").code, 1);
 }
 
 TEST(CliUsage, ZeroAndNegativeValuesRefused) {
