@@ -40,6 +40,9 @@ ExecutionMode parse_execution_mode(const std::string& s) {
 ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_t block_size, ExecutionMode mode)
     : model_(model), device_(device), block_size_(block_size), mode_(mode), sampler_(variant) {
   KBN_CHECK(block_size >= 1, "model runner: block_size must be >= 1, got ", block_size);
+  // The record kernels report input errors into (kbn/device_errors.h) is allocated here, never inside a graph
+  // capture, where allocating pinned memory is not allowed.
+  if (device.is_cuda()) (void)device_error_record();
   if (mode != ExecutionMode::graph) return;
   KBN_CHECK(device.is_cuda(), "model runner: CUDA graphs need a CUDA device, got ", device.str(),
             " (use the eager mode there)");
