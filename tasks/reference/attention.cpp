@@ -95,10 +95,33 @@ std::vector<double> gather_sequence(const Tensor& cache, const PagedBatch& batch
   return rows;
 }
 
-// out[row, h] = softmax_p(scale * q[row, h] . K[p, kv(h)]) V[p, kv(h)] over p in [0, position(row)], for every
-// query row of every sequence; row j of sequence b (q_len rows) sits at position seq_len - q_len + j.
+// Checks the features against q's heads; returns the sinks as doubles (empty without).
+std::vector<double> check_features(const char* op, const AttentionFeatures& f, const Tensor& q) {
+  KBN_CHECK(f.sliding_window >= 0, op, ": argument 'sliding_window' must be >= 0 (0: no window), got ",
+            f.sliding_window);
+  KBN_CHECK(std::isfinite(f.logits_soft_cap) && f.logits_soft_cap >= 0, op,
+            ": argument 'logits_soft_cap' must be finite and >= 0 (0: none), got ", f.logits_soft_cap);
+  if (!f.sinks) return {};
+  const Tensor& sinks = *f.sinks;
+  check_rank(sinks, op, "sinks", 1, "[num_heads]");
+  check_dtype(sinks, op, "sinks", {DType::f32, DType::f16, DType::bf16});
+  check_cpu(sinks, op, "sinks");
+  check_size(sinks, op, "sinks", 0, q.size(1), "num_heads = q.size(1)");
+  std::vector<double> v = sinks.to_doubles();
+  for (size_t h = 0; h < v.size(); ++h)
+    KBN_CHECK(!std::isnan(v[h]), op, ": argument 'sinks' holds NaN at head ", h);
+  return v;
+}
+
+// out[row, h] = softmax_p(score(row, h, p)) V[p, kv(h)] over p in [first(row), position(row)], for every query row
+// of every sequence; row j of sequence b (q_len rows) sits at position seq_len - q_len + j. score = scale * q[row, h]
+// . K[p, kv(h)], then cap * tanh(score / cap) with a soft cap; first = position - window + 1 (at least 0) with a
+// sliding window, else 0; a sink adds exp(sink[h]) to the softmax's denominator (not to the numerator).
 void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const PagedBatch& batch,
-            int64_t heads_per_kv_head, double scale) {
+            int64_t heads_per_kv_head, double scale, const AttentionFeatures& features,
+            const std::vector<double>& sinks) {
+  const int64_t window = features.sliding_window;
+  const double cap = features.logits_soft_cap;
   const int64_t num_tokens = q.size(0), num_heads = q.size(1), head_size = q.size(2);
   const int64_t num_kv_heads = key_cache.size(2);
   const std::vector<double> qv = q.to_doubles();
@@ -113,25 +136,28 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
     std::vector<double> weights(static_cast<size_t>(seq_len));
     for (int64_t j = 0; j < q_len; ++j) {
       const int64_t row = q_begin + j, position = seq_len - q_len + j;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
       for (int64_t h = 0; h < num_heads; ++h) {
         const int64_t kv_head = h / heads_per_kv_head;
         const double* query = &qv[size_t((row * num_heads + h) * head_size)];
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (int64_t p = 0; p <= position; ++p) {
+        double max_score = sinks.empty() ? -std::numeric_limits<double>::infinity() : sinks[size_t(h)];
+        for (int64_t p = first; p <= position; ++p) {
           const double* k = &keys[size_t((p * num_kv_heads + kv_head) * head_size)];
           double dot = 0;
           for (int64_t d = 0; d < head_size; ++d) dot += query[d] * k[d];
-          weights[size_t(p)] = scale * dot;
-          max_score = std::max(max_score, weights[size_t(p)]);
+          double score = scale * dot;
+          if (cap > 0) score = cap * std::tanh(score / cap);
+          weights[size_t(p)] = score;
+          max_score = std::max(max_score, score);
         }
-        double denom = 0;
-        for (int64_t p = 0; p <= position; ++p) {
+        double denom = sinks.empty() ? 0.0 : std::exp(sinks[size_t(h)] - max_score);
+        for (int64_t p = first; p <= position; ++p) {
           weights[size_t(p)] = std::exp(weights[size_t(p)] - max_score);
           denom += weights[size_t(p)];
         }
         for (int64_t d = 0; d < head_size; ++d) {
           double acc = 0;
-          for (int64_t p = 0; p <= position; ++p) {
+          for (int64_t p = first; p <= position; ++p) {
             acc += weights[size_t(p)] * values[size_t((p * num_kv_heads + kv_head) * head_size + d)];
           }
           o[size_t((row * num_heads + h) * head_size + d)] = float(acc / denom);
@@ -146,10 +172,11 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
 
 void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                              const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
-                             double scale) {
+                             double scale, const AttentionFeatures& features) {
   constexpr const char* op = "reference::paged_attention_prefill";
   const int64_t heads_per_kv_head =
       check_heads(op, out, q, key_cache, value_cache, "[num_tokens, num_heads, head_size]");
+  const std::vector<double> sinks = check_features(op, features, q);
   check_rank(query_start_loc, op, "query_start_loc", 1, "[num_seqs + 1]");
   check_dtype(query_start_loc, op, "query_start_loc", {DType::i32, DType::i64});
   check_cpu(query_start_loc, op, "query_start_loc");
@@ -168,13 +195,15 @@ void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cac
               batch.seq_lens[size_t(b)], " (cached + new keys), shorter than its ", q_len,
               " query tokens from 'query_start_loc'");
   }
-  attend(out, q, key_cache, value_cache, batch, heads_per_kv_head, scale);
+  attend(out, q, key_cache, value_cache, batch, heads_per_kv_head, scale, features, sinks);
 }
 
 void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
-                            const Tensor& seq_lens, const Tensor& block_tables, double scale) {
+                            const Tensor& seq_lens, const Tensor& block_tables, double scale,
+                            const AttentionFeatures& features) {
   constexpr const char* op = "reference::paged_attention_decode";
   const int64_t heads_per_kv_head = check_heads(op, out, q, key_cache, value_cache, "[num_seqs, num_heads, head_size]");
+  const std::vector<double> sinks = check_features(op, features, q);
   const int64_t num_seqs = q.size(0);
   PagedBatch batch = read_batch(op, seq_lens, block_tables, num_seqs, key_cache);
   for (int64_t b = 0; b < num_seqs; ++b) {
@@ -184,7 +213,7 @@ void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cach
   // One query row per sequence: the last position, which sees every cached key.
   batch.query_start.resize(size_t(num_seqs + 1));
   for (int64_t b = 0; b <= num_seqs; ++b) batch.query_start[size_t(b)] = b;
-  attend(out, q, key_cache, value_cache, batch, heads_per_kv_head, scale);
+  attend(out, q, key_cache, value_cache, batch, heads_per_kv_head, scale, features, sinks);
 }
 
 }  // namespace kbn::reference

@@ -74,20 +74,31 @@ void linear(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bi
 void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor& key_cache, Tensor& value_cache,
                        const Tensor& slot_mapping);
 
+// Per-layer attention features, as vLLM's Attention takes them (per_layer_sliding_window, logits_soft_cap, sinks).
+struct AttentionFeatures {
+  int64_t sliding_window = 0;      // > 0: the query at position i sees keys i - sliding_window + 1 .. i; 0: 0 .. i
+  double logits_soft_cap = 0;      // > 0: each scaled score s becomes cap * tanh(s / cap) before the softmax
+  const Tensor* sinks = nullptr;   // [num_heads] (f32, f16, bf16): a logit per query head that joins the softmax
+                                   // denominator and has no value (gpt-oss); nullptr: none
+};
+
 // Causal varlen attention over a paged cache (prefill and chunked prefill). Sequence b owns query rows
 // [query_start_loc[b], query_start_loc[b+1]) and seq_lens[b] keys (context + its new tokens, which must
 // already be in the cache); query row j of b sits at position seq_lens[b] - q_len + j and sees keys
 // 0..that position. GQA: query head h reads kv head h / (num_heads / num_kv_heads).
 // q, out: [num_tokens, num_heads, head_size]; query_start_loc: [num_seqs + 1] i32; seq_lens: [num_seqs] i32;
 // block_tables: [num_seqs, max_blocks_per_seq] i32
+// `features` narrows the keys (sliding window), caps the scores and adds sinks.
 void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                              const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
-                             double scale);
+                             double scale, const AttentionFeatures& features = {});
 
-// One query token per sequence, attending all seq_lens[b] cached keys.
+// One query token per sequence, attending all seq_lens[b] cached keys (the last sliding_window of them with a
+// window).
 // q, out: [num_seqs, num_heads, head_size]
 void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
-                            const Tensor& seq_lens, const Tensor& block_tables, double scale);
+                            const Tensor& seq_lens, const Tensor& block_tables, double scale,
+                            const AttentionFeatures& features = {});
 
 // out[t] = argmax_v logits[t, v] (lowest index on ties; NaN entries never win; an all-NaN row gives 0).   logits:
 // [num_tokens, vocab]; out: [num_tokens] i64
