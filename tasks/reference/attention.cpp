@@ -103,10 +103,8 @@ std::vector<double> check_features(const char* op, const AttentionFeatures& f, c
             ": argument 'logits_soft_cap' must be finite and >= 0 (0: none), got ", f.logits_soft_cap);
   if (!f.sinks) return {};
   const Tensor& sinks = *f.sinks;
-  check_rank(sinks, op, "sinks", 1, "[num_heads]");
-  check_dtype(sinks, op, "sinks", {DType::f32, DType::f16, DType::bf16});
+  check_attention_sinks(op, sinks, q.size(1));
   check_cpu(sinks, op, "sinks");
-  check_size(sinks, op, "sinks", 0, q.size(1), "num_heads = q.size(1)");
   std::vector<double> v = sinks.to_doubles();
   for (size_t h = 0; h < v.size(); ++h)
     KBN_CHECK(!std::isnan(v[h]), op, ": argument 'sinks' holds NaN at head ", h);
@@ -169,6 +167,12 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
 }
 
 }  // namespace
+
+void check_attention_sinks(const char* op, const Tensor& sinks, int64_t num_heads) {
+  check_rank(sinks, op, "sinks", 1, "[num_heads]");
+  check_dtype(sinks, op, "sinks", {DType::f32, DType::f16, DType::bf16});
+  check_size(sinks, op, "sinks", 0, num_heads, "num_heads");
+}
 
 void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                              const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,

@@ -82,6 +82,10 @@ struct AttentionFeatures {
                                    // denominator and has no value (gpt-oss); nullptr: none
 };
 
+// Checks the sinks of AttentionFeatures against the query heads (rank 1, num_heads entries, a float dtype); the
+// error names `op`. Shared by the oracle and the attention ops.
+void check_attention_sinks(const char* op, const Tensor& sinks, int64_t num_heads);
+
 // Causal varlen attention over a paged cache (prefill and chunked prefill). Sequence b owns query rows
 // [query_start_loc[b], query_start_loc[b+1]) and seq_lens[b] keys (context + its new tokens, which must
 // already be in the cache); query row j of b sits at position seq_lens[b] - q_len + j and sees keys

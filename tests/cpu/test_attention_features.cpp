@@ -5,10 +5,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "L1/flash_attn_decode.h"
+#include "L1/flash_attn_prefill.h"
 #include "kbn/error.h"
 #include "kbn/tensor.h"
 #include "reference/reference.h"
@@ -207,6 +210,65 @@ TEST(AttentionFeatures, BadFeaturesNameTheArgument) {
   AttentionFeatures nan_sink;
   nan_sink.sinks = &with_nan;
   EXPECT_NE(message(nan_sink).find("'sinks' holds NaN at head 1"), std::string::npos) << message(nan_sink);
+}
+
+// The ops pass their features to the oracle on CPU tensors (the CUDA paths are tested against it on the GPU:
+// tests/gpu/test_attention.cpp, FlashAttnFeaturesGpu).
+TEST(AttentionFeatures, OpsCarryTheirFeatures) {
+  const Batch b = make_batch();
+  const double scale = 0.35;
+  const Tensor sinks = Tensor::from_floats({0.5f, -1.f, 2.f, 0.f}, {kHeads});
+  AttentionFeatures f;
+  f.sliding_window = 3;
+  f.logits_soft_cap = 1.5;
+  f.sinks = &sinks;
+  baseline::FlashAttnPrefill prefill(kHeads, kDim, scale, kKvHeads, 3, 1.5);
+  EXPECT_EQ(prefill.sliding_window(), 3);
+  EXPECT_EQ(prefill.logits_soft_cap(), 1.5);
+  const Tensor with = prefill.forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables,
+                                      5, 7, sinks);
+  EXPECT_EQ(with.to(DType::f32).to_doubles(), oracle_prefill(b, scale, f));
+  AttentionFeatures no_sinks = f;
+  no_sinks.sinks = nullptr;
+  const Tensor without = prefill.forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens,
+                                         b.block_tables, 5, 7);
+  EXPECT_EQ(without.to(DType::f32).to_doubles(), oracle_prefill(b, scale, no_sinks));
+  // A plain op is the old attention.
+  baseline::FlashAttnPrefill plain(kHeads, kDim, scale, kKvHeads);
+  EXPECT_EQ(plain.forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables, 5, 7)
+                .to(DType::f32)
+                .to_doubles(),
+            oracle_prefill(b, scale, {}));
+
+  baseline::FlashAttnDecode decode(kHeads, kDim, scale, kKvHeads, 3, 1.5);
+  const Tensor q = Tensor::from_floats(std::vector<float>(b.qv.begin(), b.qv.begin() + 2 * kHeads * kDim),
+                                       {2, kHeads, kDim});
+  Tensor expected = Tensor::zeros({2, kHeads, kDim}, DType::f32);
+  reference::paged_attention_decode(expected, q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, scale, f);
+  EXPECT_EQ(decode.forward(q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, 7, sinks).to_doubles(),
+            expected.to_doubles());
+}
+
+TEST(AttentionFeatures, OpsRefuseBadFeaturesNamingTheArgument) {
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { baseline::FlashAttnPrefill(4, 8, 0.3, 2, -2); }).find("argument 'sliding_window'"),
+            std::string::npos);
+  EXPECT_NE(message([] { baseline::FlashAttnDecode(4, 8, 0.3, 2, 0, std::nan("")); }).find("argument 'logits_soft_cap'"),
+            std::string::npos);
+  const Batch b = make_batch();
+  baseline::FlashAttnPrefill op(kHeads, kDim, 0.3, kKvHeads);
+  const Tensor two = Tensor::from_floats({0.f, 0.f}, {2});
+  const std::string m = message([&] {
+    op.forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables, 5, 7, two);
+  });
+  EXPECT_NE(m.find("flash_attn_prefill: argument 'sinks'"), std::string::npos) << m;
 }
 
 }  // namespace

@@ -544,6 +544,140 @@ TEST(FlashAttnDecodeGpu, FirstAndLastKeysAreSeen) {
   check_decode(s, b);
 }
 
+// ---- per-layer features: sliding window, logit soft-cap, sinks (the generic kernel) ----
+
+struct Features {
+  int64_t window = 0;
+  double soft_cap = 0;
+  bool sinks = false;
+  DType sinks_dtype = DType::f32;
+};
+
+std::string describe(const Features& f) {
+  std::ostringstream os;
+  os << " window " << f.window << " soft_cap " << f.soft_cap << (f.sinks ? " sinks " : "")
+     << (f.sinks ? kbn::dtype_name(f.sinks_dtype) : "");
+  return os.str();
+}
+
+// Sinks around the logits' own scale (N(0, 2^2)), so some heads' sinks take much of the weight and some little.
+Tensor make_sinks(int64_t heads, DType dt, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 2.f);
+  std::vector<float> v(static_cast<size_t>(heads));
+  for (float& x : v) x = normal(rng);
+  return Tensor::from_floats(v, {heads}, dt);
+}
+
+void check_prefill_features(const BatchSpec& s, const Features& f) {
+  const std::string what = describe(s, "flash_attn_prefill") + describe(f);
+  FlashAttnPrefill op(s.num_heads, s.head_size, 1.0 / std::sqrt(double(s.head_size)), s.num_kv_heads, f.window,
+                      f.soft_cap);
+  const PagedBatch b = make_batch(s);
+  const DeviceBatch d = to_device(b);
+  const Tensor sinks = make_sinks(s.num_heads, f.sinks_dtype, s.seed + 7);
+  const Tensor sinks_gpu = sinks.to(Device::cuda());
+  void* poisoned = poison_next_output(d.q);
+  auto run = [&](const DeviceBatch& x, const Tensor& sk) {
+    return f.sinks ? op.forward(x.q, x.key_cache, x.value_cache, x.query_start_loc, x.seq_lens, x.block_tables,
+                                b.max_query_len, b.max_seq_len, sk)
+                   : op.forward(x.q, x.key_cache, x.value_cache, x.query_start_loc, x.seq_lens, x.block_tables,
+                                b.max_query_len, b.max_seq_len);
+  };
+  const Tensor gpu = run(d, sinks_gpu);
+  EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
+  const Tensor again = run(d, sinks_gpu);
+  const DeviceBatch host{b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables};
+  const Tensor oracle = run(host, sinks);
+  expect_matches_oracle(gpu, oracle, s.dtype, what);
+  expect_bitwise_equal(gpu, again, what);
+}
+
+void check_decode_features(const BatchSpec& s, const Features& f) {
+  const std::string what = describe(s, "flash_attn_decode") + describe(f);
+  FlashAttnDecode op(s.num_heads, s.head_size, 1.0 / std::sqrt(double(s.head_size)), s.num_kv_heads, f.window,
+                     f.soft_cap);
+  const PagedBatch b = make_batch(s);
+  const DeviceBatch d = to_device(b);
+  const Tensor sinks = make_sinks(s.num_heads, f.sinks_dtype, s.seed + 7);
+  const Tensor sinks_gpu = sinks.to(Device::cuda());
+  void* poisoned = poison_next_output(d.q);
+  auto run = [&](const DeviceBatch& x, const Tensor& sk) {
+    return f.sinks ? op.forward(x.q, x.key_cache, x.value_cache, x.seq_lens, x.block_tables, b.max_seq_len, sk)
+                   : op.forward(x.q, x.key_cache, x.value_cache, x.seq_lens, x.block_tables, b.max_seq_len);
+  };
+  const Tensor gpu = run(d, sinks_gpu);
+  EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
+  const Tensor again = run(d, sinks_gpu);
+  const DeviceBatch host{b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables};
+  const Tensor oracle = run(host, sinks);
+  expect_matches_oracle(gpu, oracle, s.dtype, what);
+  expect_bitwise_equal(gpu, again, what);
+}
+
+TEST(FlashAttnFeaturesGpu, GptOssLikeWindowAndSinks) {
+  KBN_SKIP_WITHOUT_GPU();
+  // gpt-oss: head_dim 64, 8 query heads per kv head, 128-token windows (here 24, shorter than the sequences), sinks.
+  const BatchSpec s{.num_heads = 16, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .dtype = DType::bf16,
+                    .q_lens = {40, 7, 1}, .seq_lens = {40, 90, 33}, .seed = 31};
+  check_prefill_features(s, {.window = 24, .sinks = true, .sinks_dtype = DType::bf16});
+  check_prefill_features(s, {.sinks = true});
+  check_prefill_features(s, {.window = 24});
+  check_decode_features(decode_spec({.num_heads = 16, .num_kv_heads = 2, .head_size = 64, .block_size = 16,
+                                     .dtype = DType::bf16, .seq_lens = {1, 20, 300}, .seed = 32}),
+                        {.window = 24, .sinks = true});
+}
+
+TEST(FlashAttnFeaturesGpu, GemmaLikeHead256WindowAndSoftCap) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Gemma-3: head_dim 256, 2 query heads per kv head, 1024-token local windows (here 32); Gemma-2's soft cap 50 (and a
+  // low one that bites).
+  const BatchSpec s{.num_heads = 4, .num_kv_heads = 2, .head_size = 256, .block_size = 16, .dtype = DType::bf16,
+                    .q_lens = {70, 5}, .seq_lens = {70, 100}, .seed = 33};
+  check_prefill_features(s, {.window = 32});
+  check_prefill_features(s, {.window = 32, .soft_cap = 50.0});
+  check_prefill_features(s, {.soft_cap = 1.0});
+  check_decode_features(decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 256, .block_size = 16,
+                                     .dtype = DType::bf16, .seq_lens = {2, 64, 200}, .seed = 34}),
+                        {.window = 32, .soft_cap = 1.0});
+}
+
+TEST(FlashAttnFeaturesGpu, F32EveryFeatureAndAWindowOfOne) {
+  KBN_SKIP_WITHOUT_GPU();
+  const BatchSpec s{.num_heads = 4, .num_kv_heads = 1, .head_size = 128, .block_size = 16, .dtype = DType::f32,
+                    .q_lens = {17, 3}, .seq_lens = {17, 40}, .seed = 35};
+  check_prefill_features(s, {.window = 5, .soft_cap = 2.0, .sinks = true});
+  check_prefill_features(s, {.window = 1});
+  check_decode_features(decode_spec({.num_heads = 4, .num_kv_heads = 1, .head_size = 128, .block_size = 16,
+                                     .dtype = DType::f32, .seq_lens = {1, 5, 80}, .seed = 36}),
+                        {.window = 1, .sinks = true});
+}
+
+TEST(FlashAttnFeaturesGpu, BadFeaturesNameTheArgument) {
+  KBN_SKIP_WITHOUT_GPU();
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const kbn::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([] { FlashAttnPrefill(4, 64, 0.125, 2, -1); }).find("'sliding_window'"), std::string::npos);
+  EXPECT_NE(message([] { FlashAttnDecode(4, 64, 0.125, 2, 0, -1.0); }).find("'logits_soft_cap'"), std::string::npos);
+  const BatchSpec s = decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 64, .seq_lens = {3}, .seed = 37});
+  const PagedBatch b = make_batch(s);
+  const DeviceBatch d = to_device(b);
+  FlashAttnDecode op(4, 64, 0.125, 2);
+  const Tensor three = make_sinks(3, DType::f32, 1).to(Device::cuda());
+  const std::string m = message([&] { op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, 3, three); });
+  EXPECT_NE(m.find("'sinks'"), std::string::npos) << m;
+  const Tensor on_cpu = make_sinks(4, DType::f32, 1);
+  const std::string m2 =
+      message([&] { op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, 3, on_cpu); });
+  EXPECT_NE(m2.find("'sinks'"), std::string::npos) << m2;
+}
+
 TEST(FlashAttnDecodeGpu, EmptyBatchLaunchesNothing) {
   KBN_SKIP_WITHOUT_GPU();
   const Device dev = Device::cuda();

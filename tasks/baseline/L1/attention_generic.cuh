@@ -1,10 +1,13 @@
 #pragma once
-// Generic paged attention on CUDA, for what the tensor-core kernels do not cover: f32, and head sizes other
-// than 64 and 128 (up to 256). Correct for every shape, not fast: one block of 4 warps per (query token,
+// Generic paged attention on CUDA, for what the tensor-core kernels do not cover: f32, head sizes other than 64
+// and 128 (up to 256), and the per-layer features (sliding window, logit soft-cap, sinks; reference::
+// AttentionFeatures has their definitions). Correct for every shape, not fast: one block of 4 warps per (query token,
 // query head); warp w takes keys w, w + 4, ...; each lane owns head dims lane, lane + 32, ...; an online
 // softmax per warp, merged across warps at the end. Decode is the case query_start_loc == nullptr (token t
 // is sequence t, one query each). Included by flash_attn_prefill.cu and flash_attn_decode.cu.
+#include <algorithm>
 #include <cfloat>
+#include <climits>
 
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
@@ -30,6 +33,9 @@ struct GenericAttnParams {
   int64_t block_table_stride;
   int num_seqs, block_size, group_size, head_size;
   float scale;
+  int sliding_window;     // > 0: keys position - window + 1 .. position; 0: all
+  float logits_soft_cap;  // > 0: scores become cap * tanh(score / cap)
+  const float* sinks;     // [num_heads] or nullptr: a logit per head in the softmax denominator
 };
 
 // Parameters for the generic kernel from the op's tensors. query_start_loc is nullptr for decode.
@@ -64,6 +70,19 @@ inline GenericAttnParams generic_attention_params(const Tensor& q, const Tensor&
   return g;
 }
 
+// Sets the per-layer features (sliding window, soft cap, sinks) of a generic launch; returns the sinks as a
+// contiguous f32 tensor on the device, which the caller keeps until the launch is queued (the allocator is
+// stream-ordered), or an undefined tensor without sinks.
+inline Tensor set_generic_features(GenericAttnParams& g, int64_t sliding_window, double logits_soft_cap,
+                                   const Tensor* sinks) {
+  g.sliding_window = int(std::min<int64_t>(sliding_window, INT_MAX));  // a window past INT_MAX keys masks nothing
+  g.logits_soft_cap = float(logits_soft_cap);
+  if (!sinks) return Tensor();
+  Tensor s = sinks->to(DType::f32).contiguous();
+  g.sinks = s.data<float>();
+  return s;
+}
+
 template <class T>
 __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(GenericAttnParams p) {
   constexpr int kPerLane = kGenericMaxHead / 32;
@@ -87,6 +106,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
     last_key = p.seq_lens[seq] - 1;
   }
 
+  const int first_key = p.sliding_window > 0 ? max(0, last_key - p.sliding_window + 1) : 0;
   const T* q = static_cast<const T*>(p.q) + token * p.q_stride_token + head * p.q_stride_head;
   float qv[kPerLane], acc[kPerLane];
 #pragma unroll
@@ -97,7 +117,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
   }
   float m = -FLT_MAX, l = 0.f;
   const int* table = p.block_tables + int64_t(seq) * p.block_table_stride;
-  for (int j = warp; j <= last_key; j += kGenericWarps) {
+  for (int j = first_key + warp; j <= last_key; j += kGenericWarps) {
     const int64_t block = table[j / p.block_size], slot = j % p.block_size;
     const T* k = static_cast<const T*>(p.key_cache) + block * p.k_stride_block + slot * p.k_stride_slot +
                  kv_head * p.k_stride_head;
@@ -111,6 +131,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (p.logits_soft_cap > 0.f) s = p.logits_soft_cap * tanhf(s / p.logits_soft_cap);
     const float m_new = fmaxf(m, s), correction = __expf(m - m_new), w = __expf(s - m_new);
     l = l * correction + w;
 #pragma unroll
@@ -129,9 +150,11 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) s_acc[warp][lane + 32 * i] = acc[i];
   __syncthreads();
-  float m_all = -FLT_MAX;
+  // A sink joins the denominator only: it raises the running maximum and adds exp(sink - max) to the sum.
+  const float sink = p.sinks ? p.sinks[head] : -INFINITY;
+  float m_all = fmaxf(-FLT_MAX, sink);
   for (int w = 0; w < kGenericWarps; ++w) m_all = fmaxf(m_all, s_m[w]);
-  float l_all = 0.f;
+  float l_all = p.sinks ? __expf(sink - m_all) : 0.f;
   for (int w = 0; w < kGenericWarps; ++w) l_all += s_l[w] * __expf(s_m[w] - m_all);
   T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
   for (int d = threadIdx.x; d < p.head_size; d += kGenericWarps * 32) {

@@ -1,5 +1,6 @@
 #include "L1/flash_attn_decode.h"
 
+#include <cmath>
 #include <utility>
 
 #include "kbn/checks.h"
@@ -889,17 +890,39 @@ void launch_flash_attn_decode(const DecodeParams& p, Device device, int64_t num_
 
 // ---- op layer ----
 
-FlashAttnDecode::FlashAttnDecode(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads)
-    : num_heads_(num_heads), head_size_(head_size), num_kv_heads_(num_kv_heads), scale_(scale) {
+FlashAttnDecode::FlashAttnDecode(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads,
+                                  int64_t sliding_window, double logits_soft_cap)
+    : num_heads_(num_heads),
+      head_size_(head_size),
+      num_kv_heads_(num_kv_heads),
+      scale_(scale),
+      sliding_window_(sliding_window),
+      logits_soft_cap_(logits_soft_cap) {
   KBN_CHECK(num_heads > 0, "FlashAttnDecode: argument 'num_heads' must be positive, got ", num_heads);
   KBN_CHECK(head_size > 0, "FlashAttnDecode: argument 'head_size' must be positive, got ", head_size);
   KBN_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "FlashAttnDecode: argument 'num_kv_heads' (",
             num_kv_heads, ") must be positive and divide 'num_heads' (", num_heads, ")");
   KBN_CHECK(scale > 0, "FlashAttnDecode: argument 'scale' must be positive, got ", scale);
+  KBN_CHECK(sliding_window >= 0, "FlashAttnDecode: argument 'sliding_window' must be >= 0 (0: no window), got ",
+            sliding_window);
+  KBN_CHECK(std::isfinite(logits_soft_cap) && logits_soft_cap >= 0, "FlashAttnDecode: argument 'logits_soft_cap' must be "
+            "finite and >= 0 (0: none), got ", logits_soft_cap);
 }
 
 Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                                 const Tensor& seq_lens, const Tensor& block_tables, int64_t max_seq_len) {
+  return run(q, key_cache, value_cache, seq_lens, block_tables, max_seq_len, nullptr);
+}
+
+Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                                const Tensor& seq_lens, const Tensor& block_tables, int64_t max_seq_len,
+                                const Tensor& sinks) {
+  return run(q, key_cache, value_cache, seq_lens, block_tables, max_seq_len, &sinks);
+}
+
+Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
+                            const Tensor& seq_lens, const Tensor& block_tables, int64_t max_seq_len,
+                            const Tensor* sinks) {
   constexpr const char* op = "flash_attn_decode";
   check_rank(q, op, "q", 3, "[num_seqs, num_heads, head_size]");
   check_size(q, op, "q", 1, num_heads_, "num_heads");
@@ -924,6 +947,10 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
     check_dtype(*meta, op, name, {DType::i32});
     check_same_device(*meta, q, op, name, "q");
   }
+  if (sinks) {
+    reference::check_attention_sinks(op, *sinks, num_heads_);
+    check_same_device(*sinks, q, op, "sinks", "q");
+  }
 
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   if (num_seqs == 0) return out;
@@ -931,7 +958,8 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
             " for ", q.str());
 
   if (q.is_cpu()) {
-    reference::paged_attention_decode(out, q, key_cache, value_cache, seq_lens, block_tables, scale_);
+    reference::paged_attention_decode(out, q, key_cache, value_cache, seq_lens, block_tables, scale_,
+                                      {sliding_window_, logits_soft_cap_, sinks});
     return out;
   }
 #ifdef KBN_WITH_CUDA
@@ -945,9 +973,11 @@ Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const 
   check_last_dim_contiguous(block_tables, op, "block_tables");
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
-  if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
-    const GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens,
-                                                         block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
+  const bool features = sliding_window_ > 0 || logits_soft_cap_ > 0 || sinks;
+  if (features || !tensor_core_attention_supports(q.dtype(), head_size_)) {
+    GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens, block_tables,
+                                                   num_heads_, num_kv_heads_, head_size_, scale_);
+    const Tensor sinks_f32 = set_generic_features(g, sliding_window_, logits_soft_cap_, sinks);
     launch_generic_attention(g, q.dtype(), num_seqs, num_heads_, op, current_stream());
     return out;
   }

@@ -7,22 +7,37 @@ namespace kbn::KBN_VARIANT {
 
 class FlashAttnDecode : public Module {
  public:
-  FlashAttnDecode(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads);
+  // sliding_window > 0: a query at position i sees keys i - sliding_window + 1 .. i (vLLM's
+  // per_layer_sliding_window); logits_soft_cap > 0: scores become cap * tanh(score / cap). Either feature runs on
+  // the generic CUDA kernel (correct for every shape, not yet fast).
+  FlashAttnDecode(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, int64_t sliding_window = 0,
+        double logits_soft_cap = 0);
 
   // q: [num_seqs, num_heads, head_size]; caches as in FlashAttnPrefill; seq_lens: [num_seqs] i32;
   // block_tables: [num_seqs, max_blocks_per_seq] i32; max_seq_len: host maximum of seq_lens
   // -> new [num_seqs, num_heads, head_size]
   Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& seq_lens,
                  const Tensor& block_tables, int64_t max_seq_len);
+  // With attention sinks (gpt-oss; vLLM's s_aux): sinks [num_heads] (f32, f16 or bf16), a logit per query head that
+  // joins the softmax denominator and has no value. Runs on the generic CUDA kernel.
+  Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& seq_lens,
+                 const Tensor& block_tables, int64_t max_seq_len, const Tensor& sinks);
 
   int64_t num_heads() const { return num_heads_; }
   int64_t head_size() const { return head_size_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
   double scale() const { return scale_; }
+  int64_t sliding_window() const { return sliding_window_; }
+  double logits_soft_cap() const { return logits_soft_cap_; }
 
  private:
+  Tensor run(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& seq_lens,
+             const Tensor& block_tables, int64_t max_seq_len, const Tensor* sinks);
+
   int64_t num_heads_, head_size_, num_kv_heads_;
   double scale_;
+  int64_t sliding_window_;
+  double logits_soft_cap_;
 };
 
 }  // namespace kbn::KBN_VARIANT

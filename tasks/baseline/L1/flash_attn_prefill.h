@@ -7,7 +7,11 @@ namespace kbn::KBN_VARIANT {
 
 class FlashAttnPrefill : public Module {
  public:
-  FlashAttnPrefill(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads);
+  // sliding_window > 0: a query at position i sees keys i - sliding_window + 1 .. i (vLLM's
+  // per_layer_sliding_window); logits_soft_cap > 0: scores become cap * tanh(score / cap). Either feature runs on
+  // the generic CUDA kernel (correct for every shape, not yet fast).
+  FlashAttnPrefill(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, int64_t sliding_window = 0,
+        double logits_soft_cap = 0);
 
   // q: [num_tokens, num_heads, head_size]; key_cache, value_cache: [num_blocks, block_size, num_kv_heads,
   // head_size]; query_start_loc: [num_seqs + 1] i32; seq_lens: [num_seqs] i32 (cached + new keys, the new
@@ -15,15 +19,28 @@ class FlashAttnPrefill : public Module {
   // maxima over the batch (host values, used for the launch grid) -> new [num_tokens, num_heads, head_size]
   Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& query_start_loc,
                  const Tensor& seq_lens, const Tensor& block_tables, int64_t max_query_len, int64_t max_seq_len);
+  // With attention sinks (gpt-oss; vLLM's s_aux): sinks [num_heads] (f32, f16 or bf16), a logit per query head that
+  // joins the softmax denominator and has no value. Runs on the generic CUDA kernel.
+  Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& query_start_loc,
+                 const Tensor& seq_lens, const Tensor& block_tables, int64_t max_query_len, int64_t max_seq_len,
+                 const Tensor& sinks);
 
   int64_t num_heads() const { return num_heads_; }
   int64_t head_size() const { return head_size_; }
   int64_t num_kv_heads() const { return num_kv_heads_; }
   double scale() const { return scale_; }
+  int64_t sliding_window() const { return sliding_window_; }
+  double logits_soft_cap() const { return logits_soft_cap_; }
 
  private:
+  Tensor run(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& query_start_loc,
+             const Tensor& seq_lens, const Tensor& block_tables, int64_t max_query_len, int64_t max_seq_len,
+             const Tensor* sinks);
+
   int64_t num_heads_, head_size_, num_kv_heads_;
   double scale_;
+  int64_t sliding_window_;
+  double logits_soft_cap_;
 };
 
 }  // namespace kbn::KBN_VARIANT

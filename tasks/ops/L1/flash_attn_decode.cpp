@@ -10,9 +10,12 @@ using namespace kbn::missing_task_class;
 using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(FlashAttnDecode, "L1/flash_attn_decode.h");
-KBN_REQUIRE_CTOR(FlashAttnDecode, "L1/flash_attn_decode.h", int64_t, int64_t, double, int64_t);
+KBN_REQUIRE_CTOR(FlashAttnDecode, "L1/flash_attn_decode.h", int64_t, int64_t, double, int64_t, int64_t, double);
 KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t),
+                   "L1/flash_attn_decode.h");
+KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor&),
                    "L1/flash_attn_decode.h");
 
 namespace {
@@ -70,14 +73,16 @@ KBN_REGISTER_OPS(r) {
          .class_name = "FlashAttnDecode",
          .level = 1,
          .header = "L1/flash_attn_decode.h",
-         .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "max_seq_len (optional)"},
+         .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "sliding_window (optional)",
+                       "logits_soft_cap (optional)", "max_seq_len (optional)"},
          .args = {"q", "key_cache", "value_cache", "seq_lens", "block_tables"},
          .mutates = {},
          .make = adapter(
              "flash_attn_decode", 5,
              [](const OpArgs& a) {
                return std::make_unique<FlashAttnDecode>(a.get_int("num_heads"), a.get_int("head_size"), a.get("scale"),
-                                                        a.get_int("num_kv_heads"));
+                                                        a.get_int("num_kv_heads"),
+                                                        a.get_int_or("sliding_window", 0), a.get("logits_soft_cap", 0.0));
              },
              [](FlashAttnDecode& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_s = a.get_int_or("max_seq_len", 0);

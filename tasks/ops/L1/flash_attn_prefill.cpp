@@ -10,10 +10,14 @@ using namespace kbn::missing_task_class;
 using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(FlashAttnPrefill, "L1/flash_attn_prefill.h");
-KBN_REQUIRE_CTOR(FlashAttnPrefill, "L1/flash_attn_prefill.h", int64_t, int64_t, double, int64_t);
+KBN_REQUIRE_CTOR(FlashAttnPrefill, "L1/flash_attn_prefill.h", int64_t, int64_t, double, int64_t, int64_t, double);
 KBN_REQUIRE_METHOD(FlashAttnPrefill, Tensor, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
                     int64_t),
+                   "L1/flash_attn_prefill.h");
+KBN_REQUIRE_METHOD(FlashAttnPrefill, Tensor, forward,
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                    int64_t, const Tensor&),
                    "L1/flash_attn_prefill.h");
 
 namespace {
@@ -71,15 +75,16 @@ KBN_REGISTER_OPS(r) {
          .class_name = "FlashAttnPrefill",
          .level = 1,
          .header = "L1/flash_attn_prefill.h",
-         .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "max_query_len (optional)",
-                       "max_seq_len (optional)"},
+         .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "sliding_window (optional)",
+                       "logits_soft_cap (optional)", "max_query_len (optional)", "max_seq_len (optional)"},
          .args = {"q", "key_cache", "value_cache", "query_start_loc", "seq_lens", "block_tables"},
          .mutates = {},
          .make = adapter(
              "flash_attn_prefill", 6,
              [](const OpArgs& a) {
                return std::make_unique<FlashAttnPrefill>(a.get_int("num_heads"), a.get_int("head_size"), a.get("scale"),
-                                                         a.get_int("num_kv_heads"));
+                                                         a.get_int("num_kv_heads"),
+                                                         a.get_int_or("sliding_window", 0), a.get("logits_soft_cap", 0.0));
              },
              [](FlashAttnPrefill& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_q = a.get_int_or("max_query_len", 0), max_s = a.get_int_or("max_seq_len", 0);
