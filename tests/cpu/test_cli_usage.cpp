@@ -164,7 +164,9 @@ TEST(CliUsage, StubsWriteIntoTheCheckoutOfTheWorkingDirectory) {
   EXPECT_NE(r.output.find("this kb_nano was built from " KBN_SOURCE_DIR ", not from " + root.string()),
             std::string::npos)
       << r.output;
-  if (!built_tree_had_stub) EXPECT_FALSE(fs::exists(built_tree_stub)) << "stubs wrote into the build's source tree";
+  if (!built_tree_had_stub) {
+    EXPECT_FALSE(fs::exists(built_tree_stub)) << "stubs wrote into the build's source tree";
+  }
 
   // Outside any checkout: refused, nothing written anywhere.
   const fs::path elsewhere = kbn::test::temp_dir("kbn_stubs_elsewhere");
@@ -172,7 +174,23 @@ TEST(CliUsage, StubsWriteIntoTheCheckoutOfTheWorkingDirectory) {
                                   " stubs --target rms_norm");
   EXPECT_NE(e.code, 0) << e.output;
   EXPECT_NE(e.output.find("is not inside a kb-nano checkout"), std::string::npos) << e.output;
-  if (!built_tree_had_stub) EXPECT_FALSE(fs::exists(built_tree_stub)) << "stubs wrote into the build's source tree";
+  if (!built_tree_had_stub) {
+    EXPECT_FALSE(fs::exists(built_tree_stub)) << "stubs wrote into the build's source tree";
+  }
   fs::remove_all(root);
   fs::remove_all(elsewhere);
+}
+
+TEST(CliUsage, VersionNamesTheBuildAndTheGpuCode) {
+  if (kbn::test::kb_nano().empty()) {
+    GTEST_SKIP() << "kb_nano is not built next to the tests";
+  }
+  const auto r = kb_nano("--version");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("kb_nano ", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find("CUDA: "), std::string::npos) << r.output;
+#ifdef KBN_WITH_CUDA
+  EXPECT_NE(r.output.find("-gencode"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("GPU"), std::string::npos) << r.output;
+#endif
 }
