@@ -52,6 +52,7 @@ struct Options {
   uint64_t seed = 0;
   std::string json;
   std::string markdown;
+  std::string csv;
   bool list = false;
   bool composition = true;  // L1 candidate: also run the L2/L3 ops whose code includes it
   double worker_timeout_s = 300;  // per request to the worker process
@@ -703,6 +704,56 @@ nlohmann::json row_json(const Row& r, const Options& o, bool compare) {
   return j;
 }
 
+// One CSV field (RFC 4180): quoted, with inner quotes doubled, when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+// The rows as CSV, one line per case: the fields of --json that a spreadsheet needs, times in microseconds, and the
+// rerun command. Empty fields where a row has no value (no candidate, untimed, CPU).
+void write_csv(const std::string& path, const std::vector<Row>& rows, const Options& o, bool compare) {
+  std::ofstream out(path);
+  KBN_CHECK(out.good(), "--csv: cannot write '", path, "'");
+  std::vector<std::string> head = {"op", "model", "tp", "case", "tokens", "dtype", "mode", "verdict", "check",
+                                   "baseline_median_us", "baseline_p10_us", "baseline_p90_us"};
+  if (compare) head.insert(head.end(), {"candidate_median_us", "candidate_p10_us", "candidate_p90_us", "speedup"});
+  head.insert(head.end(), {"gb_per_s", "tflop_per_s", "pct_copy_bandwidth", "pct_bf16_rate", "bound", "roofline_us",
+                           "bytes", "flops", "why", "rerun"});
+  for (size_t i = 0; i < head.size(); ++i) out << (i ? "," : "") << head[i];
+  out << "\n";
+  auto num = [](double v) { return fmt("%.6g", v); };
+  auto times = [&](const bench::Timing& t) -> std::vector<std::string> {
+    if (!t.ok) return {"", "", ""};
+    return {num(t.median_ms * 1e3), num(t.p10_ms * 1e3), num(t.p90_ms * 1e3)};
+  };
+  for (const Row& r : rows) {
+    const auto& c = *r.c;
+    std::vector<std::string> f = {c.op, c.model, std::to_string(c.tp), c.label, std::to_string(c.tokens),
+                                  dtype_name(c.dtype), o.mode, r.verdict(), r.check()};
+    for (auto& x : times(r.base)) f.push_back(x);
+    if (compare) {
+      for (auto& x : times(r.cand)) f.push_back(x);
+      f.push_back(r.speedup > 0 ? num(r.speedup) : "");
+    }
+    const bool rated = r.gb_per_s > 0;
+    f.push_back(rated ? num(r.gb_per_s) : "");
+    f.push_back(rated ? num(r.tflop_per_s) : "");
+    f.push_back(rated ? num(r.pct_copy) : "");
+    f.push_back(rated ? num(r.pct_bf16) : "");
+    f.push_back(rated ? r.bound : "");
+    f.push_back(r.roofline_ms > 0 ? num(r.roofline_ms * 1e3) : "");
+    f.push_back(num(double(c.bytes)));
+    f.push_back(num(double(c.flops)));
+    f.push_back(r.why());
+    f.push_back(rerun_command(c, o));
+    for (size_t i = 0; i < f.size(); ++i) out << (i ? "," : "") << csv_field(f[i]);
+    out << "\n";
+  }
+}
+
 void write_markdown(const std::string& path, const std::vector<Group>& groups, const Context& ctx, const Options& o,
                     const Summary& sum) {
   std::ofstream md(path);
@@ -787,6 +838,7 @@ void run(Options o) {
   // Output paths first: a typo must not cost a whole run.
   check_output_file("--json", o.json);
   check_output_file("--markdown", o.markdown);
+  check_output_file("--csv", o.csv);
   check_level(o);
   check_targets(o);
   const bool small = o.device == "cpu";
@@ -905,6 +957,7 @@ void run(Options o) {
     out << j.dump(2) << "\n";
   }
   if (!o.markdown.empty()) write_markdown(o.markdown, groups, ctx, o, sum);
+  if (!o.csv.empty()) write_csv(o.csv, rows, o, ctx.compare);
   // A failing candidate is a failing command: scripts and CI can rely on the exit status.
   KBN_CHECK(sum.failed == 0 && sum.errors == 0, "kb_nano kernels: ", sum.failed, " case(s) failed and ", sum.errors,
             " errored (see the 'why' column)");
@@ -946,6 +999,7 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--seeds", o->seeds, "Validation seeds per case (default 3)")->check(integer_at_least(1));
   cmd->add_option("--json", o->json, "Write one row per case, with provenance and a rerun command, to this file");
   cmd->add_option("--markdown", o->markdown, "Write the tables as Markdown to this file");
+  cmd->add_option("--csv", o->csv, "Write one line per case as CSV (times in us, the rerun command) to this file");
   cmd->add_flag("!--no-composition", o->composition,
                 "With an L1 candidate, do not also run the L2/L3 blocks that include it");
   cmd->add_flag("--list", o->list, "Print the cases (op, model, tp, case, bytes, FLOPs) without running them");

@@ -3,6 +3,7 @@
 // misspelt commands, flags and choices, and one exit-code convention: 0 ok, 1 run failed, 2 usage error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -193,4 +194,27 @@ TEST(CliUsage, VersionNamesTheBuildAndTheGpuCode) {
   EXPECT_NE(r.output.find("-gencode"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("GPU"), std::string::npos) << r.output;
 #endif
+}
+
+TEST(CliUsage, KernelsWritesCsv) {
+  if (kbn::test::kb_nano().empty()) {
+    GTEST_SKIP() << "kb_nano is not built next to the tests";
+  }
+  const std::filesystem::path dir = kbn::test::temp_dir("kbn_kernels_csv");
+  const std::string csv = (dir / "k.csv").string();
+  const auto r = kb_nano("kernels --device cpu --model tiny-llama --target rms_norm --tokens 3 --random 0 --seeds 1 "
+                         "--csv " + csv);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(csv);
+  std::string head, row, extra;
+  ASSERT_TRUE(std::getline(in, head)) << "empty CSV";
+  EXPECT_EQ(head.rfind("op,model,tp,case,tokens,dtype,mode,verdict,check,baseline_median_us,", 0), 0u) << head;
+  EXPECT_NE(head.find(",why,rerun"), std::string::npos) << head;
+  ASSERT_TRUE(std::getline(in, row)) << "no case row";
+  EXPECT_EQ(row.rfind("rms_norm,tiny-llama,1,T=3 H=64,3,", 0), 0u) << row;
+  EXPECT_NE(row.find(",PASS,"), std::string::npos) << row;
+  EXPECT_NE(row.find("kb_nano kernels --target rms_norm"), std::string::npos) << row;
+  EXPECT_EQ(std::count(head.begin(), head.end(), ','), std::count(row.begin(), row.end(), ',')) << head << "\n" << row;
+  EXPECT_FALSE(std::getline(in, extra)) << "one case, one row: " << extra;
+  std::filesystem::remove_all(dir);
 }
