@@ -775,7 +775,9 @@ void write_markdown(const std::string& path, const std::vector<Group>& groups, c
   if (sum.geomean_speedup > 0)
     md << "; geometric-mean speedup over passing cases " << fmt("%.3f", sum.geomean_speedup) << "x";
   md << ".\n";
-  const auto h = headers(ctx.compare);
+  // The console's columns, then the command that reruns the case alone (its seeds included).
+  auto h = headers(ctx.compare);
+  h.push_back("rerun");
   for (const auto& g : groups) {
     md << "\n## " << g.title << "\n\n|";
     for (const auto& x : h) md << " " << x << " |";
@@ -785,7 +787,7 @@ void write_markdown(const std::string& path, const std::vector<Group>& groups, c
     for (const Row* r : g.rows) {
       md << "|";
       for (const auto& cell : row_cells(*r, ctx.compare, ctx.device.is_cuda())) md << " " << cell << " |";
-      md << "\n";
+      md << " `" << rerun_command(*r->c, o) << "` |\n";
     }
   }
 }

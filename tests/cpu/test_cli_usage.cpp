@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "cli/args.h"
@@ -196,15 +197,21 @@ TEST(CliUsage, VersionNamesTheBuildAndTheGpuCode) {
 #endif
 }
 
+// --csv, and the rerun command as the last column of --markdown's tables.
 TEST(CliUsage, KernelsWritesCsv) {
   if (kbn::test::kb_nano().empty()) {
     GTEST_SKIP() << "kb_nano is not built next to the tests";
   }
   const std::filesystem::path dir = kbn::test::temp_dir("kbn_kernels_csv");
   const std::string csv = (dir / "k.csv").string();
+  const std::string md = (dir / "k.md").string();
   const auto r = kb_nano("kernels --device cpu --model tiny-llama --target rms_norm --tokens 3 --random 0 --seeds 1 "
-                         "--csv " + csv);
+                         "--csv " + csv + " --markdown " + md);
   ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream md_in(md);
+  const std::string md_text((std::istreambuf_iterator<char>(md_in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md_text.find("| why | rerun |"), std::string::npos) << md_text;
+  EXPECT_NE(md_text.find("| `kb_nano kernels --target rms_norm --model tiny-llama"), std::string::npos) << md_text;
   std::ifstream in(csv);
   std::string head, row, extra;
   ASSERT_TRUE(std::getline(in, head)) << "empty CSV";
