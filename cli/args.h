@@ -58,4 +58,9 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
 // used to name the flags it knows.
 std::string usage_message(CLI::App& app, const CLI::ParseError& e, int argc, const char* const* argv);
 
+// One CSV field (RFC 4180): quoted, with inner quotes doubled, when it holds a comma, a quote or a line break.
+std::string csv_field(const std::string& v);
+// One CSV line of `fields`, with its line break.
+std::string csv_line(const std::vector<std::string>& fields);
+
 }  // namespace kbn::cli

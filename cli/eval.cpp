@@ -64,6 +64,7 @@ struct Options {
   std::string admission = "reserve";  // reserve | optimistic
   int64_t divergence_samples = 64;
   std::string json;
+  std::string csv;
 };
 
 struct VariantRun {
@@ -273,6 +274,39 @@ nlohmann::json metrics_json(const VariantRun& r) {
             {"graph_steps", r.graph_steps}}}};
 }
 
+// One CSV line per variant: the throughput and latency figures of --json (times in ms), the serial floor where
+// there is one, and the build. Columns are fixed, so files of several runs concatenate under one header.
+void write_csv(const std::string& path, const std::vector<VariantRun>& runs, const std::string& model,
+               const std::string& workload, const std::string& mode, const FloorSetup& floor_setup) {
+  std::ofstream out(path);
+  KBN_CHECK(out.good(), "--csv: cannot write '", path, "'");
+  std::vector<std::string> head = {"model", "workload", "mode", "variant", "num_requests", "prompt_tokens",
+                                   "output_tokens", "duration_s", "output_tokens_per_s", "total_tokens_per_s",
+                                   "requests_per_s"};
+  for (const char* d : {"ttft", "tpot", "itl", "e2e"})
+    for (const char* q : {"mean", "p50", "p90", "p99"}) head.push_back(std::string(d) + "_" + q + "_ms");
+  head.insert(head.end(), {"steps", "preemptions", "prefix_cache_hit_tokens", "serial_floor_s", "floor_fraction",
+                           "commit"});
+  out << csv_line(head);
+  auto num = [](double v) { return fmt("%.6g", v); };
+  for (const auto& r : runs) {
+    const engine::ServingMetrics& m = r.metrics;
+    std::vector<std::string> f = {model, workload, mode, variant_name(r.variant), std::to_string(m.num_requests),
+                                  std::to_string(m.prompt_tokens), std::to_string(m.output_tokens),
+                                  num(m.duration_s), num(m.output_tokens_per_s), num(m.total_tokens_per_s),
+                                  num(m.requests_per_s)};
+    for (const engine::Distribution* d : {&m.ttft_s, &m.tpot_s, &m.itl_s, &m.e2e_s})
+      for (double v : {d->mean, d->p50, d->p90, d->p99}) f.push_back(d->count ? num(1e3 * v) : "");
+    f.insert(f.end(), {std::to_string(m.steps), std::to_string(m.preemptions), std::to_string(m.cached_tokens)});
+    const nlohmann::json floor = serial_floor_json(r, floor_setup);
+    const bool has_floor = floor.value("available", false);
+    f.push_back(has_floor ? num(floor["floor_s"].get<double>()) : "");
+    f.push_back(has_floor ? num(floor["achieved_fraction"].get<double>()) : "");
+    f.push_back(build_info().git_commit);
+    out << csv_line(f);
+  }
+}
+
 std::string dist_ms(const engine::Distribution& d) {
   if (d.count == 0) return "-";
   return fmt("%.2f", 1e3 * d.mean) + " / " + fmt("%.2f", 1e3 * d.p50) + " / " + fmt("%.2f", 1e3 * d.p90) + " / " +
@@ -465,6 +499,7 @@ BatchDefaults batch_defaults(Device device) {
 void run(const Options& o, bool max_num_seqs_given) {
   // Output paths first: a typo must not cost a whole run.
   check_output_file("--json", o.json);
+  check_output_file("--csv", o.csv);
   Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
   KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
             cuda_device_count(), " CUDA devices visible)");
@@ -814,6 +849,7 @@ void run(const Options& o, bool max_num_seqs_given) {
     KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
     out << j.dump(2) << "\n";
   }
+  if (!o.csv.empty()) write_csv(o.csv, runs, spec.name, wspec.name, o.mode, floor_setup);
 }
 
 }  // namespace
@@ -843,6 +879,8 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--json", o->json,
                   "Write metrics per variant (with the serial floor on a GPU), alignment, config and provenance to "
                   "this file");
+  cmd->add_option("--csv", o->csv,
+                  "Write one line per variant as CSV (throughput, latency percentiles in ms, serial floor) to this file");
   cmd->add_flag("--step-profile", o->step_profile,
                 "Record where each step's time goes (host scheduling, input building, sampling; device spans of the "
                 "forward and the logits) and print it by kind of step; a step that samples nothing then waits for "

@@ -704,14 +704,6 @@ nlohmann::json row_json(const Row& r, const Options& o, bool compare) {
   return j;
 }
 
-// One CSV field (RFC 4180): quoted, with inner quotes doubled, when it holds a comma, a quote or a line break.
-std::string csv_field(const std::string& v) {
-  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
-  std::string q = "\"";
-  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
-}
-
 // The rows as CSV, one line per case: the fields of --json that a spreadsheet needs, times in microseconds, and the
 // rerun command. Empty fields where a row has no value (no candidate, untimed, CPU).
 void write_csv(const std::string& path, const std::vector<Row>& rows, const Options& o, bool compare) {
@@ -722,8 +714,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const Opti
   if (compare) head.insert(head.end(), {"candidate_median_us", "candidate_p10_us", "candidate_p90_us", "speedup"});
   head.insert(head.end(), {"gb_per_s", "tflop_per_s", "pct_copy_bandwidth", "pct_bf16_rate", "bound", "roofline_us",
                            "bytes", "flops", "why", "rerun"});
-  for (size_t i = 0; i < head.size(); ++i) out << (i ? "," : "") << head[i];
-  out << "\n";
+  out << csv_line(head);
   auto num = [](double v) { return fmt("%.6g", v); };
   auto times = [&](const bench::Timing& t) -> std::vector<std::string> {
     if (!t.ok) return {"", "", ""};
@@ -749,8 +740,7 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, const Opti
     f.push_back(num(double(c.flops)));
     f.push_back(r.why());
     f.push_back(rerun_command(c, o));
-    for (size_t i = 0; i < f.size(); ++i) out << (i ? "," : "") << csv_field(f[i]);
-    out << "\n";
+    out << csv_line(f);
   }
 }
 

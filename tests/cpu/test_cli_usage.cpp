@@ -225,3 +225,25 @@ TEST(CliUsage, KernelsWritesCsv) {
   EXPECT_FALSE(std::getline(in, extra)) << "one case, one row: " << extra;
   std::filesystem::remove_all(dir);
 }
+
+TEST(CliUsage, EvalWritesCsv) {
+  if (kbn::test::kb_nano().empty()) {
+    GTEST_SKIP() << "kb_nano is not built next to the tests";
+  }
+  const std::filesystem::path dir = kbn::test::temp_dir("kbn_eval_csv");
+  const std::string csv = (dir / "e.csv").string();
+  const auto r = kb_nano("eval --device cpu --model tiny-llama --workload latency-b1 --num-requests 2 --variant "
+                         "baseline --csv " + csv);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(csv);
+  std::string head, row, extra;
+  ASSERT_TRUE(std::getline(in, head)) << "empty CSV";
+  EXPECT_EQ(head.rfind("model,workload,mode,variant,num_requests,prompt_tokens,output_tokens,duration_s,", 0), 0u)
+      << head;
+  EXPECT_NE(head.find(",tpot_p99_ms,"), std::string::npos) << head;
+  ASSERT_TRUE(std::getline(in, row)) << "no variant row";
+  EXPECT_EQ(row.rfind("tiny-llama,latency-b1,eager,baseline,2,", 0), 0u) << row;
+  EXPECT_EQ(std::count(head.begin(), head.end(), ','), std::count(row.begin(), row.end(), ',')) << head << "\n" << row;
+  EXPECT_FALSE(std::getline(in, extra)) << "one variant, one row: " << extra;
+  std::filesystem::remove_all(dir);
+}
