@@ -14,6 +14,7 @@
 #ifdef KBN_WITH_CUDA
 #include "bench/cuda_events.h"
 #include "bench/l2_flush.h"
+#include "bench/spin.h"
 #include "kbn/cuda_check.h"
 #endif
 
@@ -152,12 +153,22 @@ struct OwnedEvent {
   OwnedEvent& operator=(const OwnedEvent&) = delete;
 };
 
-// Median of (device-wide - stream) time of an iteration that enqueues nothing: the host round trip of the
-// sync and the last event, subtracted before judging a call's work outside the bench stream.
-double sync_overhead_ms(cudaStream_t stream, const EventPair& ev, cudaEvent_t after_sync) {
+// Median of (device-wide - stream) time of an iteration whose only work is a spin of `busy_ms` on the bench
+// stream (0: an empty iteration): the host round trip of the sync and the last event, subtracted before judging a
+// call's work outside the bench stream. The round trip depends on how long the host waited: a sync that waits
+// tens of microseconds stops spinning and is woken later than one that returns at once (measured on the H200:
+// about 9 us more at a 75 us call), so the gap a call is judged against comes from a spin as long as the call.
+// `before` enqueues what a timed iteration enqueues ahead of its start event (the cold-L2 flush), so that the host
+// waits as long as it does in one.
+template <class Before = void (*)()>
+double sync_overhead_ms(cudaStream_t stream, const EventPair& ev, cudaEvent_t after_sync, double busy_ms,
+                        Before before = [] {}) {
   std::vector<double> gaps;
   for (int i = 0; i < 21; ++i) {
-    const Iteration it = timed_iteration(stream, ev, after_sync, [] {});
+    before();
+    const Iteration it = timed_iteration(stream, ev, after_sync, [&] {
+      if (busy_ms > 0) spin_on_device(busy_ms, stream);
+    });
     gaps.push_back(it.device_wide_ms - it.stream_ms);
   }
   std::sort(gaps.begin(), gaps.end());
@@ -181,8 +192,7 @@ Timing time_eager(const TimedOp& op, const TimingOptions& o) {
 
   for (int i = 0; i < o.warmup_calls; ++i) op.call(i % input_sets);
   KBN_CUDA_CHECK(cudaDeviceSynchronize());
-  const double overhead = sync_overhead_ms(stream, ev, after_sync.e);
-  t.empty_round_trip_ms = overhead;
+  t.empty_round_trip_ms = sync_overhead_ms(stream, ev, after_sync.e, 0);
 
   std::vector<double> per_call, wall, outside;
   double measured = 0;
@@ -202,6 +212,9 @@ Timing time_eager(const TimedOp& op, const TimingOptions& o) {
   }
   summarise(t, std::move(per_call), std::move(wall));
   std::sort(outside.begin(), outside.end());
+  const double overhead = sync_overhead_ms(stream, ev, after_sync.e, t.median_ms, [&] {
+    if (cold) flush_l2_by_reading(flush->ptr, kFlushBytes - 16, flush_sink, stream);
+  });
   t.outside_stream_ms = std::max(0.0, percentile(outside, 0.5) - overhead);
   return t;
 }
@@ -243,8 +256,7 @@ Timing time_graph(const TimedOp& op, const TimingOptions& o) {
 
   EventPair ev;
   OwnedEvent after_sync;
-  const double overhead = sync_overhead_ms(stream, ev, after_sync.e);
-  t.empty_round_trip_ms = overhead;
+  t.empty_round_trip_ms = sync_overhead_ms(stream, ev, after_sync.e, 0);
   std::vector<double> per_call, wall, outside;
   double measured = 0;
   const double n = double(o.graph_calls);
@@ -265,6 +277,7 @@ Timing time_graph(const TimedOp& op, const TimingOptions& o) {
   }
   summarise(t, std::move(per_call), std::move(wall));
   std::sort(outside.begin(), outside.end());
+  const double overhead = sync_overhead_ms(stream, ev, after_sync.e, t.median_ms * n);
   t.outside_stream_ms = std::max(0.0, percentile(outside, 0.5) - overhead) / n;
   return t;
 }

@@ -11,7 +11,8 @@
 // Work the call pushes to another stream or thread that the bench stream never waits for is not between the
 // events. The device-wide sync after each iteration makes such work finish before the next iteration starts,
 // and an event recorded after that sync measures it: Timing::outside_stream_ms is how long device work ran
-// past the end event (net of the sync's own round trip, measured on empty iterations first). kb_nano
+// past the end event (net of the sync's own round trip, measured on iterations that keep the stream busy as long
+// as the call: the host's wake-up from a long wait is part of that trip; bench/spin.h). kb_nano
 // kernels FAILs a case whose outside time is more than that round trip and 10% of its time ("streams"). Every
 // iteration also records the host wall time from before the start event to after the sync.
 //
@@ -56,8 +57,9 @@ struct Timing {
   double min_ms = 0;                              // the fastest call
   double host_wall_median_ms = 0;                // per iteration (per graph launch / graph_calls in graph mode)
   // Device work per call that ended after the bench stream's end event (work left on another stream or
-  // thread): median of (event after a device-wide sync - end event), minus the same gap for an empty
-  // iteration. About 0 for a call whose work is all on (or joined back into) the bench stream.
+  // thread): median of (event after a device-wide sync - end event), minus the same gap for an
+  // iteration that only spins on the bench stream for the median call's time. About 0 for a call whose work is all on
+  // (or joined back into) the bench stream.
   double outside_stream_ms = 0;
   // That gap for an empty iteration (the sync's own round trip), measured in the same run: thresholds on
   // outside_stream_ms derive from it, never from a fixed figure. 0 on the host clock.
