@@ -72,10 +72,31 @@ DType default_dtype(const ModelSpec& spec, Device device) {
   return dt == DType::f32 ? DType::bf16 : dt;
 }
 
+namespace {
+
+// A config asking for an attention feature that the architecture's model does not apply would run as if the feature
+// were absent: silently wrong logits. The L4 entry declares what it applies ("sliding_window", "logits_soft_cap").
+void check_attention_features(const ModelSpec& spec, const OpEntry& entry) {
+  const ModelConfig& c = spec.config;
+  auto declares = [&](const char* f) {
+    return std::find(entry.features.begin(), entry.features.end(), f) != entry.features.end();
+  };
+  if (c.has("sliding_window") && c.get_bool("use_sliding_window", true))
+    KBN_CHECK(declares("sliding_window"), "model config ", spec.config_path, ": 'sliding_window' is ",
+              c.get_int("sliding_window"), ", but kb-nano's ", entry.name,
+              " applies no sliding window (set it to null, or 'use_sliding_window' to false, for full attention)");
+  if (c.has("attn_logit_softcapping"))
+    KBN_CHECK(declares("logits_soft_cap"), "model config ", spec.config_path, ": 'attn_logit_softcapping' is ",
+              c.get_double("attn_logit_softcapping"), ", but kb-nano's ", entry.name, " applies no logit soft-capping");
+}
+
+}  // namespace
+
 std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, const ParamOptions& opts, uint64_t seed) {
   auto archs = spec.config.architectures();
   KBN_CHECK(!archs.empty(), "model config ", spec.config_path, ": 'architectures' is missing or empty");
   const OpEntry& entry = registry(variant).model_for(archs.front());
+  check_attention_features(spec, entry);
   std::unique_ptr<CausalLM> model = entry.make_model(spec.config, opts);
   if (!spec.weights_path.empty()) {
     Checkpoint ckpt = Checkpoint::open(spec.weights_path);

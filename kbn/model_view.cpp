@@ -88,6 +88,15 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
               ")");
     a.num_kv_heads = std::max<int64_t>(1, a.total_num_kv_heads / tp);
     a.rope = parse_rope_config(c, 10000.0);
+    if (c.has("sliding_window") && c.get_bool("use_sliding_window", true)) {
+      a.sliding_window = c.get_int("sliding_window");
+      KBN_CHECK(a.sliding_window > 0, "config ", c.source(), ": key 'sliding_window' must be positive (or null), got ",
+                a.sliding_window);
+    }
+    a.logits_soft_cap = c.get_double("attn_logit_softcapping", 0.0);
+    KBN_CHECK(a.logits_soft_cap >= 0, "config ", c.source(), ": key 'attn_logit_softcapping' must be >= 0 (or null), got ",
+              a.logits_soft_cap);
+    a.sinks = m.architecture == "GptOssForCausalLM";
     m.attention = a;
   }
   return m;

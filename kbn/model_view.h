@@ -20,6 +20,12 @@ struct AttentionShape {
   int64_t head_dim = 0;
   int64_t total_num_heads = 0, total_num_kv_heads = 0;
   RopeConfig rope;
+  // Per-layer features some layers use: the window of the sliding layers ('sliding_window' unless
+  // 'use_sliding_window' is false; 0: none), 'attn_logit_softcapping' (0: none), and a learned sink logit per
+  // query head (the architectures that have one: gpt-oss).
+  int64_t sliding_window = 0;
+  double logits_soft_cap = 0;
+  bool sinks = false;
 };
 
 // A mixture-of-experts MLP as one rank sees it: vLLM's FusedMoE splits each expert's intermediate dimension over

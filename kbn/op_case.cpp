@@ -136,6 +136,30 @@ Tensor routing_weights(int64_t tokens, int64_t top_k, Device device, uint64_t se
   return Tensor::from_floats(w, {tokens, top_k}, DType::f32).to(device);
 }
 
+std::string AttentionVariant::label() const {
+  std::string l;
+  if (window > 0) l += " window=" + str(window);
+  if (sinks) l += " sinks";
+  return l;
+}
+
+std::vector<AttentionVariant> attention_variants(const AttentionShape& a) {
+  std::vector<AttentionVariant> v{{0, false}};
+  if (a.sinks) v.push_back({0, true});
+  if (a.sliding_window > 0) v.push_back({a.sliding_window, a.sinks});
+  return v;
+}
+
+int64_t attention_pairs(int64_t L, int64_t cached, int64_t window) {
+  int64_t pairs = 0;
+  if (window <= 0) return L * cached + L * (L + 1) / 2;
+  // Query j (0-based among the new tokens) sees min(cached + j + 1, window) keys.
+  const int64_t ramp = std::clamp<int64_t>(window - cached, 0, L);  // queries still short of a full window
+  pairs += ramp * cached + ramp * (ramp + 1) / 2;
+  pairs += (L - ramp) * window;
+  return pairs;
+}
+
 Tensor filled_i32(const std::vector<int32_t>& values, Device device) {
   return Tensor::from_i32(values, {int64_t(values.size())}).to(device);
 }

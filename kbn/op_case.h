@@ -106,6 +106,20 @@ Tensor routing_ids(int64_t tokens, int64_t top_k, int64_t num_experts, Routing r
 // topk_weights [tokens, top_k] f32: positive, each row summing to 1, best first (as a renormalised router's).
 Tensor routing_weights(int64_t tokens, int64_t top_k, Device device, uint64_t seed, const char* name);
 
+// The attention variants a model's layers run, for the attention ops' cases: full causal attention always, and
+// the model's sliding window (its own cases) when some layers slide; with sinks (gpt-oss) each variant has them
+// (a sinks case's input list ends with the f32 sinks [num_heads], N(0, 1)), and the full variant is also timed
+// without them so that the cost of sinks shows side by side.
+struct AttentionVariant {
+  int64_t window = 0;  // 0: none
+  bool sinks = false;
+  std::string label() const;  // "" / " window=128" / " sinks" / " window=128 sinks"
+};
+std::vector<AttentionVariant> attention_variants(const AttentionShape& a);
+// Causal query-key pairs of one sequence of L new tokens after `cached` earlier keys, each query seeing at most
+// `window` keys (0: no window).
+int64_t attention_pairs(int64_t L, int64_t cached, int64_t window);
+
 // One step's sequences for a block case: T <= kDecodeMaxTokens is a decode step (T sequences with
 // kDecodeContext cached tokens, one new token each), larger T a prefill step (sequences of at most
 // kPrefillSequence new tokens, nothing cached). Prefills first, as the metadata wants.

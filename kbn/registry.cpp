@@ -72,14 +72,18 @@ const OpEntry& Registry::get(std::string_view name) const {
   KBN_FAIL("unknown op '", std::string(name), "'; known ops: ", known);
 }
 
+const OpEntry* Registry::find_model_for(const std::string& architecture) const {
+  for (const auto& e : entries_)
+    for (const auto& a : e.architectures)
+      if (a == architecture) return &e;
+  return nullptr;
+}
+
 const OpEntry& Registry::model_for(const std::string& architecture) const {
+  if (const OpEntry* e = find_model_for(architecture)) return *e;
   std::string known;
-  for (const auto& e : entries_) {
-    for (const auto& a : e.architectures) {
-      if (a == architecture) return e;
-      known += (known.empty() ? "" : ", ") + a;
-    }
-  }
+  for (const auto& e : entries_)
+    for (const auto& a : e.architectures) known += (known.empty() ? "" : ", ") + a;
   KBN_FAIL("no L4 model serves architecture '", architecture, "'; supported: ", known);
 }
 

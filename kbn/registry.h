@@ -69,6 +69,8 @@ class Registry {
   const std::vector<OpEntry>& entries() const { return entries_; }
   // The L4 entry serving an HF architecture name ("LlamaForCausalLM").
   const OpEntry& model_for(const std::string& architecture) const;
+  // The L4 entry serving `architecture`, or nullptr (an architecture whose ops exist before its model does).
+  const OpEntry* find_model_for(const std::string& architecture) const;
 
  private:
   std::vector<OpEntry> entries_;

@@ -6,6 +6,7 @@
 // files are compiled once per variant and cannot be shadowed by a candidate (they are not under baseline/).
 #include <cmath>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -77,15 +78,18 @@ class Adapter final : public AnyOp {
   Call call_;
 };
 
-// Builds an OpEntry::make from a constructor lambda and a call lambda; checks the argument count. A call may
-// also take the OpArgs it was built with (host facts such as attention maxima).
+// Builds an OpEntry::make from a constructor lambda and a call lambda; checks the argument count (between
+// min_args and max_args for an op with trailing optional tensors). A call may also take the OpArgs it was built
+// with (host facts such as attention maxima).
 template <class Make, class Call>
-auto adapter(std::string name, size_t nargs, Make make, Call call) {
+auto adapter(std::string name, size_t min_args, size_t max_args, Make make, Call call) {
   return [=](const OpArgs& a) -> std::unique_ptr<AnyOp> {
     auto op = make(a);
     using Op = typename decltype(op)::element_type;
     auto checked = [=](Op& o, const Tensors& args) -> Tensors {
-      KBN_CHECK(args.size() == nargs, name, ": expected ", nargs, " tensor arguments, got ", args.size());
+      KBN_CHECK(args.size() >= min_args && args.size() <= max_args, name, ": expected ", min_args,
+                min_args == max_args ? std::string() : " to " + std::to_string(max_args), " tensor arguments, got ",
+                args.size());
       if constexpr (std::is_invocable_v<Call, Op&, const Tensors&, const OpArgs&>)
         return call(o, args, a);
       else
@@ -93,6 +97,10 @@ auto adapter(std::string name, size_t nargs, Make make, Call call) {
     };
     return std::make_unique<Adapter<Op, decltype(checked)>>(std::move(op), checked);
   };
+}
+template <class Make, class Call>
+auto adapter(std::string name, size_t nargs, Make make, Call call) {
+  return adapter(std::move(name), nargs, nargs, std::move(make), std::move(call));
 }
 
 // The single-rank view of the model config an L2..L4 op is built from (OpArgs::config).

@@ -6,6 +6,8 @@
 #include <set>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "bench/cases.h"
 #include "bench/timing.h"
 #include "bench/validate.h"
@@ -183,4 +185,70 @@ TEST(BenchCases, AttentionAdapterUsesTheHostMaximaItIsGiven) {
   Tensor expected = Tensor::empty(ours.shape(), DType::f32);
   reference::paged_attention_decode(expected, in[0], in[1], in[2], in[3], in[4], args.get("scale"));
   EXPECT_EQ(ours.to_floats(), expected.to_floats());
+}
+
+TEST(BenchCases, AttentionPairsByHand) {
+  EXPECT_EQ(cases::attention_pairs(4, 0, 0), 10);      // 1 + 2 + 3 + 4
+  EXPECT_EQ(cases::attention_pairs(4, 0, 2), 7);       // 1 + 2 + 2 + 2
+  EXPECT_EQ(cases::attention_pairs(3, 5, 0), 21);      // 6 + 7 + 8
+  EXPECT_EQ(cases::attention_pairs(3, 5, 7), 6 + 7 + 7);
+  EXPECT_EQ(cases::attention_pairs(3, 5, 4), 12);      // every query at the full window
+  EXPECT_EQ(cases::attention_pairs(5, 0, 100), 15);    // a window wider than the sequence changes nothing
+  EXPECT_EQ(cases::attention_pairs(8192, 0, 128), 127 * 128 / 2 + 128 + (8192 - 128) * 128);
+}
+
+// gpt-oss: 128-token windows and sinks on head_dim 64 (its architecture has no L4 model yet; its L1 cases exist);
+// the window's FLOPs count only the visible pairs, decode reads only the window's keys.
+TEST(BenchCases, GptOssAttentionCasesCarryWindowsAndSinks) {
+  const auto pre = op_cases("flash_attn_prefill", 1, {8192}, "gpt-oss-20b");
+  ASSERT_EQ(pre.size(), 6u);  // 1 x 8192 and 2 x 4096, each plain, sinks, window + sinks
+  const auto& full = find_label(pre, "seqs=1x8192 heads=64 kv=8 D=64");
+  EXPECT_EQ(full.label, "seqs=1x8192 heads=64 kv=8 D=64");
+  EXPECT_EQ(full.flops, 4LL * 64 * 64 * (8192LL * 8193 / 2));
+  const auto& win = find_label(pre, "seqs=1x8192 heads=64 kv=8 D=64 window=128 sinks");
+  EXPECT_EQ(win.flops, 4LL * 64 * 64 * cases::attention_pairs(8192, 0, 128));
+  EXPECT_EQ(win.args.get_int_or("sliding_window", 0), 128);
+  EXPECT_EQ(win.bytes, full.bytes + 64 * 4);  // the same keys are read; plus the sinks
+  const std::vector<Tensor> in = win.make_inputs(Device::cpu(), 1);
+  ASSERT_EQ(in.size(), 7u);
+  EXPECT_EQ(in[6].shape(), (Shape{64}));
+  EXPECT_EQ(in[6].dtype(), DType::f32);
+
+  const auto dec = op_cases("flash_attn_decode", 1, {32}, "gpt-oss-20b");
+  const auto& dw = find_label(dec, "B=32 ctx=4096 heads=64 kv=8 D=64 window=128 sinks");
+  const auto& df = find_label(dec, "B=32 ctx=4096 heads=64 kv=8 D=64 sinks");
+  EXPECT_EQ(dw.bytes, 2LL * 32 * 128 * 8 * 64 * 2 + 2LL * 32 * 64 * 64 * 2 + 32 * 4 + 32 * 256 * 4 + 64 * 4);
+  EXPECT_EQ(df.flops, 4LL * 64 * 64 * 32 * 4096);
+  EXPECT_EQ(dw.flops, 4LL * 64 * 64 * 32 * 128);
+  // Llama has none of this: one variant per shape.
+  EXPECT_EQ(op_cases("flash_attn_prefill", 1, {4096}).size(), 1u);
+}
+
+// The adapter passes the sinks and the window through to the op; on CPU it is the oracle with those features.
+TEST(BenchCases, AttentionAdapterPassesSinksAndWindow) {
+  ModelConfig cfg = load_config("gpt-oss-20b");
+  nlohmann::json j = nlohmann::json::parse(cfg.dump());
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 16;
+  j["sliding_window"] = 5;
+  const ModelView m = bench::model_view("small-gpt-oss", ModelConfig::parse(j.dump(), "test"), 1);
+  bench::CaseOptions o;
+  o.tokens = {2};
+  const auto dec = bench::cases_for("flash_attn_decode", m, o);
+  const bench::BenchCase& c = find_label(dec, "B=2 ctx=1024 heads=4 kv=2 D=16 window=5 sinks");
+  OpArgs args = c.args;
+  args.opts = {DType::f32, Device::cpu()};
+  auto op = registry(Variant::baseline).get("flash_attn_decode").make(args);
+  std::vector<Tensor> in = c.make_inputs(Device::cpu(), 3);
+  for (auto& t : in)
+    if (is_floating(t.dtype())) t = t.to(DType::f32);
+  const Tensor ours = op->call(in)[0];
+  Tensor expected = Tensor::empty(ours.shape(), DType::f32);
+  reference::paged_attention_decode(expected, in[0], in[1], in[2], in[3], in[4], args.get("scale"),
+                                    {5, 0.0, &in[5]});
+  EXPECT_EQ(ours.to_floats(), expected.to_floats());
+  Tensor no_sinks = Tensor::empty(ours.shape(), DType::f32);
+  reference::paged_attention_decode(no_sinks, in[0], in[1], in[2], in[3], in[4], args.get("scale"), {5, 0.0});
+  EXPECT_NE(ours.to_floats(), no_sinks.to_floats());
 }

@@ -2,6 +2,10 @@
 // the refusal of a kind it has no cache manager for yet, naming the layer.
 #include <gtest/gtest.h>
 
+#include <string>
+
+#include <nlohmann/json.hpp>
+
 #include "engine/generate.h"
 #include "engine/model_loader.h"
 #include "kbn/cache_spec.h"
@@ -53,4 +57,26 @@ TEST(CacheSpec, KindsWithoutACacheManagerAreRefusedNamingTheLayer) {
     EXPECT_NE(m.find("layer 1"), std::string::npos) << m;
     EXPECT_NE(m.find("window 64"), std::string::npos) << m;
   }
+}
+
+// A config that asks for a sliding window or logit soft-capping that the architecture's model does not apply is
+// refused, naming the key: building it would serve full attention in silence.
+TEST(CacheSpec, AModelRefusesAttentionFeaturesItDoesNotApply) {
+  engine::ModelSpec spec = engine::resolve_model("tiny-qwen3");
+  nlohmann::json j = nlohmann::json::parse(spec.config.dump());
+  j["sliding_window"] = 64;
+  j["use_sliding_window"] = true;
+  spec.config = ModelConfig::parse(j.dump(), "windowed tiny-qwen3");
+  try {
+    engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+    FAIL() << "a windowed config was built as a full-attention model";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'sliding_window' is 64"), std::string::npos) << e.what();
+  }
+  j["use_sliding_window"] = false;  // Qwen's published configs: a window value, switched off
+  spec.config = ModelConfig::parse(j.dump(), "tiny-qwen3, window off");
+  EXPECT_NO_THROW(engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0));
+  j["attn_logit_softcapping"] = 50.0;
+  spec.config = ModelConfig::parse(j.dump(), "soft-capped tiny-qwen3");
+  EXPECT_THROW(engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0), Error);
 }

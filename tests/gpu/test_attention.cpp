@@ -544,14 +544,51 @@ TEST(FlashAttnDecodeGpu, FirstAndLastKeysAreSeen) {
   check_decode(s, b);
 }
 
-// ---- per-layer features: sliding window, logit soft-cap, sinks (the generic kernel) ----
+// ---- per-layer features: sliding window, logit soft-cap, sinks (the tensor-core kernels for bf16 / f16 at head
+// sizes 64 and 128, the generic kernel otherwise) ----
 
 struct Features {
   int64_t window = 0;
   double soft_cap = 0;
   bool sinks = false;
   DType sinks_dtype = DType::f32;
+  // Even heads' queries copy the oldest key inside their window, odd heads' the newest key just outside it (key 0
+  // when the window reaches it), with a gain that makes the copied key dominate: a window edge off by one key changes
+  // those rows completely.
+  bool align_edges = false;
 };
+
+// Fills with NaN every page that lies wholly before the window of all of a sequence's queries: a kernel that reads
+// one (the issue: "their pages never read") mixes NaN into the output. Pages straddling a window's start stay.
+void poison_pages_outside_windows(PagedBatch& b, const BatchSpec& s, int64_t window) {
+  if (window <= 0) return;
+  std::vector<float> keys = b.key_cache.to_floats(), values = b.value_cache.to_floats();
+  const int64_t row = s.num_kv_heads * s.head_size;
+  for (size_t i = 0; i < s.seq_lens.size(); ++i) {
+    const int64_t first_query = s.seq_lens[i] - s.q_lens[i];
+    const int64_t first_key = std::max<int64_t>(first_query - window + 1, 0);
+    for (int64_t j = 0; (j + 1) * s.block_size <= first_key; ++j) {
+      const int64_t block = b.table[i * size_t(b.max_blocks_per_seq) + size_t(j)];
+      std::fill_n(keys.begin() + block * s.block_size * row, s.block_size * row, kNaN);
+      std::fill_n(values.begin() + block * s.block_size * row, s.block_size * row, kNaN);
+    }
+  }
+  b.key_cache = Tensor::from_floats(keys, b.key_cache.shape(), s.dtype);
+  b.value_cache = Tensor::from_floats(values, b.value_cache.shape(), s.dtype);
+}
+
+// The host batch of a features case: aligned edges first (they read keys the poison would overwrite), then poison.
+PagedBatch make_feature_batch(const BatchSpec& s, const Features& f) {
+  PagedBatch b = make_batch(s);
+  if (f.align_edges && f.window > 0) {
+    const int w = int(f.window);
+    align_queries_with_keys(
+        b, s, [&](int, int pos, int h) { return h % 2 == 0 ? std::max(pos - w + 1, 0) : std::max(pos - w, 0); },
+        2.f);
+  }
+  poison_pages_outside_windows(b, s, f.window);
+  return b;
+}
 
 std::string describe(const Features& f) {
   std::ostringstream os;
@@ -573,7 +610,7 @@ void check_prefill_features(const BatchSpec& s, const Features& f) {
   const std::string what = describe(s, "flash_attn_prefill") + describe(f);
   FlashAttnPrefill op(s.num_heads, s.head_size, 1.0 / std::sqrt(double(s.head_size)), s.num_kv_heads, f.window,
                       f.soft_cap);
-  const PagedBatch b = make_batch(s);
+  const PagedBatch b = make_feature_batch(s, f);
   const DeviceBatch d = to_device(b);
   const Tensor sinks = make_sinks(s.num_heads, f.sinks_dtype, s.seed + 7);
   const Tensor sinks_gpu = sinks.to(Device::cuda());
@@ -597,7 +634,7 @@ void check_decode_features(const BatchSpec& s, const Features& f) {
   const std::string what = describe(s, "flash_attn_decode") + describe(f);
   FlashAttnDecode op(s.num_heads, s.head_size, 1.0 / std::sqrt(double(s.head_size)), s.num_kv_heads, f.window,
                      f.soft_cap);
-  const PagedBatch b = make_batch(s);
+  const PagedBatch b = make_feature_batch(s, f);
   const DeviceBatch d = to_device(b);
   const Tensor sinks = make_sinks(s.num_heads, f.sinks_dtype, s.seed + 7);
   const Tensor sinks_gpu = sinks.to(Device::cuda());
@@ -651,6 +688,53 @@ TEST(FlashAttnFeaturesGpu, F32EveryFeatureAndAWindowOfOne) {
   check_decode_features(decode_spec({.num_heads = 4, .num_kv_heads = 1, .head_size = 128, .block_size = 16,
                                      .dtype = DType::f32, .seq_lens = {1, 5, 80}, .seed = 36}),
                         {.window = 1, .sinks = true});
+}
+
+// The tensor-core prefill kernels with windows: the Hopper (TMA) kernel for pages of 16 and 64 keys, many 128-key
+// tiles skipped, chunked prefill (queries after cached keys), windows not a multiple of a page or a tile; pages of
+// 24 keys (no tensor map: the mma.sync kernel).
+TEST(FlashAttnFeaturesGpu, TensorCorePrefillWindowsSkipTilesAndNeverReadTheirPages) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t block : {16, 64, 24}) {
+    for (const int64_t head : {64, 128}) {
+      const BatchSpec s{.num_heads = 16, .num_kv_heads = 2, .head_size = head, .block_size = block,
+                        .dtype = DType::bf16, .q_lens = {700, 130, 1, 257}, .seq_lens = {700, 1000, 517, 300},
+                        .seed = uint64_t(40 + block + head)};
+      check_prefill_features(s, {.window = 128, .align_edges = true});
+      check_prefill_features(s, {.window = 200, .sinks = true, .align_edges = true});
+      if (block == 16) {
+        check_prefill_features(s, {.window = 1});
+        check_prefill_features(s, {.window = 100, .soft_cap = 3.0, .sinks = true});
+        check_prefill_features(s, {.window = 5000});  // wider than every sequence: the plain causal result
+      }
+    }
+  }
+  const BatchSpec f16{.num_heads = 8, .num_kv_heads = 8, .head_size = 128, .block_size = 32, .dtype = DType::f16,
+                      .q_lens = {300, 64}, .seq_lens = {300, 520}, .seed = 47};
+  check_prefill_features(f16, {.window = 77, .soft_cap = 30.0, .sinks = true, .align_edges = true});
+  check_prefill_features(f16, {.soft_cap = 0.5});
+}
+
+// Decode with windows on the tensor-core kernels: the split partitions cover only the window (long sequences split
+// into several), soft cap and sinks through both the one-partition merge and the reduce.
+TEST(FlashAttnFeaturesGpu, TensorCoreDecodeWindowsSoftCapAndSinks) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t head : {64, 128}) {
+    const BatchSpec one = decode_spec({.num_heads = 64, .num_kv_heads = 8, .head_size = head, .block_size = 16,
+                                       .dtype = DType::bf16, .seq_lens = {5000}, .seed = uint64_t(50 + head)});
+    check_decode_features(one, {.window = 1024, .sinks = true, .align_edges = true});
+    check_decode_features(one, {.window = 128, .soft_cap = 2.0, .align_edges = true});
+    const BatchSpec many = decode_spec({.num_heads = 16, .num_kv_heads = 2, .head_size = head, .block_size = 16,
+                                        .dtype = DType::bf16, .seq_lens = {1, 127, 128, 129, 700, 3000, 64, 2},
+                                        .seed = uint64_t(60 + head)});
+    check_decode_features(many, {.window = 128, .sinks = true, .align_edges = true});
+    check_decode_features(many, {.sinks = true});
+    check_decode_features(many, {.soft_cap = 1.0});
+  }
+  const BatchSpec f16 = decode_spec({.num_heads = 8, .num_kv_heads = 1, .head_size = 128, .block_size = 64,
+                                     .dtype = DType::f16, .seq_lens = {900, 33}, .seed = 70});
+  check_decode_features(f16, {.window = 65, .soft_cap = 20.0, .sinks = true, .sinks_dtype = DType::bf16,
+                              .align_edges = true});
 }
 
 TEST(FlashAttnFeaturesGpu, BadFeaturesNameTheArgument) {

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -13,6 +15,7 @@
 #include "kbn/cuda_check.h"
 #include "kbn/dtype.h"
 #include "kbn/error.h"
+#include "kbn/tensor.h"
 
 namespace kbn::KBN_VARIANT {
 namespace {
@@ -101,6 +104,60 @@ void dispatch_head_size(int64_t head_size, const char* op, F&& f) {
     default:
       KBN_FAIL(op, ": head_size ", head_size, " has no tensor-core kernel; supported: 64, 128");
   }
+}
+
+// The per-layer attention features of the tensor-core kernels (vLLM's per_layer_sliding_window, logits_soft_cap,
+// sinks; reference::AttentionFeatures has the math). Runtime values, not template parameters: a window costs an
+// integer test per tile (a per-element mask only on the tiles its edge crosses), soft-capping a tanh per score,
+// sinks one exponential per row at the end, so no kernel is instantiated twice for them.
+struct AttnFeatures {
+  int window = 0;          // > 0: the query at position i sees keys i - window + 1 .. i; 0: every key up to i
+  float cap_in = 0.f;      // soft cap (0: none): a raw score q.k becomes cap_out * tanh(q.k * cap_in), which is
+  float cap_out = 0.f;     // cap * tanh(scale q.k / cap) in the exp2 domain: cap_in = scale / cap, cap_out = cap log2 e
+  const float* sinks = nullptr;  // [num_heads] f32 logits (natural-log domain) that join each head's denominator
+};
+
+// The features for a launch; `sinks_f32` keeps the f32 copy of the sinks alive until the launch is enqueued.
+inline AttnFeatures attn_features(int64_t sliding_window, double logits_soft_cap, double scale, const Tensor* sinks,
+                                  Tensor& sinks_f32) {
+  AttnFeatures f;
+  f.window = int(std::min<int64_t>(sliding_window, INT_MAX));  // a window past INT_MAX keys masks nothing
+  if (logits_soft_cap > 0) {
+    f.cap_in = float(scale / logits_soft_cap);
+    f.cap_out = float(logits_soft_cap * 1.4426950408889634);
+  }
+  if (sinks) {
+    sinks_f32 = sinks->to(DType::f32).contiguous();
+    f.sinks = sinks_f32.data<float>();
+  }
+  return f;
+}
+
+// The first key a query at position `pos` sees under the window (INT_MIN without one).
+__device__ __forceinline__ int window_first_key(const AttnFeatures& f, int pos) {
+  return f.window > 0 ? pos - f.window + 1 : INT_MIN;
+}
+
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Soft-caps `n` raw scores in place, leaving them in the exp2 domain; the softmax then scales them by 1.
+template <int kN>
+__device__ __forceinline__ void soft_cap_scores(float* s, const AttnFeatures& f) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) s[i] = f.cap_out * tanh_approx(s[i] * f.cap_in);
+}
+
+// The sink of query head `head` as a term of a row's softmax denominator whose running maximum (exp2 domain) is
+// `row_max`: 2^(sink log2 e - row_max). 0 without sinks or for a -inf sink; +inf (an output of 0) for a row that saw
+// no key, as the softmax over the sink alone gives.
+__device__ __forceinline__ float sink_term(const AttnFeatures& f, int head, float row_max) {
+  if (!f.sinks) return 0.f;
+  const float sink = f.sinks[head] * 1.4426950408889634f;
+  return sink == -INFINITY ? 0.f : exp2f(sink - row_max);
 }
 
 // True when the tensor-core kernels handle (dtype, head_size); otherwise the generic kernel runs. Keep the head

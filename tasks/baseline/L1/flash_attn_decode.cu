@@ -47,7 +47,14 @@ struct DecodeParams {
   int num_splits;      // key partitions per sequence (grid.y of the Hopper kernel, grid.x of the mma kernel)
   int partition_keys;  // keys per partition, a multiple of 64 (kPartitionQuantum, kTileKeys)
   float scale_log2;    // softmax scale * log2(e): scores live in the exp2 domain
+  AttnFeatures feat;   // sliding window, soft cap, sinks (attention_mma.cuh)
 };
+
+// The first key the sequence's new token (position seq_len - 1) sees: 0, or the start of its sliding window. The
+// partitions cover [seq_first_key, seq_len): keys before the window are never read.
+__device__ __forceinline__ int seq_first_key(const DecodeParams& p, int seq_len) {
+  return max(window_first_key(p.feat, seq_len - 1), 0);
+}
 
 // The query heads and keys one block of either split kernel owns.
 struct DecodeBlock {
@@ -68,7 +75,7 @@ __device__ __forceinline__ bool decode_block(const DecodeParams& p, unsigned hea
   b.head_begin = b.kv_head * p.group_size + row_begin;
   b.num_rows = min(kRows, p.group_size - row_begin);
   const int seq_len = p.seq_lens[seq];
-  b.key_begin = split * p.partition_keys;
+  b.key_begin = seq_first_key(p, seq_len) + split * p.partition_keys;
   if (b.key_begin >= seq_len) {
     if (seq_len <= 0 && split == 0 && p.num_splits == 1) {
       T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq;
@@ -92,7 +99,7 @@ __global__ void __launch_bounds__(kReduceThreads) flash_attn_decode_reduce_kerne
   __shared__ float weights[kMaxSplits];
   const int head = blockIdx.x, seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];
-  const int splits = seq_len > 0 ? min(ceil_div(seq_len, p.partition_keys), p.num_splits) : 0;
+  const int splits = seq_len > 0 ? min(ceil_div(seq_len - seq_first_key(p, seq_len), p.partition_keys), p.num_splits) : 0;
   const int64_t row0 = (int64_t(seq) * p.num_heads + head) * p.num_splits;
   const float* max_sum = p.partial_max_sum + row0 * 2;
 
@@ -101,7 +108,7 @@ __global__ void __launch_bounds__(kReduceThreads) flash_attn_decode_reduce_kerne
   for (int s = threadIdx.x; s < splits; s += kReduceThreads)
     weights[s] = max_sum[2 * s + 1] * exp2f(max_sum[2 * s] - max);
   __syncthreads();
-  float total = 0.f;
+  float total = sink_term(p.feat, head, max);
   for (int s = 0; s < splits; ++s) total += weights[s];
   const float inv_total = total > 0.f ? 1.f / total : 0.f;
 
@@ -158,6 +165,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   const int kv_head = blk.kv_head, head_begin = blk.head_begin, num_rows = blk.num_rows;
   const int key_begin = blk.key_begin, key_end = blk.key_end;
   const int num_tiles = ceil_div(key_end - key_begin, kTileKeys);
+  const bool soft_cap = p.feat.cap_in > 0.f;
+  const float score_scale = soft_cap ? 1.f : p.scale_log2;  // soft-capped scores are in the exp2 domain already
 
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -243,6 +252,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       mma_16816<T>(s[1], a, b[2], b[3]);
     }
 
+    if (soft_cap) soft_cap_scores<8>(&s[0][0], p.feat);
     const int warp_key0 = key_begin + tile * kTileKeys + warp * 16;
     if (warp_key0 + 16 > key_end) {  // the partition ends inside this warp's keys
 #pragma unroll
@@ -259,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       float tile_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+      const float new_max = fmaxf(row_max[r], tile_max * score_scale);
       // A warp whose keys are all past key_end keeps max -inf; subtracting 0 keeps every exponent at 0.
       const float base = new_max == -INFINITY ? 0.f : new_max;
       const float alpha = exp2f(row_max[r] - base);
@@ -267,8 +277,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       float tile_sum = 0.f;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], p.scale_log2, -base));
-        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], p.scale_log2, -base));
+        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], score_scale, -base));
+        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], score_scale, -base));
         tile_sum += s[n][2 * r] + s[n][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * alpha + tile_sum;
@@ -335,7 +345,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       sum += weight * warp_max_sum[(w * kRows + row) * 2 + 1];
       acc += weight * warp_out[(w * kRows + row) * kHeadDim + d];
     }
-    const float value = acc / sum;
+    // One partition: the output is final, so a sink joins its denominator here (else in the reduce).
+    const float value = p.num_splits == 1 ? acc / (sum + sink_term(p.feat, head_begin + row, max)) : acc / sum;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out);
       out[seq * p.out_stride_seq + (head_begin + row) * p.out_stride_head + d] = from_f32<T>(value);
@@ -515,6 +526,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   const int kv_head = blk.kv_head, head_begin = blk.head_begin, num_rows = blk.num_rows;
   const int key_begin = blk.key_begin, key_end = blk.key_end;
   const int num_tiles = ceil_div(key_end - key_begin, kWarpKeys);
+  const bool soft_cap = p.feat.cap_in > 0.f;
+  const float score_scale = soft_cap ? 1.f : p.scale_log2;  // soft-capped scores are in the exp2 domain already
 
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -657,6 +670,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       for (int e = 0; e < 4; ++e) s[n][e] = sc[0][n][e] + sc[1][n][e];
     }
 
+    if (soft_cap) soft_cap_scores<8>(&s[0][0], p.feat);
     const int key0 = key_begin + (warp + i * kWarps) * kWarpKeys;
     if (key0 + kWarpKeys > key_end) {  // the partition ends inside this tile
 #pragma unroll
@@ -674,7 +688,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       float tile_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+      const float new_max = fmaxf(row_max[r], tile_max * score_scale);
       // Key 0 of every tile is valid, so new_max is finite for real data; the guard keeps -inf - -inf out anyway.
       const float base = new_max == -INFINITY ? 0.f : new_max;
       alpha[r] = exp2f(row_max[r] - base);
@@ -682,8 +696,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       float tile_sum = 0.f;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], p.scale_log2, -base));
-        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], p.scale_log2, -base));
+        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], score_scale, -base));
+        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], score_scale, -base));
         tile_sum += s[n][2 * r] + s[n][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * alpha[r] + tile_sum;
@@ -769,7 +783,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       sum += weight * warp_max_sum[w][row][1];
       acc += weight * wo[row * Cfg::kMergePitch + d];
     }
-    const float value = acc / sum;
+    // One partition: the output is final, so a sink joins its denominator here (else in the reduce).
+    const float value = p.num_splits == 1 ? acc / (sum + sink_term(p.feat, head_begin + row, max)) : acc / sum;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out);
       out[seq * p.out_stride_seq + (head_begin + row) * p.out_stride_head + d] = from_f32<T>(value);
@@ -973,8 +988,7 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   check_last_dim_contiguous(block_tables, op, "block_tables");
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
-  const bool features = sliding_window_ > 0 || logits_soft_cap_ > 0 || sinks;
-  if (features || !tensor_core_attention_supports(q.dtype(), head_size_)) {
+  if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens, block_tables,
                                                    num_heads_, num_kv_heads_, head_size_, scale_);
     const Tensor sinks_f32 = set_generic_features(g, sliding_window_, logits_soft_cap_, sinks);
@@ -1005,9 +1019,13 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   p.head_chunks = 1;  // set by the launch from the kernel's rows per block
   p.num_heads = int(num_heads_);
   p.scale_log2 = float(scale_ * 1.4426950408889634);
+  Tensor sinks_f32;
+  p.feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
+  // A window bounds the keys any sequence reads: the partitions are cut over that span, not max_seq_len.
+  const int64_t max_keys = sliding_window_ > 0 ? std::min(max_seq_len, sliding_window_) : max_seq_len;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     dispatch_head_size(head_size_, op, [&](auto d) {
-      launch_flash_attn_decode<decltype(t), decltype(d)::value>(p, q.device(), num_seqs, num_kv_heads_, max_seq_len,
+      launch_flash_attn_decode<decltype(t), decltype(d)::value>(p, q.device(), num_seqs, num_kv_heads_, max_keys,
                                                                 current_stream());
     });
   });

@@ -1,5 +1,7 @@
 // flash_attn_decode: class FlashAttnDecode (tasks/baseline/L1/flash_attn_decode.h), one query per sequence over
 // the paged cache (split-K); oracle reference::paged_attention_decode (tasks/reference/attention.cpp).
+#include <algorithm>
+
 #include "L1/flash_attn_decode.h"
 #include "ops/op.h"
 
@@ -36,31 +38,40 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
   std::vector<BenchCase> out;
   for (int64_t B : batches) {
     for (int64_t ctx : contexts) {
-      const int64_t blocks_per_seq = cases::ceil_div(ctx, bs), blocks = B * blocks_per_seq;
-      BenchCase b = cases::base("flash_attn_decode", m, B, dt);
-      b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(Hq) + " kv=" +
-                cases::str(Hk) + " D=" + cases::str(D);
-      b.args.values = {{"num_heads", double(Hq)},
-                       {"head_size", double(D)},
-                       {"scale", 1.0 / std::sqrt(double(D))},
-                       {"num_kv_heads", double(Hk)},
-                       {"max_query_len", 1.0},
-                       {"max_seq_len", double(ctx)}};
-      b.make_inputs = [=](Device d, uint64_t seed) {
-        return std::vector<Tensor>{
-            cases::normal({B, Hq, D}, dt, d, seed, "q", 1.0),
-            cases::normal({blocks, bs, Hk, D}, dt, d, seed, "key_cache", 1.0),
-            cases::normal({blocks, bs, Hk, D}, dt, d, seed, "value_cache", 1.0),
-            cases::filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
-            cases::permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
-      };
-      const int64_t metadata = B * 4 + B * blocks_per_seq * 4;
-      // The K/V read dominates: every sequence's ctx keys and values once; plus q read, out written.
-      b.bytes = 2 * B * ctx * Hk * D * es + 2 * B * Hq * D * es + metadata;
-      b.flops = 4 * Hq * D * B * ctx;
-      b.input_bytes = B * Hq * D * es + 2 * blocks * bs * Hk * D * es + metadata;
-      b.output_numel = B * Hq * D;
-      out.push_back(std::move(b));
+      for (const cases::AttentionVariant& v : cases::attention_variants(a)) {
+        const int64_t blocks_per_seq = cases::ceil_div(ctx, bs), blocks = B * blocks_per_seq;
+        const bool sinks = v.sinks;
+        // Keys read per sequence: the window's (pages before it are never read), else all ctx.
+        const int64_t keys = v.window > 0 ? std::min(ctx, v.window) : ctx;
+        BenchCase b = cases::base("flash_attn_decode", m, B, dt);
+        b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(Hq) + " kv=" +
+                  cases::str(Hk) + " D=" + cases::str(D) + v.label();
+        b.args.values = {{"num_heads", double(Hq)},
+                         {"head_size", double(D)},
+                         {"scale", 1.0 / std::sqrt(double(D))},
+                         {"num_kv_heads", double(Hk)},
+                         {"max_query_len", 1.0},
+                         {"max_seq_len", double(ctx)}};
+        if (v.window > 0) b.args.values["sliding_window"] = double(v.window);
+        if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
+        b.make_inputs = [=](Device d, uint64_t seed) {
+          std::vector<Tensor> in{
+              cases::normal({B, Hq, D}, dt, d, seed, "q", 1.0),
+              cases::normal({blocks, bs, Hk, D}, dt, d, seed, "key_cache", 1.0),
+              cases::normal({blocks, bs, Hk, D}, dt, d, seed, "value_cache", 1.0),
+              cases::filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
+              cases::permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
+          if (sinks) in.push_back(cases::normal({Hq}, DType::f32, d, seed, "sinks", 1.0));
+          return in;
+        };
+        const int64_t metadata = B * 4 + B * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
+        // The K/V read dominates: every sequence's visible keys and values once; plus q read, out written.
+        b.bytes = 2 * B * keys * Hk * D * es + 2 * B * Hq * D * es + metadata;
+        b.flops = 4 * Hq * D * B * keys;
+        b.input_bytes = B * Hq * D * es + 2 * blocks * bs * Hk * D * es + metadata;
+        b.output_numel = B * Hq * D;
+        out.push_back(std::move(b));
+      }
     }
   }
   return out;
@@ -75,10 +86,10 @@ KBN_REGISTER_OPS(r) {
          .header = "L1/flash_attn_decode.h",
          .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "sliding_window (optional)",
                        "logits_soft_cap (optional)", "max_seq_len (optional)"},
-         .args = {"q", "key_cache", "value_cache", "seq_lens", "block_tables"},
+         .args = {"q", "key_cache", "value_cache", "seq_lens", "block_tables", "sinks (optional)"},
          .mutates = {},
          .make = adapter(
-             "flash_attn_decode", 5,
+             "flash_attn_decode", 5, 6,
              [](const OpArgs& a) {
                return std::make_unique<FlashAttnDecode>(a.get_int("num_heads"), a.get_int("head_size"), a.get("scale"),
                                                         a.get_int("num_kv_heads"),
@@ -86,7 +97,9 @@ KBN_REGISTER_OPS(r) {
              },
              [](FlashAttnDecode& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_s = a.get_int_or("max_seq_len", 0);
-               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], max_s ? max_s : host_max(t[3]))};
+               const int64_t s_max = max_s ? max_s : host_max(t[3]);
+               if (t.size() == 6) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max, t[5])};
+               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max)};
              }),
          .kernels = {"flash_attn_decode", "generic_attention"},
          .cases = decode_cases});

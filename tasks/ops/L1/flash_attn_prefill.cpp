@@ -34,35 +34,44 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
     std::vector<int64_t> seq_counts{1};
     if (T > L_max && T % L_max == 0) seq_counts.push_back(T / L_max);
     for (int64_t seqs : seq_counts) {
-      const int64_t L = T / seqs, blocks_per_seq = cases::ceil_div(L, bs), blocks = seqs * blocks_per_seq;
-      BenchCase b = cases::base("flash_attn_prefill", m, T, dt);
-      b.label = "seqs=" + cases::str(seqs) + "x" + cases::str(L) + " heads=" + cases::str(Hq) + " kv=" +
-                cases::str(Hk) + " D=" + cases::str(D);
-      // NOTE: the launch maxima are host facts of the case, passed as constructor arguments so the adapter does
-      // no device-to-host read inside the timed call (and the call can be captured in a CUDA graph).
-      b.args.values = {{"num_heads", double(Hq)},     {"head_size", double(D)},
-                       {"scale", 1.0 / std::sqrt(double(D))}, {"num_kv_heads", double(Hk)},
-                       {"max_query_len", double(L)},  {"max_seq_len", double(L)}};
-      b.make_inputs = [=](Device d, uint64_t seed) {
-        std::vector<int32_t> starts(static_cast<size_t>(seqs + 1));
-        const std::vector<int32_t> lens(static_cast<size_t>(seqs), static_cast<int32_t>(L));
-        for (int64_t i = 0; i <= seqs; ++i) starts[size_t(i)] = int32_t(i * L);
-        // The new keys are already in the cache (stored by store_kvcache before attention runs).
-        return std::vector<Tensor>{cases::normal({T, Hq, D}, dt, d, seed, "q", 1.0),
-                                   cases::normal({blocks, bs, Hk, D}, dt, d, seed, "key_cache", 1.0),
-                                   cases::normal({blocks, bs, Hk, D}, dt, d, seed, "value_cache", 1.0),
-                                   cases::filled_i32(starts, d),
-                                   cases::filled_i32(lens, d),
-                                   cases::permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
-                                                             "block_tables")};
-      };
-      const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4;
-      // q read, out written, each sequence's keys and values read once, metadata read.
-      b.bytes = 2 * T * Hq * D * es + 2 * seqs * L * Hk * D * es + metadata;
-      b.flops = 4 * Hq * D * seqs * (L * (L + 1) / 2);  // QK^T and PV over the causal pairs
-      b.input_bytes = T * Hq * D * es + 2 * blocks * bs * Hk * D * es + metadata;
-      b.output_numel = T * Hq * D;
-      out.push_back(std::move(b));
+      for (const cases::AttentionVariant& v : cases::attention_variants(a)) {
+        const int64_t L = T / seqs, blocks_per_seq = cases::ceil_div(L, bs), blocks = seqs * blocks_per_seq;
+        const int64_t W = v.window;
+        const bool sinks = v.sinks;
+        BenchCase b = cases::base("flash_attn_prefill", m, T, dt);
+        b.label = "seqs=" + cases::str(seqs) + "x" + cases::str(L) + " heads=" + cases::str(Hq) + " kv=" +
+                  cases::str(Hk) + " D=" + cases::str(D) + v.label();
+        // NOTE: the launch maxima are host facts of the case, passed as constructor arguments so the adapter does
+        // no device-to-host read inside the timed call (and the call can be captured in a CUDA graph).
+        b.args.values = {{"num_heads", double(Hq)},     {"head_size", double(D)},
+                         {"scale", 1.0 / std::sqrt(double(D))}, {"num_kv_heads", double(Hk)},
+                         {"max_query_len", double(L)},  {"max_seq_len", double(L)}};
+        if (W > 0) b.args.values["sliding_window"] = double(W);
+        if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
+        b.make_inputs = [=](Device d, uint64_t seed) {
+          std::vector<int32_t> starts(static_cast<size_t>(seqs + 1));
+          const std::vector<int32_t> lens(static_cast<size_t>(seqs), static_cast<int32_t>(L));
+          for (int64_t i = 0; i <= seqs; ++i) starts[size_t(i)] = int32_t(i * L);
+          // The new keys are already in the cache (stored by store_kvcache before attention runs).
+          std::vector<Tensor> in{cases::normal({T, Hq, D}, dt, d, seed, "q", 1.0),
+                                 cases::normal({blocks, bs, Hk, D}, dt, d, seed, "key_cache", 1.0),
+                                 cases::normal({blocks, bs, Hk, D}, dt, d, seed, "value_cache", 1.0),
+                                 cases::filled_i32(starts, d),
+                                 cases::filled_i32(lens, d),
+                                 cases::permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
+                                                           "block_tables")};
+          if (sinks) in.push_back(cases::normal({Hq}, DType::f32, d, seed, "sinks", 1.0));
+          return in;
+        };
+        const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
+        // q read, out written, each sequence's keys and values read once (every key is in some query's window),
+        // metadata read.
+        b.bytes = 2 * T * Hq * D * es + 2 * seqs * L * Hk * D * es + metadata;
+        b.flops = 4 * Hq * D * seqs * cases::attention_pairs(L, 0, W);  // QK^T and PV over the visible pairs
+        b.input_bytes = T * Hq * D * es + 2 * blocks * bs * Hk * D * es + metadata;
+        b.output_numel = T * Hq * D;
+        out.push_back(std::move(b));
+      }
     }
   }
   return out;
@@ -77,10 +86,10 @@ KBN_REGISTER_OPS(r) {
          .header = "L1/flash_attn_prefill.h",
          .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "sliding_window (optional)",
                        "logits_soft_cap (optional)", "max_query_len (optional)", "max_seq_len (optional)"},
-         .args = {"q", "key_cache", "value_cache", "query_start_loc", "seq_lens", "block_tables"},
+         .args = {"q", "key_cache", "value_cache", "query_start_loc", "seq_lens", "block_tables", "sinks (optional)"},
          .mutates = {},
          .make = adapter(
-             "flash_attn_prefill", 6,
+             "flash_attn_prefill", 6, 7,
              [](const OpArgs& a) {
                return std::make_unique<FlashAttnPrefill>(a.get_int("num_heads"), a.get_int("head_size"), a.get("scale"),
                                                          a.get_int("num_kv_heads"),
@@ -88,8 +97,9 @@ KBN_REGISTER_OPS(r) {
              },
              [](FlashAttnPrefill& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_q = a.get_int_or("max_query_len", 0), max_s = a.get_int_or("max_seq_len", 0);
-               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], max_q ? max_q : host_max_diff(t[3]),
-                                         max_s ? max_s : host_max(t[4]))};
+               const int64_t q_max = max_q ? max_q : host_max_diff(t[3]), s_max = max_s ? max_s : host_max(t[4]);
+               if (t.size() == 7) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max, t[6])};
+               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max)};
              }),
          // generic_attention: the portable kernel for head sizes the tensor-core kernels do not take, shared
          // with flash_attn_decode.
