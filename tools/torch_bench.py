@@ -119,7 +119,8 @@ def main():
     ap.add_argument("--json", required=True)
     ap.add_argument("--sections", default="dense,attention",
                     help="comma list of: dense (norms, silu*mul, GEMMs), attention, moe (the expert MLPs of an MoE "
-                         "config, torch._grouped_mm)")
+                         "config, torch._grouped_mm), window (sliding-window prefill at the config's window: "
+                         "flex_attention and masked SDPA)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     cfg = json.load(open(args.model))
@@ -136,7 +137,7 @@ def main():
     def record(op, label, backend, bytes_, flops, fn):
         try:
             med, p10, p90, n = timeit(fn, flush)
-        except RuntimeError as e:  # a backend that does not support the shape
+        except Exception as e:  # a backend that does not support the shape (or a compile failure)
             print(f"{op:<22} {label:<28} {backend:<10} n/a ({str(e).splitlines()[0][:60]})")
             return
         row = {"op": op, "label": label, "backend": backend, "median_ms": med, "p10_ms": p10, "p90_ms": p90,
@@ -214,6 +215,45 @@ def main():
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
             record("flash_attn_decode", f"B={B} ctx={ctx} {nh}/{nkv} d{D}", bname, 2 * B * nkv * ctx * D * 2,
                    4 * B * nh * ctx * D, run)
+
+    # Sliding-window causal prefill at the config's window (--sections window): flex_attention with a window block
+    # mask (compiled; blocks wholly outside the window are skipped), and SDPA with an explicit boolean mask (a dense
+    # [T, T] mask: every block computed; 8k tokens only). FLOPs count the visible pairs, as kb-nano's cases do.
+    # Neither takes sinks (flex's score_mod cannot add a term to the denominator), so sinks are not compared.
+    W = cfg.get("sliding_window") or 0
+    if "window" in sections and W > 0:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        flex = torch.compile(flex_attention, dynamic=False)
+
+        def pairs(T):
+            ramp = min(W, T)
+            return ramp * (ramp + 1) // 2 + (T - ramp) * W
+
+        for T in (8192, 32768):
+            q = torch.randn(1, nh, T, D, device=dev, dtype=dt)
+            k = torch.randn(1, nkv, T, D, device=dev, dtype=dt)
+            v = torch.randn(1, nkv, T, D, device=dev, dtype=dt)
+            label = f"T={T} {nh}/{nkv} d{D} window={W}"
+            flops, bytes_ = 4 * nh * D * pairs(T), 2 * (2 * T * nh * D + 2 * T * nkv * D)
+
+            def window_mod(b, h, q_idx, kv_idx):
+                return (q_idx >= kv_idx) & (q_idx - kv_idx < W)
+            bm = create_block_mask(window_mod, 1, 1, T, T, device=dev)
+            record("flash_attn_prefill", label, "flex", bytes_, flops,
+                   lambda q=q, k=k, v=v, bm=bm: flex(q, k, v, block_mask=bm, enable_gqa=True))
+            # flex's own full causal rate on the same shape, for the window's "skipped blocks cost nothing" ratio.
+            cm = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, 1, 1, T, T, device=dev)
+            record("flash_attn_prefill", f"T={T} {nh}/{nkv} d{D} causal", "flex", bytes_,
+                   4 * nh * D * T * (T + 1) // 2, lambda q=q, k=k, v=v, cm=cm: flex(q, k, v, block_mask=cm, enable_gqa=True))
+            causal = torch.ones(T, T, device=dev, dtype=torch.bool).tril()
+            if T <= 8192:
+                mask = causal & ~torch.ones(T, T, device=dev, dtype=torch.bool).tril(-W)
+                for bname in ("cudnn", "efficient"):
+                    def run(be=backends[bname], mask=mask, q=q, k=k, v=v):
+                        with sdpa_kernel(be):
+                            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+                    record("flash_attn_prefill", label, f"sdpa-{bname}", bytes_, flops, run)
+            del q, k, v, causal
 
     meta = {"tool": "tools/torch_bench.py", "torch": torch.__version__, "device": torch.cuda.get_device_name(),
             "model": args.model, "tp": args.tp, "mode": "hot" if args.hot else "cold",

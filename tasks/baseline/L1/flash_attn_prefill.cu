@@ -44,6 +44,7 @@ struct PrefillParams {
   int block_shift;   // log2(block_size) when it is a power of two, else -1
   int group_size;    // query heads per kv head
   float scale_log2;  // softmax scale * log2(e): scores live in the exp2 domain
+  AttnFeatures feat;  // sliding window, soft cap, sinks (attention_mma.cuh)
 };
 
 namespace mma_path {
@@ -102,7 +103,11 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
   const int last_token = min((m0 + kBlockM - 1) / group, q_len - 1);
   const int key_end = last_token + offset + 1;        // keys [0, key_end) are visible to some row of the tile
   const int unmasked_end = first_token + offset + 1;  // keys [0, unmasked_end) are visible to every row
-  const int num_tiles = key_end > 0 ? ceil_div(key_end, kBlockN) : 0;
+  // A sliding window: keys [key_begin, key_end) are visible to some row, keys at or past window_full to every row
+  // (as far as the window goes). The tiles start at key_begin: keys before it are never loaded.
+  const int key_begin = max(window_first_key(p.feat, first_token + offset), 0);
+  const int window_full = window_first_key(p.feat, last_token + offset);
+  const int num_tiles = key_end > key_begin ? ceil_div(key_end - key_begin, kBlockN) : 0;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -129,18 +134,18 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
     cp_async_16(smem_addr(q_smem + swizzle<kHeadDim>(r, c)), src, valid);
   }
 
-  // K and V tile `tile` into stage `stage`; keys at or past key_end (never visible, possibly unallocated pages)
-  // are zero-filled so that masked probabilities multiply zeros, not garbage.
+  // K and V tile `tile` into stage `stage`; keys at or past key_end and before key_begin (never visible, possibly
+  // unallocated or returned pages) are zero-filled so that masked probabilities multiply zeros, not garbage.
   auto load_kv = [&](int tile, int stage) {
     T* ks = k_smem + stage * kTileElems;
     T* vs = v_smem + stage * kTileElems;
-    const int n0 = tile * kBlockN;
+    const int n0 = key_begin + tile * kBlockN;
 #pragma unroll
     for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
       const int i = tid + j * kThreads;
       const int r = i / kChunks, c = i % kChunks;
       const int key = n0 + r;
-      const bool valid = key < key_end;
+      const bool valid = key < key_end && key >= key_begin;
       const T* k_src = k_head;
       const T* v_src = v_head;
       if (valid) {
@@ -164,12 +169,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
 
   // Per-thread rows: g and g + 8 of this warp's 16. Rows past the last token clamp to it (never stored).
   const int g = lane / 4, t4 = lane % 4;
-  int row_last_key[2];
+  int row_last_key[2], row_first_key[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = m0 + warp * 16 + g + 8 * r;
     row_last_key[r] = min(m / group, q_len - 1) + offset;
+    row_first_key[r] = window_first_key(p.feat, row_last_key[r]);
   }
+  const bool soft_cap = p.feat.cap_in > 0.f;
+  const float score_scale = soft_cap ? 1.f : p.scale_log2;  // soft-capped scores are in the exp2 domain already
 
   float o[kHeadDim / 8][4];
 #pragma unroll
@@ -210,14 +218,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
       }
     }
 
-    const int n0 = tile * kBlockN;
-    if (n0 + kBlockN > unmasked_end) {  // the tile crosses the causal diagonal of some row
+    if (soft_cap) soft_cap_scores<kBlockN / 2>(&s[0][0], p.feat);
+    const int n0 = key_begin + tile * kBlockN;
+    // The tile crosses the causal diagonal or the window's lower edge of some row.
+    if (n0 + kBlockN > unmasked_end || n0 < window_full) {
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int key = n0 + n * 8 + 2 * t4 + (e & 1);
-          if (key > row_last_key[e / 2]) s[n][e] = -INFINITY;
+          if (key > row_last_key[e / 2] || key < row_first_key[e / 2]) s[n][e] = -INFINITY;
         }
       }
     }
@@ -230,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
       for (int n = 0; n < kBlockN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+      const float new_max = fmaxf(row_max[r], tile_max * score_scale);
       // A row with no visible key yet keeps max -inf; subtracting 0 then keeps every exponent at exp2(-inf) = 0.
       const float base = new_max == -INFINITY ? 0.f : new_max;
       const float alpha = exp2f(row_max[r] - base);
@@ -238,8 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
       float tile_sum = 0.f;
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) {
-        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], p.scale_log2, -base));
-        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], p.scale_log2, -base));
+        s[n][2 * r] = exp2f(fmaf(s[n][2 * r], score_scale, -base));
+        s[n][2 * r + 1] = exp2f(fmaf(s[n][2 * r + 1], score_scale, -base));
         tile_sum += s[n][2 * r] + s[n][2 * r + 1];
       }
       row_sum[r] = row_sum[r] * alpha + tile_sum;
@@ -278,6 +288,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
     float sum = row_sum[r];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int m = m0 + warp * 16 + g + 8 * r;
+    sum += sink_term(p.feat, kv_head * group + m % group, row_max[r]);
     inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
   }
   // Stage this warp's 16 normalised rows in its own Q rows, then write 16-byte chunks.
@@ -362,7 +374,11 @@ struct Work {
   int offset;        // query token j of the sequence sits at key position offset + j
   int key_end;       // keys [0, key_end) are visible to some row of the tile
   int unmasked_end;  // keys [0, unmasked_end) are visible to every row
-  int num_tiles;     // K/V tiles of kBlockN keys covering [0, key_end)
+  // A sliding window narrows the keys to [key_begin, key_end); keys at or past window_full are inside every row's
+  // window. Without one: key_begin 0, window_full INT_MIN.
+  int key_begin, window_full;
+  int key_base;   // the first tile's first key: key_begin rounded down to its page (pages before it are never read)
+  int num_tiles;  // K/V tiles of kBlockN keys from key_base covering [key_begin, key_end)
 };
 // Work item `item` of the launch, in (kv head fastest, sequence, query tile last: the tiles of every sequence with the
 // longest causal span come first) order; false when the tile lies past its sequence's rows (varlen batches).
@@ -381,7 +397,10 @@ __device__ __forceinline__ bool load_work(const PrefillParams& p, int item, int 
   const int last_token = min((w.m0 + kBlockM - 1) / p.group_size, w.q_len - 1);
   w.key_end = last_token + w.offset + 1;
   w.unmasked_end = first_token + w.offset + 1;
-  w.num_tiles = w.key_end > 0 ? ceil_div(w.key_end, kBlockN) : 0;
+  w.key_begin = max(window_first_key(p.feat, first_token + w.offset), 0);
+  w.window_full = window_first_key(p.feat, last_token + w.offset);
+  w.key_base = w.key_begin / p.block_size * p.block_size;
+  w.num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_base, kBlockN) : 0;
   return true;
 }
 
@@ -445,7 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (it >= kStages) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kStages - 1) & 1));
           const uint32_t ks = kv_s + stage * 2 * kTileBytes;
           const uint32_t vs = ks + kTileBytes;
-          const int n0 = tile * kBlockN;
+          const int n0 = w.key_base + tile * kBlockN;
           const int pages = (min(w.key_end - n0, kBlockN) + bs - 1) / bs;  // pages holding keys below key_end
           const uint32_t bar = full_bar + 8 * stage;
           mbar_arrive_expect_tx(bar, uint32_t(pages * bs * kHeadDim * 2 * 2));
@@ -472,6 +491,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane / 4, t4 = lane % 4;  // this thread's rows of the warp: g and g + 8
   const int warp_row = wg * 64 + warp_in_wg * 16;
   const uint32_t q_wg = q_s + wg * 64 * 128;  // this warpgroup's 64 rows in each 64-column block of Q
+  const bool soft_cap = p.feat.cap_in > 0.f;
+  const float score_scale = soft_cap ? 1.f : p.scale_log2;  // soft-capped scores are in the exp2 domain already
   const T* q = static_cast<const T*>(p.q);
   T* out = static_cast<T*>(p.out);
 
@@ -536,11 +557,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_proxy_async_shared();
     named_sync(kBarWarpGroup0 + wg, 128);  // this warpgroup's Q rows have landed
 
-    int row_last_key[2];  // rows past the last token clamp to it (never stored)
+    int row_last_key[2], row_first_key[2];  // rows past the last token clamp to it (never stored)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int m = w.m0 + warp_row + g + 8 * r;
       row_last_key[r] = min(m / p.group_size, w.q_len - 1) + w.offset;
+      row_first_key[r] = window_first_key(p.feat, row_last_key[r]);
     }
 #pragma unroll
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
@@ -587,14 +609,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Q is read for this item: fetch the next item's rows behind the softmax and the last P V.
       if (tile == w.num_tiles - 1 && have_next) load_q(next);
 
-      const int n0 = tile * kBlockN;
-      if (n0 + kBlockN > w.unmasked_end) {  // the tile crosses the causal diagonal of some row
+      if (soft_cap) soft_cap_scores<kSAcc>(s, p.feat);
+      const int n0 = w.key_base + tile * kBlockN;
+      // The tile crosses the causal diagonal or the window's lower edge of some row.
+      if (n0 + kBlockN > w.unmasked_end || n0 < w.window_full) {
 #pragma unroll
         for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = n0 + n * 8 + 2 * t4 + (e & 1);
-            if (key > row_last_key[e / 2]) s[4 * n + e] = -INFINITY;
+            if (key > row_last_key[e / 2] || key < row_first_key[e / 2]) s[4 * n + e] = -INFINITY;
           }
         }
       }
@@ -612,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float new_max = fmaxf(row_max[r], tile_max * p.scale_log2);
+        const float new_max = fmaxf(row_max[r], tile_max * score_scale);
         // A row with no visible key yet keeps max -inf; subtracting 0 then keeps every exponent at exp2(-inf) = 0.
         const float base = new_max == -INFINITY ? 0.f : new_max;
         alpha[r] = exp2_ftz(row_max[r] - base);
@@ -620,8 +644,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         float sums[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int n = 0; n < kBlockN / 8; ++n) {
-          s[4 * n + 2 * r] = exp2_ftz(fmaf(s[4 * n + 2 * r], p.scale_log2, -base));
-          s[4 * n + 2 * r + 1] = exp2_ftz(fmaf(s[4 * n + 2 * r + 1], p.scale_log2, -base));
+          s[4 * n + 2 * r] = exp2_ftz(fmaf(s[4 * n + 2 * r], score_scale, -base));
+          s[4 * n + 2 * r + 1] = exp2_ftz(fmaf(s[4 * n + 2 * r + 1], score_scale, -base));
           sums[n % 4] += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
         }
         row_sum[r] = row_sum[r] * alpha[r] + ((sums[0] + sums[1]) + (sums[2] + sums[3]));
@@ -663,7 +687,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Rows of the last tile at or past key_end hold what the cache holds beyond the sequence (whole pages are
       // copied) or an earlier tile's keys (pages not copied): their probabilities are 0, but 0 x NaN is NaN. Both
       // warpgroups read every V row, so they zero the rows together and meet before the multiply.
-      const int n_last = (w.num_tiles - 1) * kBlockN;
+      const int n_last = w.key_base + (w.num_tiles - 1) * kBlockN;
       if (w.key_end - n_last < kBlockN) {
         unsigned char* vz = smem_raw + (vs - raw_addr);
         const int first = w.key_end - n_last;
@@ -692,6 +716,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       float sum = row_sum[r];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int m = w.m0 + warp_row + g + 8 * r;
+      sum += sink_term(p.feat, w.kv_head * p.group_size + m % p.group_size, row_max[r]);
       inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
     }
 #pragma unroll
@@ -884,8 +910,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   check_last_dim_contiguous(block_tables, op, "block_tables");
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
-  const bool features = sliding_window_ > 0 || logits_soft_cap_ > 0 || sinks;
-  if (features || !tensor_core_attention_supports(q.dtype(), head_size_)) {
+  if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
                                                    block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
     const Tensor sinks_f32 = set_generic_features(g, sliding_window_, logits_soft_cap_, sinks);
@@ -915,6 +940,8 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   p.block_shift = (p.block_size & (p.block_size - 1)) == 0 ? __builtin_ctz(unsigned(p.block_size)) : -1;
   p.group_size = int(num_heads_ / num_kv_heads_);
   p.scale_log2 = float(scale_ * 1.4426950408889634);
+  Tensor sinks_f32;
+  p.feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     dispatch_head_size(head_size_, op, [&](auto d) {
       launch_flash_attn_prefill<decltype(t), decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
