@@ -12,6 +12,9 @@
 
 #include "L1/flash_attn_decode.h"
 #include "L1/flash_attn_prefill.h"
+#include "L2/attention.h"
+#include "kbn/forward_context.h"
+#include "kbn/op_case.h"
 #include "kbn/error.h"
 #include "kbn/tensor.h"
 #include "reference/reference.h"
@@ -269,6 +272,76 @@ TEST(AttentionFeatures, OpsRefuseBadFeaturesNamingTheArgument) {
     op.forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables, 5, 7, two);
   });
   EXPECT_NE(m.find("flash_attn_prefill: argument 'sinks'"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace kbn
+
+// ---- the attention layer (L2 Attention) carries its layer's features to both kernels ----
+
+namespace kbn {
+namespace {
+
+// One step under a forward context: the layer stores the step's K/V, then attends with its features. The expected
+// output is the ops' own (CPU: the oracle) on the cache the layer wrote, with the same features; a layer that drops
+// a feature gives the featureless output, which differs.
+void check_layer_features(const cases::StepShape& st, const std::string& what) {
+  constexpr int64_t H = 4, Hk = 2, D = 16, W = 6;
+  constexpr double cap = 3.0;
+  const double scale = 1.0 / std::sqrt(double(D));
+  const Tensor sinks = cases::normal({H}, DType::f32, Device::cpu(), 3, "sinks", 1.0);
+  baseline::Attention layer(H, D, scale, Hk, "model.layers.0.self_attn.attn", W, cap, &sinks);
+  EXPECT_EQ(layer.cache_spec(DType::bf16).describe(), "paged K/V 2 x 16 bf16, window 6") << what;
+  auto ctx = cases::make_step_context(st, Hk, D, DType::f32, Device::cpu(), 5);
+  const AttentionMetadata& md = ctx->metadata;
+  const int64_t T = md.num_tokens();
+  const Tensor q = cases::normal({T, H * D}, DType::f32, Device::cpu(), 7, "q", 1.0);
+  const Tensor k = cases::normal({T, Hk * D}, DType::f32, Device::cpu(), 7, "k", 1.0);
+  const Tensor v = cases::normal({T, Hk * D}, DType::f32, Device::cpu(), 7, "v", 1.0);
+  Tensor out;
+  {
+    ForwardContextGuard guard({&md, &ctx->kv_caches});
+    out = layer.forward(q, k, v);
+  }
+  const KVCache& cache = ctx->kv_caches[0];
+  const Tensor q3 = q.view({T, H, D});
+  const int64_t ns = md.num_prefills, nd = md.num_decodes;
+  std::vector<Tensor> expected, plain;
+  if (md.num_prefill_tokens > 0) {
+    baseline::FlashAttnPrefill with(H, D, scale, Hk, W, cap), without(H, D, scale, Hk);
+    const Tensor qp = q3.slice(0, 0, md.num_prefill_tokens).contiguous();
+    const Tensor lens = md.seq_lens.slice(0, 0, ns), tables = md.block_tables.slice(0, 0, ns);
+    expected.push_back(with.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
+                                    md.max_prefill_query_len, md.max_prefill_seq_len, sinks));
+    plain.push_back(without.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
+                                    md.max_prefill_query_len, md.max_prefill_seq_len));
+  }
+  if (nd > 0) {
+    baseline::FlashAttnDecode with(H, D, scale, Hk, W, cap), without(H, D, scale, Hk);
+    const Tensor qd = q3.slice(0, md.num_prefill_tokens, T).contiguous();
+    const Tensor lens = md.seq_lens.slice(0, ns, ns + nd), tables = md.block_tables.slice(0, ns, ns + nd);
+    expected.push_back(with.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len, sinks));
+    plain.push_back(without.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len));
+  }
+  std::vector<float> want, none;
+  for (const Tensor& e : expected)
+    for (float x : e.to_floats()) want.push_back(x);
+  for (const Tensor& e : plain)
+    for (float x : e.to_floats()) none.push_back(x);
+  EXPECT_EQ(out.to_floats(), want) << what;
+  EXPECT_NE(out.to_floats(), none) << what << ": the features made no difference";
+}
+
+TEST(AttentionLayerFeatures, PrefillAndDecodeStepsCarryWindowSoftCapAndSinks) {
+  cases::StepShape prefill;
+  prefill.query = {9, 4};
+  prefill.cached = {0, 12};  // a chunked prefill after 12 cached tokens: its window starts inside the cache
+  check_layer_features(prefill, "prefill");
+  cases::StepShape decode;
+  decode.decode = true;
+  decode.query = {1, 1, 1};
+  decode.cached = {20, 3, 40};
+  check_layer_features(decode, "decode");
 }
 
 }  // namespace

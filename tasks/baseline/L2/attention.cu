@@ -6,13 +6,19 @@
 namespace kbn::KBN_VARIANT {
 
 Attention::Attention(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads,
-                     const std::string& prefix)
+                     const std::string& prefix, int64_t sliding_window, double logits_soft_cap, const Tensor* sinks)
     : num_heads_(num_heads),
       head_size_(head_size),
       num_kv_heads_(num_kv_heads),
       layer_index_(extract_layer_index(prefix)),
-      prefill_(num_heads, head_size, scale, num_kv_heads),
-      decode_(num_heads, head_size, scale, num_kv_heads) {}
+      sliding_window_(sliding_window),
+      sinks_(sinks),
+      prefill_(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap),
+      decode_(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap) {}
+
+LayerCacheSpec Attention::cache_spec(DType dtype) const {
+  return LayerCacheSpec::paged_kv(num_kv_heads_, head_size_, dtype, sliding_window_);
+}
 
 // [num_tokens, heads * head_size] with any row stride -> [num_tokens, heads, head_size] view.
 static Tensor split_heads(const Tensor& t, int64_t heads, int64_t head_size, const char* arg) {
@@ -44,14 +50,18 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
   const int64_t np = md.num_prefill_tokens, nd = md.num_decodes, ns = md.num_prefills;
   Tensor out_p, out_d;
   if (np > 0) {
-    out_p = prefill_.forward(q.slice(0, 0, np).contiguous(), cache.key, cache.value, md.query_start_loc,
-                             md.seq_lens.slice(0, 0, ns), md.block_tables.slice(0, 0, ns), md.max_prefill_query_len,
-                             md.max_prefill_seq_len);
+    const Tensor qp = q.slice(0, 0, np).contiguous(), lens = md.seq_lens.slice(0, 0, ns),
+                 tables = md.block_tables.slice(0, 0, ns);
+    out_p = sinks_ ? prefill_.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
+                                      md.max_prefill_query_len, md.max_prefill_seq_len, *sinks_)
+                   : prefill_.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
+                                      md.max_prefill_query_len, md.max_prefill_seq_len);
   }
   if (nd > 0) {
-    out_d =
-        decode_.forward(q.slice(0, np, np + nd).contiguous(), cache.key, cache.value, md.seq_lens.slice(0, ns, ns + nd),
-                        md.block_tables.slice(0, ns, ns + nd), md.max_decode_seq_len);
+    const Tensor qd = q.slice(0, np, np + nd).contiguous(), lens = md.seq_lens.slice(0, ns, ns + nd),
+                 tables = md.block_tables.slice(0, ns, ns + nd);
+    out_d = sinks_ ? decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len, *sinks_)
+                   : decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len);
   }
   Tensor out;
   if (nd == 0) {

@@ -7,22 +7,31 @@
 #include "L1/flash_attn_decode.h"
 #include "L1/flash_attn_prefill.h"
 #include "L1/store_kvcache.h"
+#include "kbn/cache_spec.h"
 #include "kbn/variant.h"
 
 namespace kbn::KBN_VARIANT {
 
 class Attention : public Module {
  public:
-  Attention(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, const std::string& prefix);
+  // The per-layer features, as vLLM's Attention takes them: `sliding_window` (vLLM's per_layer_sliding_window; > 0:
+  // each query sees its last sliding_window keys), `logits_soft_cap` (> 0: scores become cap * tanh(score / cap)),
+  // and `sinks` ([num_heads], one learned logit per query head joining the softmax denominator: gpt-oss), a
+  // parameter the owning block holds and loads (it must outlive this layer; nullptr: none).
+  Attention(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, const std::string& prefix,
+            int64_t sliding_window = 0, double logits_soft_cap = 0, const Tensor* sinks = nullptr);
 
   // query: [num_tokens, num_heads * head_size]; key, value: [num_tokens, num_kv_heads * head_size] (row
   // strides may exceed the width: views into a fused qkv tensor) -> [num_tokens, num_heads * head_size]
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value);
 
   int64_t layer_index() const { return layer_index_; }
+  // The paged K/V this layer keeps, its window included (the model's cache_specs() lists one per layer).
+  LayerCacheSpec cache_spec(DType dtype) const;
 
  private:
-  int64_t num_heads_, head_size_, num_kv_heads_, layer_index_;
+  int64_t num_heads_, head_size_, num_kv_heads_, layer_index_, sliding_window_;
+  const Tensor* sinks_;
   StoreKVCache store_kvcache_;
   FlashAttnPrefill prefill_;
   FlashAttnDecode decode_;

@@ -11,6 +11,9 @@ using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(Attention, "L2/attention.h");
 KBN_REQUIRE_CTOR(Attention, "L2/attention.h", int64_t, int64_t, double, int64_t, const std::string&);
+KBN_REQUIRE_CTOR(Attention, "L2/attention.h", int64_t, int64_t, double, int64_t, const std::string&, int64_t, double,
+                 const Tensor*);
+KBN_REQUIRE_METHOD(Attention, LayerCacheSpec, cache_spec, (DType) const, "L2/attention.h");
 KBN_REQUIRE_METHOD(Attention, Tensor, forward, (const Tensor&, const Tensor&, const Tensor&), "L2/attention.h");
 
 KBN_REGISTER_OPS(r) {
