@@ -38,6 +38,8 @@ CLI::Validator integer_in(int64_t lo, int64_t hi, const std::string& meaning = "
 CLI::Validator seed_value();
 // A number > 0 (or >= 0 when zero_ok).
 CLI::Validator positive_number(bool zero_ok = false);
+// A fraction in [0, 1) (vLLM's --random-range-ratio).
+CLI::Validator fraction_below_one();
 // One of `choices`, with a "did you mean" for a misspelling.
 CLI::Validator one_of(const std::vector<std::string>& choices);
 

@@ -49,6 +49,10 @@ struct Options {
   std::string variant;  // empty = both when a candidate is built, else baseline
   int64_t num_requests = 0;
   double scale = 0;
+  // vLLM's throughput flags (a "random" workload) or a JSONL dataset, instead of a named workload.
+  int64_t input_len = 0, output_len = 0, num_prompts = 0;
+  double range_ratio = 0;
+  std::string dataset;
   uint64_t seed = 0;
   int64_t max_num_batched_tokens = 0;  // 0 = batch_defaults()
   int64_t max_num_seqs = 0;            // 0 = the workload's concurrency, else batch_defaults()
@@ -551,23 +555,39 @@ void run(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(max_model_len >= 2 && max_model_len <= max_pos, "--max-model-len: expected 2..", max_pos,
             " (the model's max_position_embeddings), got ", max_model_len);
 
-  const engine::WorkloadSpec& wspec = engine::workload_spec(o.workload);
+  // The workload: a named one, vLLM's random one from its flags, or a dataset. Explicit lengths are never shrunk
+  // on the CPU (only the request count is, when not given).
+  const bool random_flags = o.input_len > 0 || o.output_len > 0 || o.range_ratio > 0;
+  const bool custom = random_flags || !o.dataset.empty();
+  KBN_CHECK(o.num_prompts == 0 || o.num_requests == 0, "--num-prompts and --num-requests: give one (the same count)");
+  const int64_t num_requests = o.num_prompts > 0 ? o.num_prompts : o.num_requests;
+  const engine::WorkloadSpec wspec_named = custom ? engine::WorkloadSpec{} : engine::workload_spec(o.workload);
+  const engine::WorkloadSpec random_spec =
+      random_flags ? engine::random_workload_spec(o.input_len > 0 ? o.input_len : 1024,
+                                                  o.output_len > 0 ? o.output_len : 128,
+                                                  num_requests > 0 ? num_requests : 1000, o.range_ratio)
+                   : engine::WorkloadSpec{};
   std::string shrunk;
   engine::WorkloadOptions wo;
   wo.seed = o.seed;
   wo.vocab_size = spec.config.get_int("vocab_size");
   wo.max_model_len = max_model_len;
-  wo.num_requests = o.num_requests;
+  wo.num_requests = num_requests;
   wo.scale = o.scale > 0 ? o.scale : 1.0;
-  if (device.is_cpu() && o.num_requests == 0) {
-    wo.num_requests = std::min(kCpuDefaultRequests, wspec.num_requests);
-    shrunk += " " + std::to_string(wo.num_requests) + " requests (not " + std::to_string(wspec.num_requests) + ")";
+  const int64_t default_count = random_flags ? random_spec.num_requests : wspec_named.num_requests;
+  if (device.is_cpu() && num_requests == 0 && o.dataset.empty()) {
+    wo.num_requests = std::min(kCpuDefaultRequests, default_count);
+    shrunk += " " + std::to_string(wo.num_requests) + " requests (not " + std::to_string(default_count) + ")";
   }
-  if (device.is_cpu() && o.scale == 0) {
+  if (device.is_cpu() && o.scale == 0 && !custom) {
     wo.scale = kCpuDefaultScale;
     shrunk += std::string(shrunk.empty() ? "" : ",") + " lengths x " + fmt("%g", kCpuDefaultScale);
   }
-  const engine::Workload workload = engine::make_workload(o.workload, wo);
+  const engine::Workload workload =
+      !o.dataset.empty()
+          ? engine::load_dataset_workload(o.dataset, o.output_len > 0 ? o.output_len : 128, wo)
+          : engine::make_workload(random_flags ? random_spec : wspec_named, wo);
+  const engine::WorkloadSpec& wspec = workload.spec;
 
   engine::EngineConfig ecfg;
   ecfg.block_size = o.block_size;
@@ -621,7 +641,8 @@ void run(const Options& o, bool max_num_seqs_given) {
     std::printf("; %lld clipped to max_model_len %lld", (long long)workload.clipped, (long long)max_model_len);
   std::printf("\n");
   if (!shrunk.empty())
-    std::printf("  CPU run, shrunk:%s; --num-requests and --scale 1 give the canonical workload\n", shrunk.c_str());
+    std::printf("  CPU run, shrunk:%s; --num-requests%s give the %s workload\n", shrunk.c_str(),
+                custom ? "" : " and --scale 1", custom ? "whole" : "canonical");
   std::printf("  engine: %s, block size %lld, max_num_batched_tokens %lld, max_num_seqs %lld, max_model_len %lld\n",
               o.mode.c_str(), (long long)ecfg.block_size, (long long)ecfg.max_num_batched_tokens,
               (long long)ecfg.max_num_seqs, (long long)ecfg.max_model_len);
@@ -864,7 +885,7 @@ void add_eval_command(CLI::App& app) {
                   "(default: tiny-llama on CPU, llama-3.1-8b-instruct on GPU)");
   std::string names;
   for (const auto& w : engine::workload_specs()) names += (names.empty() ? "" : ", ") + w.name;
-  cmd->add_option("--workload", o->workload, "One of " + names + " (default balanced)");
+  auto* workload = cmd->add_option("--workload", o->workload, "One of " + names + " (default balanced)");
   cmd->add_option("--mode", o->mode,
                   "eager (default) or graph: decode-only steps replay CUDA graphs captured at start-up for batch "
                   "sizes 1, 2, 4, 8, 16, 24, ... up to min(max-num-seqs, 512) (CUDA only)");
@@ -872,6 +893,28 @@ void add_eval_command(CLI::App& app) {
                   "Requests to run (default: the workload's count; " + std::to_string(kCpuDefaultRequests) +
                       " on CPU; 0 = default)")
       ->check(integer_at_least(0));
+  auto* input_len = cmd->add_option("--input-len", o->input_len,
+                                    "vLLM's random workload instead of --workload: prompts of this many tokens "
+                                    "(default 1024 when --output-len or --range-ratio is given), random ids, all "
+                                    "requests at once")
+                        ->check(integer_at_least(1));
+  auto* output_len = cmd->add_option("--output-len", o->output_len,
+                  "Output tokens per request of the random workload (default 128), or of a --dataset line without "
+                  "its own output_len")
+      ->check(integer_at_least(1));
+  cmd->add_option("--num-prompts", o->num_prompts,
+                  "vLLM's name for --num-requests (the random workload's default: 1000; give one of the two)")
+      ->check(integer_at_least(1));
+  auto* range_ratio = cmd->add_option("--range-ratio", o->range_ratio,
+                                      "Lengths of the random workload uniform in [len (1 - r), len (1 + r)], r in "
+                                      "[0, 1) (vLLM's --random-range-ratio; default 0)")
+                          ->check(fraction_below_one());
+  auto* dataset = cmd->add_option("--dataset", o->dataset,
+                                  "A JSONL file of requests instead of --workload, one per line: "
+                                  "{\"prompt_token_ids\": [...], \"output_len\": N} (output_len optional: "
+                                  "--output-len); text prompts need a tokenizer kb-nano does not have yet");
+  dataset->excludes(input_len)->excludes(range_ratio);
+  workload->excludes(input_len)->excludes(range_ratio)->excludes(dataset)->excludes(output_len);
   cmd->add_option(
       "--scale", o->scale,
       "Multiply every prompt and output length (default 1; " + fmt("%g", kCpuDefaultScale) + " on CPU; 0 = default)")

@@ -43,5 +43,19 @@ struct Workload {
 };
 
 Workload make_workload(const std::string& name, const WorkloadOptions& options);
+// The same generator on a spec built elsewhere (random_workload_spec).
+Workload make_workload(const WorkloadSpec& spec, const WorkloadOptions& options);
+
+// vLLM's random dataset (`vllm bench throughput|serve --dataset-name random --random-input-len N --random-output-len
+// M --num-prompts K --random-range-ratio R`): K requests whose prompt lengths are uniform in [floor(N (1 - R)),
+// floor(N (1 + R))] and output lengths likewise, all sent at once; R in [0, 1). Named "random"; errors name the flag.
+WorkloadSpec random_workload_spec(int64_t input_len, int64_t output_len, int64_t num_prompts, double range_ratio);
+
+// A dataset of token-id prompts, one JSON object per line (JSONL; blank lines skipped):
+//   {"prompt_token_ids": [1, 2, 3], "output_len": 64}
+// "output_len" (or "max_tokens") is optional: default_output_len then. A text "prompt" is refused naming the line
+// (kb-nano has no tokenizer yet). Ids must lie in [0, vocab_size). options.num_requests > 0 keeps the first that
+// many lines; options.scale and max_model_len apply as in make_workload. Named "dataset".
+Workload load_dataset_workload(const std::string& path, int64_t default_output_len, const WorkloadOptions& options);
 
 }  // namespace kbn::engine

@@ -96,6 +96,20 @@ TEST(CliUsage, ZeroAndNegativeValuesRefused) {
   expect_usage_error("profile --launch-count 0", "--launch-count: expected an integer >= 1, got '0'");
 }
 
+TEST(CliUsage, VllmThroughputFlags) {
+  expect_usage_error("eval --range-ratio 1.5", "--range-ratio: expected a fraction in [0, 1), got '1.5'");
+  expect_usage_error("eval --input-len 0", "--input-len: expected an integer >= 1, got '0'");
+  expect_usage_error("eval --num-prompts 0", "--num-prompts: expected an integer >= 1, got '0'");
+  expect_usage_error("eval --workload balanced --input-len 64", "--workload excludes --input-len");
+  expect_usage_error("eval --dataset d.jsonl --input-len 64", "--input-len excludes --dataset");
+  if (kbn::test::kb_nano().empty()) return;
+  const auto r = kb_nano("eval --device cpu --input-len 12 --output-len 3 --num-prompts 4");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("workload random (4 requests, 12 prompt / 3 output tokens, range ratio 0"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("4 requests: prompt 12..12 (mean 12.0), output 3..3"), std::string::npos) << r.output;
+}
+
 TEST(CliUsage, DocumentedZeroDefaultsStillAccepted) {
   if (kbn::test::kb_nano().empty()) GTEST_SKIP() << "kb_nano is not built next to the tests";
   // The run stops at the (checked first) output path, after the command line was accepted.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -538,6 +539,80 @@ TEST(EngineSampler, FiltersAndDeterminism) {
 }
 
 // ---- workloads and metrics ----
+
+// vLLM's random workload: lengths within [floor(len (1 - r)), floor(len (1 + r))], exact at r = 0, the count given.
+TEST(EngineWorkloads, RandomWorkloadFromVllmFlags) {
+  WorkloadOptions o;
+  o.seed = 3;
+  o.vocab_size = 500;
+  o.max_model_len = 4096;
+  const WorkloadSpec exact = random_workload_spec(256, 32, 10, 0.0);
+  EXPECT_EQ(exact.name, "random");
+  const Workload a = make_workload(exact, o);
+  ASSERT_EQ(a.requests.size(), 10u);
+  for (const Request& r : a.requests) {
+    EXPECT_EQ(r.prompt.size(), 256u);
+    EXPECT_EQ(r.sampling.max_tokens, 32);
+  }
+  const WorkloadSpec ranged = random_workload_spec(100, 40, 200, 0.5);
+  EXPECT_EQ(ranged.input_min, 50);
+  EXPECT_EQ(ranged.input_max, 150);
+  EXPECT_EQ(ranged.output_min, 20);
+  EXPECT_EQ(ranged.output_max, 60);
+  const Workload b = make_workload(ranged, o);
+  std::set<size_t> lens;
+  for (const Request& r : b.requests) {
+    EXPECT_GE(r.prompt.size(), 50u);
+    EXPECT_LE(r.prompt.size(), 150u);
+    lens.insert(r.prompt.size());
+  }
+  EXPECT_GT(lens.size(), 50u);  // spread over the range, not one length
+  EXPECT_THROW(random_workload_spec(0, 5, 1, 0), Error);
+  EXPECT_THROW(random_workload_spec(5, 5, 1, 1.0), Error);
+}
+
+// A JSONL dataset of token ids: per-line output lengths (output_len or max_tokens), the default otherwise, blank lines
+// skipped, clipping as the named workloads, and each malformed line refused naming its number.
+TEST(EngineWorkloads, DatasetOfTokenIds) {
+  const std::string path = ::testing::TempDir() + "kbn_dataset.jsonl";
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  WorkloadOptions o;
+  o.vocab_size = 100;
+  o.max_model_len = 12;
+  write("{\"prompt_token_ids\": [1, 2, 3], \"output_len\": 4}\n\n{\"prompt_token_ids\": [5], \"max_tokens\": 2}\n"
+        "{\"prompt_token_ids\": [9, 9, 9, 9, 9, 9, 9, 9, 9, 9]}\n");
+  const Workload w = load_dataset_workload(path, 6, o);
+  EXPECT_EQ(w.spec.name, "dataset");
+  ASSERT_EQ(w.requests.size(), 3u);
+  EXPECT_EQ(w.requests[0].prompt, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(w.requests[0].sampling.max_tokens, 4);
+  EXPECT_EQ(w.requests[1].sampling.max_tokens, 2);
+  EXPECT_EQ(w.requests[2].sampling.max_tokens, 6);  // the default
+  EXPECT_EQ(w.requests[2].prompt.size(), 6u);        // 10 + 6 > 12: the prompt is shortened
+  EXPECT_EQ(w.clipped, 1);
+  o.num_requests = 2;
+  EXPECT_EQ(load_dataset_workload(path, 6, o).requests.size(), 2u);
+  o.num_requests = 0;
+  auto error = [&](const std::string& text) {
+    write(text);
+    try {
+      load_dataset_workload(path, 6, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error("{\"prompt_token_ids\": [1]}\n{\"prompt\": \"hi\"}\n").find("line 2: a text 'prompt' needs a tokenizer"),
+            std::string::npos);
+  EXPECT_NE(error("{\"prompt_token_ids\": [100]}\n").find("token id 100 is outside the vocabulary [0, 100)"),
+            std::string::npos);
+  EXPECT_NE(error("not json\n").find("line 1: not valid JSON"), std::string::npos);
+  EXPECT_NE(error("{\"prompt_token_ids\": [1], \"output_len\": 0}\n").find("'output_len' must be an integer >= 1"),
+            std::string::npos);
+  EXPECT_NE(error("\n\n").find("holds no request"), std::string::npos);
+  EXPECT_NE(error("{\"prompt_token_ids\": []}\n").find("a non-empty array"), std::string::npos);
+  std::remove(path.c_str());
+}
 
 TEST(EngineWorkloads, SeededLengthsWithinSpecAndClipped) {
   WorkloadOptions o;
