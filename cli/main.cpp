@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   kbn::cli::add_eval_command(app);
   kbn::cli::add_profile_command(app);
   kbn::cli::add_report_command(app);
+  kbn::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -66,8 +67,9 @@ int main(int argc, char** argv) {
     return kbn::cli::kExitUsage;
   } catch (const kbn::Error& e) {
     std::fprintf(stderr, "kb_nano: error: %s\n", e.what());
-    // A refused flag value names the flag first (cli/args.h): a usage error. Anything else is a failed run.
-    const bool usage = dynamic_cast<const kbn::cli::UsageError*>(&e) || std::string(e.what()).rfind("--", 0) == 0;
+    // A refused flag value names the flag first ("--json: ...", "-p: ..."; cli/args.h): a usage error. Anything
+    // else is a failed run.
+    const bool usage = dynamic_cast<const kbn::cli::UsageError*>(&e) || std::string(e.what()).rfind("-", 0) == 0;
     return usage ? kbn::cli::kExitUsage : kbn::cli::kExitFailed;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kb_nano: error: %s\n", e.what());

@@ -9,6 +9,8 @@
 #include <iterator>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/args.h"
 #include "test_paths.h"
 #include "test_process.h"
@@ -108,6 +110,37 @@ TEST(CliUsage, VllmThroughputFlags) {
   EXPECT_NE(r.output.find("workload random (4 requests, 12 prompt / 3 output tokens, range ratio 0"),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("4 requests: prompt 12..12 (mean 12.0), output 3..3"), std::string::npos) << r.output;
+}
+
+// kb_nano bench: llama-bench's tests and output formats on the tiny model.
+TEST(CliUsage, BenchLikeLlamaBench) {
+  expect_usage_error("bench -p 5,x", "-p: expected comma-separated token counts >= 0, got '5,x'");
+  expect_usage_error("bench -p 0 -n 0", "-p and -n: every length is 0, so there is no test to run");
+  expect_usage_error("bench -r 0", "--repetitions: expected an integer >= 1, got '0'");
+  expect_usage_error("bench -o xml", "--output: expected md, csv or json, got 'xml'");
+  expect_usage_error("bench --device cpu -p 5000", "-p/-n: a test needs 5001 positions, beyond tiny-llama's 2048");
+  if (kbn::test::kb_nano().empty()) return;
+  const auto j = kb_nano("bench --device cpu -p 16,32 -n 4 -r 2 -o json");
+  ASSERT_EQ(j.code, 0) << j.output;
+  const nlohmann::json d = nlohmann::json::parse(j.output.substr(j.output.find('{')));
+  ASSERT_EQ(d["tests"].size(), 3u) << j.output;
+  EXPECT_EQ(d["tests"][0]["test"], "pp16");
+  EXPECT_EQ(d["tests"][1]["n_prompt"], 32);
+  EXPECT_EQ(d["tests"][2]["test"], "tg4");
+  EXPECT_EQ(d["tests"][2]["n_gen"], 4);
+  for (const auto& t : d["tests"]) {
+    EXPECT_EQ(t["samples_ts"].size(), 2u);
+    EXPECT_GT(t["avg_ts"].get<double>(), 0);
+  }
+  EXPECT_EQ(d["model_n_params"], 164160);  // tiny-llama
+  const auto md = kb_nano("bench --device cpu -p 8 -n 0 -r 1");
+  EXPECT_NE(md.output.find("| model | size | params | backend | test | t/s |"), std::string::npos) << md.output;
+  EXPECT_NE(md.output.find("| CPU kb-nano baseline eager | pp8 | "), std::string::npos) << md.output;
+  const auto csv = kb_nano("bench --device cpu -p 0 -n 3 -r 1 -o csv");
+  EXPECT_NE(csv.output.find("model,size_bytes,n_params,backend,test,n_prompt,n_gen,avg_ts,stddev_ts,commit\n"
+                            "tiny-llama,656640,164160,CPU kb-nano baseline eager,tg3,0,3,"),
+            std::string::npos)
+      << csv.output;
 }
 
 TEST(CliUsage, DocumentedZeroDefaultsStillAccepted) {
