@@ -22,17 +22,10 @@ struct OpCase {
 };
 inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.model << " " << c.op; }
 
-// The view the contract runs a model at: its L4's (bench::model_view, with the features the L4 declares) or, for a
-// config whose architecture no registered L4 serves yet, ModelView::from the config itself (the text model's
-// `text_config` where the checkpoint nests it, as Gemma-3's does), without features.
-inline ModelView contract_view(const engine::ModelSpec& spec) {
-  const auto archs = spec.config.architectures();
-  for (const auto& e : registry(Variant::baseline).entries())
-    for (const auto& a : e.architectures)
-      if (!archs.empty() && a == archs.front()) return bench::model_view(spec.name, spec.config, 1);
-  const ModelConfig text = spec.config.has("text_config") ? spec.config.sub("text_config") : spec.config;
-  return ModelView::from(spec.name, std::make_shared<const ModelConfig>(text), 1);
-}
+// The view the contract runs a model at: bench::model_view's (the features its L4 declares; none for a config whose
+// architecture no registered L4 serves yet; the text model's `text_config` where the checkpoint nests it, as
+// Gemma-3's does).
+inline ModelView contract_view(const engine::ModelSpec& spec) { return bench::model_view(spec.name, spec.config, 1); }
 
 // L1 ops that exist ahead of their model's L4 (issue 17: gpt-oss-20b and Gemma-3-12B), each with the real config
 // whose shapes it runs at. No tiny model reaches them until those L4s land (then op_cases_of does, and the entries

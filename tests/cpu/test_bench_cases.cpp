@@ -252,3 +252,18 @@ TEST(BenchCases, AttentionAdapterPassesSinksAndWindow) {
   reference::paged_attention_decode(no_sinks, in[0], in[1], in[2], in[3], in[4], args.get("scale"), {5, 0.0});
   EXPECT_NE(ours.to_floats(), no_sinks.to_floats());
 }
+
+// Gemma-3-12B's published config nests the language model in text_config: the view reads the shapes there (head_dim
+// 256, 1024-token windows). (This copy of the config names no architectures, so the view names none.)
+TEST(BenchCases, GemmaTextConfigIsTheLanguageModelsView) {
+  const ModelView m = view_of("gemma-3-12b-it");
+  EXPECT_EQ(m.architecture, "");
+  EXPECT_EQ(m.hidden_size, 3840);
+  ASSERT_TRUE(m.attention);
+  EXPECT_EQ(m.attention->head_dim, 256);
+  EXPECT_EQ(m.attention->sliding_window, 1024);
+  EXPECT_FALSE(m.attention->sinks);
+  const auto pre = op_cases("flash_attn_prefill", 1, {4096}, "gemma-3-12b-it");
+  ASSERT_EQ(pre.size(), 2u);
+  EXPECT_EQ(pre[1].label, "seqs=1x4096 heads=16 kv=8 D=256 window=1024");
+}
