@@ -75,19 +75,43 @@ void BlockManager::free(Sequence& seq) {
   // never-registered block handed out (keeps reuse local).
   for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) {
     const int32_t b = *it;
+    if (b == kReleasedBlock) continue;  // already back in the pool (release_outside_window)
     KBN_CHECK(b >= 0 && b < num_blocks() && blocks_[size_t(b)].ref > 0, "BlockManager: sequence ", seq.id,
               " releases block ", b, " that no sequence holds");
-    Block& blk = blocks_[size_t(b)];
-    if (--blk.ref > 0) continue;
-    if (blk.registered) {
-      blk.lru = evictable_.insert(evictable_.end(), b);
-    } else {
-      free_.push_back(b);
-    }
+    release_block(b);
   }
   seq.block_table.clear();
   seq.num_hashed_blocks = 0;
   seq.block_hash = 0;
+}
+
+void BlockManager::release_block(int32_t b) {
+  Block& blk = blocks_[size_t(b)];
+  if (--blk.ref > 0) return;
+  if (blk.registered) {
+    blk.lru = evictable_.insert(evictable_.end(), b);
+  } else {
+    free_.push_back(b);
+  }
+}
+
+int64_t BlockManager::release_outside_window(Sequence& seq, int64_t window) {
+  KBN_CHECK(window > 0, "BlockManager: release_outside_window needs a window >= 1, got ", window);
+  // Blocks [0, n) hold only keys before seq.num_computed_tokens - window + 1.
+  const int64_t first_visible = seq.num_computed_tokens - window + 1;
+  const int64_t n = std::min<int64_t>(first_visible > 0 ? first_visible / block_size_ : 0,
+                                      int64_t(seq.block_table.size()));
+  int64_t released = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t b = seq.block_table[size_t(i)];
+    if (b == kReleasedBlock) continue;
+    KBN_CHECK(b >= 0 && b < num_blocks() && blocks_[size_t(b)].ref > 0, "BlockManager: sequence ", seq.id,
+              " releases block ", b, " that no sequence holds");
+    release_block(b);
+    seq.block_table[size_t(i)] = kReleasedBlock;
+    ++released;
+  }
+  return released;
 }
 
 uint64_t BlockManager::hash_block(const Sequence& seq, int64_t index, uint64_t parent,
@@ -149,6 +173,11 @@ void BlockManager::cache_full_blocks(Sequence& seq) {
     std::vector<int64_t> tokens;
     const uint64_t h = hash_block(seq, i, seq.block_hash, &tokens);
     const int32_t b = seq.block_table[size_t(i)];
+    if (b == kReleasedBlock) {  // released before it was registered: the chain still advances
+      seq.block_hash = h;
+      seq.num_hashed_blocks = i + 1;
+      continue;
+    }
     Block& blk = blocks_[size_t(b)];
     // A block with the same hash already registered (the same prefix computed twice, or a collision) keeps its
     // place; this one stays an ordinary block and returns to the free list when released.
@@ -164,7 +193,7 @@ void BlockManager::cache_full_blocks(Sequence& seq) {
   }
 }
 
-void BlockManager::check_invariants(const std::vector<const Sequence*>& holders) const {
+void BlockManager::check_invariants(const std::vector<const Sequence*>& holders, int64_t window) const {
   std::vector<int> where(size_t(num_blocks()), 0);  // 1 = free list, 2 = evictable list
   for (int32_t b : free_) {
     KBN_CHECK(b >= 0 && b < num_blocks(), "BlockManager invariant: free list holds block ", b, " outside [0, ",
@@ -195,8 +224,20 @@ void BlockManager::check_invariants(const std::vector<const Sequence*>& holders)
     KBN_CHECK(int64_t(s->block_table.size()) >= blocks_for(s->num_computed_tokens), "BlockManager invariant: sequence ",
               s->id, " has ", s->num_computed_tokens, " computed tokens but only ", s->block_table.size(), " blocks");
     std::set<int32_t> own;
+    bool leading = true;  // still in the leading run of released entries
     for (size_t i = 0; i < s->block_table.size(); ++i) {
       const int32_t b = s->block_table[i];
+      if (b == kReleasedBlock) {
+        KBN_CHECK(window > 0, "BlockManager invariant: sequence ", s->id, " has released block ", i,
+                  " but the cache has no sliding window");
+        KBN_CHECK(leading, "BlockManager invariant: sequence ", s->id, " has released block ", i,
+                  " after a held one (only a leading run is released)");
+        KBN_CHECK(int64_t(i + 1) * block_size_ <= s->num_computed_tokens - window + 1, "BlockManager invariant: "
+                  "sequence ", s->id, " released block ", i, ", which holds keys inside the window of its next token ",
+                  "(position ", s->num_computed_tokens, ", window ", window, ")");
+        continue;
+      }
+      leading = false;
       KBN_CHECK(b >= 0 && b < num_blocks(), "BlockManager invariant: sequence ", s->id, " holds block ", b,
                 " outside [0, ", num_blocks(), ")");
       KBN_CHECK(own.insert(b).second, "BlockManager invariant: sequence ", s->id, " lists block ", b, " twice");

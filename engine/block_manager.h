@@ -43,6 +43,16 @@ class BlockManager {
   // Releases every block of `seq` and clears its table (and its prefix-hash state).
   void free(Sequence& seq);
 
+  // Sliding-window attention (vLLM's SlidingWindowManager): when every attention layer that reads these blocks
+  // sees only the last `window` keys, the leading blocks of `seq` whose every slot lies before the window of the
+  // next token it computes (position num_computed_tokens: it sees keys num_computed_tokens - window + 1 on) are
+  // never read again; they go back to the pool (a cached block stays cached, and evictable once no sequence holds
+  // it) and their table entries become kReleasedBlock. The attention kernels never read a page before a window,
+  // so those entries are never dereferenced (the step's block tables may carry any id there). Call after
+  // cache_full_blocks, so that released blocks were registered first. Returns how many blocks were released.
+  static constexpr int32_t kReleasedBlock = -1;
+  int64_t release_outside_window(Sequence& seq, int64_t window);
+
   // Prefix caching. The leading full blocks of a sequence that holds no blocks whose KV is cached: at most
   // (num_tokens - 1) / block_size of them, so that the last token is always computed (a step samples from it).
   struct PrefixMatch {
@@ -63,7 +73,9 @@ class BlockManager {
   // a held block's reference count is the number of `holders` (the sequences that may hold blocks: waiting and
   // running ones) whose table lists it; a block listed by two holders is a registered block full of computed
   // tokens equal to each holder's tokens there; registrations point at their blocks; every block is accounted for.
-  void check_invariants(const std::vector<const Sequence*>& holders) const;
+  // With `window` > 0, a holder's table may start with kReleasedBlock entries, each wholly before the window of its
+  // next token (release_outside_window); with 0 none is allowed.
+  void check_invariants(const std::vector<const Sequence*>& holders, int64_t window = 0) const;
 
  private:
   struct Block {
@@ -79,6 +91,7 @@ class BlockManager {
   int32_t lookup(const Sequence& seq, int64_t index, uint64_t hash, uint64_t parent) const;
   int32_t take_free_block();
   void unregister(int32_t b);
+  void release_block(int32_t b);  // one holder fewer; the last one's release frees it, or makes it evictable
 
   int64_t block_size_;
   bool prefix_caching_;

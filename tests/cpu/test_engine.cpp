@@ -380,6 +380,90 @@ TEST(EngineScheduler, PrefixCachingNeverSharesAPartlyComputedBlock) {
   for (const Request& r : reqs) EXPECT_EQ(outputs.at(r.id), expected_fake_output(r, 50, cfg.max_model_len));
 }
 
+// Sliding windows: a sequence keeps only the blocks its next token's window reaches; the rest return to the pool
+// (a cached one stays cached, evictable), and a shared block stays held by its other holder.
+TEST(EngineBlockManager, SlidingWindowReleasesBlocksBeforeTheWindow) {
+  BlockManager bm(16, 4, /*prefix_caching=*/true);
+  std::vector<int64_t> prompt(20);
+  for (int64_t i = 0; i < 20; ++i) prompt[size_t(i)] = 100 + i;
+  Sequence a = computed_sequence(bm, 1, prompt, 20);  // 5 full blocks, registered
+  EXPECT_EQ(bm.release_outside_window(a, 6), 3);      // the next token (20) sees 15..20: blocks 0-2 end before 15
+  EXPECT_EQ(a.block_table[0], BlockManager::kReleasedBlock);
+  EXPECT_EQ(a.block_table[2], BlockManager::kReleasedBlock);
+  EXPECT_NE(a.block_table[3], BlockManager::kReleasedBlock);
+  bm.check_invariants({&a}, 6);
+  EXPECT_THROW(bm.check_invariants({&a}), Error);  // no window: released entries are an error
+  EXPECT_EQ(bm.release_outside_window(a, 6), 0);   // idempotent
+  EXPECT_EQ(bm.num_free_blocks(), 16 - 2);         // the 3 released are evictable (cached), so free to take
+  // A second sequence with the same prompt takes the cached blocks back; a's release does not disturb it.
+  Sequence b;
+  b.id = 2;
+  b.prompt = prompt;
+  bm.take_prefix(b, bm.match_prefix(b));
+  EXPECT_EQ(b.num_computed_tokens, 16);
+  bm.check_invariants({&a, &b}, 6);
+  // A window that covers everything releases nothing; a forged release inside the window is caught.
+  Sequence c = computed_sequence(bm, 3, {1, 2, 3, 4, 5, 6, 7, 8}, 8);
+  EXPECT_EQ(bm.release_outside_window(c, 100), 0);
+  const int32_t kept = c.block_table[1];
+  c.block_table[1] = BlockManager::kReleasedBlock;
+  EXPECT_THROW(bm.check_invariants({&a, &b, &c}, 6), Error);
+  c.block_table[1] = kept;
+  bm.free(a);
+  bm.free(b);
+  bm.free(c);
+  bm.check_invariants({}, 6);
+  EXPECT_EQ(bm.num_free_blocks(), 16);
+  EXPECT_THROW(bm.release_outside_window(c, 0), Error);
+}
+
+// Property: sequences growing chunk by chunk under a window keep at most the window's blocks (plus the partial ones
+// at both ends) and the invariants hold after every operation, with and without prefix caching.
+RC_GTEST_PROP(EngineBlockManager, SlidingWindowKeepsAWindowOfBlocks, ()) {
+  const int64_t block_size = *rc::gen::inRange<int64_t>(1, 9);
+  const int64_t window = *rc::gen::inRange<int64_t>(1, 40);
+  const bool prefix_caching = *rc::gen::arbitrary<bool>();
+  const int64_t n = *rc::gen::inRange<int64_t>(1, 6);
+  BlockManager bm(400, block_size, prefix_caching);
+  std::vector<Sequence> seqs(static_cast<size_t>(n));
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < n; ++i) {
+    seqs[size_t(i)].id = i;
+    const int64_t len = *rc::gen::inRange<int64_t>(1, 120);
+    lengths.push_back(len);
+    // Two prompt families, so prefix caching shares blocks between sequences.
+    for (int64_t t = 0; t < len; ++t) seqs[size_t(i)].prompt.push_back((i % 2) * 1000 + t);
+  }
+  auto holders = [&] {
+    std::vector<const Sequence*> h;
+    for (const auto& s : seqs) h.push_back(&s);
+    return h;
+  };
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int64_t i = 0; i < n; ++i) {
+      Sequence& s = seqs[size_t(i)];
+      if (s.num_computed_tokens >= lengths[size_t(i)]) continue;
+      const int64_t chunk = *rc::gen::inRange<int64_t>(1, 17);
+      const int64_t upto = std::min(lengths[size_t(i)], s.num_computed_tokens + chunk);
+      bm.allocate(s, upto);
+      s.num_computed_tokens = upto;
+      bm.cache_full_blocks(s);
+      bm.release_outside_window(s, window);
+      bm.check_invariants(holders(), window);
+      int64_t held = 0;
+      for (int32_t b : s.block_table) held += b != BlockManager::kReleasedBlock;
+      // Keys [upto - window + 1, upto) and the slot of token upto's block: at most window / block_size + 2 blocks.
+      RC_ASSERT(held <= window / block_size + 2);
+      progress = true;
+    }
+  }
+  for (auto& s : seqs) bm.free(s);
+  bm.check_invariants({}, window);
+  RC_ASSERT(bm.num_free_blocks() == 400);
+}
+
 RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, ()) {
   SchedulerConfig cfg;
   const int64_t block_size = *rc::gen::inRange<int64_t>(1, 9);
