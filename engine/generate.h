@@ -11,8 +11,9 @@
 namespace kbn::engine {
 
 // Allocates each layer's cache from its declaration: paged K/V, [num_blocks, block_size, num_kv_heads, head_size]
-// for K and for V. A kind the engine has no cache manager for yet (a sliding window, a latent cache, a recurrent
-// state) is refused naming the layer and what it declared.
+// for K and for V (a sliding-window layer's too, in full: the blocks before its window are not yet returned). A
+// kind the engine has no cache manager for yet (a latent cache, a recurrent state) is refused naming the layer and
+// what it declared.
 std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs, int64_t num_blocks,
                                         int64_t block_size, Device device);
 

@@ -98,17 +98,19 @@ std::vector<int64_t> ModelConfig::get_int_list(const std::string& key) const {
   return out;
 }
 
-std::vector<std::string> ModelConfig::architectures() const {
+std::vector<std::string> ModelConfig::get_string_list(const std::string& key) const {
   std::vector<std::string> out;
-  if (!has("architectures")) return out;
-  const auto& v = json_->j["architectures"];
-  KBN_CHECK(v.is_array(), "config ", source_, ": key 'architectures' must be a list of strings, got ", v.dump());
+  if (!has(key)) return out;
+  const auto& v = json_->j[key];
+  KBN_CHECK(v.is_array(), "config ", source_, ": key '", key, "' must be a list of strings, got ", v.dump());
   for (const auto& e : v) {
-    KBN_CHECK(e.is_string(), "config ", source_, ": key 'architectures' must be a list of strings, got ", v.dump());
+    KBN_CHECK(e.is_string(), "config ", source_, ": key '", key, "' must be a list of strings, got ", v.dump());
     out.push_back(e.get<std::string>());
   }
   return out;
 }
+
+std::vector<std::string> ModelConfig::architectures() const { return get_string_list("architectures"); }
 
 ModelConfig ModelConfig::sub(const std::string& key) const {
   KBN_CHECK(has(key), "config ", source_, ": missing key '", key, "'");

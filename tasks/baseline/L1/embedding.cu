@@ -1,6 +1,7 @@
 #include "L1/embedding.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -11,6 +12,7 @@
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -87,6 +89,13 @@ void launch_embedding(EmbeddingParams p, int64_t row_bytes, size_t esize, DType 
   KBN_CUDA_CHECK_LAUNCH();
 }
 
+// out[i] = round(out[i] * scale) over a contiguous [num_tokens, hidden] output, in place.
+template <class T>
+__global__ void __launch_bounds__(256) scale_kernel(T* out, int64_t n, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = from_f32<T>(to_f32(out[i]) * scale);
+}
+
 bool aligned16(const void* p, int64_t stride_elems, size_t esize) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride_elems * int64_t(esize)) % 16 == 0;
 }
@@ -159,6 +168,32 @@ Tensor Embedding::forward(const Tensor& input_ids, const Tensor& weight, int64_t
     launch_embedding<uint4>(p, row_bytes, es, input_ids.dtype(), current_stream());
   else
     launch_embedding<uint16_t>(p, row_bytes, es, input_ids.dtype(), current_stream());
+#endif
+  return out;
+}
+
+Tensor Embedding::forward(const Tensor& input_ids, const Tensor& weight, int64_t vocab_start, int64_t vocab_end,
+                          double scale) {
+  KBN_CHECK(std::isfinite(scale), "embedding: argument 'scale' must be finite, got ", scale);
+  Tensor out = forward(input_ids, weight, vocab_start, vocab_end);
+  // The scale as the weight's dtype holds it (sqrt(3840) = 61.97 is 62 in bf16).
+  const double s = Tensor::from_floats({float(scale)}, {1}, weight.dtype()).to_doubles()[0];
+  if (out.numel() == 0) return out;
+  if (out.is_cpu()) {
+    // A product of two values of the dtype is exact in double; rounding it once to the dtype is the dtype's multiply.
+    std::vector<float> v(size_t(out.numel()));
+    const std::vector<double> e = out.to_doubles();
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(e[i] * s);
+    return Tensor::from_floats(v, out.shape(), out.dtype());
+  }
+#ifdef KBN_WITH_CUDA
+  dispatch_float16_32(out.dtype(), "embedding", "weight", [&](auto t) {
+    using T = decltype(t);
+    const int64_t n = out.numel();
+    const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 4096));
+    scale_kernel<T><<<blocks, 256, 0, current_stream()>>>(static_cast<T*>(out.data_ptr()), n, float(s));
+    KBN_CUDA_CHECK_LAUNCH();
+  });
 #endif
   return out;
 }

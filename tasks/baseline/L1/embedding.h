@@ -12,6 +12,9 @@ class Embedding : public Module {
   // With vocab_start = 0 and vocab_end = weight rows (one rank), an id outside [0, vocab) is an error on CPU;
   // the CUDA kernel cannot raise, so it writes zeros for such ids (the engine validates ids on entry).
   Tensor forward(const Tensor& input_ids, const Tensor& weight, int64_t vocab_start, int64_t vocab_end);
+  // The rows times `scale` (Gemma's embedding normaliser sqrt(hidden_size)): the scale is rounded to the weight's
+  // dtype and each product to the dtype, as `embedding(ids) * normalizer.to(dtype)` computes it in PyTorch.
+  Tensor forward(const Tensor& input_ids, const Tensor& weight, int64_t vocab_start, int64_t vocab_end, double scale);
 };
 
 }  // namespace kbn::KBN_VARIANT

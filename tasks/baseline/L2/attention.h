@@ -6,6 +6,7 @@
 
 #include "L1/flash_attn_decode.h"
 #include "L1/flash_attn_prefill.h"
+#include "L1/rotary_embedding.h"
 #include "L1/store_kvcache.h"
 #include "kbn/cache_spec.h"
 #include "kbn/variant.h"
@@ -36,5 +37,25 @@ class Attention : public Module {
   FlashAttnPrefill prefill_;
   FlashAttnDecode decode_;
 };
+
+// The q/k path of the attention blocks with per-head q/k norms (Qwen3Attention, Gemma3Attention): q and k viewed per
+// head inside the fused qkv rows (no copy), each normalised into a new contiguous tensor, which rotary then rotates
+// in place and Attention reads as is; v stays a view of the qkv rows.
+struct NormedQKV {
+  Tensor q, k, v;  // q [T, heads * head_dim], k and v [T, kv_heads * head_dim]
+};
+
+// qkv: [T, (heads + 2 kv_heads) * head_dim] (any row stride); Norm: RMSNorm or GemmaRMSNorm over head_dim.
+template <class Norm>
+NormedQKV norm_rope_qkv(const Tensor& qkv, const Tensor& positions, int64_t heads, int64_t kv_heads,
+                        int64_t head_dim, Norm& q_norm, Norm& k_norm, RotaryEmbedding& rotary) {
+  const int64_t T = qkv.size(0), D = head_dim, q_size = heads * D, kv_size = kv_heads * D;
+  const Tensor q_heads = qkv.as_strided({T, heads, D}, {qkv.stride(0), D, 1}, qkv.offset());
+  const Tensor k_heads = qkv.as_strided({T, kv_heads, D}, {qkv.stride(0), D, 1}, qkv.offset() + q_size);
+  NormedQKV out{q_norm.forward(q_heads).view({T, q_size}), k_norm.forward(k_heads).view({T, kv_size}),
+                qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size)};
+  rotary.forward(positions, out.q, out.k);
+  return out;
+}
 
 }  // namespace kbn::KBN_VARIANT

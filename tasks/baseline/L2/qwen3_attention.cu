@@ -25,16 +25,8 @@ Qwen3Attention::Qwen3Attention(int64_t hidden_size, int64_t num_heads, int64_t n
 
 Tensor Qwen3Attention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
-  const int64_t T = qkv.size(0), D = head_dim_, q_size = num_heads_ * D, kv_size = num_kv_heads_ * D;
-  // q and k viewed per head inside the fused qkv rows (no copy); each norm writes a new contiguous tensor, which
-  // rotary then rotates in place and attention reads as is (no per-layer copy of q, unlike the Llama path).
-  const Tensor q_heads = qkv.as_strided({T, num_heads_, D}, {qkv.stride(0), D, 1}, qkv.offset());
-  const Tensor k_heads = qkv.as_strided({T, num_kv_heads_, D}, {qkv.stride(0), D, 1}, qkv.offset() + q_size);
-  Tensor q = q_norm.forward(q_heads).view({T, q_size});
-  Tensor k = k_norm.forward(k_heads).view({T, kv_size});
-  rotary_emb.forward(positions, q, k);
-  Tensor v = qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size);
-  Tensor attn_output = attn.forward(q, k, v);
+  const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb);
+  Tensor attn_output = attn.forward(x.q, x.k, x.v);
   auto [output, out_bias] = o_proj.forward(attn_output);
   return output;
 }

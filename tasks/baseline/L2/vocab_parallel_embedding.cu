@@ -51,6 +51,14 @@ Tensor VocabParallelEmbedding::forward(const Tensor& input_ids) {
   return out;
 }
 
+Tensor VocabParallelEmbedding::forward(const Tensor& input_ids, double scale) {
+  // Scaled before the all-reduce: the other ranks contribute exact zeros, so the sum is the one scaled row.
+  Tensor out = embedding_.forward(input_ids, weight.slice(0, 0, vocab_end_ - vocab_start_), vocab_start_, vocab_end_,
+                                  scale);
+  if (parallel_state().tp_size > 1) out = all_reduce_.forward(out);
+  return out;
+}
+
 ParallelLMHead::ParallelLMHead(int64_t num_embeddings, int64_t embedding_dim, bool bias, const ParamOptions& opts,
                                const std::string& prefix)
     : num_embeddings_(num_embeddings) {

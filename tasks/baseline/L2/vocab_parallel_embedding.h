@@ -17,6 +17,8 @@ class VocabParallelEmbedding : public Module {
 
   // input_ids: [num_tokens] (i32/i64) -> [num_tokens, embedding_dim]
   Tensor forward(const Tensor& input_ids);
+  // The rows times `scale` (rounded to the weight dtype, each product too): Gemma's sqrt(hidden_size) normaliser.
+  Tensor forward(const Tensor& input_ids, double scale);
 
   int64_t num_embeddings() const { return num_embeddings_; }
   int64_t vocab_start() const { return vocab_start_; }

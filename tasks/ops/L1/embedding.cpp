@@ -10,6 +10,8 @@ using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(Embedding, "L1/embedding.h");
 KBN_REQUIRE_METHOD(Embedding, Tensor, forward, (const Tensor&, const Tensor&, int64_t, int64_t), "L1/embedding.h");
+KBN_REQUIRE_METHOD(Embedding, Tensor, forward, (const Tensor&, const Tensor&, int64_t, int64_t, double),
+                   "L1/embedding.h");
 
 namespace {
 

@@ -14,6 +14,7 @@ KBN_REQUIRE_CLASS(VocabParallelEmbedding, "L2/vocab_parallel_embedding.h");
 KBN_REQUIRE_CTOR(VocabParallelEmbedding, "L2/vocab_parallel_embedding.h", int64_t, int64_t, const ParamOptions&,
                  const std::string&);
 KBN_REQUIRE_METHOD(VocabParallelEmbedding, Tensor, forward, (const Tensor&), "L2/vocab_parallel_embedding.h");
+KBN_REQUIRE_METHOD(VocabParallelEmbedding, Tensor, forward, (const Tensor&, double), "L2/vocab_parallel_embedding.h");
 KBN_REQUIRE_CLASS(ParallelLMHead, "L2/vocab_parallel_embedding.h");
 KBN_REQUIRE_CTOR(ParallelLMHead, "L2/vocab_parallel_embedding.h", int64_t, int64_t, bool, const ParamOptions&,
                  const std::string&);
