@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "bench/cases.h"
 #include "bench/ceilings.h"
 #include "cli/args.h"
 #include "cli/commands.h"
@@ -662,13 +661,8 @@ void run(const Options& o, bool max_num_seqs_given) {
       ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config), o.tp),
       int64_t(dtype_size(popts.dtype)));
   FloorSetup floor_setup;
-  const ModelView view = bench::model_view(spec.name, spec.config, o.tp);
   if (!device.is_cuda()) {
     floor_setup.unavailable = "CPU run: no GPU rates to take the floor at";
-  } else if (view.attention && view.attention->sliding_window > 0) {
-    // engine/serial_floor.h counts every cached key as read; a sliding layer reads only its window, so the floor
-    // would be too high (not a floor) for such a model.
-    floor_setup.unavailable = "sliding-window layers: the serial floor does not count windowed KV reads yet";
   } else if (popts.dtype != DType::bf16 && popts.dtype != DType::f16) {
     floor_setup.unavailable = std::string("--dtype ") + dtype_name(popts.dtype) +
                               ": the floor's GEMM rate is the measured bf16 tensor-core rate, which " +

@@ -57,6 +57,8 @@ void LLMEngine::for_each_rank(const std::function<void(int rank)>& fn) {
 
 void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, const std::vector<Device>& devices) {
   const EngineConfig& config = config_;
+  // The sliding window of the model's windowed layers, for the steps' serial-floor shapes.
+  for (const LayerCacheSpec& spec : models[0]->cache_specs()) window_ = std::max(window_, spec.sliding_window);
   KBN_CHECK(config.max_model_len >= 2, "engine: max_model_len must be >= 2, got ", config.max_model_len,
             " (set it, e.g. to the model config's max_position_embeddings)");
   KBN_CHECK(config.num_kv_blocks >= 0, "engine: num_kv_blocks must be >= 0 (0 = automatic), got ",
@@ -131,7 +133,7 @@ std::vector<RequestOutput> LLMEngine::step() {
   if (step_shapes_ || config_.profile_steps) {
     const double update_s = now() - t;
     // Host integers the scheduler already decided: no device work, a pass over the step's sequences.
-    const StepShape shape = step_shape(out);
+    const StepShape shape = step_shape(out, window_);
     if (step_shapes_) step_shapes_->push_back(shape);
     if (config_.profile_steps)
       profile_.record(runners_[0]->last_step_times(), out.num_tokens, shape.prefill_tokens, schedule_s, update_s);

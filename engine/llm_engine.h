@@ -118,6 +118,7 @@ class LLMEngine {
   std::unique_ptr<Scheduler> scheduler_;
   int64_t vocab_size_;
   int64_t steps_ = 0;
+  int64_t window_ = 0;  // the largest sliding window among the model's layers (0: none)
   StepProfile profile_;
   std::vector<StepShape>* step_shapes_ = nullptr;  // run_to_completion's result while it runs
 };

@@ -1,25 +1,34 @@
 #include "engine/serial_floor.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/scheduler.h"
+#include "kbn/op_case.h"
 #include "kbn/error.h"
 
 namespace kbn::engine {
 
-StepShape step_shape(const SchedulerOutput& out) {
+StepShape step_shape(const SchedulerOutput& out, int64_t window) {
+  KBN_CHECK(window >= 0, "serial floor: window must be >= 0, got ", window);
   StepShape s;
   s.tokens = out.num_tokens;
+  s.window = window;
   for (size_t i = 0; i < out.seqs.size(); ++i) {
     const ScheduledSequence& e = out.seqs[i];
     const int64_t c = e.num_computed_tokens, q = e.num_new_tokens;
+    // Keys the chunk's queries see under the window: from the first query's first key to the last query.
+    const int64_t in_window = window > 0 ? c + q - std::max<int64_t>(0, c - window + 1) : c + q;
     if (int64_t(i) < out.num_prefills) {
       s.prefill_tokens += q;
       s.prefill_context += c + q;
       s.prefill_pairs += q * c + q * (q + 1) / 2;
+      s.prefill_context_in_window += in_window;
+      s.prefill_pairs_in_window += cases::attention_pairs(q, c, window);
     } else {
       ++s.decodes;
       s.decode_context += c + q;
+      s.decode_context_in_window += in_window;
     }
     if (e.samples) ++s.logit_rows;
   }
@@ -39,6 +48,7 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
     heads_ = a.num_heads;
     head_dim_ = a.head_dim;
     kv_bytes_per_token_ = 2 * layers_ * a.num_kv_heads * a.head_dim * es_;
+    sliding_layers_ = a.sliding_window > 0 ? a.num_sliding_layers : 0;
   }
   if (view.moe) {
     const MoeShape& m = *view.moe;
@@ -80,11 +90,17 @@ StepWork FloorModel::work(const StepShape& s) const {
   }
   // Each rank looks up the rows of its vocabulary shard: T / tp of them for ids spread over the shards.
   w.embedding_bytes = T / double(tp_) * H * es;
-  const double per_pair = 4.0 * double(head_dim_) * double(heads_) * double(layers_);  // QK^T and PV, every layer
-  w.decode_kv_bytes = double(s.decode_context) * double(kv_bytes_per_token_);
-  w.decode_flops = per_pair * double(s.decode_context);
-  w.prefill_kv_bytes = double(s.prefill_context) * double(kv_bytes_per_token_);
-  w.prefill_flops = per_pair * double(s.prefill_pairs);
+  // QK^T and PV per (query, key) pair, and K and V bytes per key, of one layer; full layers see every key, sliding
+  // ones their window's (a step recorded without the window counts every key for them too: an upper bound).
+  const double pair = 4.0 * double(head_dim_) * double(heads_), kv = double(kv_bytes_per_token_) / double(layers_);
+  const double full = double(layers_ - sliding_layers_), sliding = double(sliding_layers_);
+  auto windowed = [&](int64_t all, int64_t in_window) {
+    return full * double(all) + sliding * double(s.window > 0 ? in_window : all);
+  };
+  w.decode_kv_bytes = kv * windowed(s.decode_context, s.decode_context_in_window);
+  w.decode_flops = pair * windowed(s.decode_context, s.decode_context_in_window);
+  w.prefill_kv_bytes = kv * windowed(s.prefill_context, s.prefill_context_in_window);
+  w.prefill_flops = pair * windowed(s.prefill_pairs, s.prefill_pairs_in_window);
   return w;
 }
 

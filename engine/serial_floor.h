@@ -14,7 +14,8 @@
 //   attention: KV bytes read / copy rate + attention FLOPs / bf16 GEMM rate. A decode reads its whole context's K
 //              and V in every layer; a prefill chunk reads its own context (cached tokens + the chunk). FLOPs are
 //              4 x head_dim x num_heads per (query, key) pair per layer: ctx pairs for a decode, q x c + q(q+1)/2
-//              for a chunk of q queries after c cached tokens (the causal half; c = 0 gives q(q+1)/2).
+//              for a chunk of q queries after c cached tokens (the causal half; c = 0 gives q(q+1)/2). A sliding
+//              layer (AttentionShape::num_sliding_layers of them) reads and pairs only the keys in its window.
 //
 // The step's floor is GEMMs + attention; the run's floor is the sum over its steps. Rates are bytes per second
 // as `kb_nano kernels` counts the copy ceiling (bench::Ceilings::copy_gb_per_s) and FLOPs per second of its bf16
@@ -40,10 +41,15 @@ struct StepShape {
   int64_t decode_context = 0;   // sum over decodes of their context (cached tokens + 1): keys read per layer
   int64_t prefill_context = 0;  // sum over prefill chunks of their context (cached tokens + chunk)
   int64_t prefill_pairs = 0;    // sum over prefill chunks of q x c + q(q+1)/2: causal (query, key) pairs
+  // The same three as a sliding-window layer of `window` keys reads and computes them (equal to the above without a
+  // window): a decode reads min(context, window) keys, a chunk the keys its queries' windows cover.
+  int64_t window = 0;
+  int64_t decode_context_in_window = 0, prefill_context_in_window = 0, prefill_pairs_in_window = 0;
 
   bool operator==(const StepShape&) const = default;
 };
-StepShape step_shape(const SchedulerOutput& out);
+// `window`: the model's sliding window (its sliding layers'), 0 without one.
+StepShape step_shape(const SchedulerOutput& out, int64_t window = 0);
 
 // Rates the floor is taken at, measured on the run's GPU.
 struct FloorRates {
@@ -85,6 +91,7 @@ class FloorModel {
   int64_t router_weights_ = 0;       // H x E per sparse layer, summed over layers
   int64_t sparse_layers_ = 0, experts_ = 0, top_k_ = 0, expert_weights_ = 0;  // expert_weights_: 3 x H x N
   int64_t heads_ = 0, head_dim_ = 0, kv_bytes_per_token_ = 0;
+  int64_t sliding_layers_ = 0;  // layers that read only their window (AttentionShape::num_sliding_layers)
 };
 
 // The ops the floor is attributed to, in this order: "linear", "fused_experts", "embedding", "flash_attn_decode",

@@ -92,6 +92,16 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
       a.sliding_window = c.get_int("sliding_window");
       KBN_CHECK(a.sliding_window > 0, "config ", c.source(), ": key 'sliding_window' must be positive (or null), got ",
                 a.sliding_window);
+      const std::vector<std::string> types = c.get_string_list("layer_types");
+      if (!types.empty()) {
+        a.num_sliding_layers = std::count(types.begin(), types.end(), std::string("sliding_attention"));
+      } else if (c.has("sliding_window_pattern")) {
+        const int64_t pattern = c.get_int("sliding_window_pattern");
+        KBN_CHECK(pattern > 0, "config ", c.source(), ": key 'sliding_window_pattern' must be positive, got ", pattern);
+        a.num_sliding_layers = m.num_layers - m.num_layers / pattern;
+      } else {
+        a.num_sliding_layers = m.num_layers;
+      }
     }
     a.logits_soft_cap = c.get_double("attn_logit_softcapping", 0.0);
     KBN_CHECK(a.logits_soft_cap >= 0, "config ", c.source(), ": key 'attn_logit_softcapping' must be >= 0 (or null), got ",

@@ -24,6 +24,8 @@ struct AttentionShape {
   // 'use_sliding_window' is false; 0: none), 'attn_logit_softcapping' (0: none), and a learned sink logit per
   // query head (the architectures that have one: gpt-oss).
   int64_t sliding_window = 0;
+  int64_t num_sliding_layers = 0;  // layers with that window: 'layer_types', else every 'sliding_window_pattern'-th
+                                   // layer is full, else all layers slide
   double logits_soft_cap = 0;
   bool sinks = false;
 };

@@ -279,3 +279,39 @@ TEST(SerialFloor, AgreesWithTheH200ResultsAccounts) {
   EXPECT_DOUBLE_EQ(m.weight_bytes(), 25497182208.0);
   EXPECT_NEAR((m.weight_bytes() + (32000 - 1) * 4096 * 2) / 1e9, 25.8, 0.05);
 }
+
+// Sliding windows: a step's shape also counts the keys each sequence's window covers, and a sliding layer reads and
+// pairs only those (Gemma-3's five sliding layers per full one; gpt-oss alternates).
+TEST(SerialFloor, SlidingLayersReadOnlyTheirWindow) {
+  SchedulerOutput out;
+  out.seqs = {{nullptr, 4, 6, true}, {nullptr, 0, 5, false}, {nullptr, 4, 1, true}};
+  out.num_prefills = 2;
+  out.num_tokens = 12;
+  const StepShape s = step_shape(out, 3);
+  EXPECT_EQ(s.window, 3);
+  EXPECT_EQ(s.prefill_context_in_window, (10 - 2) + 5);  // the first chunk's queries see keys 2..9
+  EXPECT_EQ(s.prefill_pairs_in_window, 6 * 3 + (1 + 2 + 3 + 3 + 3));
+  EXPECT_EQ(s.decode_context_in_window, 3);
+  EXPECT_EQ(step_shape(out).prefill_pairs_in_window, s.prefill_pairs);  // no window: every pair
+
+  // kDense with its first layer sliding (window 6), the second full: decode contexts 5, 10, 15 read 5 + 6 + 6 keys
+  // in the sliding layer and all 30 in the full one, 16 bytes of K and V per key and layer.
+  const std::string windowed = std::string(kDense).insert(1, R"("sliding_window": 6, "layer_types":
+    ["sliding_attention", "full_attention"], )");
+  const ModelView v = view_of(windowed);
+  EXPECT_EQ(v.attention->num_sliding_layers, 1);
+  const FloorModel m(v, 2);
+  SchedulerOutput dec;
+  dec.seqs = {{nullptr, 4, 1, true}, {nullptr, 9, 1, true}, {nullptr, 14, 1, true}};
+  dec.num_tokens = 3;
+  const StepWork w = m.work(step_shape(dec, 6));
+  EXPECT_DOUBLE_EQ(w.decode_kv_bytes, 16.0 * (30 + 17));
+  EXPECT_DOUBLE_EQ(w.decode_flops, 4.0 * 4 * 2 * (30 + 17));
+  EXPECT_DOUBLE_EQ(m.work(step_shape(dec)).decode_kv_bytes, 30 * 32);  // a shape recorded without the window
+
+  // Without layer_types: every sliding_window_pattern-th layer is full; with neither, every layer slides.
+  EXPECT_EQ(view_of(R"({"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 12, "vocab_size": 32,
+    "sliding_window": 6, "sliding_window_pattern": 6})").attention->num_sliding_layers, 10);
+  EXPECT_EQ(view_of(R"({"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 4, "vocab_size": 32,
+    "sliding_window": 6})").attention->num_sliding_layers, 4);
+}
