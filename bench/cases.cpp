@@ -14,13 +14,9 @@ namespace kbn::bench {
 ModelView model_view(const std::string& name, const ModelConfig& config, int64_t tp) {
   // A multimodal checkpoint (Gemma-3's Gemma3ForConditionalGeneration) nests its language model's shapes in
   // `text_config`: the ops see those, under the checkpoint's architecture.
-  const bool nested = config.has("text_config") && !config.has("hidden_size");
-  ModelView m = ModelView::from(name, std::make_shared<const ModelConfig>(nested ? config.sub("text_config") : config),
-                                tp);
-  if (nested) {
-    const auto archs = config.architectures();
-    m.architecture = archs.empty() ? "" : archs.front();
-  }
+  ModelView m = ModelView::from(name, std::make_shared<const ModelConfig>(config.language_model()), tp);
+  const auto archs = config.architectures();
+  m.architecture = archs.empty() ? "" : archs.front();
   // An architecture with no L4 model yet still has the shapes of its ops (gpt-oss's attention before its model):
   // its L1 ops are benchmarked, and model_ops below names the missing model.
   if (const OpEntry* l4 = registry(Variant::baseline).find_model_for(m.architecture)) m.features = l4->features;

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
+#include "engine/workloads.h"
 #include "kbn/device.h"
 #include "kbn/error.h"
 #include "kbn/format.h"
@@ -69,19 +70,6 @@ void summarise(TestResult& r) {
   r.stddev = r.samples.size() > 1 ? std::sqrt(ss / (n - 1)) : 0;
 }
 
-engine::Request make_request(int64_t prompt_len, int64_t max_tokens, int64_t vocab, uint64_t seed, int64_t id) {
-  engine::Request r;
-  r.id = id;
-  const uint64_t key = hash_seed(seed, ("bench.prompt." + std::to_string(id)).c_str());
-  for (int64_t j = 0; j < prompt_len; ++j) {
-    const Philox4x32 x = philox4x32_10(uint64_t(j), key);
-    r.prompt.push_back(int64_t(x.v[0] % uint64_t(vocab)));
-  }
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
-
 int run_bench(const Options& o) {
   const Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
   KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
@@ -123,8 +111,15 @@ int run_bench(const Options& o) {
 
   std::vector<TestResult> results;
   int64_t next_id = 0;
+  // One request of vLLM's random workload (exact lengths), its seed advanced per run so every prompt differs.
   auto run_one = [&](int64_t prompt_len, int64_t max_tokens) {
-    return eng.run_to_completion({make_request(prompt_len, max_tokens, vocab, o.seed, next_id++)}).outputs.at(0);
+    engine::WorkloadOptions wo;
+    wo.seed = hash_seed(o.seed, ("bench.run." + std::to_string(next_id)).c_str());
+    wo.vocab_size = vocab;
+    wo.max_model_len = longest;
+    engine::Workload w = engine::make_workload(engine::random_workload_spec(prompt_len, max_tokens, 1, 0), wo);
+    w.requests.at(0).id = next_id++;
+    return eng.run_to_completion(w.requests).outputs.at(0);
   };
   for (int64_t p : pp) {
     TestResult r{"pp" + std::to_string(p), p, {}, 0, 0};

@@ -561,12 +561,13 @@ void run(const Options& o, bool max_num_seqs_given) {
   const bool custom = random_flags || !o.dataset.empty();
   KBN_CHECK(o.num_prompts == 0 || o.num_requests == 0, "--num-prompts and --num-requests: give one (the same count)");
   const int64_t num_requests = o.num_prompts > 0 ? o.num_prompts : o.num_requests;
-  const engine::WorkloadSpec wspec_named = custom ? engine::WorkloadSpec{} : engine::workload_spec(o.workload);
-  const engine::WorkloadSpec random_spec =
-      random_flags ? engine::random_workload_spec(o.input_len > 0 ? o.input_len : 1024,
-                                                  o.output_len > 0 ? o.output_len : 128,
-                                                  num_requests > 0 ? num_requests : 1000, o.range_ratio)
-                   : engine::WorkloadSpec{};
+  // The generated workload's spec (a dataset's comes from its file).
+  const engine::WorkloadSpec requested =
+      random_flags    ? engine::random_workload_spec(o.input_len > 0 ? o.input_len : 1024,
+                                                     o.output_len > 0 ? o.output_len : 128,
+                                                     num_requests > 0 ? num_requests : 1000, o.range_ratio)
+      : o.dataset.empty() ? engine::workload_spec(o.workload)
+                          : engine::WorkloadSpec{};
   std::string shrunk;
   engine::WorkloadOptions wo;
   wo.seed = o.seed;
@@ -574,10 +575,9 @@ void run(const Options& o, bool max_num_seqs_given) {
   wo.max_model_len = max_model_len;
   wo.num_requests = num_requests;
   wo.scale = o.scale > 0 ? o.scale : 1.0;
-  const int64_t default_count = random_flags ? random_spec.num_requests : wspec_named.num_requests;
   if (device.is_cpu() && num_requests == 0 && o.dataset.empty()) {
-    wo.num_requests = std::min(kCpuDefaultRequests, default_count);
-    shrunk += " " + std::to_string(wo.num_requests) + " requests (not " + std::to_string(default_count) + ")";
+    wo.num_requests = std::min(kCpuDefaultRequests, requested.num_requests);
+    shrunk += " " + std::to_string(wo.num_requests) + " requests (not " + std::to_string(requested.num_requests) + ")";
   }
   if (device.is_cpu() && o.scale == 0 && !custom) {
     wo.scale = kCpuDefaultScale;
@@ -586,7 +586,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   const engine::Workload workload =
       !o.dataset.empty()
           ? engine::load_dataset_workload(o.dataset, o.output_len > 0 ? o.output_len : 128, wo)
-          : engine::make_workload(random_flags ? random_spec : wspec_named, wo);
+          : engine::make_workload(requested, wo);
   const engine::WorkloadSpec& wspec = workload.spec;
 
   engine::EngineConfig ecfg;

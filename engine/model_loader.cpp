@@ -6,7 +6,9 @@
 #include <climits>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
+#include "kbn/model_view.h"
 #include "kbn/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -75,19 +77,20 @@ DType default_dtype(const ModelSpec& spec, Device device) {
 namespace {
 
 // A config asking for an attention feature that the architecture's model does not apply would run as if the feature
-// were absent: silently wrong logits. The L4 entry declares what it applies ("sliding_window", "logits_soft_cap").
+// were absent: silently wrong logits. The L4 entry declares what it applies ("sliding_window", "logits_soft_cap");
+// ModelView reads what the config asks for (a window unless use_sliding_window is false, attn_logit_softcapping).
 void check_attention_features(const ModelSpec& spec, const OpEntry& entry) {
-  const ModelConfig& c = spec.config;
+  const ModelView view = ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config), 1);
+  if (!view.attention) return;
   auto declares = [&](const char* f) {
     return std::find(entry.features.begin(), entry.features.end(), f) != entry.features.end();
   };
-  if (c.has("sliding_window") && c.get_bool("use_sliding_window", true))
-    KBN_CHECK(declares("sliding_window"), "model config ", spec.config_path, ": 'sliding_window' is ",
-              c.get_int("sliding_window"), ", but kb-nano's ", entry.name,
-              " applies no sliding window (set it to null, or 'use_sliding_window' to false, for full attention)");
-  if (c.has("attn_logit_softcapping"))
-    KBN_CHECK(declares("logits_soft_cap"), "model config ", spec.config_path, ": 'attn_logit_softcapping' is ",
-              c.get_double("attn_logit_softcapping"), ", but kb-nano's ", entry.name, " applies no logit soft-capping");
+  KBN_CHECK(view.attention->sliding_window == 0 || declares("sliding_window"), "model config ", spec.config_path,
+            ": 'sliding_window' is ", view.attention->sliding_window, ", but kb-nano's ", entry.name,
+            " applies no sliding window (set it to null, or 'use_sliding_window' to false, for full attention)");
+  KBN_CHECK(view.attention->logits_soft_cap == 0 || declares("logits_soft_cap"), "model config ", spec.config_path,
+            ": 'attn_logit_softcapping' is ", view.attention->logits_soft_cap, ", but kb-nano's ", entry.name,
+            " applies no logit soft-capping");
 }
 
 }  // namespace

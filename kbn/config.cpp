@@ -112,6 +112,10 @@ std::vector<std::string> ModelConfig::get_string_list(const std::string& key) co
 
 std::vector<std::string> ModelConfig::architectures() const { return get_string_list("architectures"); }
 
+ModelConfig ModelConfig::language_model() const {
+  return has("text_config") && !has("hidden_size") ? sub("text_config") : *this;
+}
+
 ModelConfig ModelConfig::sub(const std::string& key) const {
   KBN_CHECK(has(key), "config ", source_, ": missing key '", key, "'");
   const auto& v = json_->j[key];

@@ -106,6 +106,8 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
     a.logits_soft_cap = c.get_double("attn_logit_softcapping", 0.0);
     KBN_CHECK(a.logits_soft_cap >= 0, "config ", c.source(), ": key 'attn_logit_softcapping' must be >= 0 (or null), got ",
               a.logits_soft_cap);
+    // NOTE: no config key says a model has sinks; the architecture does. This is the one model name outside its
+    // model's files, until gpt-oss's L4 lands and declares a feature for it (as Qwen3 declares "qk_norm").
     a.sinks = m.architecture == "GptOssForCausalLM";
     m.attention = a;
   }

@@ -16,7 +16,7 @@ RopeConfig rope_of_layer_type(const ModelConfig& params, const std::string& type
 }  // namespace
 
 Gemma3TextConfig Gemma3TextConfig::from(const ModelConfig& top) {
-  const ModelConfig c = top.has("text_config") && !top.has("hidden_size") ? top.sub("text_config") : top;
+  const ModelConfig c = top.language_model();
   Gemma3TextConfig g;
   auto positive = [&](const char* key) {
     const int64_t v = c.get_int(key);

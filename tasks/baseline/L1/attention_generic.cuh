@@ -9,6 +9,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "L1/attention_mma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #include "kbn/tensor.h"
@@ -70,17 +71,12 @@ inline GenericAttnParams generic_attention_params(const Tensor& q, const Tensor&
   return g;
 }
 
-// Sets the per-layer features (sliding window, soft cap, sinks) of a generic launch; returns the sinks as a
-// contiguous f32 tensor on the device, which the caller keeps until the launch is queued (the allocator is
-// stream-ordered), or an undefined tensor without sinks.
-inline Tensor set_generic_features(GenericAttnParams& g, int64_t sliding_window, double logits_soft_cap,
-                                   const Tensor* sinks) {
-  g.sliding_window = int(std::min<int64_t>(sliding_window, INT_MAX));  // a window past INT_MAX keys masks nothing
+// The per-layer features of a generic launch, from those of the tensor-core kernels (attn_features: the window
+// clamped to int, the sinks as f32 on the device); the generic kernel applies the soft cap to scaled scores itself.
+inline void set_generic_features(GenericAttnParams& g, const AttnFeatures& f, double logits_soft_cap) {
+  g.sliding_window = f.window;
   g.logits_soft_cap = float(logits_soft_cap);
-  if (!sinks) return Tensor();
-  Tensor s = sinks->to(DType::f32).contiguous();
-  g.sinks = s.data<float>();
-  return s;
+  g.sinks = f.sinks;
 }
 
 template <class T>

@@ -988,10 +988,12 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   check_last_dim_contiguous(block_tables, op, "block_tables");
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
+  Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
+  const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
   if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens, block_tables,
                                                    num_heads_, num_kv_heads_, head_size_, scale_);
-    const Tensor sinks_f32 = set_generic_features(g, sliding_window_, logits_soft_cap_, sinks);
+    set_generic_features(g, feat, logits_soft_cap_);
     launch_generic_attention(g, q.dtype(), num_seqs, num_heads_, op, current_stream());
     return out;
   }
@@ -1019,8 +1021,7 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   p.head_chunks = 1;  // set by the launch from the kernel's rows per block
   p.num_heads = int(num_heads_);
   p.scale_log2 = float(scale_ * 1.4426950408889634);
-  Tensor sinks_f32;
-  p.feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
+  p.feat = feat;
   // A window bounds the keys any sequence reads: the partitions are cut over that span, not max_seq_len.
   const int64_t max_keys = sliding_window_ > 0 ? std::min(max_seq_len, sliding_window_) : max_seq_len;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {

@@ -134,8 +134,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
     cp_async_16(smem_addr(q_smem + swizzle<kHeadDim>(r, c)), src, valid);
   }
 
-  // K and V tile `tile` into stage `stage`; keys at or past key_end and before key_begin (never visible, possibly
-  // unallocated or returned pages) are zero-filled so that masked probabilities multiply zeros, not garbage.
+  // K and V tile `tile` into stage `stage` (tiles start at key_begin); keys at or past key_end (never visible,
+  // possibly unallocated pages) are zero-filled so that masked probabilities multiply zeros, not garbage.
   auto load_kv = [&](int tile, int stage) {
     T* ks = k_smem + stage * kTileElems;
     T* vs = v_smem + stage * kTileElems;
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
       const int i = tid + j * kThreads;
       const int r = i / kChunks, c = i % kChunks;
       const int key = n0 + r;
-      const bool valid = key < key_end && key >= key_begin;
+      const bool valid = key < key_end;
       const T* k_src = k_head;
       const T* v_src = v_head;
       if (valid) {
@@ -910,10 +910,12 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   check_last_dim_contiguous(block_tables, op, "block_tables");
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
+  Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
+  const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
   if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
                                                    block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
-    const Tensor sinks_f32 = set_generic_features(g, sliding_window_, logits_soft_cap_, sinks);
+    set_generic_features(g, feat, logits_soft_cap_);
     launch_generic_attention(g, q.dtype(), num_tokens, num_heads_, op, current_stream());
     return out;
   }
@@ -940,8 +942,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   p.block_shift = (p.block_size & (p.block_size - 1)) == 0 ? __builtin_ctz(unsigned(p.block_size)) : -1;
   p.group_size = int(num_heads_ / num_kv_heads_);
   p.scale_log2 = float(scale_ * 1.4426950408889634);
-  Tensor sinks_f32;
-  p.feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
+  p.feat = feat;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     dispatch_head_size(head_size_, op, [&](auto d) {
       launch_flash_attn_prefill<decltype(t), decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,

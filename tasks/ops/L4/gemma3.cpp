@@ -1,5 +1,6 @@
 // gemma3_for_causal_lm: Gemma3ForCausalLM (tasks/baseline/L4/gemma3.h), serving HF "Gemma3ForCausalLM" (Gemma-3's
-// text models). Its features: "sliding_window" (its sliding layers apply the config's window).
+// text models). Its features: "sliding_window" (its sliding layers apply the config's window) and "logits_soft_cap"
+// (attention applies attn_logit_softcapping when a config sets it).
 #include "L4/gemma3.h"
 #include "ops/op.h"
 
@@ -30,7 +31,7 @@ KBN_REGISTER_OPS(r) {
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<Gemma3ForCausalLM>(c, o);
          },
-         .features = {"sliding_window"}});
+         .features = {"sliding_window", "logits_soft_cap"}});
 }
 
 }  // namespace kbn::KBN_VARIANT
