@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -309,6 +310,8 @@ void write_all(int fd, const void* data, size_t n) {
     const ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
+      // EPIPE: the worker closed its end (it is ending, or has ended) before reading what we sent.
+      if (errno == EPIPE) throw WireError{"it closed its input", false, true};
       throw WireError{std::string("write failed: ") + std::strerror(errno)};
     }
     p += w;
@@ -485,10 +488,13 @@ struct WorkerRunner::Process {
   }
 
   // The worker's end, waited for up to 10 s (a process stuck in the driver may take a while to go).
-  std::string reap() {
+  std::string reap() { return wait_for_end(1000).value_or("did not end within 10 s of being killed"); }
+
+  // The worker's end when it ends on its own within `polls` x 10 ms; nothing while it still runs.
+  std::optional<std::string> wait_for_end(int polls) {
     if (pid <= 0) return "was already gone";
     int status = 0;
-    for (int i = 0; i < 1000; ++i) {
+    for (int i = 0; i < polls; ++i) {
       const pid_t r = ::waitpid(pid, &status, WNOHANG);
       if (r == pid) {
         pid = -1;
@@ -500,7 +506,7 @@ struct WorkerRunner::Process {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    return "did not end within 10 s of being killed";
+    return std::nullopt;
   }
 };
 
@@ -596,7 +602,13 @@ static Exchange exchange(std::unique_ptr<WorkerRunner::Process>& p, std::string&
       how = "gave no answer to its '" + what + "' request within " + fmt("%.0f", timeout_s) +
             " s (--worker-timeout) and was killed; it " + p->reap();
     } else if (e.eof) {
-      how = "ended before answering its '" + what + "' request: it " + p->reap();
+      // A worker that closed the pipe normally exits at once; one still running after 2 s is killed.
+      if (auto end = p->wait_for_end(200)) {
+        how = "ended before answering its '" + what + "' request: it " + *end;
+      } else {
+        ::kill(p->pid, SIGKILL);
+        how = "closed the pipe without answering its '" + what + "' request and was killed; it " + p->reap();
+      }
     } else {
       ::kill(p->pid, SIGKILL);
       how = "broke the protocol on its '" + what + "' request (" + e.what + ") and was killed; it " + p->reap();

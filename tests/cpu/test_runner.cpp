@@ -134,6 +134,26 @@ TEST(Worker, ExitingBeforeAnsweringFailsWithTheExitStatus) {
   EXPECT_EQ(r.reason, why);
 }
 
+// A worker that closes its input first (the pipes are fds 200 and 201 in the worker): the parent's write meets EPIPE or its read meets the end, by timing; both
+// are the worker ending before it answered, with its exit status.
+TEST(Worker, ClosingTheInputAndExitingFailsWithTheExitStatus) {
+  auto w = shell_worker("exec 200<&-; sleep 0.2; exit 3", 20);
+  const std::string why = w.open(any_key(), Variant::candidate, 1, Device::cpu());
+  EXPECT_NE(why.find("ended before answering its 'open' request"), std::string::npos) << why;
+  EXPECT_NE(why.find("exited with status 3"), std::string::npos) << why;
+}
+
+// One that closes both pipes and goes on running is killed after a grace period, not waited for.
+TEST(Worker, ClosingThePipesAndRunningOnIsKilled) {
+  auto w = shell_worker("exec 200<&- 201>&-; sleep 60", 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string why = w.open(any_key(), Variant::candidate, 1, Device::cpu());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8)) << why;
+  EXPECT_NE(why.find("closed the pipe without answering its 'open' request and was killed"), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("signal 9"), std::string::npos) << why;
+}
+
 TEST(Worker, ACrashNamesTheSignal) {
   auto w = shell_worker("kill -SEGV $$", 20);
   const std::string why = w.open(any_key(), Variant::candidate, 1, Device::cpu());
