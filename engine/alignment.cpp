@@ -124,7 +124,7 @@ DivergenceSummary analyse_divergences(CausalLM& model, Device device, Variant va
     GenerateOptions opt;
     opt.max_new_tokens = 1;
     opt.return_last_logits = true;
-    const GenerateResult r = greedy_generate(model, batch, device, variant, opt);
+    const GenerateResult r = generate_tokens(model, batch, device, variant, opt);
     const Tensor logits = r.last_logits.contiguous();  // [batch, vocab] f32 on CPU
     KBN_CHECK(logits.dim() == 2 && logits.size(0) == int64_t(batch.size()) && logits.size(1) == vocab,
               "analyse_divergences: unexpected logits shape");

@@ -4,6 +4,7 @@
 
 #include "engine/clock.h"
 #include "engine/finite_check.h"
+#include "engine/sampler.h"
 #include "kbn/step_metadata.h"
 
 namespace kbn::engine {
@@ -32,10 +33,11 @@ Tensor to_device_i64(const std::vector<int64_t>& v, Device d) { return Tensor::f
 
 }  // namespace
 
-GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, Device device,
+GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, Device device,
                                Variant variant, const GenerateOptions& opt) {
   KBN_CHECK(!prompts.empty(), "generate: at least one prompt is needed");
   KBN_CHECK(opt.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", opt.max_new_tokens);
+  opt.sampling.validate();
   const int64_t vocab = model.vocab_size();
   for (size_t i = 0; i < prompts.size(); ++i) {
     KBN_CHECK(!prompts[i].empty(), "generate: prompt ", i, " is empty");
@@ -53,9 +55,20 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
   }
   std::vector<KVCache> caches = allocate_kv_caches(model.cache_specs(), total_blocks, bs, device);
 
-  std::unique_ptr<AnyOp> sampler = registry(variant).get("argmax").make(OpArgs{"argmax", {}, {}});
+  Sampler sampler(variant);
   GenerateResult res;
   res.tokens.resize(size_t(nseq));
+  // Row r of a step's logits belongs to prompt rows[r]; its output index is the number of tokens it has so far.
+  auto choose = [&](const Tensor& logits, const std::vector<int64_t>& rows) {
+    std::vector<const SamplingParams*> params(rows.size(), &opt.sampling);
+    std::vector<int64_t> index;
+    for (int64_t i : rows) index.push_back(int64_t(res.tokens[size_t(i)].size()));
+    const std::vector<int64_t> next = sampler.sample(logits, params, index);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      res.tokens[size_t(rows[r])].push_back(next[r]);
+      if (opt.on_token) opt.on_token(size_t(rows[r]), next[r]);
+    }
+  };
   std::vector<int64_t> lens(static_cast<size_t>(nseq));
 
   // ---- prefill: every prompt in one step ----
@@ -85,8 +98,9 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     Tensor last_logits = model.compute_logits(last);
     if (opt.check_finite) check_logits_finite(last_logits, hidden, md, caches, "prefill");
     if (opt.return_last_logits) res.last_logits = last_logits.to(Device::cpu());
-    std::vector<int64_t> next = sampler->call({last_logits})[0].to_ints();
-    for (int64_t i = 0; i < nseq; ++i) res.tokens[size_t(i)].push_back(next[size_t(i)]);
+    std::vector<int64_t> all(static_cast<size_t>(nseq));
+    for (int64_t i = 0; i < nseq; ++i) all[size_t(i)] = i;
+    choose(last_logits, all);
   }
   synchronize(device);
   double t1 = steady_seconds();
@@ -110,7 +124,6 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
       seqs.push_back({lens[size_t(i)], 1, &tables[size_t(i)], false});  // feeds the token at position lens[i]
       lens[size_t(i)]++;
     }
-    const int64_t n = int64_t(running.size());
     const StepLayout layout = build_step_layout(seqs, bs);
     const AttentionMetadata md = upload_step_metadata(layout, device);
     ForwardContextGuard guard({&md, &caches});
@@ -118,8 +131,7 @@ GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<in
     const Tensor logits = model.compute_logits(hidden);
     if (opt.check_finite)
       check_logits_finite(logits, hidden, md, caches, "decode step " + std::to_string(res.decode_steps + 1));
-    std::vector<int64_t> next = sampler->call({logits})[0].to_ints();
-    for (int64_t r = 0; r < n; ++r) res.tokens[size_t(running[size_t(r)])].push_back(next[size_t(r)]);
+    choose(logits, running);
     res.decode_steps++;
   }
   synchronize(device);

@@ -1,10 +1,12 @@
 #pragma once
-// Batched greedy generation over a paged KV cache: one prefill step for all prompts, then one decode step
-// per new token for the whole batch. The simplest correct driver of an L4 model; the continuous-batching
-// engine builds on the same metadata.
+// Batched generation over a paged KV cache: one prefill step for all prompts, then one decode step per new token
+// for the whole batch, greedy or sampled (engine/sampler.h). The simplest correct driver of an L4 model; the
+// continuous-batching engine builds on the same metadata.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "engine/sequence.h"
 #include "kbn/causal_lm.h"
 #include "kbn/registry.h"
 
@@ -24,6 +26,11 @@ struct GenerateOptions {
   bool return_prompt_logits = false;   // keep the logits of every prompt position
   bool return_last_logits = false;     // keep the logits of each prompt's last position (the first new token's)
   bool check_finite = false;           // every step's logits checked for NaN/Inf (engine/finite_check.h)
+  // How tokens are chosen (temperature 0: greedy, the default). Its seed is every prompt's: token j of each prompt's
+  // output draws Philox(counter = j, key = seed). Its max_tokens and eos fields are unused (the two above rule).
+  SamplingParams sampling;
+  // Called with (prompt index, token) for every new token as soon as its step is done, in order (for streaming).
+  std::function<void(size_t, int64_t)> on_token;
 };
 
 struct GenerateResult {
@@ -35,8 +42,8 @@ struct GenerateResult {
   int64_t decode_steps = 0;
 };
 
-// `variant` picks the sampler (argmax) implementation; the model itself was built from a variant already.
-GenerateResult greedy_generate(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, Device device,
+// `variant` picks the sampler's argmax implementation; the model itself was built from a variant already.
+GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts, Device device,
                                Variant variant, const GenerateOptions& options);
 
 }  // namespace kbn::engine

@@ -59,6 +59,13 @@ ModelSpec resolve_model(const std::string& name_or_path) {
                " nor a config/HF folder path; known models: ", known);
     }
     s.config_path = named.string();
+    const fs::path tok = fs::path(models_dir()) / "tokenizers" / (name_or_path + ".json");
+    if (fs::is_regular_file(tok)) s.tokenizer_path = tok.string();
+  }
+  if (s.tokenizer_path.empty()) {
+    const fs::path beside = fs::path(s.config_path).parent_path() / "tokenizer.json";
+    if (fs::is_regular_file(beside) && fs::path(s.config_path).filename() == "config.json")
+      s.tokenizer_path = beside.string();
   }
   s.config = ModelConfig::load(s.config_path);
   return s;

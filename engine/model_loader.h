@@ -16,6 +16,9 @@ struct ModelSpec {
   std::string name;          // "llama-3.1-8b-instruct", or the path given
   std::string config_path;   // the config.json read
   std::string weights_path;  // HF folder or .safetensors file; empty = random weights
+  // The model's tokenizer.json when it has one: a folder's own, the one beside a config.json path, or for a name
+  // from models/ the file models/tokenizers/<name>.json (the tiny models'); empty when none.
+  std::string tokenizer_path;
   ModelConfig config;
 };
 

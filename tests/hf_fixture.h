@@ -42,7 +42,7 @@ inline void check_against_hf(const std::string& name) {
   engine::GenerateOptions opt;
   opt.max_new_tokens = int64_t(fx.expected["prompts"][0]["greedy_ids"].size());
   opt.return_prompt_logits = true;
-  auto res = engine::greedy_generate(*model, prompts, Device::cpu(), Variant::baseline, opt);
+  auto res = engine::generate_tokens(*model, prompts, Device::cpu(), Variant::baseline, opt);
 
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto& p = fx.expected["prompts"][i];

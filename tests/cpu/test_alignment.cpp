@@ -64,7 +64,7 @@ class TinyLlamaDivergences : public ::testing::Test {
     prompts_ = {{5, 6, 7}, {100, 3, 9, 44}, {11, 12}, {7, 7, 7, 7, 7}, {42}};
     GenerateOptions opt;
     opt.max_new_tokens = 6;
-    base_ = greedy_generate(*model_, prompts_, Device::cpu(), Variant::baseline, opt).tokens;
+    base_ = generate_tokens(*model_, prompts_, Device::cpu(), Variant::baseline, opt).tokens;
   }
   // The logits the baseline gives the token after prompt i + the first p tokens of its output.
   std::vector<float> logits_at(size_t i, int64_t p) {
@@ -73,7 +73,7 @@ class TinyLlamaDivergences : public ::testing::Test {
     GenerateOptions opt;
     opt.max_new_tokens = 1;
     opt.return_last_logits = true;
-    return greedy_generate(*model_, {seq}, Device::cpu(), Variant::baseline, opt).last_logits.to_floats();
+    return generate_tokens(*model_, {seq}, Device::cpu(), Variant::baseline, opt).last_logits.to_floats();
   }
   std::unique_ptr<CausalLM> model_;
   Outputs prompts_, base_;

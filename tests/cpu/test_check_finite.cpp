@@ -38,7 +38,7 @@ std::string generate_error(const std::string& param) {
   opt.max_new_tokens = 3;
   opt.check_finite = true;
   return kbn::test::error_of(
-      [&] { greedy_generate(*model, {{5, 6, 7}, {100, 3, 9, 44}}, Device::cpu(), Variant::baseline, opt); });
+      [&] { generate_tokens(*model, {{5, 6, 7}, {100, 3, 9, 44}}, Device::cpu(), Variant::baseline, opt); });
 }
 
 }  // namespace
@@ -67,12 +67,12 @@ TEST(CheckFinite, OffByDefaultAndSilentOnFiniteRuns) {
   auto poisoned = tiny_with_nan_in("model.layers.0.mlp.down_proj.weight");
   GenerateOptions opt;
   opt.max_new_tokens = 3;
-  EXPECT_NO_THROW(greedy_generate(*poisoned, {{5, 6, 7}}, Device::cpu(), Variant::baseline, opt));
+  EXPECT_NO_THROW(generate_tokens(*poisoned, {{5, 6, 7}}, Device::cpu(), Variant::baseline, opt));
   // With it, a healthy model gives the same tokens as without.
   auto healthy = tiny_with_nan_in("");
-  const auto plain = greedy_generate(*healthy, {{5, 6, 7}}, Device::cpu(), Variant::baseline, opt).tokens;
+  const auto plain = generate_tokens(*healthy, {{5, 6, 7}}, Device::cpu(), Variant::baseline, opt).tokens;
   opt.check_finite = true;
-  EXPECT_EQ(greedy_generate(*healthy, {{5, 6, 7}}, Device::cpu(), Variant::baseline, opt).tokens, plain);
+  EXPECT_EQ(generate_tokens(*healthy, {{5, 6, 7}}, Device::cpu(), Variant::baseline, opt).tokens, plain);
 }
 
 TEST(CheckFinite, EngineStepNamesTheLayer) {

@@ -822,7 +822,7 @@ TEST(EngineLlama, BatchedEqualsOneAtATimeAndGreedyGenerate) {
     EXPECT_EQ(batched[i], run_tokens(*model, small_config(), {reqs[i]})[0]) << "request " << i;
     GenerateOptions g;
     g.max_new_tokens = 8;
-    EXPECT_EQ(batched[i], greedy_generate(*model, {reqs[i].prompt}, Device::cpu(), Variant::baseline, g).tokens[0])
+    EXPECT_EQ(batched[i], generate_tokens(*model, {reqs[i].prompt}, Device::cpu(), Variant::baseline, g).tokens[0])
         << "request " << i;
   }
 }

@@ -143,7 +143,7 @@ TEST(Gemma3Model, WindowedPrefillEqualsPrefixesAndChunks) {
   engine::GenerateOptions g;
   g.max_new_tokens = 1;
   g.return_prompt_logits = true;
-  const Tensor all = engine::greedy_generate(*model, {p}, Device::cpu(), Variant::baseline, g).prompt_logits.at(0);
+  const Tensor all = engine::generate_tokens(*model, {p}, Device::cpu(), Variant::baseline, g).prompt_logits.at(0);
   const std::vector<float> all_v = all.to_floats();
   const int64_t V = all.size(1);
   engine::GenerateOptions last;
@@ -152,7 +152,7 @@ TEST(Gemma3Model, WindowedPrefillEqualsPrefixesAndChunks) {
   for (int64_t n : {1, 7, 8, 9, 15, 20}) {
     const std::vector<int64_t> prefix(p.begin(), p.begin() + n);
     const std::vector<float> l =
-        engine::greedy_generate(*model, {prefix}, Device::cpu(), Variant::baseline, last).last_logits.to_floats();
+        engine::generate_tokens(*model, {prefix}, Device::cpu(), Variant::baseline, last).last_logits.to_floats();
     double max_diff = 0;
     for (int64_t v = 0; v < V; ++v) max_diff = std::max(max_diff, double(std::fabs(l[size_t(v)] - all_v[size_t((n - 1) * V + v)])));
     EXPECT_LT(max_diff, 1e-4) << "prefix " << n;
@@ -174,12 +174,12 @@ TEST(Gemma3Model, WindowedPrefillEqualsPrefixesAndChunks) {
   EXPECT_EQ(chunked.run_to_completion({r}).outputs.at(0).tokens, a);
   engine::GenerateOptions twelve;
   twelve.max_new_tokens = 12;
-  EXPECT_EQ(engine::greedy_generate(*model, {p}, Device::cpu(), Variant::baseline, twelve).tokens.at(0), a);
+  EXPECT_EQ(engine::generate_tokens(*model, {p}, Device::cpu(), Variant::baseline, twelve).tokens.at(0), a);
 
   // The same weights with a 64-token window: equal logits while the prompt fits in 8 tokens, different after.
   auto wide = build(edited(tiny_config(), [](nlohmann::json& j) { j["sliding_window"] = 64; }));
   const std::vector<float> wide_v =
-      engine::greedy_generate(*wide, {p}, Device::cpu(), Variant::baseline, g).prompt_logits.at(0).to_floats();
+      engine::generate_tokens(*wide, {p}, Device::cpu(), Variant::baseline, g).prompt_logits.at(0).to_floats();
   double early = 0, late = 0;
   for (int64_t v = 0; v < 8 * V; ++v) early = std::max(early, double(std::fabs(wide_v[size_t(v)] - all_v[size_t(v)])));
   for (int64_t v = 8 * V; v < 20 * V; ++v) late = std::max(late, double(std::fabs(wide_v[size_t(v)] - all_v[size_t(v)])));
@@ -220,6 +220,6 @@ TEST(Gemma3Model, LoadsHuggingFaceNames) {
   g.max_new_tokens = 1;
   g.return_last_logits = true;
   const std::vector<int64_t> p = prompt(12);
-  EXPECT_EQ(engine::greedy_generate(*fresh, {p}, Device::cpu(), Variant::baseline, g).last_logits.to_floats(),
-            engine::greedy_generate(*original, {p}, Device::cpu(), Variant::baseline, g).last_logits.to_floats());
+  EXPECT_EQ(engine::generate_tokens(*fresh, {p}, Device::cpu(), Variant::baseline, g).last_logits.to_floats(),
+            engine::generate_tokens(*original, {p}, Device::cpu(), Variant::baseline, g).last_logits.to_floats());
 }

@@ -36,9 +36,9 @@ TEST(LlamaGenerate, BatchedEqualsOneAtATime) {
   engine::GenerateOptions opt;
   opt.max_new_tokens = 6;
   opt.block_size = 4;  // sequences span several blocks
-  auto batched = engine::greedy_generate(*model, prompts, Device::cpu(), Variant::baseline, opt);
+  auto batched = engine::generate_tokens(*model, prompts, Device::cpu(), Variant::baseline, opt);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    auto single = engine::greedy_generate(*model, {prompts[i]}, Device::cpu(), Variant::baseline, opt);
+    auto single = engine::generate_tokens(*model, {prompts[i]}, Device::cpu(), Variant::baseline, opt);
     EXPECT_EQ(batched.tokens[i], single.tokens[0]) << "prompt " << i;
   }
 }
@@ -47,7 +47,7 @@ TEST(LlamaGenerate, RejectsTokenIdsOutsideVocabulary) {
   HfFixture fx = load_hf_fixture("tiny-llama");
   auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
   try {
-    engine::greedy_generate(*model, {{1, 512}}, Device::cpu(), Variant::baseline, {});
+    engine::generate_tokens(*model, {{1, 512}}, Device::cpu(), Variant::baseline, {});
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("512"), std::string::npos) << e.what();

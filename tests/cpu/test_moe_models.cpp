@@ -202,7 +202,7 @@ engine::GenerateResult generate(CausalLM& model, int64_t new_tokens = 8) {
   engine::GenerateOptions opt;
   opt.max_new_tokens = new_tokens;
   opt.return_prompt_logits = true;
-  return engine::greedy_generate(model, kPrompts, Device::cpu(), Variant::baseline, opt);
+  return engine::generate_tokens(model, kPrompts, Device::cpu(), Variant::baseline, opt);
 }
 
 const Tensor& param(const Module& m, const std::string& name) { return *m.parameter(name).tensor; }

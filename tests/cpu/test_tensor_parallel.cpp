@@ -124,7 +124,7 @@ void check_tp_against_hf(const std::string& name, int tp) {
   std::vector<engine::GenerateResult> res(static_cast<size_t>(tp));
   group.run([&](int rank) {
     auto model = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-    res[size_t(rank)] = engine::greedy_generate(*model, prompts, Device::cpu(), Variant::baseline, opt);
+    res[size_t(rank)] = engine::generate_tokens(*model, prompts, Device::cpu(), Variant::baseline, opt);
   });
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto& p = expected["prompts"][i];

@@ -51,7 +51,7 @@ TEST(LlamaGpu, TinyF32MatchesTransformers) {
     engine::GenerateOptions opt;
     opt.max_new_tokens = int64_t(hf.greedy[0].size());
     opt.return_prompt_logits = true;
-    auto res = engine::greedy_generate(*model, hf.prompts, Device::cuda(0), Variant::baseline, opt);
+    auto res = engine::generate_tokens(*model, hf.prompts, Device::cuda(0), Variant::baseline, opt);
     for (size_t i = 0; i < hf.prompts.size(); ++i) {
       // f32 GEMMs without TF32 and fp32 attention: ~1e-6 on logits of magnitude < 1.
       EXPECT_LT(max_abs_diff(res.prompt_logits[i], hf.logits[i]), 5e-5) << name << " prompt " << i;
@@ -68,7 +68,7 @@ TEST(LlamaGpu, TinyBf16CloseToF32) {
   engine::GenerateOptions opt;
   opt.max_new_tokens = 1;
   opt.return_prompt_logits = true;
-  auto res = engine::greedy_generate(*model, hf.prompts, Device::cuda(0), Variant::baseline, opt);
+  auto res = engine::generate_tokens(*model, hf.prompts, Device::cuda(0), Variant::baseline, opt);
   for (size_t i = 0; i < hf.prompts.size(); ++i) {
     // bf16 weights and activations (8 mantissa bits) on logits of magnitude < 1: a few 1e-3.
     EXPECT_LT(max_abs_diff(res.prompt_logits[i], hf.logits[i]), 2.5e-2) << "prompt " << i;
@@ -85,9 +85,9 @@ TEST(LlamaGpu, BatchedEqualsOneAtATime) {
       {128000, 791, 6864, 315}, {128000, 40, 1093, 311, 1456, 1618, 30}, {9906}};
   engine::GenerateOptions opt;
   opt.max_new_tokens = 12;
-  auto batched = engine::greedy_generate(*model, prompts, Device::cuda(0), Variant::baseline, opt);
+  auto batched = engine::generate_tokens(*model, prompts, Device::cuda(0), Variant::baseline, opt);
   for (size_t i = 0; i < prompts.size(); ++i) {
-    auto single = engine::greedy_generate(*model, {prompts[i]}, Device::cuda(0), Variant::baseline, opt);
+    auto single = engine::generate_tokens(*model, {prompts[i]}, Device::cuda(0), Variant::baseline, opt);
     EXPECT_EQ(batched.tokens[i], single.tokens[0]) << "prompt " << i;
   }
 }

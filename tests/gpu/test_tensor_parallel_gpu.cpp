@@ -59,13 +59,13 @@ TEST(NcclGroup, ShardedTinyLlamaMatchesOneGpu) {
   opt.return_prompt_logits = true;
   auto single = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cuda(0)}, 0);
   const engine::GenerateResult one =
-      engine::greedy_generate(*single, prompts, Device::cuda(0), Variant::baseline, opt);
+      engine::generate_tokens(*single, prompts, Device::cuda(0), Variant::baseline, opt);
 
   engine::TensorParallelGroup group(2, Device::cuda(0));
   std::vector<engine::GenerateResult> tp(2);
   group.run([&](int rank) {
     auto model = engine::build_model(spec, Variant::baseline, {DType::f32, group.device_of(rank)}, 0);
-    tp[size_t(rank)] = engine::greedy_generate(*model, prompts, group.device_of(rank), Variant::baseline, opt);
+    tp[size_t(rank)] = engine::generate_tokens(*model, prompts, group.device_of(rank), Variant::baseline, opt);
   });
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(tp[0].tokens[i], one.tokens[i]) << "prompt " << i;
