@@ -33,16 +33,7 @@ Tolerance tolerance_for(const OpEntry& entry, DType dtype) {
   return default_tolerance(dtype);
 }
 
-Tolerance default_tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::bf16:
-      return {1.6e-2, 1.6e-2, 0};
-    case DType::f16:
-      return {2e-3, 2e-3, 0};
-    default:
-      return {1e-4, 1e-4, 0};
-  }
-}
+Tolerance default_tolerance(DType dtype) { return dtype_tolerance(dtype); }
 
 const std::vector<std::string>& distributions() {
   static const std::vector<std::string> d = {"normal", "large", "outliers", "sparse"};

@@ -10,6 +10,17 @@
 
 namespace kbn {
 
+Tolerance dtype_tolerance(DType dtype) {
+  switch (dtype) {
+    case DType::bf16:
+      return {1.6e-2, 1.6e-2, 0};
+    case DType::f16:
+      return {2e-3, 2e-3, 0};
+    default:
+      return {1e-4, 1e-4, 0};
+  }
+}
+
 #ifdef KBN_WITH_CUDA
 namespace cuda {
 // Defined in kbn/compare_kernels.cu; both tensors contiguous, same dtype, on one CUDA device.

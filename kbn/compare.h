@@ -19,6 +19,10 @@ struct Tolerance {
   bool exact() const { return rtol == 0 && atol_rms == 0 && atol_abs == 0; }
 };
 
+// The validation tolerance of an output of `dtype` (about two ulps of it): bf16 1.6e-2, f16 2e-3, else 1e-4, as
+// rtol and atol_rms both. An op whose outputs need another declares it in its entry (OpEntry::tolerance).
+Tolerance dtype_tolerance(DType dtype);
+
 struct CompareStats {
   int64_t numel = 0;
   int64_t bad = 0;         // elements outside the tolerance (NaN in either counts as bad)

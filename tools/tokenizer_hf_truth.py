@@ -10,7 +10,12 @@ For each fixture folder (tests/fixtures/tokenizers/FAMILY, written by tools/toke
      (special tokens in text, code, whitespace runs, scripts, emoji): encode with and without special tokens, and
      decode with and without skipping them. Where transformers cannot convert a family's GGUF, the pruned
      tokenizer.json under `tokenizers` gives the truth instead, and hf_truth.json says so.
-Writes FAMILY/hf_truth.json; exits non-zero when step 1 fails or the two tokenizers of step 2 disagree.
+Writes FAMILY/hf_truth.json; exits non-zero when step 1 fails. Where the two tokenizers of step 2 disagree it prints
+the first texts: measured on transformers 5.17, its GGUF conversion matches the pruned files for qwen2 (all texts)
+and llama-spm (all, except that it adds no BOS), and not for llama-bpe (no BOS, and other ids for 12 of 23 texts,
+e.g. "\n\n" as two tokens where the published Llama-3 tokenizer, and tests.out, have one): it is not the published
+tokenizer there, so the pruned file under `tokenizers`, whose layout tests.out ties to the published one, stays
+the truth.
 
 Usage: tools/tokenizer_hf_truth.py --fixtures tests/fixtures/tokenizers --gguf-dir <llama.cpp>/models \
            [--gguf-py <llama.cpp>/gguf-py]
@@ -112,10 +117,14 @@ def main():
         with open(os.path.join(folder, "hf_truth.json"), "w", encoding="utf-8") as f:
             json.dump(out, f, ensure_ascii=False, indent=1)
             f.write("\n")
+        for i in disagree[:4]:
+            r = rows[i]
+            print(f"  {family} extra text {i} {r['text'][:60]!r}: pruned {r['ids_special'][:24]} full "
+                  f"{r['full_ids_special'][:24]}")
         print(f"{family}: corpus {len(corpus) - len(corpus_bad)}/{len(corpus)} match tests.out; full tokenizer "
               f"{'converted' if full is not None else 'unavailable (' + str(why)[:160] + ')'}; "
               f"extra texts where full and pruned disagree: {disagree}")
-        if corpus_bad or disagree:
+        if corpus_bad:
             failed.append(family)
     if failed:
         sys.exit(f"tokenizer_hf_truth: failed for {failed}")

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -251,5 +252,40 @@ TEST(Tokenizer, MetaspaceFirstAndByteFallback) {
   EXPECT_EQ(s.push(2), "");
   EXPECT_EQ(s.push(3), "é");
 }
+
+}  // namespace
+
+namespace {
+
+// Hugging Face `tokenizers` on each fixture's tokenizer.json, for the extra corpus (special tokens written in the
+// text, code, whitespace runs, scripts, emoji, combining marks): encode with and without the post-processor's
+// special tokens, decode with and without skipping them (hf_truth.json, made on the GPU machine by
+// tools/tokenizer_hf_truth.py). tests.out already ties each file's layout to the published tokenizer.
+class TokenizerHfTruth : public testing::TestWithParam<std::string> {};
+
+TEST_P(TokenizerHfTruth, EncodesAndDecodesTheExtraCorpusAsTokenizersDoes) {
+  const Tokenizer tok = Tokenizer::from_file(fixture(GetParam(), "tokenizer.json"));
+  const nlohmann::json truth = nlohmann::json::parse(read_file(fixture(GetParam(), "hf_truth.json")));
+  ASSERT_TRUE(truth.at("corpus_matches_tests_out").get<bool>());
+  const auto& rows = truth.at("texts");
+  ASSERT_GE(rows.size(), 20u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string text = rows[i].at("text").get<std::string>();
+    const auto ids = rows[i].at("ids").get<std::vector<int32_t>>();
+    const auto ids_special = rows[i].at("ids_special").get<std::vector<int32_t>>();
+    EXPECT_EQ(show(tok.encode(text, false)), show(ids)) << "text " << i;
+    EXPECT_EQ(show(tok.encode(text, true)), show(ids_special)) << "text " << i;
+    EXPECT_EQ(tok.decode(ids_special, false), rows[i].at("decode").get<std::string>()) << "text " << i;
+    EXPECT_EQ(tok.decode(ids_special, true), rows[i].at("decode_skip").get<std::string>()) << "text " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCppVocabularies, TokenizerHfTruth,
+                         testing::Values("llama-bpe", "qwen2", "llama-spm", "gemma4"), [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& ch : s)
+                             if (ch == '-') ch = '_';
+                           return s;
+                         });
 
 }  // namespace
