@@ -101,9 +101,9 @@ void run(const Options& o) {
   KBN_CHECK(o.prompts.empty() || !tok_path.empty(), "--prompt: text needs a tokenizer, and ", spec.name,
             " has none (no tokenizer.json in its folder): pass --tokenizer path/to/tokenizer.json, or token ids "
             "with --prompt-ids");
+  // Read only for text prompts: id prompts print ids (and need no tokenizer).
   std::optional<text::Tokenizer> tok;
-  if (!tok_path.empty() && !o.ids) tok.emplace(text::Tokenizer::from_file(tok_path));
-  if (!tok_path.empty() && o.ids && !o.prompts.empty()) tok.emplace(text::Tokenizer::from_file(tok_path));
+  if (!o.prompts.empty()) tok.emplace(text::Tokenizer::from_file(tok_path));
   const int64_t vocab = spec.config.language_model().get_int("vocab_size");
 
   std::vector<std::string> prompt_texts;  // what the model reads, as text (empty for id prompts)
@@ -177,7 +177,7 @@ void run(const Options& o) {
 
   // Text out: one prompt streams its completion as it is generated, after the prompt (echoed); several print
   // each prompt and completion when all are done. Special tokens are not printed (vLLM's skip_special_tokens).
-  const bool text_out = tok.has_value() && !o.ids;
+  const bool text_out = !o.prompts.empty() && !o.ids;
   int64_t unknown_ids = 0;
   std::vector<text::DecodeStream> streams;
   std::vector<std::string> completions(prompts.size());
