@@ -95,6 +95,9 @@ class LLMEngine {
   void add_request(const Request& request, double arrival_time);
   void add_request(const Request& request) { add_request(request, now()); }
   bool has_unfinished() const { return scheduler_->has_unfinished(); }
+  // Drops an unfinished request (its client went away): its KV blocks are freed at once. False when no unfinished
+  // request has that id. The engine is single-threaded: call it between steps, from the thread that steps.
+  bool abort_request(int64_t id) { return scheduler_->abort(id) != nullptr; }
   // One scheduled model step; returns the requests that finished in it.
   std::vector<RequestOutput> step();
   // Adds `requests` (all arriving now) and steps until every one has finished. `progress` is called after

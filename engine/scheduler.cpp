@@ -165,6 +165,20 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::update(const SchedulerOutput& 
   return finished;
 }
 
+std::unique_ptr<Sequence> Scheduler::abort(int64_t id) {
+  auto it = std::find_if(owned_.begin(), owned_.end(), [&](const auto& o) { return o->id == id; });
+  if (it == owned_.end()) return nullptr;
+  Sequence* s = it->get();
+  if (auto r = std::find(running_.begin(), running_.end(), s); r != running_.end()) running_.erase(r);
+  if (auto w = std::find(waiting_.begin(), waiting_.end(), s); w != waiting_.end()) waiting_.erase(w);
+  blocks_.free(*s);
+  s->status = SequenceStatus::finished;
+  s->finish_reason = FinishReason::aborted;
+  std::unique_ptr<Sequence> out = std::move(*it);
+  owned_.erase(it);
+  return out;
+}
+
 void Scheduler::check_invariants() const {
   KBN_CHECK(int64_t(running_.size()) <= config_.max_num_seqs, "scheduler invariant: ", running_.size(),
             " running sequences > max_num_seqs ", config_.max_num_seqs);

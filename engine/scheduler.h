@@ -72,6 +72,10 @@ class Scheduler {
   std::vector<std::unique_ptr<Sequence>> update(const SchedulerOutput& out, const std::vector<int64_t>& sampled,
                                                 double now);
 
+  // Drops the unfinished request `id` (waiting or running: its blocks are freed) and returns it, finish reason
+  // `aborted`; nullptr when no unfinished request has that id. Call between steps, not during one.
+  std::unique_ptr<Sequence> abort(int64_t id);
+
   // BlockManager::check_invariants over every sequence held here; also checks the running bound.
   void check_invariants() const;
 

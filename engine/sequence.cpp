@@ -24,6 +24,8 @@ const char* finish_reason_name(FinishReason r) {
       return "max_tokens";
     case FinishReason::max_model_len:
       return "max_model_len";
+    case FinishReason::aborted:
+      return "aborted";
   }
   KBN_FAIL("finish_reason_name: unknown FinishReason ", int(r));
 }

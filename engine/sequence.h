@@ -28,7 +28,7 @@ struct Request {
 };
 
 enum class SequenceStatus { waiting, running, finished };
-enum class FinishReason { none, eos, max_tokens, max_model_len };
+enum class FinishReason { none, eos, max_tokens, max_model_len, aborted };
 const char* finish_reason_name(FinishReason r);
 
 // One request's state. Its tokens are prompt + output; the KV of the first num_computed_tokens of them is in

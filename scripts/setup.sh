@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(cmake ninja-build g++ git nlohmann-json3-dev libcli11-dev libgtest-dev librapidcheck-dev libpcre2-dev libutf8proc-dev)
+pkgs=(cmake ninja-build g++ git nlohmann-json3-dev libcli11-dev libgtest-dev librapidcheck-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
