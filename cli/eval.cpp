@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -30,6 +32,8 @@
 #include "kbn/format.h"
 #include "kbn/model_view.h"
 #include "kbn/version.h"
+#include "cli/eval_url.h"
+#include "text/tokenizer.h"
 
 namespace kbn::cli {
 namespace {
@@ -69,6 +73,11 @@ struct Options {
   int64_t divergence_samples = 64;
   std::string json;
   std::string csv;
+  // --url: measure a running server instead of an engine here.
+  std::string tokenizer;  // for a --dataset's text prompts (default: the model's)
+  std::string url;
+  std::string request_rate = "inf";
+  int64_t max_concurrency = 0;
 };
 
 struct VariantRun {
@@ -487,6 +496,55 @@ engine::RunResult run_workload(engine::LLMEngine& eng, const std::vector<engine:
 struct BatchDefaults {
   int64_t max_num_batched_tokens = 8192, max_num_seqs = 256;
 };
+// The workload: a named one, vLLM's random one from its flags, or a dataset. Explicit lengths are never shrunk
+// on the CPU (only the request count is, when not given).
+struct BuiltWorkload {
+  engine::Workload workload;
+  engine::WorkloadOptions options;
+  std::string shrunk;   // what a CPU run left out, for the output
+  bool custom = false;  // vLLM's flags or a dataset rather than a named workload
+};
+
+BuiltWorkload build_workload(const Options& o, int64_t vocab_size, int64_t max_model_len, bool cpu,
+                             const std::string& tokenizer_path) {
+  BuiltWorkload b;
+  const bool random_flags = o.input_len > 0 || o.output_len > 0 || o.range_ratio > 0;
+  b.custom = random_flags || !o.dataset.empty();
+  KBN_CHECK(o.num_prompts == 0 || o.num_requests == 0, "--num-prompts and --num-requests: give one (the same count)");
+  const int64_t num_requests = o.num_prompts > 0 ? o.num_prompts : o.num_requests;
+  // The generated workload's spec (a dataset's comes from its file).
+  const engine::WorkloadSpec requested =
+      random_flags    ? engine::random_workload_spec(o.input_len > 0 ? o.input_len : 1024,
+                                                     o.output_len > 0 ? o.output_len : 128,
+                                                     num_requests > 0 ? num_requests : 1000, o.range_ratio)
+      : o.dataset.empty() ? engine::workload_spec(o.workload)
+                          : engine::WorkloadSpec{};
+  engine::WorkloadOptions& wo = b.options;
+  wo.seed = o.seed;
+  wo.vocab_size = vocab_size;
+  wo.max_model_len = max_model_len;
+  wo.num_requests = num_requests;
+  wo.scale = o.scale > 0 ? o.scale : 1.0;
+  if (cpu && num_requests == 0 && o.dataset.empty()) {
+    wo.num_requests = std::min(kCpuDefaultRequests, requested.num_requests);
+    b.shrunk += " " + std::to_string(wo.num_requests) + " requests (not " + std::to_string(requested.num_requests) + ")";
+  }
+  if (cpu && o.scale == 0 && !b.custom) {
+    wo.scale = kCpuDefaultScale;
+    b.shrunk += std::string(b.shrunk.empty() ? "" : ",") + " lengths x " + fmt("%g", kCpuDefaultScale);
+  }
+  if (!o.dataset.empty() && !tokenizer_path.empty()) {
+    auto tok = std::make_shared<text::Tokenizer>(text::Tokenizer::from_file(tokenizer_path));
+    wo.encode = [tok](const std::string& t) {
+      const std::vector<int32_t> ids = tok->encode(t, true);
+      return std::vector<int64_t>(ids.begin(), ids.end());
+    };
+  }
+  b.workload = !o.dataset.empty() ? engine::load_dataset_workload(o.dataset, o.output_len > 0 ? o.output_len : 128, wo)
+                                  : engine::make_workload(requested, wo);
+  return b;
+}
+
 BatchDefaults batch_defaults(Device device) {
   BatchDefaults b;
   if (!device.is_cuda()) return b;
@@ -500,7 +558,63 @@ BatchDefaults batch_defaults(Device device) {
   return b;
 }
 
+// eval --url: the workload sent to a running server (cli/eval_url.h). Flags that configure an engine here belong to
+// the server and are refused, not ignored.
+void run_url(const Options& o, bool max_num_seqs_given) {
+  check_output_file("--json", o.json);
+  check_output_file("--csv", o.csv);
+  const std::vector<std::pair<bool, const char*>> engine_flags = {
+      {!o.device.empty(), "--device"},         {!o.dtype.empty(), "--dtype"},
+      {!o.weights.empty(), "--weights"},       {!o.variant.empty(), "--variant"},
+      {o.tp != 1, "--tp"},                     {o.mode != "eager", "--mode"},
+      {max_num_seqs_given, "--max-num-seqs"},  {o.max_num_batched_tokens > 0, "--max-num-batched-tokens"},
+      {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
+      {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"}};
+  for (const auto& [given, flag] : engine_flags)
+    KBN_CHECK(!given, flag, ": with --url the engine is the server's (set it on kb_nano serve)");
+  double rate = 0;
+  if (o.request_rate != "inf") {
+    size_t used = 0;
+    try {
+      rate = std::stod(o.request_rate, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    KBN_CHECK(used == o.request_rate.size() && rate > 0 && std::isfinite(rate),
+              "--request-rate: expected requests per second > 0, or inf, got '", o.request_rate, "'");
+  }
+  KBN_CHECK(o.max_concurrency >= 0, "--max-concurrency: expected >= 1 (0 = no limit), got ", o.max_concurrency);
+  const ServerInfo info = query_server(o.url);
+  int64_t vocab = info.vocab_size, max_len = info.max_model_len;
+  if (vocab == 0 || max_len == 0) {
+    KBN_CHECK(!o.model.empty(), "--url: ", o.url, " does not say its model's vocab_size and max_model_len (not a "
+              "kb-nano server?): give --model with the served model's config");
+    const engine::ModelSpec spec = engine::resolve_model(o.model);
+    vocab = spec.config.language_model().get_int("vocab_size");
+    max_len = spec.config.language_model().get_int("max_position_embeddings");
+  }
+  if (o.max_model_len > 0) max_len = std::min(max_len, o.max_model_len);
+  std::string tok_path = o.tokenizer;
+  if (tok_path.empty() && !o.model.empty()) tok_path = engine::resolve_model(o.model).tokenizer_path;
+  const BuiltWorkload b = build_workload(o, vocab, max_len, false, tok_path);
+  UrlRunOptions u;
+  u.url = o.url;
+  while (!u.url.empty() && u.url.back() == '/') u.url.pop_back();
+  u.model = info.model;
+  u.request_rate = rate;
+  u.max_concurrency = o.max_concurrency;
+  u.seed = o.seed;
+  u.workload = b.workload.spec.name;
+  u.json = o.json;
+  u.csv = o.csv;
+  u.command = command_line();
+  std::printf("kb_nano eval --url %s: model '%s', %zu requests of workload %s\n", u.url.c_str(), u.model.c_str(),
+              b.workload.requests.size(), u.workload.c_str());
+  measure_server(u, b.workload.requests);
+}
+
 void run(const Options& o, bool max_num_seqs_given) {
+  if (!o.url.empty()) return run_url(o, max_num_seqs_given);
   // Output paths first: a typo must not cost a whole run.
   check_output_file("--json", o.json);
   check_output_file("--csv", o.csv);
@@ -555,38 +669,17 @@ void run(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(max_model_len >= 2 && max_model_len <= max_pos, "--max-model-len: expected 2..", max_pos,
             " (the model's max_position_embeddings), got ", max_model_len);
 
-  // The workload: a named one, vLLM's random one from its flags, or a dataset. Explicit lengths are never shrunk
-  // on the CPU (only the request count is, when not given).
-  const bool random_flags = o.input_len > 0 || o.output_len > 0 || o.range_ratio > 0;
-  const bool custom = random_flags || !o.dataset.empty();
-  KBN_CHECK(o.num_prompts == 0 || o.num_requests == 0, "--num-prompts and --num-requests: give one (the same count)");
-  const int64_t num_requests = o.num_prompts > 0 ? o.num_prompts : o.num_requests;
-  // The generated workload's spec (a dataset's comes from its file).
-  const engine::WorkloadSpec requested =
-      random_flags    ? engine::random_workload_spec(o.input_len > 0 ? o.input_len : 1024,
-                                                     o.output_len > 0 ? o.output_len : 128,
-                                                     num_requests > 0 ? num_requests : 1000, o.range_ratio)
-      : o.dataset.empty() ? engine::workload_spec(o.workload)
-                          : engine::WorkloadSpec{};
-  std::string shrunk;
-  engine::WorkloadOptions wo;
-  wo.seed = o.seed;
-  wo.vocab_size = spec.config.get_int("vocab_size");
-  wo.max_model_len = max_model_len;
-  wo.num_requests = num_requests;
-  wo.scale = o.scale > 0 ? o.scale : 1.0;
-  if (device.is_cpu() && num_requests == 0 && o.dataset.empty()) {
-    wo.num_requests = std::min(kCpuDefaultRequests, requested.num_requests);
-    shrunk += " " + std::to_string(wo.num_requests) + " requests (not " + std::to_string(requested.num_requests) + ")";
-  }
-  if (device.is_cpu() && o.scale == 0 && !custom) {
-    wo.scale = kCpuDefaultScale;
-    shrunk += std::string(shrunk.empty() ? "" : ",") + " lengths x " + fmt("%g", kCpuDefaultScale);
-  }
-  const engine::Workload workload =
-      !o.dataset.empty()
-          ? engine::load_dataset_workload(o.dataset, o.output_len > 0 ? o.output_len : 128, wo)
-          : engine::make_workload(requested, wo);
+  std::string tok_path = o.tokenizer;
+  if (tok_path.empty() && !o.weights.empty() &&
+      std::filesystem::is_regular_file(std::filesystem::path(o.weights) / "tokenizer.json"))
+    tok_path = (std::filesystem::path(o.weights) / "tokenizer.json").string();
+  if (tok_path.empty()) tok_path = spec.tokenizer_path;
+  const BuiltWorkload built =
+      build_workload(o, spec.config.get_int("vocab_size"), max_model_len, device.is_cpu(), tok_path);
+  const engine::Workload& workload = built.workload;
+  const engine::WorkloadOptions& wo = built.options;
+  const std::string& shrunk = built.shrunk;
+  const bool custom = built.custom;
   const engine::WorkloadSpec& wspec = workload.spec;
 
   engine::EngineConfig ecfg;
@@ -911,8 +1004,10 @@ void add_eval_command(CLI::App& app) {
                           ->check(fraction_below_one());
   auto* dataset = cmd->add_option("--dataset", o->dataset,
                                   "A JSONL file of requests instead of --workload, one per line: "
-                                  "{\"prompt_token_ids\": [...], \"output_len\": N} (output_len optional: "
-                                  "--output-len); text prompts need a tokenizer kb-nano does not have yet");
+                                  "{\"prompt_token_ids\": [...], \"output_len\": N} or {\"prompt\": \"text\", ...} "
+                                  "(output_len optional: --output-len; text is encoded with the model's tokenizer)");
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "A Hugging Face tokenizer.json for a --dataset's text prompts (default: the model's own)");
   dataset->excludes(input_len)->excludes(range_ratio);
   workload->excludes(input_len)->excludes(range_ratio)->excludes(dataset)->excludes(output_len);
   cmd->add_option(
@@ -922,6 +1017,13 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--json", o->json,
                   "Write metrics per variant (with the serial floor on a GPU), alignment, config and provenance to "
                   "this file");
+  cmd->add_option("--url", o->url,
+                  "Measure a running OpenAI-compatible server (kb_nano serve) at this http://host:port instead of an "
+                  "engine here, as vllm bench serve does: streamed /v1/completions, TTFT/TPOT/ITL/E2EL percentiles");
+  cmd->add_option("--request-rate", o->request_rate,
+                  "With --url: Poisson arrivals at this many requests per second (default inf: all at once)");
+  cmd->add_option("--max-concurrency", o->max_concurrency, "With --url: requests in flight at most (default: no limit)")
+      ->check(integer_at_least(0));
   cmd->add_option("--csv", o->csv,
                   "Write one line per variant as CSV (throughput, latency percentiles in ms, serial floor) to this file");
   cmd->add_flag("--step-profile", o->step_profile,

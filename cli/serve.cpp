@@ -441,10 +441,18 @@ Parsed parse_request(const std::string& body, bool chat, Served& sv) {
 // Text of one request as its tokens arrive: held back while a character is unfinished or the tail could still be
 // the start of a stop string; a stop string ends the text before it.
 class TextOut {
+  // The prompt as context for the decoder: ids the tokenizer lacks (a token-id prompt may hold a padded
+  // vocabulary's) have no text and are left out.
+  static std::vector<int32_t> known_ids(const text::Tokenizer& tok, const std::vector<int64_t>& ids) {
+    std::vector<int32_t> out;
+    for (int64_t id : ids)
+      if (tok.id_to_token(int32_t(id))) out.push_back(int32_t(id));
+    return out;
+  }
+
  public:
   TextOut(const text::Tokenizer& tok, const Parsed& p)
-      : tok_(tok), stream_(tok, p.skip_special, std::vector<int32_t>(p.req.prompt.begin(), p.req.prompt.end())),
-        stop_(p.stop) {
+      : tok_(tok), stream_(tok, p.skip_special, known_ids(tok, p.req.prompt)), stop_(p.stop) {
     for (const auto& s : stop_) hold_ = std::max(hold_, s.size() - 1);
   }
   // New text for tokens[from, to); `stopped` becomes true when a stop string appeared.
@@ -613,6 +621,17 @@ void run(const Options& o) {
                                              : "HTTP error " + std::to_string(status),
                              ""});
   });
+  svr.set_exception_handler([&](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    std::fprintf(stderr, "kb_nano serve: a request failed: %s\n", what.c_str());
+    send_error(res, ApiError{500, what, ""});
+  });
   svr.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
     if (loop.healthy()) res.set_content("{}", "application/json");
     else send_error(res, ApiError{503, "the engine stopped after an error", ""});
@@ -625,7 +644,8 @@ void run(const Options& o) {
                  {"created", unix_now()},
                  {"owned_by", "kb-nano"},
                  {"root", spec.name},
-                 {"max_model_len", sv.max_model_len}}}}};
+                 {"max_model_len", sv.max_model_len},
+                 {"vocab_size", sv.vocab}}}}};
     res.set_content(m.dump(), "application/json");
   });
 

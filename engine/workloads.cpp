@@ -95,13 +95,19 @@ Workload load_dataset_workload(const std::string& path, int64_t default_output_l
     KBN_CHECK(j.is_object(), where, ": expected a JSON object, got ", j.type_name());
     KBN_CHECK(!j.contains("prompt_token_ids") || !j.contains("prompt"), where,
               ": give 'prompt_token_ids' or 'prompt', not both");
-    KBN_CHECK(!j.contains("prompt"), where,
-              ": a text 'prompt' needs a tokenizer, which kb-nano does not have yet; give 'prompt_token_ids'");
-    KBN_CHECK(j.contains("prompt_token_ids") && j["prompt_token_ids"].is_array() && !j["prompt_token_ids"].empty(),
-              where, ": expected 'prompt_token_ids', a non-empty array of token ids");
     Request r;
     r.id = int64_t(w.requests.size());
-    for (const auto& t : j["prompt_token_ids"]) {
+    nlohmann::json ids = j.contains("prompt_token_ids") ? j["prompt_token_ids"] : nlohmann::json();
+    if (j.contains("prompt")) {
+      KBN_CHECK(j["prompt"].is_string() && !j["prompt"].get<std::string>().empty(), where,
+                ": 'prompt' must be a non-empty string");
+      KBN_CHECK(bool(o.encode), where,
+                ": a text 'prompt' needs the model's tokenizer (its folder's tokenizer.json, or --tokenizer)");
+      ids = o.encode(j["prompt"].get<std::string>());
+    }
+    KBN_CHECK(ids.is_array() && !ids.empty(), where,
+              ": expected 'prompt_token_ids' (a non-empty array of token ids) or a text 'prompt'");
+    for (const auto& t : ids) {
       KBN_CHECK(t.is_number_integer(), where, ": 'prompt_token_ids' holds ", t.dump(), ", not an integer");
       const int64_t id = t.get<int64_t>();
       KBN_CHECK(id >= 0 && id < o.vocab_size, where, ": token id ", id, " is outside the vocabulary [0, ",

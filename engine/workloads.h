@@ -4,6 +4,7 @@
 // seed, greedy sampling with ignore_eos so every request produces exactly its drawn output length. The same
 // (name, seed, options) gives the same requests on every machine.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,9 @@ struct WorkloadOptions {
   int64_t max_model_len = 0;  // prompt + output of every request fits: the output is clipped to max_model_len - 1,
                               // then the prompt to what is left
   double scale = 1.0;         // multiplies every length (> 0): shrinks a workload for a tiny model or the CPU
+  // A dataset's text prompts -> token ids (the model's tokenizer, with its special tokens); empty: text prompts are
+  // refused naming the line.
+  std::function<std::vector<int64_t>(const std::string&)> encode;
 };
 
 struct Workload {
@@ -51,10 +55,10 @@ Workload make_workload(const WorkloadSpec& spec, const WorkloadOptions& options)
 // floor(N (1 + R))] and output lengths likewise, all sent at once; R in [0, 1). Named "random"; errors name the flag.
 WorkloadSpec random_workload_spec(int64_t input_len, int64_t output_len, int64_t num_prompts, double range_ratio);
 
-// A dataset of token-id prompts, one JSON object per line (JSONL; blank lines skipped):
-//   {"prompt_token_ids": [1, 2, 3], "output_len": 64}
-// "output_len" (or "max_tokens") is optional: default_output_len then. A text "prompt" is refused naming the line
-// (kb-nano has no tokenizer yet). Ids must lie in [0, vocab_size). options.num_requests > 0 keeps the first that
+// A dataset of prompts, one JSON object per line (JSONL; blank lines skipped):
+//   {"prompt_token_ids": [1, 2, 3], "output_len": 64}   or   {"prompt": "text", "output_len": 64}
+// "output_len" (or "max_tokens") is optional: default_output_len then. A text "prompt" is encoded with
+// options.encode (refused naming the line when there is none). Ids must lie in [0, vocab_size). options.num_requests > 0 keeps the first that
 // many lines; options.scale and max_model_len apply as in make_workload. Named "dataset".
 Workload load_dataset_workload(const std::string& path, int64_t default_output_len, const WorkloadOptions& options);
 

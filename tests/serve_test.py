@@ -192,6 +192,18 @@ try:
     s, r = post(port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True})
     check(s == 200 and r["choices"][0]["text"] == solo[prompts[0]], "the next request is served as before")
 
+    # --- kb_nano eval --url measures the running server as vllm bench serve does
+    out_json = os.path.join(tempfile.mkdtemp(), "url.json")
+    e = subprocess.run([KBN, "eval", "--url", f"http://127.0.0.1:{port}", "--input-len", "24", "--output-len", "8",
+                        "--num-prompts", "20", "--request-rate", "100", "--max-concurrency", "6", "--json", out_json],
+                       capture_output=True, text=True, timeout=300)
+    ok = e.returncode == 0 and os.path.exists(out_json)
+    res = json.load(open(out_json)) if ok else {}
+    check(ok and res["successful_requests"] == 20 and res["failed_requests"] == 0 and
+          res["total_output_tokens"] == 160 and res["total_input_tokens"] == 480 and res["ttft_ms"]["p99"] > 0 and
+          res["tpot_ms"]["p50"] > 0 and res["e2el_ms"]["p50"] >= res["ttft_ms"]["p50"],
+          f"eval --url: 20 requests at 100/s, 6 in flight, all measured ({e.stdout[-300:]!r} {e.stderr[-300:]!r})")
+
     # --- bad requests: a clear error naming the field, never a crash
     def error_of(body=None, raw=None, path="/v1/completions"):
         status, text = request(port, "POST", path, body, raw=raw)

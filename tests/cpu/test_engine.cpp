@@ -657,7 +657,7 @@ TEST(EngineWorkloads, RandomWorkloadFromVllmFlags) {
 
 // A JSONL dataset of token ids: per-line output lengths (output_len or max_tokens), the default otherwise, blank lines
 // skipped, clipping as the named workloads, and each malformed line refused naming its number.
-TEST(EngineWorkloads, DatasetOfTokenIds) {
+TEST(EngineWorkloads, DatasetOfTokenIdsOrText) {
   const std::string path = ::testing::TempDir() + "kbn_dataset.jsonl";
   auto write = [&](const std::string& text) { std::ofstream(path) << text; };
   WorkloadOptions o;
@@ -686,8 +686,21 @@ TEST(EngineWorkloads, DatasetOfTokenIds) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(error("{\"prompt_token_ids\": [1]}\n{\"prompt\": \"hi\"}\n").find("line 2: a text 'prompt' needs a tokenizer"),
+  EXPECT_NE(error("{\"prompt_token_ids\": [1]}\n{\"prompt\": \"hi\"}\n").find("line 2: a text 'prompt' needs the model's tokenizer"),
             std::string::npos);
+  // With the model's tokenizer a text prompt becomes its ids (here a stand-in: one id per byte, mod the vocabulary).
+  o.encode = [](const std::string& t) {
+    std::vector<int64_t> ids;
+    for (unsigned char ch : t) ids.push_back(ch % 100);
+    return ids;
+  };
+  write("{\"prompt\": \"hi!\", \"output_len\": 3}\n");
+  const Workload text = load_dataset_workload(path, 6, o);
+  ASSERT_EQ(text.requests.size(), 1u);
+  EXPECT_EQ(text.requests[0].prompt, (std::vector<int64_t>{'h' % 100, 'i' % 100, '!' % 100}));
+  EXPECT_NE(error("{\"prompt\": 5}\n").find("'prompt' must be a non-empty string"), std::string::npos);
+  EXPECT_NE(error("{\"prompt\": \"a\", \"prompt_token_ids\": [1]}\n").find("not both"), std::string::npos);
+  o.encode = nullptr;
   EXPECT_NE(error("{\"prompt_token_ids\": [100]}\n").find("token id 100 is outside the vocabulary [0, 100)"),
             std::string::npos);
   EXPECT_NE(error("not json\n").find("line 1: not valid JSON"), std::string::npos);
