@@ -12,6 +12,7 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -800,6 +801,15 @@ void run(const Options& o) {
   svr.Post("/v1/completions", [&](const httplib::Request& q, httplib::Response& r) { handle(false, q, r); });
   svr.Post("/v1/chat/completions", [&](const httplib::Request& q, httplib::Response& r) { handle(true, q, r); });
 
+  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): a burst of connections (a benchmark
+  // sending every request at once) overflows it and clients see their connection drop. The listening socket is
+  // kept here and listen() called again on it with the system's largest backlog, which Linux applies in place.
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](int sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_fd = sock;
+  });
   int port = o.port;
   if (port == 0) {
     port = svr.bind_to_any_port(o.host);
@@ -808,6 +818,8 @@ void run(const Options& o) {
     KBN_CHECK(svr.bind_to_port(o.host, port), "--port: cannot listen on ", o.host, ":", port,
               " (in use, or not allowed)");
   }
+  KBN_CHECK(listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) == 0, "serve: cannot widen the listen backlog of ",
+            o.host, ":", port);
   std::fprintf(stderr, "kb_nano serve: listening on http://%s:%d (model '%s', max_model_len %lld, max_num_seqs %lld)\n",
                o.host.c_str(), port, sv.name.c_str(), (long long)sv.max_model_len, (long long)ecfg.max_num_seqs);
   std::thread signals([&] {

@@ -204,6 +204,14 @@ try:
           res["tpot_ms"]["p50"] > 0 and res["e2el_ms"]["p50"] >= res["ttft_ms"]["p50"],
           f"eval --url: 20 requests at 100/s, 6 in flight, all measured ({e.stdout[-300:]!r} {e.stderr[-300:]!r})")
 
+    # A burst: every request at once (cpp-httplib's own listen backlog of 5 dropped connections here before serve
+    # widened it).
+    e = subprocess.run([KBN, "eval", "--url", f"http://127.0.0.1:{port}", "--input-len", "16", "--output-len", "4",
+                        "--num-prompts", "200", "--json", out_json], capture_output=True, text=True, timeout=300)
+    res = json.load(open(out_json)) if e.returncode == 0 else {}
+    check(res.get("successful_requests") == 200 and res.get("failed_requests") == 0,
+          f"eval --url: a burst of 200 requests at once, none lost ({e.stdout[-200:]!r} {e.stderr[-200:]!r})")
+
     # --- bad requests: a clear error naming the field, never a crash
     def error_of(body=None, raw=None, path="/v1/completions"):
         status, text = request(port, "POST", path, body, raw=raw)

@@ -109,7 +109,19 @@ QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
 TOKEN_TYPE_CONTROL, TOKEN_TYPE_USER_DEFINED, TOKEN_TYPE_BYTE = 3, 4, 6
 
 
+class Everything:
+    """Stands for the set of all substrings when nothing is pruned (--full)."""
+
+    def __contains__(self, _):
+        return True
+
+
+FULL = False
+
+
 def substrings_of(texts, max_len):
+    if FULL:
+        return Everything()
     subs = set()
     for t in texts:
         for i in range(len(t)):
@@ -265,9 +277,14 @@ def main():
     ap.add_argument("--gguf", required=True, help="models/ggml-vocab-NAME.gguf of the llama.cpp source")
     ap.add_argument("--out", required=True, help="fixture folder to write")
     ap.add_argument("--provenance", help="llama.cpp-src.json of tools/llama_cpp_fetch.sh (package, tag, commit)")
+    ap.add_argument("--full", action="store_true",
+                    help="keep the whole vocabulary and every merge (a usable tokenizer.json for the family's models, "
+                         "e.g. Llama-3-8B with random weights on the GPU machine); writes tokenizer.json only")
     ap.add_argument("--extra", help="more texts (same separator as .inp) the pruned tokenizer must encode exactly: "
                     "tests/fixtures/tokenizers/extra.inp, whose truth tools/tokenizer_hf_truth.py writes")
     args = ap.parse_args()
+    global FULL
+    FULL = args.full
     for suffix in ("", ".inp", ".out"):
         if not os.path.isfile(args.gguf + suffix):
             sys.exit(f"tokenizer_fixture: '{args.gguf + suffix}' is missing")
@@ -298,6 +315,10 @@ def main():
     with open(os.path.join(args.out, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tok, f, ensure_ascii=False, indent=None, separators=(",", ":"))
         f.write("\n")
+    if FULL:
+        print(f"{args.out}/tokenizer.json: {family}, {len(tok['model']['vocab'])} tokens, "
+              f"{len(tok['model']['merges'])} merges (not pruned)")
+        return
     shutil.copyfile(args.gguf + ".inp", os.path.join(args.out, "tests.inp"))
     shutil.copyfile(args.gguf + ".out", os.path.join(args.out, "tests.out"))
     with open(args.gguf, "rb") as f:
