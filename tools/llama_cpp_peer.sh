@@ -3,7 +3,8 @@
 #
 # Needs, from the repo root: the tarball of tools/llama_cpp_fetch.sh (default build-llamacpp/llama.cpp-src.tar.gz,
 # made on the development machine: the GPU machine has no network) and build/kb_nano (a CUDA build). The device call
-# carries both (carry: build-llamacpp/llama.cpp-src.tar.gz, build/kb_nano; about 19 MiB together).
+# carries them (carry: build-llamacpp/llama.cpp-src.tar.gz, build/kb_nano and build/lib, the cpp-httplib and brotli
+# libraries kb_nano finds beside it through RPATH $ORIGIN/lib; about 21 MiB together).
 #
 # Usage:  tools/llama_cpp_peer.sh [--cpu-smoke] [--tarball FILE] [--kb-nano FILE] [--config models/X.json]
 #                                 [--dtype f16|bf16] [--work DIR] [--skip-kb-nano]
@@ -87,7 +88,7 @@ if [[ $mode == gpu ]]; then
   [[ -z $nvcc && -x /usr/local/cuda/bin/nvcc ]] && nvcc=/usr/local/cuda/bin/nvcc
   [[ -n $nvcc ]] || die "nvcc is missing (not on PATH, not /usr/local/cuda/bin/nvcc): llama.cpp's CUDA backend cannot be built"
   if [[ $skip_kb == 0 ]]; then
-    [[ -x $kb ]] || die "kb_nano not found or not executable: $kb (carry build/kb_nano, or --skip-kb-nano)"
+    [[ -x $kb ]] || die "kb_nano not found or not executable: $kb (carry build/kb_nano with build/lib, or --skip-kb-nano)"
   fi
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 fi
