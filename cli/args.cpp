@@ -123,6 +123,17 @@ CLI::Validator fraction_below_one() {
       "0<=NUMBER<1");
 }
 
+CLI::Validator fraction_up_to_one() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
+        if (!s.empty() && end == s.c_str() + s.size() && v > 0 && v <= 1) return "";
+        return "expected a fraction in (0, 1], got '" + s + "'";
+      },
+      "0<NUMBER<=1");
+}
+
 CLI::Validator one_of(const std::vector<std::string>& choices) {
   return CLI::Validator(
       [choices](std::string& s) -> std::string {

@@ -40,6 +40,8 @@ CLI::Validator seed_value();
 CLI::Validator positive_number(bool zero_ok = false);
 // A fraction in [0, 1) (vLLM's --random-range-ratio).
 CLI::Validator fraction_below_one();
+// A fraction in (0, 1] (top-p, a share of GPU memory).
+CLI::Validator fraction_up_to_one();
 // One of `choices`, with a "did you mean" for a misspelling.
 CLI::Validator one_of(const std::vector<std::string>& choices);
 

@@ -330,7 +330,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Sample from the k most likely tokens (0 = all)")
       ->check(integer_at_least(0));
   cmd->add_option("--top-p", o->top_p, "Sample from the smallest set of tokens whose probability reaches p (1 = all)")
-      ->check(CLI::Range(0.0, 1.0).description(""));
+      ->check(fraction_up_to_one());
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")
       ->check(integer_at_least(1));
   cmd->add_option("--block-size", o->block_size, "KV cache block size")->check(integer_at_least(1));

@@ -853,21 +853,22 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--served-model-name", o->served_name, "The name clients give as \"model\" (default: --model)");
   cmd->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
   cmd->add_option("--port", o->port, "Port (default 8000; 0 = any free port, printed at start)")
-      ->check(CLI::Range(0, 65535));
+      ->check(integer_in(0, 65535));
   cmd->add_option("--variant", o->variant, "baseline or candidate");
   cmd->add_option("--mode", o->mode, "eager or graph (default: graph on CUDA, eager on CPU)");
   cmd->add_option("--max-model-len", o->max_model_len,
-                  "Prompt + completion tokens per request (default: the model's max_position_embeddings)")
+                  "Prompt + completion tokens per request (0, the default: the model's max_position_embeddings)")
       ->check(integer_at_least(0));
-  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Requests running at once (default 256 on GPU, 16 on CPU)")
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "Requests running at once (0, the default: 256 on GPU, 16 on CPU)")
       ->check(integer_at_least(0));
-  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "Token budget of one step (default 8192)")
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
+                  "Token budget of one step (0, the default: 8192)")
       ->check(integer_at_least(0));
-  cmd->add_option("--num-kv-blocks", o->num_kv_blocks, "KV cache blocks (default: sized from memory)")
+  cmd->add_option("--num-kv-blocks", o->num_kv_blocks, "KV cache blocks (0, the default: sized from memory)")
       ->check(integer_at_least(0));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,
                   "Share of the GPU's memory the engine may fill (default 0.9)")
-      ->check(CLI::Range(0.05, 1.0));
+      ->check(fraction_up_to_one());
   cmd->add_option("--max-body-bytes", o->max_body_bytes, "Largest request body accepted (default 8 MiB; larger: 413)")
       ->check(integer_at_least(1024));
   cmd->add_option("--seed", o->seed, "Seed for random weights (default 0)")->check(seed_value());
