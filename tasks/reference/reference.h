@@ -3,6 +3,7 @@
 // fast. Inputs may have any floating dtype and any strides; math runs in double; each output element is
 // rounded to f32 and then to the output's dtype (a double rounding that can cost one 16-bit ulp, rarely). Baseline L1
 // ops call these on CPU tensors, which is how the whole L1..L4 stack runs (and is tested) without a GPU.
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -133,5 +134,69 @@ void moe_sum(Tensor& out, const Tensor& input);
 // [num_tokens, top_k]; out: [num_tokens, hidden]
 void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
                    const Tensor& topk_ids);
+
+// ---- Mamba-2 (vLLM MambaMixer2's ops; issue 19). Token-major layouts: a [num_tokens, dim] tensor is vLLM's [dim,
+// num_tokens] view transposed. Sequences are packed back to back, query_start_loc [num_seqs + 1] (i32) marking them.
+
+// vLLM causal_conv1d_fn (prefill, varlen): per channel c and sequence s, over the sequence's inputs preceded by its
+// width - 1 previous inputs (conv_states[cache_indices[s]] when has_initial_state[s], else zeros):
+//   out[t, c] = act(bias[c] + sum_k weight[c, k] * window[t + k]),   act = silu or identity;
+// then conv_states[cache_indices[s]] <- the last width - 1 inputs of that window (earlier state included when the
+// sequence is shorter). x, out: [num_tokens, dim]; weight: [dim, width]; bias: [dim] or undefined;
+// conv_states: [num_slots, width - 1, dim]; has_initial_state: [num_seqs] (bool or integer); cache_indices: [num_seqs]
+void causal_conv1d_fn(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& conv_states,
+                      const Tensor& has_initial_state, const Tensor& cache_indices, const Tensor& query_start_loc,
+                      bool silu);
+
+// vLLM causal_conv1d_update (decode): one new input per sequence; window = [conv_state, x], out = act(bias +
+// weight . window), conv_state <- window[1:]. x, out: [batch, dim]; conv_states: [num_slots, width - 1, dim];
+// conv_state_indices: [batch]
+void causal_conv1d_update(Tensor& out, const Tensor& x, Tensor& conv_states, const Tensor& weight, const Tensor& bias,
+                          const Tensor& conv_state_indices, bool silu);
+
+// The time step of the SSM: dt' = softplus(dt + dt_bias) when dt_softplus (else dt + dt_bias), clamped to
+// [dt_min, dt_max] (vLLM's dt_limit; (0, inf) is no clamp).
+struct MambaTimeStep {
+  bool softplus = true;
+  double min = 0, max = INFINITY;
+};
+
+// vLLM mamba_chunk_scan_combined, as the recurrence it computes (chunking changes only the rounding, so the oracle
+// runs the recurrence in double). Head h reads group g = h / (num_heads / n_groups) of B and C; per sequence and head,
+// with the state S [head_dim, state_size] starting at initial_states[s] (when has_initial_state[s], else zero):
+//   S <- exp(dt'_t A_h) S + dt'_t x_t B_t^T;   y_t = S C_t + D_h x_t.
+// out[t] = y_t and final_states[s] = S after the sequence's last token.
+// x, out: [num_tokens, num_heads, head_dim]; dt: [num_tokens, num_heads]; A, D, dt_bias: [num_heads] (A < 0; D and
+// dt_bias may be undefined: 0); B, C: [num_tokens, n_groups, state_size]; initial_states, final_states:
+// [num_seqs, num_heads, head_dim, state_size] (initial_states may be undefined when no sequence has one).
+// chunk_size: the kernel's chunk (a power of two), checked only.
+void mamba_chunk_scan_combined(Tensor& out, Tensor& final_states, const Tensor& x, const Tensor& dt, const Tensor& A,
+                               const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& dt_bias,
+                               const MambaTimeStep& step, const Tensor& initial_states,
+                               const Tensor& has_initial_state, const Tensor& query_start_loc, int64_t chunk_size);
+
+// The same scan by the chunked (SSD) algorithm the kernels use, in double: within a chunk of chunk_size tokens,
+// y_t = sum_{u <= t in chunk} (C_t . B_u) exp(sum_{u < v <= t} dt'_v A) dt'_u x_u + exp(sum_{chunk start <= v <= t}
+// dt'_v A) S_in C_t + D x_t, and the state leaving a chunk is exp(sum over the chunk) S_in + sum_u exp(sum_{u < v}
+// dt'_v A) dt'_u x_u B_u^T. Equal to mamba_chunk_scan_combined up to rounding (tests/cpu/test_reference_mamba.cpp);
+// kept as the blueprint of a GPU kernel. Arguments as mamba_chunk_scan_combined.
+void ssd_chunked_scan(Tensor& out, Tensor& final_states, const Tensor& x, const Tensor& dt, const Tensor& A,
+                      const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& dt_bias, const MambaTimeStep& step,
+                      const Tensor& initial_states, const Tensor& has_initial_state, const Tensor& query_start_loc,
+                      int64_t chunk_size);
+
+// vLLM selective_state_update (decode): one token per sequence, the state of row b at state_batch_indices[b]:
+//   S <- exp(dt' A_h) S + dt' x B^T;   out = S C + D_h x.
+// state: [num_slots, num_heads, head_dim, state_size] (updated); x, out: [batch, num_heads, head_dim];
+// dt: [batch, num_heads]; B, C: [batch, n_groups, state_size]; A, D, dt_bias as above; state_batch_indices: [batch]
+void selective_state_update(Tensor& out, Tensor& state, const Tensor& x, const Tensor& dt, const Tensor& A,
+                            const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& dt_bias,
+                            const MambaTimeStep& step, const Tensor& state_batch_indices);
+
+// vLLM Mixer2RMSNormGated: y = x * silu(gate) (in f32), then each group of group_size channels is normalised by its
+// own rms and scaled by weight: out = y / sqrt(mean_group(y^2) + eps) * weight.
+// x, gate, out: [num_tokens, hidden]; weight: [hidden]; hidden a multiple of group_size
+void rms_norm_gated(Tensor& out, const Tensor& x, const Tensor& gate, const Tensor& weight, int64_t group_size,
+                    double eps);
 
 }  // namespace kbn::reference
