@@ -9,8 +9,14 @@
 
 namespace kbn::engine {
 
+bool has_state_layers(const std::vector<LayerCacheSpec>& specs) {
+  for (const LayerCacheSpec& s : specs)
+    if (s.kind == LayerCacheSpec::Kind::state) return true;
+  return false;
+}
+
 std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs, int64_t num_blocks,
-                                        int64_t block_size, Device device) {
+                                        int64_t block_size, Device device, int64_t num_state_slots) {
   KBN_CHECK(num_blocks > 0 && block_size > 0, "allocate_kv_caches: need positive num_blocks and block_size, got ",
             num_blocks, " and ", block_size);
   std::vector<KVCache> caches;
@@ -19,8 +25,20 @@ std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs
     // NOTE: a windowed layer gets the same paged cache as a full one: its kernels never read the pages before its
     // window, but the blocks stay allocated (BlockManager::release_outside_window is not wired into the engine yet:
     // a model mixing window and full layers needs a block table per window group, as vLLM's hybrid allocator has).
+    if (spec.kind == LayerCacheSpec::Kind::state) {
+      KBN_CHECK(num_state_slots >= 1, "allocate_kv_caches: layer ", l, " keeps a recurrent state (",
+                spec.describe(), ") but no state slots were asked for");
+      KVCache c;
+      for (const Shape& shape : spec.state_shapes) {
+        Shape full{num_state_slots};
+        full.insert(full.end(), shape.begin(), shape.end());
+        c.states.push_back(Tensor::zeros(full, spec.dtype, device));
+      }
+      caches.push_back(std::move(c));
+      continue;
+    }
     KBN_CHECK(spec.kind == LayerCacheSpec::Kind::paged_kv, "allocate_kv_caches: layer ", l, " declares a ",
-              spec.describe(), " cache; the engine allocates paged K/V caches only so far");
+              spec.describe(), " cache; the engine allocates paged K/V and recurrent-state caches only so far");
     Shape s{num_blocks, block_size, spec.num_kv_heads, spec.head_size};
     caches.push_back({Tensor::zeros(s, spec.dtype, device), Tensor::zeros(s, spec.dtype, device)});
   }
@@ -53,7 +71,11 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
     const int64_t len = int64_t(prompts[size_t(i)].size()) + opt.max_new_tokens;
     for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) tables[size_t(i)].push_back(int32_t(total_blocks++));
   }
-  std::vector<KVCache> caches = allocate_kv_caches(model.cache_specs(), total_blocks, bs, device);
+  // A model with recurrent-state layers: prompt i keeps its state in slot i.
+  const bool stateful = has_state_layers(model.cache_specs());
+  std::vector<KVCache> caches =
+      allocate_kv_caches(model.cache_specs(), total_blocks, bs, device, stateful ? nseq : 0);
+  auto slot_of = [&](int64_t i) { return stateful ? int32_t(i) : int32_t(-1); };
 
   Sampler sampler(variant);
   GenerateResult res;
@@ -79,7 +101,7 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
     for (int64_t i = 0; i < nseq; ++i) {
       const auto& p = prompts[size_t(i)];
       ids.insert(ids.end(), p.begin(), p.end());
-      seqs.push_back({0, int64_t(p.size()), &tables[size_t(i)], true});
+      seqs.push_back({0, int64_t(p.size()), &tables[size_t(i)], true, slot_of(i)});
       lens[size_t(i)] = int64_t(p.size());
     }
     const StepLayout layout = build_step_layout(seqs, bs);
@@ -121,7 +143,7 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
     std::vector<StepSequence> seqs;
     for (int64_t i : running) {
       ids.push_back(res.tokens[size_t(i)].back());
-      seqs.push_back({lens[size_t(i)], 1, &tables[size_t(i)], false});  // feeds the token at position lens[i]
+      seqs.push_back({lens[size_t(i)], 1, &tables[size_t(i)], false, slot_of(i)});  // feeds the token at lens[i]
       lens[size_t(i)]++;
     }
     const StepLayout layout = build_step_layout(seqs, bs);

@@ -3,6 +3,7 @@
 #include <unordered_map>
 
 #include "engine/clock.h"
+#include "engine/generate.h"
 
 namespace kbn::engine {
 
@@ -66,6 +67,17 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   KBN_CHECK(config.max_num_batched_tokens >= 1, "engine: max_num_batched_tokens must be >= 1, got ",
             config.max_num_batched_tokens);
   KBN_CHECK(config.max_num_seqs >= 1, "engine: max_num_seqs must be >= 1, got ", config.max_num_seqs);
+  const bool stateful = has_state_layers(models[0]->cache_specs());
+  KBN_CHECK(config.num_state_slots >= 0, "engine: num_state_slots must be >= 0 (0 = max_num_seqs), got ",
+            config.num_state_slots);
+  if (stateful) {
+    config_.num_state_slots = config.num_state_slots > 0 ? config.num_state_slots : config.max_num_seqs;
+    config_.enable_prefix_caching = false;  // no state to resume a cached prefix from
+    KBN_CHECK(config.mode == ExecutionMode::eager, "engine: graph mode for a model with recurrent-state layers is not "
+              "built yet (its decode graphs would need the state slots in their static inputs); use eager mode");
+  } else {
+    config_.num_state_slots = 0;
+  }
   const int n = int(models.size());
   runners_.resize(size_t(n));
   for_each_rank([&](int r) {
@@ -79,8 +91,9 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   } else {
     std::vector<KVCacheSizing> per_rank(static_cast<size_t>(n));
     for_each_rank([&](int r) {
-      per_rank[size_t(r)] = runners_[size_t(r)]->auto_num_kv_blocks(
-          config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len, config.gpu_memory_utilization);
+      per_rank[size_t(r)] = runners_[size_t(r)]->auto_num_kv_blocks(config.max_num_batched_tokens, config.max_num_seqs,
+                                                                    config.max_model_len, config.gpu_memory_utilization,
+                                                                    config_.num_state_slots);
     });
     size_t smallest = 0;
     for (size_t r = 1; r < per_rank.size(); ++r)
@@ -92,17 +105,17 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   }
   config_.num_kv_blocks = sizing_.num_blocks;
   for_each_rank([&](int r) {
-    runners_[size_t(r)]->allocate_kv_cache(sizing_.num_blocks);
+    runners_[size_t(r)]->allocate_kv_cache(sizing_.num_blocks, config_.num_state_slots);
     if (config.mode == ExecutionMode::graph)
       runners_[size_t(r)]->capture_cuda_graphs(
           cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens), config.max_model_len);
   });
   for (auto& r : runners_) r->set_check_finite(config.check_finite);
   runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)
-  blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config.enable_prefix_caching);
+  blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config_.enable_prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
-                      config.reserve_max_tokens},
+                      config.reserve_max_tokens, config_.num_state_slots},
       *blocks_);
 }
 

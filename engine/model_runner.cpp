@@ -60,10 +60,10 @@ int64_t ModelRunner::kv_bytes_per_block() const {
   return paged_bytes_per_block(model_.cache_specs(), block_size_);
 }
 
-void ModelRunner::allocate_kv_cache(int64_t num_blocks) {
+void ModelRunner::allocate_kv_cache(int64_t num_blocks, int64_t num_state_slots) {
   KBN_CHECK(kv_caches_.empty(), "model runner: the KV cache is already allocated");
   const StreamGuard guard(stream());
-  kv_caches_ = allocate_kv_caches(model_.cache_specs(), num_blocks, block_size_, device_);
+  kv_caches_ = allocate_kv_caches(model_.cache_specs(), num_blocks, block_size_, device_, num_state_slots);
   num_kv_blocks_ = num_blocks;
 }
 
@@ -85,7 +85,8 @@ StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out) const {
   StepInputs in;
   for (size_t i = 0; i < out.seqs.size(); ++i) {
     const ScheduledSequence& e = out.seqs[i];
-    seqs.push_back({e.num_computed_tokens, e.num_new_tokens, &e.seq->block_table, int64_t(i) < out.num_prefills});
+    seqs.push_back({e.num_computed_tokens, e.num_new_tokens, &e.seq->block_table, int64_t(i) < out.num_prefills,
+                    e.seq->state_slot});
     for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
       ids.push_back(e.seq->token(t));
     if (e.samples) in.logit_rows.push_back(int64_t(ids.size()) - 1);
@@ -241,12 +242,14 @@ void ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
   BlockManager blocks((num_tokens + block_size_ - 1) / block_size_ + num_seqs, block_size_);
   std::vector<Sequence> seqs(static_cast<size_t>(num_seqs));
   SchedulerOutput out;
+  const bool stateful = has_state_layers(model_.cache_specs());
   for (int64_t i = 0; i < num_seqs; ++i) {
     // Token counts differ by at most one; token id 0 exists in every vocabulary.
     const int64_t len = num_tokens / num_seqs + (i < num_tokens % num_seqs ? 1 : 0);
     Sequence& s = seqs[size_t(i)];
     s.id = i;
     s.prompt.assign(size_t(len), 0);
+    if (stateful) s.state_slot = int32_t(i);
     blocks.allocate(s, len);
     out.seqs.push_back({&s, 0, len, true});
     out.num_tokens += len;
@@ -255,17 +258,28 @@ void ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
                         [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
   out.num_prefills =
       std::count_if(out.seqs.begin(), out.seqs.end(), [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
-  std::vector<KVCache> caches = allocate_kv_caches(model_.cache_specs(), blocks.num_blocks(), block_size_, device_);
+  std::vector<KVCache> caches =
+      allocate_kv_caches(model_.cache_specs(), blocks.num_blocks(), block_size_, device_, stateful ? num_seqs : 0);
   run(out, caches);
   synchronize(device_);
 }
 
 KVCacheSizing ModelRunner::auto_num_kv_blocks(int64_t max_num_batched_tokens, int64_t max_num_seqs,
-                                              int64_t max_model_len, double gpu_memory_utilization) {
+                                              int64_t max_model_len, double gpu_memory_utilization,
+                                              int64_t num_state_slots) {
   const StreamGuard guard(stream());
   KVCacheSizing r;
   r.bytes_per_block = kv_bytes_per_block();
   const int64_t per_seq = (max_model_len + block_size_ - 1) / block_size_;
+  int64_t state_bytes = 0;
+  for (const LayerCacheSpec& s : model_.cache_specs()) state_bytes += s.bytes_per_sequence() * num_state_slots;
+  if (r.bytes_per_block == 0) {
+    r.num_blocks = std::min<int64_t>(max_num_seqs * per_seq, INT32_MAX);
+    r.explanation = "no paged layers: " + std::to_string(r.num_blocks) + " blocks of 0 bytes (max_num_seqs " +
+                    std::to_string(max_num_seqs) + " x " + std::to_string(per_seq) + "); recurrent state " +
+                    gib(double(state_bytes)) + " for " + std::to_string(num_state_slots) + " slots";
+    return r;
+  }
   if (device_.is_cpu()) {
     const int64_t wanted = max_num_seqs * per_seq;
     const int64_t cap = std::max(per_seq, kCpuKvCacheBytes / r.bytes_per_block);
@@ -294,12 +308,15 @@ KVCacheSizing ModelRunner::auto_num_kv_blocks(int64_t max_num_batched_tokens, in
     KBN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   }
   const double in_use = double(total_bytes - free_bytes);  // weights, CUDA context, cuBLAS workspace, others
-  const double budget = gpu_memory_utilization * double(total_bytes) - in_use - double(activations);
+  const double budget =
+      gpu_memory_utilization * double(total_bytes) - in_use - double(activations) - double(state_bytes);
   r.num_blocks = budget > 0 ? int64_t(budget / double(r.bytes_per_block)) : 0;
   r.explanation = device_.str() + ": " + std::to_string(r.num_blocks) + " blocks = (" +
                   std::to_string(gpu_memory_utilization) + " x " + gib(double(total_bytes)) + " total - " +
                   gib(in_use) + " in use - " + gib(double(activations)) + " activations at " +
-                  std::to_string(num_tokens) + " tokens) / " + std::to_string(r.bytes_per_block) + " B per block";
+                  std::to_string(num_tokens) + " tokens" +
+                  (state_bytes ? " - " + gib(double(state_bytes)) + " recurrent state" : std::string()) + ") / " +
+                  std::to_string(r.bytes_per_block) + " B per block";
   KBN_CHECK(r.num_blocks >= per_seq, "KV cache sizing: ", r.explanation, " is less than one max_model_len (",
             max_model_len, ") sequence needs (", per_seq,
             " blocks); raise gpu_memory_utilization or lower max_num_batched_tokens / max_model_len");

@@ -57,11 +57,14 @@ class ModelRunner {
   // is in use now (weights, the CUDA context, other processes), minus the memory a profile run of the largest
   // step (max_num_batched_tokens tokens in min(max_num_seqs, tokens) sequences) makes the allocator hold.
   // CPU: enough for max_num_seqs sequences of max_model_len tokens, capped at 1 GiB of cache (at least one
-  // max_model_len sequence).
+  // max_model_len sequence). The recurrent states of num_state_slots sequences come out of the budget first. A
+  // model with no paged layers gets max_num_seqs x max_model_len blocks of nothing (the block tables still count
+  // tokens).
   KVCacheSizing auto_num_kv_blocks(int64_t max_num_batched_tokens, int64_t max_num_seqs, int64_t max_model_len,
-                                   double gpu_memory_utilization);
-  // Allocates the paged caches (engine::allocate_kv_caches); once.
-  void allocate_kv_cache(int64_t num_blocks);
+                                   double gpu_memory_utilization, int64_t num_state_slots = 0);
+  // Allocates the paged caches and, for recurrent-state layers, num_state_slots states each
+  // (engine::allocate_kv_caches); once.
+  void allocate_kv_cache(int64_t num_blocks, int64_t num_state_slots = 0);
 
   // Graph mode, after allocate_kv_cache(): captures a decode graph per batch size (ascending, e.g.
   // cuda_graph_capture_sizes()); sequences up to max_model_len tokens; once.

@@ -16,6 +16,15 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks) : conf
   KBN_CHECK(config.max_num_seqs >= 1, "scheduler: max_num_seqs must be >= 1, got ", config.max_num_seqs);
   KBN_CHECK(config.max_model_len >= 2, "scheduler: max_model_len must be >= 2 (a prompt token and a new one), got ",
             config.max_model_len);
+  KBN_CHECK(config.num_state_slots >= 0 && config.num_state_slots <= INT32_MAX,
+            "scheduler: num_state_slots must be >= 0, got ", config.num_state_slots);
+  for (int64_t i = config.num_state_slots - 1; i >= 0; --i) free_state_slots_.push_back(int32_t(i));
+}
+
+void Scheduler::release_state_slot(Sequence& s) {
+  if (s.state_slot < 0) return;
+  free_state_slots_.push_back(s.state_slot);
+  s.state_slot = -1;
 }
 
 void Scheduler::add(std::unique_ptr<Sequence> seq) {
@@ -45,6 +54,7 @@ void Scheduler::preempt(Sequence* victim, SchedulerOutput& out, int64_t& budget)
     out.seqs.erase(it);
   }
   blocks_.free(*victim);
+  release_state_slot(*victim);  // recompute rebuilds the state from the first token
   victim->num_computed_tokens = 0;
   victim->status = SequenceStatus::waiting;
   victim->num_preemptions++;
@@ -99,8 +109,9 @@ SchedulerOutput Scheduler::schedule() {
   if (config_.reserve_max_tokens)
     for (const Sequence* s : running_)
       reserved += std::max<int64_t>(0, final_blocks(*s) - int64_t(s->block_table.size()));
+  const bool stateful = config_.num_state_slots > 0;
   while (out.preempted_ids.empty() && !waiting_.empty() && budget > 0 &&
-         int64_t(running_.size()) < config_.max_num_seqs) {
+         int64_t(running_.size()) < config_.max_num_seqs && (!stateful || !free_state_slots_.empty())) {
     Sequence* s = waiting_.front();
     const BlockManager::PrefixMatch cached = blocks_.match_prefix(*s);
     const int64_t cached_tokens = cached.num_blocks() * blocks_.block_size();
@@ -116,6 +127,10 @@ SchedulerOutput Scheduler::schedule() {
     blocks_.allocate(*s, cached_tokens + n);
     num_cached_tokens_ += cached_tokens;
     waiting_.pop_front();
+    if (stateful) {
+      s->state_slot = free_state_slots_.back();
+      free_state_slots_.pop_back();
+    }
     s->status = SequenceStatus::running;
     running_.push_back(s);
     add_entry(s, n);
@@ -157,6 +172,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::update(const SchedulerOutput& 
     s->status = SequenceStatus::finished;
     s->finish_time = now;
     blocks_.free(*s);
+    release_state_slot(*s);
     running_.erase(std::find(running_.begin(), running_.end(), s));
     auto it = std::find_if(owned_.begin(), owned_.end(), [&](const auto& o) { return o.get() == s; });
     finished.push_back(std::move(*it));
@@ -172,6 +188,7 @@ std::unique_ptr<Sequence> Scheduler::abort(int64_t id) {
   if (auto r = std::find(running_.begin(), running_.end(), s); r != running_.end()) running_.erase(r);
   if (auto w = std::find(waiting_.begin(), waiting_.end(), s); w != waiting_.end()) waiting_.erase(w);
   blocks_.free(*s);
+  release_state_slot(*s);
   s->status = SequenceStatus::finished;
   s->finish_reason = FinishReason::aborted;
   std::unique_ptr<Sequence> out = std::move(*it);
@@ -194,6 +211,22 @@ void Scheduler::check_invariants() const {
   std::vector<const Sequence*> holders;
   for (const auto& o : owned_) holders.push_back(o.get());
   blocks_.check_invariants(holders);
+  // State slots: every running sequence holds one (when the model has state), no waiting one does, none is held
+  // twice, and held + free = all.
+  std::vector<int32_t> held;
+  for (const Sequence* s : running_) {
+    KBN_CHECK((s->state_slot >= 0) == (config_.num_state_slots > 0), "scheduler invariant: running sequence ", s->id,
+              " holds state slot ", s->state_slot, " with ", config_.num_state_slots, " slots in the engine");
+    if (s->state_slot >= 0) held.push_back(s->state_slot);
+  }
+  for (const Sequence* s : waiting_)
+    KBN_CHECK(s->state_slot < 0, "scheduler invariant: waiting sequence ", s->id, " holds state slot ", s->state_slot);
+  std::vector<int32_t> all = held;
+  all.insert(all.end(), free_state_slots_.begin(), free_state_slots_.end());
+  std::sort(all.begin(), all.end());
+  KBN_CHECK(int64_t(all.size()) == config_.num_state_slots && std::adjacent_find(all.begin(), all.end()) == all.end(),
+            "scheduler invariant: ", held.size(), " held + ", free_state_slots_.size(), " free state slots are not the ",
+            config_.num_state_slots, " slots, each once");
 }
 
 }  // namespace kbn::engine

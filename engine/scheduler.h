@@ -25,6 +25,10 @@ struct SchedulerConfig {
   // max_tokens stay available too, so that no request that stops at max_tokens (or earlier) is ever preempted,
   // at the price of a cache that is not full while requests could still stop early at EOS.
   bool reserve_max_tokens = false;
+  // Models with recurrent-state layers: the state slots there are. A running sequence holds one (taken at
+  // admission, returned when it finishes, is preempted or aborted), so at most this many sequences run at once.
+  // 0: no state layers.
+  int64_t num_state_slots = 0;
 };
 
 struct ScheduledSequence {
@@ -92,6 +96,9 @@ class Scheduler {
   std::vector<Sequence*> running_;
   int64_t num_preemptions_ = 0;
   int64_t num_cached_tokens_ = 0;
+  std::vector<int32_t> free_state_slots_;  // taken from the back
+
+  void release_state_slot(Sequence& s);
 };
 
 }  // namespace kbn::engine

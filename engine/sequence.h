@@ -48,6 +48,8 @@ struct Sequence {
   int64_t num_hashed_blocks = 0;
   uint64_t block_hash = 0;
   int64_t num_preemptions = 0;
+  // Models with recurrent-state layers: the state slot the sequence holds while running (-1 while waiting).
+  int32_t state_slot = -1;
 
   // Steady-clock seconds: arrival, then one stamp per output token (the first one is the TTFT end).
   double arrival_time = 0;

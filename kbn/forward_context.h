@@ -12,8 +12,11 @@ namespace kbn {
 // Paged KV cache of one attention layer. Layout (vLLM flash layout, one tensor per K and V):
 //   [num_blocks, block_size, num_kv_heads, head_size]; token slot s lives at block s / block_size, row s % block_size.
 struct KVCache {
-  Tensor key;
+  Tensor key;    // paged K/V layers
   Tensor value;
+  // Recurrent-state layers (LayerCacheSpec::Kind::state): one tensor per entry of the layer's state_shapes,
+  // [num_state_slots, ...shape]; a sequence's state is row AttentionMetadata::state_indices[i] of each.
+  std::vector<Tensor> states;
 };
 
 // Tokens of a step are ordered: all prefill (or chunked-prefill) tokens first, sequence by sequence, then
@@ -29,6 +32,11 @@ struct AttentionMetadata {
   int64_t max_prefill_query_len = 0;
   int64_t max_prefill_seq_len = 0;
   int64_t max_decode_seq_len = 0;
+  // Recurrent-state layers (defined when the step's sequences hold state slots): sequence i's state slot, and
+  // whether that slot holds its state already (0 when the sequence's first token is in this step: the slot then
+  // holds a previous owner's state and the layer starts from zero instead). [num_prefills + num_decodes] i32 each.
+  Tensor state_indices;
+  Tensor has_initial_state;
 
   int64_t num_tokens() const { return num_prefill_tokens + num_decodes; }
 };

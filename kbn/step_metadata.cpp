@@ -16,6 +16,21 @@ StepLayout build_step_layout(const std::vector<StepSequence>& seqs, int64_t bloc
   }
   l.block_tables.assign(seqs.size() * size_t(l.max_blocks), 0);
   bool decodes_started = false;
+  const bool stateful = !seqs.empty() && seqs[0].state_slot >= 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    KBN_CHECK((seqs[i].state_slot >= 0) == stateful, "step metadata: sequence ", i,
+              stateful ? " has no state slot while others do" : " has a state slot while others do not");
+    if (stateful) {
+      l.state_indices.push_back(seqs[i].state_slot);
+      l.has_initial_state.push_back(seqs[i].num_computed > 0 ? 1 : 0);
+    }
+  }
+  if (stateful) {  // two sequences writing one slot would corrupt both
+    std::vector<int32_t> sorted = l.state_indices;
+    std::sort(sorted.begin(), sorted.end());
+    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    KBN_CHECK(dup == sorted.end(), "step metadata: two sequences share state slot ", dup == sorted.end() ? 0 : *dup);
+  }
   for (size_t i = 0; i < seqs.size(); ++i) {
     const StepSequence& s = seqs[i];
     const int64_t begin = s.num_computed, end = begin + s.num_new;
@@ -60,6 +75,10 @@ AttentionMetadata upload_step_metadata(const StepLayout& l, Device device) {
   md.max_prefill_query_len = l.max_prefill_query_len;
   md.max_prefill_seq_len = l.max_prefill_seq_len;
   md.max_decode_seq_len = l.max_decode_seq_len;
+  if (!l.state_indices.empty()) {
+    md.state_indices = Tensor::from_i32(l.state_indices, {seqs}).to(device);
+    md.has_initial_state = Tensor::from_i32(l.has_initial_state, {seqs}).to(device);
+  }
   return md;
 }
 

@@ -19,6 +19,7 @@ struct StepSequence {
   int64_t num_new = 0;
   const std::vector<int32_t>* block_table = nullptr;  // the sequence's blocks, at least covering its tokens
   bool prefill = false;
+  int32_t state_slot = -1;  // its recurrent-state slot (models with state layers), else -1
 };
 
 struct StepLayout {
@@ -30,6 +31,8 @@ struct StepLayout {
   int64_t max_blocks = 1;
   int64_t num_prefills = 0, num_prefill_tokens = 0, num_decodes = 0;
   int64_t max_prefill_query_len = 0, max_prefill_seq_len = 0, max_decode_seq_len = 0;
+  // [num_seqs] each when the sequences hold state slots (all or none of them), else empty.
+  std::vector<int32_t> state_indices, has_initial_state;
   int64_t num_tokens() const { return int64_t(positions.size()); }
 };
 
