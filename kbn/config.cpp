@@ -1,6 +1,9 @@
 #include "kbn/config.h"
 
 #include <fstream>
+#include <string_view>
+#include <limits>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -12,13 +15,73 @@ struct ModelConfig::Json {
   nlohmann::json j;
 };
 
+namespace {
+
+// Sentinel strings standing for Python's non-finite constants while nlohmann parses the text.
+constexpr const char* kPyConstants[][2] = {
+    {"-Infinity", "\\u0001kbn:-Infinity"}, {"Infinity", "\\u0001kbn:Infinity"}, {"NaN", "\\u0001kbn:NaN"}};
+
+// The text with each bare Infinity, -Infinity or NaN (outside strings) replaced by its quoted sentinel.
+std::string with_python_constants(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      out += ch;
+      if (ch == '\\' && i + 1 < text.size()) out += text[++i];
+      else if (ch == '"') in_string = false;
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+      out += ch;
+      continue;
+    }
+    bool replaced = false;
+    for (const auto& c : kPyConstants) {
+      const std::string_view token = c[0];
+      if (text.compare(i, token.size(), token) == 0) {
+        const size_t end = i + token.size();
+        const bool bounded = end == text.size() || !(std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_');
+        if (!bounded) continue;
+        out += '"';
+        out += c[1];
+        out += '"';
+        i = end - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += ch;
+  }
+  return out;
+}
+
+void restore_python_constants(nlohmann::json& j) {
+  if (j.is_string()) {
+    const std::string& s = j.get_ref<const std::string&>();
+    if (s == "\x01kbn:Infinity") j = std::numeric_limits<double>::infinity();
+    else if (s == "\x01kbn:-Infinity") j = -std::numeric_limits<double>::infinity();
+    else if (s == "\x01kbn:NaN") j = std::numeric_limits<double>::quiet_NaN();
+  } else if (j.is_structured()) {
+    for (auto& v : j) restore_python_constants(v);
+  }
+}
+
+}  // namespace
+
 ModelConfig ModelConfig::parse(const std::string& json_text, const std::string& source) {
   ModelConfig c;
   c.source_ = source;
   auto j = std::make_shared<Json>();
   try {
-    // Strict JSON: a config holding Infinity or NaN (some Mamba configs do) is refused with the parse position.
-    j->j = nlohmann::json::parse(json_text);
+    // Python's json (which writes the published configs, and which transformers reads them with) allows the bare
+    // tokens Infinity, -Infinity and NaN: Mamba-2's "time_step_limit": [0.0, Infinity]. They are read as those
+    // doubles; anything else that is not JSON is refused with the parse position.
+    j->j = nlohmann::json::parse(with_python_constants(json_text));
+    restore_python_constants(j->j);
   } catch (const nlohmann::json::parse_error& e) {
     KBN_FAIL("config ", source, ": not valid JSON: ", e.what());
   }
@@ -63,6 +126,18 @@ double ModelConfig::get_double(const std::string& key) const {
 
 double ModelConfig::get_double(const std::string& key, double fallback) const {
   return has(key) ? get_double(key) : fallback;
+}
+
+std::vector<double> ModelConfig::get_double_list(const std::string& key) const {
+  if (!has(key)) return {};
+  const auto& v = json_->j[key];
+  KBN_CHECK(v.is_array(), "config ", source_, ": key '", key, "' must be a list of numbers, got ", v.dump());
+  std::vector<double> out;
+  for (const auto& e : v) {
+    KBN_CHECK(e.is_number(), "config ", source_, ": key '", key, "' must be a list of numbers, got ", v.dump());
+    out.push_back(e.get<double>());
+  }
+  return out;
 }
 
 bool ModelConfig::get_bool(const std::string& key, bool fallback) const {

@@ -56,6 +56,8 @@ class ModelConfig {
   std::string get_string(const std::string& key, const std::string& fallback) const;
   // An int or a list of ints (eos_token_id is either).
   std::vector<int64_t> get_int_list(const std::string& key) const;
+  // A list of numbers (Mamba-2's time_step_limit, which may hold Infinity); empty when absent.
+  std::vector<double> get_double_list(const std::string& key) const;
   // A list of strings (layer_types); empty when absent.
   std::vector<std::string> get_string_list(const std::string& key) const;
   std::vector<std::string> architectures() const;

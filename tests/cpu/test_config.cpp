@@ -1,4 +1,7 @@
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
 #include <unistd.h>
 #include <cstdlib>
 
@@ -195,8 +198,18 @@ TEST(Config, RopeScaling) {
 TEST(Config, InvalidJsonNamesTheFile) {
   expect_contains(error_of([] { ModelConfig::parse("{\"hidden_size\": 64,", kSource); }), {kSource, "not valid JSON"});
   expect_contains(error_of([] { ModelConfig::parse("[1, 2]", kSource); }), {kSource, "object"});
-  expect_contains(error_of([] { ModelConfig::parse(R"({"time_step_floor": Infinity})", kSource); }),
+  // Python's non-finite constants (Mamba-2's "time_step_limit": [0.0, Infinity]) are read as Python reads them;
+  // inside strings they are text; a misspelt one is still not JSON.
+  const ModelConfig py = ModelConfig::parse(
+      R"({"time_step_limit": [0.0, Infinity], "lo": -Infinity, "x": NaN, "name": "Infinity \" NaN", "n": 2})", kSource);
+  EXPECT_EQ(py.get_double_list("time_step_limit"), (std::vector<double>{0.0, std::numeric_limits<double>::infinity()}));
+  EXPECT_EQ(py.get_double("lo"), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(py.get_double("x")));
+  EXPECT_EQ(py.get_string("name"), "Infinity \" NaN");
+  EXPECT_EQ(py.get_int("n"), 2);
+  expect_contains(error_of([] { ModelConfig::parse(R"({"time_step_floor": Infinit})", kSource); }),
                   {kSource, "not valid JSON"});
+  expect_contains(error_of([] { ModelConfig::parse(R"({"a": InfinityX})", kSource); }), {kSource, "not valid JSON"});
 
   const auto dir = std::filesystem::temp_directory_path() / ("kbn_config_test_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
