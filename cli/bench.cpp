@@ -86,6 +86,7 @@ int run_bench(const Options& o) {
 
   engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
   if (!o.weights.empty()) spec.weights_path = o.weights;
+  engine::check_architecture_served(spec);
   DType dtype = engine::default_dtype(spec, device);
   if (!o.dtype.empty()) dtype = parse_dtype(o.dtype);
   KBN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,

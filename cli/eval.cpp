@@ -653,6 +653,7 @@ void run(const Options& o, bool max_num_seqs_given) {
 
   engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
   if (!o.weights.empty()) spec.weights_path = o.weights;
+  engine::check_architecture_served(spec);
   DType dtype = engine::default_dtype(spec, device);
   if (!o.dtype.empty()) {
     try {

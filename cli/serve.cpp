@@ -542,6 +542,7 @@ void run(const Options& o) {
             cuda_device_count(), " CUDA devices visible)");
   engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
   if (!o.weights.empty()) spec.weights_path = o.weights;
+  engine::check_architecture_served(spec);
   KBN_CHECK(o.variant == "baseline" || o.variant == "candidate", "--variant: expected baseline or candidate, got '",
             o.variant, "'");
   const Variant variant = o.variant == "baseline" ? Variant::baseline : Variant::candidate;

@@ -102,6 +102,12 @@ void check_attention_features(const ModelSpec& spec, const OpEntry& entry) {
 
 }  // namespace
 
+void check_architecture_served(const ModelSpec& spec) {
+  const auto archs = spec.config.architectures();
+  KBN_CHECK(!archs.empty(), "model config ", spec.config_path, ": 'architectures' is missing or empty");
+  (void)registry(Variant::baseline).model_for(archs.front());
+}
+
 std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, const ParamOptions& opts, uint64_t seed) {
   auto archs = spec.config.architectures();
   KBN_CHECK(!archs.empty(), "model config ", spec.config_path, ": 'architectures' is missing or empty");

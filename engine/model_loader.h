@@ -30,6 +30,10 @@ std::vector<std::string> known_models();
 // (config.json + safetensors, which become the weights). The error lists the known names.
 ModelSpec resolve_model(const std::string& name_or_path);
 
+// Throws naming the architecture and the supported ones when no L4 model of the registry serves the config (checked
+// by the commands that run a model, before they read model-specific keys).
+void check_architecture_served(const ModelSpec& spec);
+
 // The embedded default: a tiny Llama on CPU, Llama-3.1-8B-Instruct (random weights) when a GPU is present.
 std::string default_model_name(Device device);
 Device default_device();

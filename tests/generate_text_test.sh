@@ -60,4 +60,6 @@ expect_error 2 "give one or the other" --device cpu --prompt hi --prompt-ids 1,2
 expect_error 2 "the prompt is empty" --device cpu --prompt ""
 expect_error 2 "--top-p" --device cpu --prompt hi --top-p 1.5
 expect_error 2 "--temperature" --device cpu --prompt hi --temperature -1
+# A published config whose architecture no L4 serves is named before any of its keys are read.
+expect_error 1 "no L4 model serves architecture 'Mamba2ForCausalLM'" --device cpu --model mamba-codestral-7b-v0.1
 echo "generate_text_test: ok"
