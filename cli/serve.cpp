@@ -187,8 +187,8 @@ class EngineLoop {
         bool grew = false;
         {
           std::lock_guard<std::mutex> g(ch.m);
-          if (s->output.size() > ch.tokens.size()) {
-            ch.tokens.assign(s->output.begin(), s->output.end());
+          if (s->output.size() > ch.tokens.size()) {  // only the new ones: the hot loop stays O(new tokens)
+            ch.tokens.insert(ch.tokens.end(), s->output.begin() + int64_t(ch.tokens.size()), s->output.end());
             grew = true;
           }
         }
@@ -687,16 +687,16 @@ void run(const Options& o) {
     if (!p->stream) {
       TextOut out(tok, *p);
       std::string text;
+      std::vector<int64_t> tokens;  // every token so far (the channel's, copied as they come)
       size_t seen = 0;
       engine::FinishReason reason = engine::FinishReason::none;
       size_t ntok = 0;
       while (true) {
-        std::vector<int64_t> tokens;
         bool done = false;
         {
           std::unique_lock<std::mutex> l(ch->m);
           ch->cv.wait(l, [&] { return ch->done || ch->tokens.size() > seen; });
-          tokens = ch->tokens;
+          tokens.insert(tokens.end(), ch->tokens.begin() + int64_t(tokens.size()), ch->tokens.end());
           done = ch->done;
           reason = ch->reason;
           if (done && !ch->error.empty()) {
@@ -733,6 +733,7 @@ void run(const Options& o) {
     // asked; then [DONE]. A write that fails (the client left) aborts the request.
     struct State {
       std::unique_ptr<TextOut> out;
+      std::vector<int64_t> tokens;  // the channel's tokens copied so far
       size_t seen = 0;
       bool first = true;
       bool finished = false;
@@ -752,14 +753,14 @@ void run(const Options& o) {
     res.set_chunked_content_provider(
         "text/event-stream",
         [=, &loop, &tok](size_t, httplib::DataSink& sink) {
-          std::vector<int64_t> tokens;
+          std::vector<int64_t>& tokens = st->tokens;
           bool done = false;
           engine::FinishReason reason = engine::FinishReason::none;
           std::string error;
           {
             std::unique_lock<std::mutex> l(ch->m);
             ch->cv.wait_for(l, std::chrono::milliseconds(500), [&] { return ch->done || ch->tokens.size() > st->seen; });
-            tokens = ch->tokens;
+            tokens.insert(tokens.end(), ch->tokens.begin() + int64_t(tokens.size()), ch->tokens.end());
             done = ch->done;
             reason = ch->reason;
             error = ch->error;
@@ -791,8 +792,8 @@ void run(const Options& o) {
           }
           return true;
         },
-        [=, &loop](bool success) {
-          if (!success || !st->finished) {
+        [=, &loop](bool) {
+          if (!st->finished) {  // the client left before the last event (after it, there is nothing to abort)
             std::fprintf(stderr, "kb_nano serve: request %lld aborted (the client disconnected)\n",
                          (long long)p->req.id);
             loop.abort(p->req.id);
