@@ -34,6 +34,7 @@
 #include "cli/commands.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
+#include "engine/tp_group.h"
 #include "kbn/version.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -525,6 +526,7 @@ struct Options {
   int64_t max_num_batched_tokens = 0;
   int64_t num_kv_blocks = 0;
   int64_t max_body_bytes = 8 << 20;
+  int tp = 1;
   double gpu_memory_utilization = 0.9;
   uint64_t seed = 0;
 };
@@ -583,7 +585,18 @@ void run(const Options& o) {
                spec.weights_path.empty() ? ("random (seed " + std::to_string(o.seed) + ")").c_str()
                                          : spec.weights_path.c_str(),
                o.variant.c_str(), mode_name.c_str(), tok_path.c_str(), sv.chat ? sv.chat->name() : "none");
-  auto model = engine::build_model(spec, variant, popts, o.seed);
+  // Tensor parallel: one rank thread per GPU (or CPU rank), as eval --tp; the engine steps all ranks together.
+  std::unique_ptr<engine::TensorParallelGroup> group;
+  std::unique_ptr<CausalLM> model;
+  std::vector<std::unique_ptr<CausalLM>> shards;
+  if (o.tp > 1) {
+    group = std::make_unique<engine::TensorParallelGroup>(o.tp, device);
+    shards = engine::build_model_shards(spec, variant, popts, o.seed, *group);
+    std::fprintf(stderr, "  tensor parallel %d: %s; collectives: %s\n", o.tp,
+                 device.is_cpu() ? "CPU ranks" : "rank r on cuda:r", group->collectives().c_str());
+  } else {
+    model = engine::build_model(spec, variant, popts, o.seed);
+  }
   engine::EngineConfig ecfg;
   ecfg.max_model_len = sv.max_model_len;
   ecfg.max_num_seqs = o.max_num_seqs > 0 ? o.max_num_seqs : (device.is_cuda() ? 256 : 16);
@@ -591,7 +604,15 @@ void run(const Options& o) {
   ecfg.num_kv_blocks = o.num_kv_blocks;
   ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
   ecfg.mode = engine::parse_execution_mode(mode_name);
-  engine::LLMEngine eng(*model, variant, device, ecfg);
+  std::unique_ptr<engine::LLMEngine> engine_ptr;
+  if (group) {
+    std::vector<CausalLM*> ptrs;
+    for (auto& m : shards) ptrs.push_back(m.get());
+    engine_ptr = std::make_unique<engine::LLMEngine>(ptrs, *group, variant, ecfg);
+  } else {
+    engine_ptr = std::make_unique<engine::LLMEngine>(*model, variant, device, ecfg);
+  }
+  engine::LLMEngine& eng = *engine_ptr;
   {  // one-time costs (kernel loading, library handles) before the first client
     engine::Request warm;
     warm.id = -1;
@@ -857,6 +878,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", o->port, "Port (default 8000; 0 = any free port, printed at start)")
       ->check(integer_in(0, 65535));
   cmd->add_option("--variant", o->variant, "baseline or candidate");
+  cmd->add_option("--tp", o->tp,
+                  "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
+                  "CPU (default 1)")
+      ->check(integer_at_least(1, "a tensor-parallel size"));
   cmd->add_option("--mode", o->mode, "eager or graph (default: graph on CUDA, eager on CPU)");
   cmd->add_option("--max-model-len", o->max_model_len,
                   "Prompt + completion tokens per request (0, the default: the model's max_position_embeddings)")

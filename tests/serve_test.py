@@ -244,6 +244,15 @@ try:
     check(status == 404 and "no such endpoint" in text, "an unknown path is a 404 naming the endpoints")
     status, _ = request(port, "GET", "/health")
     check(status == 200, "healthy after all of that")
+    # Tensor parallel on CPU ranks: the same checkpoint gives the same greedy text at --tp 2.
+    tp_server, tp_port, _ = start(["--tp", "2", "--max-model-len", "256"])
+    try:
+        s, r = post(tp_port, "/v1/completions", {"prompt": prompts[0], "max_tokens": 12, "temperature": 0,
+                                                 "ignore_eos": True})
+        check(s == 200 and r["choices"][0]["text"] == solo[prompts[0]], "serve --tp 2 (CPU ranks) answers as --tp 1")
+    finally:
+        tp_server.send_signal(signal.SIGTERM)
+        tp_server.wait(timeout=20)
 finally:
     server.send_signal(signal.SIGTERM)
     try:
