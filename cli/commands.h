@@ -12,4 +12,5 @@ void add_profile_command(CLI::App& app);
 void add_report_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
 }  // namespace kbn::cli

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   kbn::cli::add_report_command(app);
   kbn::cli::add_bench_command(app);
   kbn::cli::add_serve_command(app);
+  kbn::cli::add_tokenize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -62,4 +62,13 @@ expect_error 2 "--top-p" --device cpu --prompt hi --top-p 1.5
 expect_error 2 "--temperature" --device cpu --prompt hi --temperature -1
 # A published config whose architecture no L4 serves is named before any of its keys are read.
 expect_error 1 "no L4 model serves architecture 'Mamba2ForCausalLM'" --device cpu --model mamba-codestral-7b-v0.1
+# kb_nano tokenize: the ids Hugging Face gives for "Hello world" with Llama-3's tokenizer, and back.
+lb="$src/tests/fixtures/tokenizers/llama-bpe/tokenizer.json"
+ids=$("$kbn" tokenize --tokenizer "$lb" --text "Hello world" --json 2>/dev/null) || fail "tokenize"
+[[ "$ids" == "[128000,9906,1917]" ]] || fail "tokenize gave $ids"
+back=$("$kbn" tokenize --tokenizer "$lb" --decode 128000,9906,1917 --no-special 2>/dev/null) || fail "tokenize --decode"
+[[ "$back" == "Hello world" ]] || fail "tokenize --decode gave '$back'"
+expect_tokenize_error() { "$kbn" tokenize "$@" >/dev/null 2>err.txt && fail "tokenize $* succeeded"; grep -q -- "--" err.txt || fail "tokenize $*: $(cat err.txt)"; }
+expect_tokenize_error --tokenizer "$lb" --decode 1,x
+expect_tokenize_error --tokenizer "$lb" --text a --decode 1
 echo "generate_text_test: ok"
