@@ -20,6 +20,8 @@ StepShape step_shape(const SchedulerOutput& out, int64_t window) {
     // Keys the chunk's queries see under the window: from the first query's first key to the last query.
     const int64_t in_window = window > 0 ? c + q - std::max<int64_t>(0, c - window + 1) : c + q;
     if (int64_t(i) < out.num_prefills) {
+      ++s.prefill_seqs;
+      if (c > 0) ++s.prefill_continued;
       s.prefill_tokens += q;
       s.prefill_context += c + q;
       s.prefill_pairs += q * c + q * (q + 1) / 2;
@@ -58,14 +60,23 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
     expert_weights_ = 3 * H * m.intermediate_size;  // w13 [2N, H] and w2 [H, N]
     router_weights_ = sparse_layers_ * H * experts_;
   }
-  const int64_t dense_mlp_layers = layers_ - sparse_layers_;
+  int64_t mixer = 0;  // Mamba-2, per layer: in_proj [H -> I + conv_dim + heads] and out_proj [I -> H]
+  if (view.mamba) {
+    const MambaShape& m = *view.mamba;
+    mixer = H * (m.intermediate_size + m.conv_dim() + m.num_heads) + m.intermediate_size * H;
+    state_bytes_per_seq_ = layers_ * ((m.conv_kernel - 1) * m.conv_dim() + m.num_heads * m.head_dim * m.state_size) * es_;
+    const double L = double(m.chunk_size), P = double(m.head_dim), N = double(m.state_size);
+    scan_flops_per_token_ = double(layers_) * double(m.num_heads) * (2 * L * (N + P) + 4 * P * N);
+    update_flops_per_token_ = double(layers_) * double(m.num_heads) * 5 * P * N;  // decay, update, read-out
+  }
+  const int64_t dense_mlp_layers = view.mamba ? 0 : layers_ - sparse_layers_;
   int64_t mlp = 0;
   if (dense_mlp_layers > 0) {
     KBN_CHECK(view.intermediate_size.has_value(), "serial floor: model '", view.name, "' has ", dense_mlp_layers,
               " dense MLP layers but its config gives no 'intermediate_size'");
     mlp = 3 * H * *view.intermediate_size;  // gate_up [2I, H] and down [H, I]
   }
-  dense_layer_weights_ = layers_ * attention + dense_mlp_layers * mlp;
+  dense_layer_weights_ = layers_ * (attention + mixer) + dense_mlp_layers * mlp;
 }
 
 StepWork FloorModel::work(const StepShape& s) const {
@@ -101,6 +112,11 @@ StepWork FloorModel::work(const StepShape& s) const {
   w.decode_flops = pair * windowed(s.decode_context, s.decode_context_in_window);
   w.prefill_kv_bytes = kv * windowed(s.prefill_context, s.prefill_context_in_window);
   w.prefill_flops = pair * windowed(s.prefill_pairs, s.prefill_pairs_in_window);
+  const double state = double(state_bytes_per_seq_);
+  w.decode_state_bytes = 2 * state * double(s.decodes);
+  w.decode_state_flops = update_flops_per_token_ * double(s.decodes);
+  w.prefill_state_bytes = state * double(s.prefill_seqs + s.prefill_continued);
+  w.prefill_state_flops = scan_flops_per_token_ * double(s.prefill_tokens);
   return w;
 }
 
@@ -118,7 +134,7 @@ SerialFloor serial_floor(const FloorModel& model, const std::vector<StepShape>& 
   const double copy = rates.copy_bytes_per_s, gemm = rates.gemm_flop_per_s;
   SerialFloor f;
   f.rates = rates;
-  double linear = 0, experts = 0, embedding = 0, decode = 0, prefill = 0;
+  double linear = 0, experts = 0, embedding = 0, decode = 0, prefill = 0, state_decode = 0, state_prefill = 0;
   for (const StepShape& s : steps) {
     const StepWork w = model.work(s);
     const double bytes_s = w.weight_bytes() / copy, flops_s = w.gemm_flops() / gemm;
@@ -138,6 +154,8 @@ SerialFloor serial_floor(const FloorModel& model, const std::vector<StepShape>& 
     f.attention_flops_s += w.attention_flops() / gemm;
     decode += w.decode_kv_bytes / copy + w.decode_flops / gemm;
     prefill += w.prefill_kv_bytes / copy + w.prefill_flops / gemm;
+    state_decode += w.decode_state_bytes / copy + w.decode_state_flops / gemm;
+    state_prefill += w.prefill_state_bytes / copy + w.prefill_state_flops / gemm;
     f.weight_bytes += w.weight_bytes();
     f.gemm_flops += w.gemm_flops();
     f.kv_bytes += w.kv_bytes();
@@ -148,7 +166,9 @@ SerialFloor serial_floor(const FloorModel& model, const std::vector<StepShape>& 
                               {"fused_experts", experts},
                               {"embedding", embedding},
                               {"flash_attn_decode", decode},
-                              {"flash_attn_prefill", prefill}})
+                              {"flash_attn_prefill", prefill},
+                              {"selective_state_update", state_decode},
+                              {"mamba_chunk_scan_combined", state_prefill}})
     if (s > 0) f.by_op.push_back({op, s});
   return f;
 }

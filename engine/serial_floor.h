@@ -16,6 +16,11 @@
 //              4 x head_dim x num_heads per (query, key) pair per layer: ctx pairs for a decode, q x c + q(q+1)/2
 //              for a chunk of q queries after c cached tokens (the causal half; c = 0 gives q(q+1)/2). A sliding
 //              layer (AttentionShape::num_sliding_layers of them) reads and pairs only the keys in its window.
+//   state:     (Mamba-2) every sequence of the step reads and writes its conv and SSM states in every layer (a
+//              prefill chunk without earlier tokens only writes them), at the copy rate; the SSD scan's FLOPs per
+//              prefill token and layer, num_heads x (2 L (N + P) + 4 P N) (a full chunk of L tokens), at the GEMM rate.
+//              Counted with the attention terms (kv_read_s, attention_flops_s) and attributed to
+//              "selective_state_update" (decodes) and "mamba_chunk_scan_combined" (prefill chunks).
 //
 // The step's floor is GEMMs + attention; the run's floor is the sum over its steps. Rates are bytes per second
 // as `kb_nano kernels` counts the copy ceiling (bench::Ceilings::copy_gb_per_s) and FLOPs per second of its bf16
@@ -41,6 +46,8 @@ struct StepShape {
   int64_t decode_context = 0;   // sum over decodes of their context (cached tokens + 1): keys read per layer
   int64_t prefill_context = 0;  // sum over prefill chunks of their context (cached tokens + chunk)
   int64_t prefill_pairs = 0;    // sum over prefill chunks of q x c + q(q+1)/2: causal (query, key) pairs
+  int64_t prefill_seqs = 0;     // prefill chunks
+  int64_t prefill_continued = 0;  // of which after earlier tokens of their sequence (c > 0)
   // The same three as a sliding-window layer of `window` keys reads and computes them (equal to the above without a
   // window): a decode reads min(context, window) keys, a chunk the keys its queries' windows cover.
   int64_t window = 0;
@@ -66,11 +73,13 @@ struct StepWork {
   double embedding_bytes = 0;                      // rows looked up ("embedding")
   double decode_kv_bytes = 0, decode_flops = 0;    // "flash_attn_decode"
   double prefill_kv_bytes = 0, prefill_flops = 0;  // "flash_attn_prefill"
+  double decode_state_bytes = 0, decode_state_flops = 0;    // "selective_state_update" (Mamba-2)
+  double prefill_state_bytes = 0, prefill_state_flops = 0;  // "mamba_chunk_scan_combined"
 
   double weight_bytes() const { return linear_bytes + expert_bytes + embedding_bytes; }
   double gemm_flops() const { return linear_flops + expert_flops; }
-  double kv_bytes() const { return decode_kv_bytes + prefill_kv_bytes; }
-  double attention_flops() const { return decode_flops + prefill_flops; }
+  double kv_bytes() const { return decode_kv_bytes + prefill_kv_bytes + decode_state_bytes + prefill_state_bytes; }
+  double attention_flops() const { return decode_flops + prefill_flops + decode_state_flops + prefill_state_flops; }
 };
 
 // A model's per-step work from its shapes (one rank's ModelView) and the element size of its weights and KV cache.
@@ -92,10 +101,13 @@ class FloorModel {
   int64_t sparse_layers_ = 0, experts_ = 0, top_k_ = 0, expert_weights_ = 0;  // expert_weights_: 3 x H x N
   int64_t heads_ = 0, head_dim_ = 0, kv_bytes_per_token_ = 0;
   int64_t sliding_layers_ = 0;  // layers that read only their window (AttentionShape::num_sliding_layers)
+  int64_t state_bytes_per_seq_ = 0;  // Mamba-2: conv + SSM state of one sequence, all layers
+  double scan_flops_per_token_ = 0, update_flops_per_token_ = 0;  // all layers
 };
 
 // The ops the floor is attributed to, in this order: "linear", "fused_experts", "embedding", "flash_attn_decode",
-// "flash_attn_prefill" (kb_nano kernels' op names, which --kernel-trace groups kernels by).
+// "flash_attn_prefill", "selective_state_update", "mamba_chunk_scan_combined" (kb_nano kernels' op names, which
+// --kernel-trace groups kernels by).
 struct OpFloor {
   std::string op;
   double floor_s = 0;

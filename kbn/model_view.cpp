@@ -37,7 +37,7 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
   m.max_position_embeddings = c.get_int("max_position_embeddings", 8192);
   KBN_CHECK(m.max_position_embeddings > 0, "config ", c.source(),
             ": key 'max_position_embeddings' must be positive, got ", m.max_position_embeddings);
-  m.rms_norm_eps = c.get_double("rms_norm_eps", 1e-6);
+  m.rms_norm_eps = c.get_double("rms_norm_eps", c.get_double("layer_norm_epsilon", 1e-6));
   KBN_CHECK(m.rms_norm_eps > 0, "config ", c.source(), ": key 'rms_norm_eps' must be positive, got ", m.rms_norm_eps);
   // Mixture of experts: Mixtral names its expert count num_local_experts and its expert size intermediate_size
   // (it has no dense MLP); Qwen3-MoE names them num_experts and moe_intermediate_size, and keeps intermediate_size
@@ -64,7 +64,28 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
     dense_layers = m.num_layers - e.num_sparse_layers;
     m.moe = e;
   }
-  const bool dense_size = !moe || c.has("moe_intermediate_size");
+  const bool mamba = c.has("state_size") && c.has("conv_kernel");
+  if (mamba) {
+    MambaShape s;
+    s.total_num_heads = positive("num_heads");
+    s.head_dim = positive("head_dim");
+    s.state_size = positive("state_size");
+    s.total_n_groups = c.get_int("n_groups", 1);
+    s.conv_kernel = positive("conv_kernel");
+    s.chunk_size = positive("chunk_size");
+    s.conv_bias = c.get_bool("use_conv_bias", true);
+    KBN_CHECK(s.total_n_groups > 0 && s.total_num_heads % s.total_n_groups == 0, "config ", c.source(),
+              ": 'num_heads' (", s.total_num_heads, ") must be a multiple of 'n_groups' (", s.total_n_groups, ")");
+    if (c.has("intermediate_size"))
+      KBN_CHECK(c.get_int("intermediate_size") == s.total_num_heads * s.head_dim, "config ", c.source(),
+                ": 'intermediate_size' (", c.get_int("intermediate_size"), ") must equal num_heads * head_dim (",
+                s.total_num_heads * s.head_dim, ")");
+    s.num_heads = split(s.total_num_heads, "num_heads");
+    s.n_groups = s.total_n_groups == 1 ? 1 : split(s.total_n_groups, "n_groups");
+    s.intermediate_size = s.num_heads * s.head_dim;
+    m.mamba = s;
+  }
+  const bool dense_size = !mamba && (!moe || c.has("moe_intermediate_size"));
   if (dense_size && dense_layers > 0 && c.has("intermediate_size"))
     m.intermediate_size = split(positive("intermediate_size"), "intermediate_size");
   if (c.has("num_attention_heads")) {

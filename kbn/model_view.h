@@ -41,6 +41,21 @@ struct MoeShape {
   int64_t num_sparse_layers = 0;
 };
 
+// A Mamba-2 mixer (vLLM MambaMixer2) as one rank sees it: heads, groups and the gated channels split over the ranks
+// (a single group is replicated on every rank, as vLLM does).
+struct MambaShape {
+  int64_t num_heads = 0;          // this rank's
+  int64_t head_dim = 0;
+  int64_t state_size = 0;         // N, 'state_size'
+  int64_t n_groups = 0;           // this rank's groups of B and C
+  int64_t conv_kernel = 0;        // the causal conv's width
+  int64_t intermediate_size = 0;  // this rank's gated channels = num_heads * head_dim
+  int64_t chunk_size = 0;         // the SSD scan's chunk
+  int64_t total_num_heads = 0, total_n_groups = 0;
+  bool conv_bias = true;
+  int64_t conv_dim() const { return intermediate_size + 2 * n_groups * state_size; }  // x, B, C
+};
+
 struct ModelView {
   std::string name;  // models/ name, "random", or the path given
   std::shared_ptr<const ModelConfig> config;
@@ -57,6 +72,7 @@ struct ModelView {
   std::optional<AttentionShape> attention;
   std::optional<int64_t> intermediate_size;  // dense MLP, this rank's share (absent when every layer is MoE)
   std::optional<MoeShape> moe;
+  std::optional<MambaShape> mamba;  // Mamba-2 ('state_size' with 'conv_kernel'); such a model has no dense MLP
 
   bool has_feature(std::string_view f) const;
 

@@ -222,6 +222,33 @@ std::shared_ptr<StepContext> make_step_context(const StepShape& st, int64_t kv_h
   return ctx;
 }
 
+std::shared_ptr<StepContext> make_state_step_context(const StepShape& st, const std::vector<Shape>& state_shapes,
+                                                     DType dt, Device d, uint64_t seed) {
+  const int64_t seqs = int64_t(st.query.size()), slots = seqs + 3;
+  std::vector<int32_t> order(static_cast<size_t>(slots));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 gen(hash_seed(seed, "state_slots"));
+  std::shuffle(order.begin(), order.end(), gen);
+  int64_t max_len = 0;
+  for (int64_t i = 0; i < seqs; ++i) max_len = std::max(max_len, st.cached[size_t(i)] + st.query[size_t(i)]);
+  // No paged layer reads these blocks; the metadata still carries a block table per sequence.
+  const std::vector<int32_t> table(static_cast<size_t>(ceil_div(max_len, kKvBlockSize)), 0);
+  std::vector<StepSequence> step;
+  for (int64_t i = 0; i < seqs; ++i)
+    step.push_back({st.cached[size_t(i)], st.query[size_t(i)], &table, !st.decode, order[size_t(i)]});
+  auto ctx = std::make_shared<StepContext>();
+  ctx->metadata = upload_step_metadata(build_step_layout(step, kKvBlockSize), d);
+  KVCache layer;
+  for (size_t k = 0; k < state_shapes.size(); ++k) {
+    Shape full{slots};
+    full.insert(full.end(), state_shapes[k].begin(), state_shapes[k].end());
+    const std::string name = "state" + std::to_string(k);
+    layer.states.push_back(normal(full, dt, d, seed, name.c_str(), 1.0));
+  }
+  ctx->kv_caches.push_back(std::move(layer));
+  return ctx;
+}
+
 std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, const CaseOptions& options,
                                    const BlockFacts& f) {
   KBN_CHECK(m.tp == 1, "--tp: blocks (", op,
@@ -243,13 +270,26 @@ std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, co
     const int64_t in_features = f.in_features, out_features = f.out_features;
     const std::vector<int64_t> positions = st.positions();
     const bool attention = f.attention, layer = f.residual;
+    const bool stateful = !f.state_shapes.empty();
+    const DType res_dt = f.residual_f32 ? DType::f32 : dt;
     b.make_inputs = [=](Device d, uint64_t seed) {
+      if (stateful) {
+        std::vector<Tensor> in{normal({T, H}, dt, d, seed, "hidden_states", 1.0)};
+        if (layer) in.push_back(normal({T, H}, res_dt, d, seed, "residual", 1.0));
+        return in;
+      }
       if (!attention) return std::vector<Tensor>{normal({T, in_features}, dt, d, seed, "x", 1.0)};
       std::vector<Tensor> in{Tensor::from_i64(positions, {T}).to(d), normal({T, H}, dt, d, seed, "hidden_states", 1.0)};
       if (layer) in.push_back(normal({T, H}, dt, d, seed, "residual", 1.0));
       return in;
     };
     if (attention) b.make_context = [=](Device d, uint64_t seed) { return make_step_context(st, Hk, D, dt, d, seed); };
+    const std::vector<Shape> state_shapes = f.state_shapes;
+    int64_t state_rw = 0;  // each sequence's state written, and read when it has one (decode)
+    for (const Shape& sh : state_shapes)
+      state_rw += shape_numel(sh) * es * (st.decode ? 2 : 1) * int64_t(st.query.size());
+    if (stateful)
+      b.make_context = [=](Device d, uint64_t seed) { return make_state_step_context(st, state_shapes, dt, d, seed); };
     // Roofline: every weight read once, the step's activations in and out, and (attention) the cached K/V
     // read; intermediate activations between the block's kernels are not counted (an ideal fused block).
     int64_t kv_read = 0, attn_flops = 0;
@@ -260,12 +300,16 @@ std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, co
       const int64_t pairs = st.decode ? kv : q * st.cached[i] + q * (q + 1) / 2;
       attn_flops += 4 * Hq * D * pairs;
     }
-    const int64_t act_in = (layer ? 2 : 1) * T * in_features * es, act_out = (layer ? 2 : 1) * T * out_features * es;
-    b.bytes = f.params * es + act_in + act_out + kv_read;
+    const int64_t res_es = int64_t(dtype_size(res_dt));
+    const int64_t act_in = T * in_features * es + (layer ? T * in_features * res_es : 0),
+                  act_out = T * out_features * es + (layer ? T * out_features * res_es : 0);
+    b.bytes = f.params * es + act_in + act_out + kv_read + state_rw;
     b.flops = 2 * T * f.params + attn_flops;
-    b.input_bytes = act_in + (attention ? kv_read + T * 8 : 0);
+    b.input_bytes = act_in + (attention ? kv_read + T * 8 : 0) + state_rw;
     b.output_numel = (layer ? 2 : 1) * T * out_features;
-    b.note = "bytes and FLOPs of an ideal fused block: weights, step activations and cached K/V once";
+    b.note = stateful ? "bytes of an ideal fused block: weights, step activations and the sequences' states once; "
+                        "FLOPs: the projections only (the scan's are the L1 op's)"
+                      : "bytes and FLOPs of an ideal fused block: weights, step activations and cached K/V once";
     out.push_back(std::move(b));
   }
   return out;

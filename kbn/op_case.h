@@ -136,6 +136,12 @@ StepShape step_shape(int64_t T, int64_t max_positions);
 std::shared_ptr<StepContext> make_step_context(const StepShape& st, int64_t kv_heads, int64_t head_dim, DType dt,
                                                Device d, uint64_t seed);
 
+// The step's metadata with a state slot per sequence (a seeded permutation of num_seqs + 3 slots; decode sequences
+// have an initial state, prefill ones start from zero) and a one-layer state cache of `state_shapes` (random states,
+// N(0, 1), in every slot), for the recurrent-state blocks (MambaMixer2).
+std::shared_ptr<StepContext> make_state_step_context(const StepShape& st, const std::vector<Shape>& state_shapes,
+                                                     DType dt, Device d, uint64_t seed);
+
 // The facts of an L2/L3 block that the generic block cases need (bytes and FLOPs of an ideal fused block:
 // every weight read once, the step's activations in and out, and, with attention, the cached K/V read).
 struct BlockFacts {
@@ -144,6 +150,10 @@ struct BlockFacts {
   int64_t out_features = 0;  // per token, of each output
   bool attention = false;    // forward(positions, hidden_states[, residual]) under a step context
   bool residual = false;     // decoder layers: (hidden_states, residual) in and out
+  // Recurrent-state blocks: forward(hidden_states[, residual]) under a step context with a state cache of these
+  // shapes (one layer, the block's dtype); the states of the step's sequences are read (decode) and written.
+  std::vector<Shape> state_shapes;
+  bool residual_f32 = false;  // the residual input is f32 (Mamba-2's residual_in_fp32)
 };
 // One case per token count (options.tokens, else block_token_counts()) of the block `op` built from the
 // view's config (tp 1 only; errors name --tp).

@@ -315,3 +315,41 @@ TEST(SerialFloor, SlidingLayersReadOnlyTheirWindow) {
   EXPECT_EQ(view_of(R"({"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 4, "vocab_size": 32,
     "sliding_window": 6})").attention->num_sliding_layers, 4);
 }
+
+namespace {
+
+// Mamba-2: H 8, 2 heads of 4 dims (I 8), state 2, 1 group, conv width 3 (conv_dim 8 + 2 x 2 = 12), chunk 4, 2 layers.
+const char* const kMamba = R"({"architectures": ["Mamba2ForCausalLM"], "hidden_size": 8, "num_heads": 2,
+  "head_dim": 4, "state_size": 2, "n_groups": 1, "conv_kernel": 3, "chunk_size": 4, "intermediate_size": 8,
+  "num_hidden_layers": 2, "vocab_size": 32})";
+
+TEST(SerialFloor, MambaStatesAndScanByHand) {
+  const FloorModel m(view_of(kMamba), 2);
+  // Per layer: in_proj 8 x (8 + 12 + 2) = 176, out_proj 8 x 8 = 64; no attention, no MLP.
+  EXPECT_EQ(m.dense_layer_weights(), 2 * (176 + 64));
+  EXPECT_EQ(m.kv_bytes_per_token(), 0);
+  // State per sequence and layer: conv 2 x 12 + SSM 2 x 4 x 2 = 40 elements, 80 bytes; 160 over the layers.
+  StepShape decode;
+  decode.tokens = decode.decodes = decode.logit_rows = 3;
+  decode.decode_context = 30;
+  const StepWork d = m.work(decode);
+  EXPECT_DOUBLE_EQ(d.decode_state_bytes, 2 * 160.0 * 3);  // read and written
+  EXPECT_DOUBLE_EQ(d.decode_kv_bytes, 0);
+  EXPECT_DOUBLE_EQ(d.decode_state_flops, 2 * 2 * 5 * 4 * 2 * 3.0);  // layers x heads x 5 P N per token
+  // Two prefill chunks of 5 tokens, one continuing its sequence: written twice, read once.
+  StepShape prefill;
+  prefill.tokens = prefill.prefill_tokens = 10;
+  prefill.prefill_seqs = 2;
+  prefill.prefill_continued = 1;
+  prefill.logit_rows = 2;
+  const StepWork p = m.work(prefill);
+  EXPECT_DOUBLE_EQ(p.prefill_state_bytes, 160.0 * 3);
+  // Per token and layer: heads x (2 L (N + P) + 4 P N) = 2 x (2 x 4 x 6 + 32) = 160.
+  EXPECT_DOUBLE_EQ(p.prefill_state_flops, 10 * 2 * 160.0);
+  const SerialFloor f = serial_floor(m, {decode, prefill}, kRates);
+  EXPECT_GT(f.op_floor_s("selective_state_update"), 0);
+  EXPECT_GT(f.op_floor_s("mamba_chunk_scan_combined"), 0);
+  EXPECT_DOUBLE_EQ(f.kv_bytes, d.decode_state_bytes + p.prefill_state_bytes);
+}
+
+}  // namespace
