@@ -52,9 +52,7 @@ namespace {
 
 // A config with the shape keys of `j` written over `base`'s: random shapes keep everything else.
 std::shared_ptr<const ModelConfig> config_with(const ModelConfig& base, const nlohmann::json& keys) {
-  nlohmann::json j = nlohmann::json::parse(base.dump());
-  for (const auto& [k, v] : keys.items()) j[k] = v;
-  return std::make_shared<const ModelConfig>(ModelConfig::parse(j.dump(), "random shapes from " + base.source()));
+  return std::make_shared<const ModelConfig>(base.with_overrides(keys.dump(), "random shapes from " + base.source()));
 }
 
 }  // namespace
@@ -80,6 +78,19 @@ std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like
     keys["intermediate_size"] = small ? pick(17, 900) : pick(257, 15000);
     keys["vocab_size"] = small ? pick(65, 3000) : pick(1000, 70000);
     keys["max_position_embeddings"] = std::max<int64_t>(like.max_position_embeddings, 8192);
+    if (like.mamba) {
+      // Mamba-2: heads in groups, odd head and state sizes where the kernels take them (the SSD scan's tensor-core
+      // tiles take 16..128 in powers of two), the channel count tied to them, the config's chunk size.
+      const int64_t groups = pick(1, small ? 3 : 8), heads = groups * pick(1, small ? 3 : 16);
+      const int64_t pow2[] = {16, 32, 64, 128};
+      const int64_t hd = pow2[pick(0, small ? 1 : 3)];
+      keys["n_groups"] = groups;
+      keys["num_heads"] = heads;
+      keys["head_dim"] = hd;
+      keys["intermediate_size"] = heads * hd;
+      keys["state_size"] = pow2[pick(0, small ? 1 : 3)];
+      keys["conv_kernel"] = pick(2, 4);
+    }
     const int64_t tokens = small ? pick(1, 40) : pick(1, 2500);
     ModelView m = ModelView::from("random", config_with(base, keys), 1);
     m.features = like.features;
@@ -100,14 +111,23 @@ std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like
 
 namespace {
 
-// An op that runs every call under its own forward context (blocks containing attention): a one-layer KV
-// cache holding the cached tokens and the step's metadata, identical for every variant and device.
+// An op that runs every call under its own forward context (blocks containing attention or a recurrent state): a
+// one-layer cache holding the cached tokens or the sequences' states, and the step's metadata, identical for every
+// variant and device. A step advances recurrent states, so each call first restores them from a snapshot taken when
+// the context was made: every call then sees the same states (the determinism check needs that), and the timed call
+// includes that one copy of the step's states.
 class ContextOp final : public AnyOp {
  public:
   ContextOp(std::unique_ptr<AnyOp> inner, std::shared_ptr<StepContext> ctx)
-      : inner_(std::move(inner)), ctx_(std::move(ctx)) {}
+      : inner_(std::move(inner)), ctx_(std::move(ctx)) {
+    for (const KVCache& layer : ctx_->kv_caches)
+      for (const Tensor& s : layer.states) snapshot_.push_back(s.clone());
+  }
   Module& module() override { return inner_->module(); }
   std::vector<Tensor> call(const std::vector<Tensor>& args) override {
+    size_t k = 0;
+    for (KVCache& layer : ctx_->kv_caches)
+      for (Tensor& s : layer.states) s.copy_(snapshot_[k++]);
     ForwardContextGuard guard({&ctx_->metadata, &ctx_->kv_caches});
     return inner_->call(args);
   }
@@ -115,6 +135,7 @@ class ContextOp final : public AnyOp {
  private:
   std::unique_ptr<AnyOp> inner_;
   std::shared_ptr<StepContext> ctx_;
+  std::vector<Tensor> snapshot_;
 };
 
 }  // namespace
@@ -124,6 +145,7 @@ std::unique_ptr<AnyOp> build_case_op(const OpEntry& entry, const BenchCase& c, D
   a.opts = ParamOptions{c.dtype, device};
   std::unique_ptr<AnyOp> op = entry.make(a);
   init_random_weights(op->module(), seed, cases::kWeightStd);
+  op->module().process_weights_after_loading_recursive();  // what a loader does after the weights are in
   if (c.make_context) return std::make_unique<ContextOp>(std::move(op), c.make_context(device, seed));
   return op;
 }

@@ -90,7 +90,7 @@ struct InProcessRunner::State {
   std::vector<Tensor> held;
 
   std::vector<Tensor> inputs(const InputSpec& spec) const {
-    return apply_distribution(c.make_inputs(device, spec.seed), spec.distribution, spec.seed);
+    return apply_distribution(c.make_inputs(device, spec.seed), spec.distribution, spec.seed, fixed_input_mask(entry));
   }
 
   void fail(CallResult& r, std::string check, std::string reason) const {

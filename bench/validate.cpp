@@ -40,7 +40,15 @@ const std::vector<std::string>& distributions() {
   return d;
 }
 
-std::vector<Tensor> apply_distribution(const std::vector<Tensor>& inputs, const std::string& name, uint64_t seed) {
+std::vector<bool> fixed_input_mask(const OpEntry& entry) {
+  std::vector<bool> m(entry.args.size(), false);
+  for (size_t k = 0; k < entry.args.size(); ++k)
+    m[k] = std::find(entry.fixed_inputs.begin(), entry.fixed_inputs.end(), entry.args[k]) != entry.fixed_inputs.end();
+  return m;
+}
+
+std::vector<Tensor> apply_distribution(const std::vector<Tensor>& inputs, const std::string& name, uint64_t seed,
+                                       const std::vector<bool>& fixed) {
   const auto& all = distributions();
   KBN_CHECK(std::find(all.begin(), all.end(), name) != all.end(), "bench: unknown input distribution '", name,
             "'; known: normal, large, outliers, sparse");
@@ -48,7 +56,7 @@ std::vector<Tensor> apply_distribution(const std::vector<Tensor>& inputs, const 
   std::vector<Tensor> out;
   for (size_t k = 0; k < inputs.size(); ++k) {
     const Tensor& t = inputs[k];
-    if (!t.defined() || !is_floating(t.dtype())) {
+    if (!t.defined() || !is_floating(t.dtype()) || (k < fixed.size() && fixed[k])) {
       out.push_back(t);
       continue;
     }
@@ -139,7 +147,7 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
       v.runs++;
       const std::vector<Tensor>* held = candidate.inputs_held(spec);
       const std::vector<Tensor> pristine =
-          held ? *held : apply_distribution(c.make_inputs(device, run_seed), dist, run_seed);
+          held ? *held : apply_distribution(c.make_inputs(device, run_seed), dist, run_seed, fixed_input_mask(entry));
       std::vector<Tensor> base_in = clone_all(pristine);
       const std::vector<Tensor> want = baseline.call(base_in);
       synchronize(device);

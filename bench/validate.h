@@ -107,6 +107,10 @@ std::string verify_timed_samples(const BenchCase& c, const OpEntry& entry, AnyOp
 
 // Value distributions applied to an input set's floating tensors (integer tensors are left alone).
 const std::vector<std::string>& distributions();  // {"normal", "large", "outliers", "sparse"}
-std::vector<Tensor> apply_distribution(const std::vector<Tensor>& inputs, const std::string& name, uint64_t seed);
+// Inputs k with fixed[k] (OpEntry::fixed_inputs) are passed through unchanged.
+std::vector<Tensor> apply_distribution(const std::vector<Tensor>& inputs, const std::string& name, uint64_t seed,
+                                       const std::vector<bool>& fixed = {});
+// fixed[k]: argument k of `entry` is one of its fixed_inputs.
+std::vector<bool> fixed_input_mask(const OpEntry& entry);
 
 }  // namespace kbn::bench

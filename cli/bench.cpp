@@ -91,7 +91,7 @@ int run_bench(const Options& o) {
   if (!o.dtype.empty()) dtype = parse_dtype(o.dtype);
   KBN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
             "--dtype: expected f32, bf16 or f16, got '", o.dtype, "'");
-  const int64_t max_pos = spec.config.get_int("max_position_embeddings");
+  const int64_t max_pos = engine::max_positions(spec);
   const int64_t vocab = spec.config.get_int("vocab_size");
   int64_t longest = 2;
   for (int64_t p : pp) longest = std::max(longest, p + 1);

@@ -591,7 +591,7 @@ void run_url(const Options& o, bool max_num_seqs_given) {
               "kb-nano server?): give --model with the served model's config");
     const engine::ModelSpec spec = engine::resolve_model(o.model);
     vocab = spec.config.language_model().get_int("vocab_size");
-    max_len = spec.config.language_model().get_int("max_position_embeddings");
+    max_len = engine::max_positions(spec);
   }
   if (o.max_model_len > 0) max_len = std::min(max_len, o.max_model_len);
   std::string tok_path = o.tokenizer;
@@ -665,7 +665,7 @@ void run(const Options& o, bool max_num_seqs_given) {
               "--dtype: expected f32, bf16 or f16, got '", o.dtype, "'");
   }
   ParamOptions popts{dtype, device};
-  const int64_t max_pos = spec.config.get_int("max_position_embeddings");
+  const int64_t max_pos = engine::max_positions(spec);
   const int64_t max_model_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
   KBN_CHECK(max_model_len >= 2 && max_model_len <= max_pos, "--max-model-len: expected 2..", max_pos,
             " (the model's max_position_embeddings), got ", max_model_len);

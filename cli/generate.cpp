@@ -147,7 +147,7 @@ void run(const Options& o) {
   }
   // Every position a prompt and its new tokens take must be one the model has (its rotary table ends there): checked
   // here, before the model is built, rather than found by an op mid-run.
-  const int64_t max_pos = spec.config.get_int("max_position_embeddings");
+  const int64_t max_pos = engine::max_positions(spec);
   for (size_t i = 0; i < prompts.size(); ++i) {
     const int64_t len = int64_t(prompts[i].size());
     KBN_CHECK(len + o.max_new_tokens <= max_pos, "--max-new-tokens: prompt ", i, " (", len, " tokens) + ",

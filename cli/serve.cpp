@@ -568,7 +568,7 @@ void run(const Options& o) {
   sv.tok = &tok;
   sv.vocab = spec.config.language_model().get_int("vocab_size");
   sv.eos = spec.config.get_int_list("eos_token_id");
-  const int64_t max_pos = spec.config.language_model().get_int("max_position_embeddings");
+  const int64_t max_pos = engine::max_positions(spec);
   sv.max_model_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
   KBN_CHECK(sv.max_model_len >= 2 && sv.max_model_len <= max_pos, "--max-model-len: expected 2..", max_pos,
             " (the model's max_position_embeddings), got ", sv.max_model_len);

@@ -68,16 +68,27 @@ CudaGraphRunner::CudaGraphRunner(CausalLM& model, std::vector<KVCache>& kv_cache
   const size_t rows_bytes = size_t(3 * max_batch_) * sizeof(int64_t);
   const size_t seq_lens_bytes = size_t(max_batch_) * sizeof(int32_t);
   const size_t tables_bytes = size_t(max_batch_ * max_blocks_per_seq_) * sizeof(int32_t);
-  KBN_CUDA_CHECK(cudaHostAlloc(&host_, rows_bytes + seq_lens_bytes + tables_bytes, cudaHostAllocDefault));
+  for (const KVCache& c : kv_caches) stateful_ = stateful_ || !c.states.empty();
+  const size_t state_bytes = stateful_ ? size_t(2 * max_batch_) * sizeof(int32_t) : 0;
+  KBN_CUDA_CHECK(cudaHostAlloc(&host_, rows_bytes + seq_lens_bytes + tables_bytes + state_bytes, cudaHostAllocDefault));
   try {
     host_rows_ = static_cast<int64_t*>(host_);
     host_seq_lens_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_) + rows_bytes);
     host_block_tables_ = reinterpret_cast<int32_t*>(static_cast<char*>(host_) + rows_bytes + seq_lens_bytes);
+    host_state_rows_ =
+        reinterpret_cast<int32_t*>(static_cast<char*>(host_) + rows_bytes + seq_lens_bytes + tables_bytes);
     KBN_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_copied_, cudaEventDisableTiming));
 
     // Every row starts as padding: token 0 at position 0, not stored (slot -1), no keys (seq_len 0).
     std::memset(host_, 0, rows_bytes + seq_lens_bytes + tables_bytes);
     std::fill(host_rows_ + 2 * max_batch_, host_rows_ + 3 * max_batch_, int64_t(-1));
+    if (stateful_) {  // padding: no state slot (the state ops skip the row); a decode continues its state
+      std::fill(host_state_rows_, host_state_rows_ + max_batch_, -1);
+      std::fill(host_state_rows_ + max_batch_, host_state_rows_ + 2 * max_batch_, 1);
+      state_rows_ = Tensor::empty({2, max_batch_}, DType::i32, device);
+      KBN_CUDA_CHECK(
+          cudaMemcpyAsync(state_rows_.data_ptr(), host_state_rows_, state_bytes, cudaMemcpyHostToDevice, stream_));
+    }
     token_rows_ = Tensor::empty({3, max_batch_}, DType::i64, device);
     seq_lens_ = Tensor::empty({max_batch_}, DType::i32, device);
     block_tables_ = Tensor::empty({max_batch_, max_blocks_per_seq_}, DType::i32, device);
@@ -122,6 +133,10 @@ AttentionMetadata CudaGraphRunner::decode_metadata(int64_t size) const {
   md.query_start_loc = query_start_loc_;
   md.seq_lens = seq_lens_.slice(0, 0, size);
   md.block_tables = block_tables_.slice(0, 0, size);
+  if (stateful_) {
+    md.state_indices = state_rows_.select(0, 0).slice(0, 0, size);
+    md.has_initial_state = state_rows_.select(0, 1).slice(0, 0, size);
+  }
   // The decode attention picks its key partitioning on the host from this bound, once, at capture: it must
   // cover every sequence a replay can serve (can_run keeps them within max_model_len); per sequence, the
   // kernels stop at its own seq_len.
@@ -206,6 +221,12 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
     positions[i] = layout.positions[size_t(i)];
     slots[i] = layout.slot_mapping[size_t(i)];
     host_seq_lens_[i] = layout.seq_lens[size_t(i)];
+    if (stateful_) {
+      const int32_t slot = out.seqs[size_t(i)].seq->state_slot;
+      KBN_CHECK(slot >= 0, "CUDA graphs: decoding sequence ", out.seqs[size_t(i)].seq->id,
+                " of a recurrent-state model holds no state slot");
+      host_state_rows_[i] = slot;
+    }
     std::copy_n(layout.block_tables.begin() + i * width, width, host_block_tables_ + i * max_blocks_per_seq_);
   }
   // Padding rows up to the graph's size: seq_len 0 makes both decode kernels read no key and write zeros
@@ -217,6 +238,7 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
     positions[i] = 0;
     slots[i] = -1;
     host_seq_lens_[i] = 0;
+    if (stateful_) host_state_rows_[i] = -1;
   }
 
   const size_t row_pitch = size_t(max_batch_) * sizeof(int64_t);
@@ -227,6 +249,9 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
                                  cudaMemcpyHostToDevice, stream_));
   KBN_CUDA_CHECK(cudaMemcpy2DAsync(block_tables_.data_ptr(), table_pitch, host_block_tables_, table_pitch,
                                    size_t(width) * sizeof(int32_t), size_t(n), cudaMemcpyHostToDevice, stream_));
+  if (stateful_)  // only the slot row changes between steps (has_initial_state stays 1)
+    KBN_CUDA_CHECK(cudaMemcpyAsync(state_rows_.data_ptr(), host_state_rows_, size_t(g.size) * sizeof(int32_t),
+                                   cudaMemcpyHostToDevice, stream_));
   KBN_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
   KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
   return g.output.slice(0, 0, n);

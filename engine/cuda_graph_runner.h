@@ -77,6 +77,10 @@ class CudaGraphRunner {
   Tensor seq_lens_;            // [max_batch] i32 (0 = padding)
   Tensor block_tables_;        // [max_batch, max_blocks_per_seq] i32
   Tensor query_start_loc_;     // [1] i32 = {0}: no prefill
+  // Recurrent-state models (some layer holds states): [2, max_batch] i32, the state slots (-1 = padding: the state
+  // ops skip the row) and has_initial_state (1: a decoding sequence continues its state). Undefined otherwise.
+  Tensor state_rows_;
+  bool stateful_ = false;
   std::vector<Graph> graphs_;  // ascending size
 
   // Pinned host mirrors of the static inputs (one allocation), so the copies are truly asynchronous.
@@ -84,6 +88,7 @@ class CudaGraphRunner {
   int64_t* host_rows_ = nullptr;          // [3, max_batch]
   int32_t* host_seq_lens_ = nullptr;      // [max_batch]
   int32_t* host_block_tables_ = nullptr;  // [max_batch, max_blocks_per_seq]
+  int32_t* host_state_rows_ = nullptr;    // [2, max_batch] (stateful models)
   CUevent_st* inputs_copied_ = nullptr;   // recorded after the last step's copies out of host_
 };
 

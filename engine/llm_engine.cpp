@@ -73,8 +73,6 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   if (stateful) {
     config_.num_state_slots = config.num_state_slots > 0 ? config.num_state_slots : config.max_num_seqs;
     config_.enable_prefix_caching = false;  // no state to resume a cached prefix from
-    KBN_CHECK(config.mode == ExecutionMode::eager, "engine: graph mode for a model with recurrent-state layers is not "
-              "built yet (its decode graphs would need the state slots in their static inputs); use eager mode");
   } else {
     config_.num_state_slots = 0;
   }

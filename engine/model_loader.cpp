@@ -136,4 +136,9 @@ std::vector<std::unique_ptr<CausalLM>> build_model_shards(const ModelSpec& spec,
   return shards;
 }
 
+int64_t max_positions(const ModelSpec& spec) {
+  const ModelConfig lm = spec.config.language_model();
+  return lm.has("max_position_embeddings") ? lm.get_int("max_position_embeddings") : kNoPositionLimitDefault;
+}
+
 }  // namespace kbn::engine

@@ -34,6 +34,12 @@ ModelSpec resolve_model(const std::string& name_or_path);
 // by the commands that run a model, before they read model-specific keys).
 void check_architecture_served(const ModelSpec& spec);
 
+// The longest sequence the model's positions allow: the language model's 'max_position_embeddings', or, for a
+// model without positions (Mamba-2's recurrence has none), kNoPositionLimitDefault (a serving default; --max-model-len
+// raises it).
+constexpr int64_t kNoPositionLimitDefault = 65536;
+int64_t max_positions(const ModelSpec& spec);
+
 // The embedded default: a tiny Llama on CPU, Llama-3.1-8B-Instruct (random weights) when a GPU is present.
 std::string default_model_name(Device device);
 Device default_device();

@@ -254,10 +254,9 @@ void ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
     out.seqs.push_back({&s, 0, len, true});
     out.num_tokens += len;
   }
-  std::stable_partition(out.seqs.begin(), out.seqs.end(),
-                        [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
-  out.num_prefills =
-      std::count_if(out.seqs.begin(), out.seqs.end(), [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
+  const auto prefill = [stateful](const ScheduledSequence& e) { return runs_as_prefill(e, stateful); };
+  std::stable_partition(out.seqs.begin(), out.seqs.end(), prefill);
+  out.num_prefills = std::count_if(out.seqs.begin(), out.seqs.end(), prefill);
   std::vector<KVCache> caches =
       allocate_kv_caches(model_.cache_specs(), blocks.num_blocks(), block_size_, device_, stateful ? num_seqs : 0);
   run(out, caches);

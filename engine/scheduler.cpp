@@ -136,10 +136,9 @@ SchedulerOutput Scheduler::schedule() {
     add_entry(s, n);
   }
 
-  std::stable_partition(out.seqs.begin(), out.seqs.end(),
-                        [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
-  out.num_prefills =
-      std::count_if(out.seqs.begin(), out.seqs.end(), [](const ScheduledSequence& e) { return e.num_new_tokens > 1; });
+  const auto prefill = [stateful](const ScheduledSequence& e) { return runs_as_prefill(e, stateful); };
+  std::stable_partition(out.seqs.begin(), out.seqs.end(), prefill);
+  out.num_prefills = std::count_if(out.seqs.begin(), out.seqs.end(), prefill);
   KBN_CHECK(!out.empty() || !has_unfinished(), "scheduler: nothing could be scheduled with ", waiting_.size(),
             " waiting and ", running_.size(), " running sequences (", blocks_.num_free_blocks(), " of ",
             blocks_.num_blocks(), " KV blocks free)");

@@ -39,9 +39,16 @@ struct ScheduledSequence {
   bool samples = false;
 };
 
+// Whether a scheduled chunk runs as a prefill: more than one new token, or, in a model with recurrent-state layers
+// (`stateful`), a sequence's first token (a one-token prompt): the decode kernels continue a state, they do not
+// start one from zero.
+inline bool runs_as_prefill(const ScheduledSequence& e, bool stateful) {
+  return e.num_new_tokens > 1 || (stateful && e.num_computed_tokens == 0);
+}
+
 struct SchedulerOutput {
-  // Prefills (query length > 1) first, then decodes (query length 1): the order kbn::AttentionMetadata
-  // requires. Within each group, budget order (running before newly admitted).
+  // Prefills (runs_as_prefill: query length > 1, or a stateful model's first token) first, then decodes: the order
+  // kbn::AttentionMetadata requires. Within each group, budget order (running before newly admitted).
   std::vector<ScheduledSequence> seqs;
   int64_t num_prefills = 0;
   int64_t num_tokens = 0;              // sum of num_new_tokens

@@ -1,6 +1,8 @@
 #include "kbn/config.h"
 
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <string_view>
 #include <limits>
 #include <cctype>
@@ -65,6 +67,12 @@ void restore_python_constants(nlohmann::json& j) {
     if (s == "\x01kbn:Infinity") j = std::numeric_limits<double>::infinity();
     else if (s == "\x01kbn:-Infinity") j = -std::numeric_limits<double>::infinity();
     else if (s == "\x01kbn:NaN") j = std::numeric_limits<double>::quiet_NaN();
+  } else if (j.is_object() && j.size() == 1 && j.contains("__float__") && j["__float__"].is_string()) {
+    // transformers 5 writes a non-finite float as {"__float__": "Infinity"} (its config.json of Mamba-2).
+    const std::string s = j["__float__"].get<std::string>();
+    if (s == "Infinity" || s == "inf") j = std::numeric_limits<double>::infinity();
+    else if (s == "-Infinity" || s == "-inf") j = -std::numeric_limits<double>::infinity();
+    else if (s == "NaN" || s == "nan") j = std::numeric_limits<double>::quiet_NaN();
   } else if (j.is_structured()) {
     for (auto& v : j) restore_python_constants(v);
   }
@@ -201,7 +209,39 @@ ModelConfig ModelConfig::sub(const std::string& key) const {
   return c;
 }
 
-std::string ModelConfig::dump() const { return json_ ? json_->j.dump(2) : "{}"; }
+std::string ModelConfig::dump() const {
+  if (!json_) return "{}";
+  // Non-finite numbers are written as Python's json writes them (Infinity, -Infinity, NaN), which parse() reads back;
+  // nlohmann alone would write null.
+  nlohmann::json j = json_->j;
+  std::function<void(nlohmann::json&)> mark = [&](nlohmann::json& v) {
+    if (v.is_number_float() && !std::isfinite(v.get<double>())) {
+      const double d = v.get<double>();
+      v = std::string(std::isnan(d) ? "\x01kbn:NaN" : d > 0 ? "\x01kbn:Infinity" : "\x01kbn:-Infinity");
+    } else if (v.is_structured()) {
+      for (auto& e : v) mark(e);
+    }
+  };
+  mark(j);
+  std::string text = j.dump(2);
+  for (const auto& c : kPyConstants) {
+    const std::string quoted = std::string("\"") + c[1] + "\"";
+    for (size_t pos = text.find(quoted); pos != std::string::npos; pos = text.find(quoted, pos))
+      text.replace(pos, quoted.size(), c[0]);
+  }
+  return text;
+}
+
+ModelConfig ModelConfig::with_overrides(const std::string& overrides, const std::string& source) const {
+  ModelConfig o = parse(overrides, source);
+  auto j = std::make_shared<Json>();
+  j->j = json_ ? json_->j : nlohmann::json::object();
+  for (const auto& [k, v] : o.json_->j.items()) j->j[k] = v;
+  ModelConfig c;
+  c.source_ = source;
+  c.json_ = std::move(j);
+  return c;
+}
 
 RopeConfig parse_rope_config(const ModelConfig& c, double default_theta) {
   RopeConfig r;

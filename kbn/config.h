@@ -68,6 +68,8 @@ class ModelConfig {
   ModelConfig language_model() const;
   std::string model_type() const { return get_string("model_type", ""); }
   std::string dump() const;
+  // This config with the keys of `overrides` (a JSON object's text) written over it; the result names `source`.
+  ModelConfig with_overrides(const std::string& overrides, const std::string& source) const;
 
  private:
   struct Json;

@@ -21,6 +21,10 @@ struct KVCache {
 
 // Tokens of a step are ordered: all prefill (or chunked-prefill) tokens first, sequence by sequence, then
 // one token per decoding sequence. Sequences are numbered the same way (prefills, then decodes).
+// A state_indices entry of a padding row (decode batches padded up to a captured CUDA-graph size): the state ops
+// (causal_conv1d_update, selective_state_update) read and write no state for it and give it a zero output.
+constexpr int32_t kPadStateSlot = -1;
+
 struct AttentionMetadata {
   int64_t num_prefills = 0;  // sequences with query length >= 1 processed as prefill
   int64_t num_prefill_tokens = 0;

@@ -308,7 +308,8 @@ std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, co
     b.input_bytes = act_in + (attention ? kv_read + T * 8 : 0) + state_rw;
     b.output_numel = (layer ? 2 : 1) * T * out_features;
     b.note = stateful ? "bytes of an ideal fused block: weights, step activations and the sequences' states once; "
-                        "FLOPs: the projections only (the scan's are the L1 op's)"
+                        "FLOPs: the projections only (the scan's are the L1 op's); the timed call also restores the "
+                        "states from a snapshot (one copy of them)"
                       : "bytes and FLOPs of an ideal fused block: weights, step activations and cached K/V once";
     out.push_back(std::move(b));
   }

@@ -127,11 +127,12 @@ def main():
         "dtype": "float32",
         "attn_implementation": "eager",
         "seed": args.seed,
-        "config": cfg_json,
+        # Non-finite config values (Mamba-2's time_step_limit Infinity) as strings: strict JSON readers take the file.
+        "config": json.loads(json.dumps(cfg_json), parse_constant=str),
         "prompts": prompts,
     }
     with open(os.path.join(args.out, "expected.json"), "w") as f:
-        json.dump(expected, f)
+        json.dump(expected, f, allow_nan=False)
     print(f"wrote {args.out}: {len(prompts)} prompts, min greedy margin "
           f"{min(min(p['greedy_top2_margin']) for p in prompts):.3e}")
 

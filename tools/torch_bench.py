@@ -110,6 +110,95 @@ def moe(cfg, tp, tokens, record, dev, dt):
         del x
 
 
+def mamba(cfg, tokens, record, dev, dt, scan_flops):
+    """Mamba-2's SSD scan (kb-nano's mamba_chunk_scan_combined prefill cases: one sequence of T tokens, no initial
+    state) by the chunked algorithm of the Mamba-2 paper written in torch (segment sums, the masked intra-chunk
+    product, chunk states, the inter-chunk recurrence as a [chunks x chunks] decay matrix, the state-to-output term),
+    bf16 operands with fp32 decays, in eager mode and under torch.compile. Same bytes and FLOPs formulas as the op's
+    cases (scan_flops)."""
+    nh, P, N, G, L = cfg["num_heads"], cfg["head_dim"], cfg["state_size"], cfg.get("n_groups", 1), cfg["chunk_size"]
+    rep = nh // G
+
+    def ssd(x, dt_raw, A, B, C, D, dt_bias):
+        T = x.shape[0]
+        c = T // L
+        dts = F.softplus(dt_raw.float() + dt_bias)                                  # [T, h]
+        xs = (x.float() * dts[..., None]).to(dt).view(c, L, nh, P)
+        Bh = B.view(c, L, G, 1, N).expand(c, L, G, rep, N).reshape(c, L, nh, N)
+        Ch = C.view(c, L, G, 1, N).expand(c, L, G, rep, N).reshape(c, L, nh, N)
+        acum = torch.cumsum((dts * A).view(c, L, nh).permute(0, 2, 1), -1)         # [c, h, L] fp32
+        seg = acum[..., :, None] - acum[..., None, :]                               # [c, h, L, L]
+        causal = torch.ones(L, L, device=x.device, dtype=torch.bool).tril()
+        decay = torch.exp(seg.masked_fill(~causal, -float("inf"))).to(dt)
+        scores = torch.einsum("clhn,cshn->chls", Ch, Bh) * decay                   # [c, h, L, L]
+        y = torch.einsum("chls,cshp->clhp", scores, xs).float()
+        to_end = torch.exp(acum[..., -1:] - acum).to(dt)                            # [c, h, L]
+        states = torch.einsum("clhn,chl,clhp->chpn", Bh, to_end, xs).float()       # [c, h, P, N]
+        chunk_sum = acum[..., -1]                                                   # [c, h]
+        csum = torch.cumsum(chunk_sum, 0)
+        # state entering chunk z: sum_{k < z} exp(csum[z-1] - csum[k]) states[k]
+        inter = csum[:, None, :] - csum[None, :, :]                                 # [z, k, h]: csum[z] - csum[k]
+        zk = torch.ones(c, c, device=x.device, dtype=torch.bool).tril(-1)
+        shifted = torch.cat([torch.zeros_like(inter[:1]), inter[:-1]], 0)           # csum[z-1] - csum[k]
+        w = torch.exp(shifted.masked_fill(~zk[..., None], -float("inf")))           # [z, k, h]
+        s_in = torch.einsum("zkh,khpn->zhpn", w, states)
+        y = y + torch.einsum("clhn,chpn,chl->clhp", Ch.float(), s_in, torch.exp(acum))
+        return (y.reshape(T, nh, P) + D[:, None] * x.float()).to(dt)
+
+    # The peer must compute the scan: check it against the plain recurrence (fp64) on 3 chunks first.
+    with torch.no_grad():
+        T0 = 3 * L
+        g = torch.Generator(device=dev).manual_seed(0)
+        x0 = torch.randn(T0, nh, P, device=dev, generator=g).to(dt)
+        dt0 = torch.randn(T0, nh, device=dev, generator=g).to(dt)
+        A0, D0, b0 = -torch.rand(nh, device=dev, generator=g) - 0.5, torch.randn(nh, device=dev, generator=g), \
+            torch.randn(nh, device=dev, generator=g) * 0.1
+        B0 = torch.randn(T0, G, N, device=dev, generator=g).to(dt)
+        C0 = torch.randn(T0, G, N, device=dev, generator=g).to(dt)
+        S = torch.zeros(nh, P, N, device=dev, dtype=torch.float64)
+        ref = torch.empty(T0, nh, P, device=dev, dtype=torch.float64)
+        Bd = B0.double().repeat_interleave(rep, 1)
+        Cd = C0.double().repeat_interleave(rep, 1)
+        d = F.softplus(dt0.double() + b0.double())
+        for t in range(T0):
+            S = torch.exp(d[t] * A0.double())[:, None, None] * S + (d[t][:, None] * x0[t].double())[..., None] * \
+                Bd[t][:, None, :]
+            ref[t] = (S * Cd[t][:, None, :]).sum(-1) + D0.double()[:, None] * x0[t].double()
+        got = ssd(x0, dt0, A0, B0, C0, D0, b0).double()
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        print(f"torch SSD peer vs recurrence: max error {err:.2e} of the output's range")
+        assert err < 3e-2, f"the torch SSD peer disagrees with the recurrence ({err:.2e})"
+
+    compiled = torch.compile(ssd, dynamic=False)
+    for T in tokens:
+        if T < L or T % L:
+            continue
+        x = torch.randn(T, nh, P, device=dev, dtype=dt)
+        dt_raw = torch.randn(T, nh, device=dev, dtype=dt)
+        A = -torch.rand(nh, device=dev) - 0.5
+        B = torch.randn(T, G, N, device=dev, dtype=dt)
+        C = torch.randn(T, G, N, device=dev, dtype=dt)
+        D = torch.randn(nh, device=dev)
+        dt_bias = torch.randn(nh, device=dev) * 0.1
+        es = 2
+        bytes_ = es * (2 * T * nh * P + T * nh + 2 * T * G * N + nh * P * N)  # x, dt, B, C in; y, final state out
+        flops = scan_flops(T, L, nh, P, N)
+        label = f"T={T} seqs=1 h={nh} P={P} N={N} G={G} L={L}"
+        record("mamba_chunk_scan_combined", label, "torch-eager", bytes_, flops,
+               lambda: ssd(x, dt_raw, A, B, C, D, dt_bias))
+        record("mamba_chunk_scan_combined", label, "torch-compile", bytes_, flops,
+               lambda: compiled(x, dt_raw, A, B, C, D, dt_bias))
+        del x, B, C
+
+
+def ssd_flops(T, L, nh, P, N):
+    """The SSD's matmul work, as kb-nano's mamba_chunk_scan_combined facts count it: per chunk of l tokens and head,
+    C B^T and the masked product with x over the causal pairs, (N + P) l (l + 1), plus the chunk state and the
+    state-to-output term, 4 l P N."""
+    chunks = T // L
+    return chunks * nh * ((N + P) * L * (L + 1) + 4 * L * P * N)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="models/llama-3.1-8b-instruct.json")
@@ -120,15 +209,19 @@ def main():
     ap.add_argument("--sections", default="dense,attention",
                     help="comma list of: dense (norms, silu*mul, GEMMs), attention, moe (the expert MLPs of an MoE "
                          "config, torch._grouped_mm), window (sliding-window prefill at the config's window: "
-                         "flex_attention and masked SDPA)")
+                         "flex_attention and masked SDPA), mamba (a Mamba-2 config's SSD scan in torch, eager and "
+                         "compiled; the only section for such a config)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     cfg = json.load(open(args.model))
-    H, I, V = cfg["hidden_size"], cfg["intermediate_size"] // args.tp, cfg["vocab_size"] // args.tp
-    nh, nkv = cfg["num_attention_heads"] // args.tp, max(1, cfg["num_key_value_heads"] // args.tp)
-    D = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    eps = cfg.get("rms_norm_eps", 1e-5)
     dev, dt = "cuda", torch.bfloat16
+    if "state_size" in cfg:  # Mamba-2: the SSD scan only
+        sections = {"mamba"} | (sections & {"mamba"})
+    else:
+        H, I, V = cfg["hidden_size"], cfg["intermediate_size"] // args.tp, cfg["vocab_size"] // args.tp
+        nh, nkv = cfg["num_attention_heads"] // args.tp, max(1, cfg["num_key_value_heads"] // args.tp)
+        D = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+        eps = cfg.get("rms_norm_eps", 1e-5)
     torch.backends.cuda.matmul.allow_tf32 = False
     flush = None if args.hot else torch.zeros((256 << 20) // 4, dtype=torch.int32, device=dev)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -158,8 +251,10 @@ def main():
 
     if "moe" in sections:
         moe(cfg, args.tp, tokens, record, dev, dt)
+    if "mamba" in sections:
+        mamba(cfg, tokens, record, dev, dt, ssd_flops)
 
-    w = torch.randn(H, device=dev, dtype=dt)
+    w = torch.randn(H, device=dev, dtype=dt) if "dense" in sections else None
     for T in (tokens if "dense" in sections else []):
         x = torch.randn(T, H, device=dev, dtype=dt)
         r = torch.randn(T, H, device=dev, dtype=dt)

@@ -207,6 +207,15 @@ TEST(Config, InvalidJsonNamesTheFile) {
   EXPECT_TRUE(std::isnan(py.get_double("x")));
   EXPECT_EQ(py.get_string("name"), "Infinity \" NaN");
   EXPECT_EQ(py.get_int("n"), 2);
+  // transformers 5's own spelling of a non-finite float in the config.json it saves.
+  EXPECT_EQ(ModelConfig::parse(R"({"t": [0.0, {"__float__": "Infinity"}]})", kSource).get_double_list("t"),
+            (std::vector<double>{0.0, std::numeric_limits<double>::infinity()}));
+  // dump() writes them back as Python does (nlohmann alone writes null), so a dumped config parses to the same values.
+  const ModelConfig again = ModelConfig::parse(py.dump(), kSource);
+  EXPECT_EQ(again.get_double_list("time_step_limit"), py.get_double_list("time_step_limit"));
+  EXPECT_EQ(again.get_double("lo"), -std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(again.get_double("x")));
+  EXPECT_EQ(again.get_string("name"), "Infinity \" NaN");
   expect_contains(error_of([] { ModelConfig::parse(R"({"time_step_floor": Infinit})", kSource); }),
                   {kSource, "not valid JSON"});
   expect_contains(error_of([] { ModelConfig::parse(R"({"a": InfinityX})", kSource); }), {kSource, "not valid JSON"});

@@ -182,7 +182,7 @@ TEST(StateEngine, StepMetadataCarriesSlotsAndRefusesSharedOnes) {
   EXPECT_TRUE(build_step_layout(seqs, 4).state_indices.empty());
 }
 
-TEST(StateEngine, GraphModeAndMissingSlotsAreRefused) {
+TEST(StateEngine, NegativeOrMissingSlotsAreRefused) {
   RunningSumLM model;
   EngineConfig c = config(64, 4, 2, 64);
   c.num_state_slots = -1;

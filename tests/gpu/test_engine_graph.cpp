@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
@@ -178,4 +179,47 @@ TEST(EngineGraphGpu, SplitKvDecodeReplayMatchesEagerDecode) {
 
   // A second replay of the same step reads the same inputs and gives the same bits.
   EXPECT_EQ(graphs.run(decode).to_floats(), graph);
+}
+
+// The recurrent-state model: decode graphs read the sequences' state slots from a static buffer (padding rows have
+// slot -1 and leave every state alone), so graph mode must give eager mode's tokens through whole and chunked
+// prefills, slot reuse and preemption; and, in f32 on the GPU kernels, transformers' greedy tokens.
+TEST(EngineGraphGpu, TinyMamba2GraphModeGivesTheEagerTokensAndTransformers) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  const std::string dir = kbn::test::fixture_dir() + "/tiny-mamba2";
+  auto model = build_model(resolve_model(dir), Variant::baseline, {DType::f32, Device::cuda(0)}, 0);
+  const std::vector<Request> reqs = mixed_requests(13, 40, model->vocab_size());
+  EngineConfig whole;
+  whole.max_model_len = 256;
+  whole.num_kv_blocks = 512;
+  whole.max_num_seqs = 16;
+  EngineConfig chunked = whole;
+  chunked.max_num_batched_tokens = 24;
+  chunked.num_state_slots = 20;  // more slots than sequences: the graphs see slots above max_num_seqs
+  EngineConfig preempting = whole;
+  preempting.block_size = 4;
+  preempting.num_kv_blocks = 40;
+  for (const auto& [name, cfg, preempts] : {std::tuple{"whole prefills", whole, false},
+                                            std::tuple{"chunked prefills", chunked, false},
+                                            std::tuple{"preemption", preempting, true}}) {
+    SCOPED_TRACE(name);
+    const EngineRun eager = run_engine(*model, cfg, ExecutionMode::eager, reqs);
+    const EngineRun graph = run_engine(*model, cfg, ExecutionMode::graph, reqs);
+    EXPECT_GT(graph.graph_steps, 0);
+    EXPECT_EQ(graph.steps, eager.steps);
+    if (preempts) {
+      EXPECT_GT(graph.preemptions, 0);
+    }
+    ASSERT_EQ(graph.tokens.size(), reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(graph.tokens[i], eager.tokens[i]) << "request " << i;
+  }
+  std::ifstream f(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(f);
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& p : expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
+  GenerateOptions o;
+  o.max_new_tokens = int64_t(expected["prompts"][0]["greedy_ids"].size());
+  const GenerateResult r = generate_tokens(*model, prompts, Device::cuda(0), Variant::baseline, o);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(r.tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
 }

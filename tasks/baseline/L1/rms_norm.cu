@@ -57,7 +57,16 @@ Tensor RMSNorm::forward(const Tensor& x) {
 
 std::pair<Tensor, Tensor> RMSNorm::forward(const Tensor& x, const Tensor& residual) {
   check_rms_input(x, "x", weight, hidden_size_, false);
-  check_rms_input(residual, "residual", weight, hidden_size_, false);
+  // An fp32 residual stream with 16-bit activations (Mamba-2's residual_in_fp32) is allowed; else the dtypes match.
+  const bool f32_residual = residual.dtype() == DType::f32 && x.dtype() != DType::f32;
+  if (f32_residual) {
+    check_rank(residual, "fused_add_rms_norm", "residual", 2, "[num_tokens, hidden_size]");
+    check_size(residual, "fused_add_rms_norm", "residual", 1, hidden_size_, "hidden_size");
+    check_last_dim_contiguous(residual, "fused_add_rms_norm", "residual");
+    check_same_device(residual, weight, "fused_add_rms_norm", "residual", "weight");
+  } else {
+    check_rms_input(residual, "residual", weight, hidden_size_, false);
+  }
   KBN_CHECK(x.shape() == residual.shape(), "fused_add_rms_norm: 'x' ", x.str(), " and 'residual' ", residual.str(),
             " differ in shape");
   if (x.is_cpu()) {
@@ -68,8 +77,15 @@ std::pair<Tensor, Tensor> RMSNorm::forward(const Tensor& x, const Tensor& residu
 #ifdef KBN_WITH_CUDA
   RmsNormParams p{x.data_ptr(), x.data_ptr(),       residual.data_ptr(), weight.data_ptr(), x.stride(0),
                   x.stride(0),  residual.stride(0), int(hidden_size_),   float(eps_)};  // heads = 1
-  dispatch_float16_32(x.dtype(), "fused_add_rms_norm", "x",
-                      [&](auto t) { launch_rms_norm<decltype(t), true>(p, x.size(0), current_stream()); });
+  if (f32_residual) {
+    if (x.dtype() == DType::bf16)
+      launch_rms_norm_f32_residual<__nv_bfloat16>(p, x.size(0), current_stream());
+    else
+      launch_rms_norm_f32_residual<__half>(p, x.size(0), current_stream());
+  } else {
+    dispatch_float16_32(x.dtype(), "fused_add_rms_norm", "x",
+                        [&](auto t) { launch_rms_norm<decltype(t), true>(p, x.size(0), current_stream()); });
+  }
 #endif
   return {x, residual};
 }

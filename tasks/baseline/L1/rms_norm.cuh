@@ -223,6 +223,76 @@ __global__ void __launch_bounds__(kWarps * 32) rms_norm_warp_kernel(RmsNormParam
   }
 }
 
+// fused_add_rms_norm with an fp32 residual stream and f16/bf16 activations (Mamba-2's residual_in_fp32): residual <-
+// x + residual in fp32 (no rounding), x <- norm(residual) * w rounded once to T. One block per row, kN elements per
+// thread step (4: a 16-byte fp32 vector of the residual, 8 bytes of x); the second pass re-reads the residual row
+// from L1/L2.
+template <class T, int kN, int kThreads>
+__global__ void __launch_bounds__(kThreads) rms_norm_f32_residual_kernel(RmsNormParams p) {
+  const int64_t row = blockIdx.x;
+  T* x = static_cast<T*>(const_cast<void*>(p.x)) + row * p.x_stride;
+  float* res = static_cast<float*>(p.residual) + row * p.residual_stride;
+  const T* w = static_cast<const T*>(p.weight);
+  const int steps = p.hidden / kN;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < steps; i += kThreads) {
+    float r[kN];
+    T xv[kN];
+    if constexpr (kN == 4) {
+      *reinterpret_cast<float4*>(r) = reinterpret_cast<const float4*>(res)[i];
+      *reinterpret_cast<uint2*>(xv) = reinterpret_cast<const uint2*>(x)[i];
+    } else {
+      r[0] = res[i];
+      xv[0] = x[i];
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+      r[j] += to_f32(xv[j]);
+      ss += r[j] * r[j];
+    }
+    if constexpr (kN == 4)
+      reinterpret_cast<float4*>(res)[i] = *reinterpret_cast<float4*>(r);
+    else
+      res[i] = r[0];
+  }
+  const float inv_rms = rsqrtf(block_sum<kThreads>(ss) / float(p.hidden) + p.eps);
+  for (int i = threadIdx.x; i < steps; i += kThreads) {
+    float r[kN];
+    T wv[kN], o[kN];
+    if constexpr (kN == 4) {
+      *reinterpret_cast<float4*>(r) = reinterpret_cast<const float4*>(res)[i];
+      *reinterpret_cast<uint2*>(wv) = reinterpret_cast<const uint2*>(w)[i];
+    } else {
+      r[0] = res[i];
+      wv[0] = w[i];
+    }
+#pragma unroll
+    for (int j = 0; j < kN; ++j) o[j] = from_f32<T>(r[j] * inv_rms * to_f32(wv[j]));
+    if constexpr (kN == 4)
+      reinterpret_cast<uint2*>(x)[i] = *reinterpret_cast<uint2*>(o);
+    else
+      x[i] = o[0];
+  }
+}
+
+// T: f16 or bf16 (x, weight); the residual is f32.
+template <class T>
+void launch_rms_norm_f32_residual(const RmsNormParams& p, int64_t rows, Stream stream) {
+  static_assert(sizeof(T) == 2, "the fp32-residual norm takes 16-bit activations");
+  if (rows == 0) return;
+  constexpr int kThreads = 256;
+  const auto aligned = [](const void* q, int64_t stride, size_t es, size_t a) {
+    return reinterpret_cast<uintptr_t>(q) % a == 0 && (stride * int64_t(es)) % int64_t(a) == 0;
+  };
+  const bool vec = p.hidden % 4 == 0 && aligned(p.x, p.x_stride, sizeof(T), 8) && aligned(p.weight, 0, sizeof(T), 8) &&
+                   aligned(p.residual, p.residual_stride, 4, 16);
+  if (vec)
+    rms_norm_f32_residual_kernel<T, 4, kThreads><<<unsigned(rows), kThreads, 0, stream>>>(p);
+  else
+    rms_norm_f32_residual_kernel<T, 1, kThreads><<<unsigned(rows), kThreads, 0, stream>>>(p);
+  KBN_CUDA_CHECK_LAUNCH();
+}
+
 bool vec_ok(const void* p, int64_t stride_elems, size_t esize) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0 && (stride_elems * int64_t(esize)) % 16 == 0;
 }

@@ -15,7 +15,8 @@ class RMSNorm : public Module {
   // output) -> new contiguous [num_tokens, heads, hidden_size]
   Tensor forward(const Tensor& x);
   // Fused add + norm, in place like vLLM's fused_add_rms_norm (mutates x and residual):
-  // residual <- x + residual; x <- norm(residual). Returns (x, residual).
+  // residual <- x + residual; x <- norm(residual). Returns (x, residual). The residual may be f32 with f16/bf16 x (an
+  // fp32 residual stream, Mamba-2's residual_in_fp32): the sum is then kept in fp32 and the norm reads it unrounded.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual);
 
   int64_t hidden_size() const { return hidden_size_; }

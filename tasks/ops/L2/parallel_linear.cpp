@@ -1,6 +1,6 @@
 // qkv_parallel_linear, merged_column_parallel_linear, row_parallel_linear: the tensor-parallel linears of
 // tasks/baseline/L2/parallel_linear.h, built for layer 0 of any model with attention and an MLP (dense, or one
-// expert's shapes when every MLP is a mixture of experts).
+// expert's shapes when every MLP is a mixture of experts), or Mamba-2's in_proj and out_proj.
 #include <optional>
 
 #include "L2/parallel_linear.h"
@@ -39,12 +39,22 @@ const AttentionShape& attention_of(const ModelView& m, const char* op) {
 std::optional<int64_t> mlp_size(const ModelView& m) {
   if (m.intermediate_size) return m.intermediate_size;
   if (m.moe) return m.moe->intermediate_size;
+  if (m.mamba) return m.mamba->intermediate_size;  // out_proj [I -> H]: a down projection's shape
   return std::nullopt;
 }
+
 int64_t intermediate_of(const ModelView& m, const char* op) {
   const std::optional<int64_t> I = mlp_size(m);
   KBN_CHECK(I, op, ": config ", m.config->source(), " has no MLP ('intermediate_size')");
   return *I;
+}
+
+// The merged column's output sizes: gate and up of the MLP, or Mamba-2's in_proj [z (I) | xBC (conv_dim) | dt
+// (heads)] (vLLM builds it as a MergedColumnParallelLinear).
+std::vector<int64_t> merged_sizes(const ModelView& m, const char* op) {
+  if (m.mamba) return {m.mamba->intermediate_size, m.mamba->conv_dim(), m.mamba->num_heads};
+  const int64_t I = intermediate_of(m, op);
+  return {I, I};
 }
 
 }  // namespace
@@ -86,17 +96,18 @@ KBN_REGISTER_OPS(r) {
              "merged_column_parallel_linear", 1,
              [](const OpArgs& a) {
                const ModelView m = view_of(a);
-               const int64_t I = intermediate_of(m, "merged_column_parallel_linear");
                return std::make_unique<MergedColumnParallelLinear>(
-                   m.hidden_size, std::vector<int64_t>{I, I}, a.model_config().get_bool("mlp_bias", false), false,
-                   a.opts, "model.layers.0.mlp.gate_up_proj");
+                   m.hidden_size, merged_sizes(m, "merged_column_parallel_linear"),
+                   a.model_config().get_bool(m.mamba ? "use_bias" : "mlp_bias", false), false, a.opts,
+                   m.mamba ? "backbone.layers.0.mixer.in_proj" : "model.layers.0.mlp.gate_up_proj");
              },
              [](MergedColumnParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; }),
          .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
            if (!mlp_size(m)) return {};
-           const int64_t I = *mlp_size(m);
+           int64_t out = 0;
+           for (int64_t n : merged_sizes(m, "merged_column_parallel_linear")) out += n;
            return cases::block_cases("merged_column_parallel_linear", m, o,
-                                     {.params = m.hidden_size * 2 * I, .in_features = m.hidden_size, .out_features = 2 * I});
+                                     {.params = m.hidden_size * out, .in_features = m.hidden_size, .out_features = out});
          }});
   r.add({.name = "row_parallel_linear",
          .class_name = "RowParallelLinear",
@@ -110,8 +121,10 @@ KBN_REGISTER_OPS(r) {
              [](const OpArgs& a) {
                const ModelView m = view_of(a);
                return std::make_unique<RowParallelLinear>(intermediate_of(m, "row_parallel_linear"), m.hidden_size,
-                                                          a.model_config().get_bool("mlp_bias", false), true, false,
-                                                          true, a.opts, "model.layers.0.mlp.down_proj");
+                                                          a.model_config().get_bool(m.mamba ? "use_bias" : "mlp_bias", false),
+                                                          true, false, true, a.opts,
+                                                          m.mamba ? "backbone.layers.0.mixer.out_proj"
+                                                                  : "model.layers.0.mlp.down_proj");
              },
              [](RowParallelLinear& op, const Tensors& t) { return Tensors{op.forward(t[0]).first}; }),
          .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
