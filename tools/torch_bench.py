@@ -133,7 +133,7 @@ def mamba(cfg, tokens, record, dev, dt, scan_flops):
         scores = torch.einsum("clhn,cshn->chls", Ch, Bh) * decay                   # [c, h, L, L]
         y = torch.einsum("chls,cshp->clhp", scores, xs).float()
         to_end = torch.exp(acum[..., -1:] - acum).to(dt)                            # [c, h, L]
-        states = torch.einsum("clhn,chl,clhp->chpn", Bh, to_end, xs).float()       # [c, h, P, N]
+        states = torch.einsum("clhn,clhp->chpn", Bh * to_end.permute(0, 2, 1)[..., None], xs).float()  # [c, h, P, N]
         chunk_sum = acum[..., -1]                                                   # [c, h]
         csum = torch.cumsum(chunk_sum, 0)
         # state entering chunk z: sum_{k < z} exp(csum[z-1] - csum[k]) states[k]
@@ -142,7 +142,7 @@ def mamba(cfg, tokens, record, dev, dt, scan_flops):
         shifted = torch.cat([torch.zeros_like(inter[:1]), inter[:-1]], 0)           # csum[z-1] - csum[k]
         w = torch.exp(shifted.masked_fill(~zk[..., None], -float("inf")))           # [z, k, h]
         s_in = torch.einsum("zkh,khpn->zhpn", w, states)
-        y = y + torch.einsum("clhn,chpn,chl->clhp", Ch.float(), s_in, torch.exp(acum))
+        y = y + torch.einsum("clhn,chpn->clhp", Ch.float() * torch.exp(acum).permute(0, 2, 1)[..., None], s_in)
         return (y.reshape(T, nh, P) + D[:, None] * x.float()).to(dt)
 
     # The peer must compute the scan: check it against the plain recurrence (fp64) on 3 chunks first.
