@@ -203,3 +203,33 @@ TEST(StateEngine, NegativeOrMissingSlotsAreRefused) {
 }
 
 }  // namespace
+
+namespace {
+
+// A one-token prompt's first step: a decode for an attention model (its one query attends its one key), a prefill
+// for a recurrent-state model (the decode kernels continue a slot's state; only a prefill starts one from zero, and a
+// reused slot holds its previous owner's state). A later one-token step of the same sequence is a decode in both.
+TEST(StateEngine, AFirstTokenRunsAsAPrefillOnlyWithState) {
+  for (const int64_t slots : {0, 2}) {
+    SCOPED_TRACE("num_state_slots " + std::to_string(slots));
+    BlockManager blocks(16, 4);
+    SchedulerConfig cfg;
+    cfg.max_model_len = 32;
+    cfg.num_state_slots = slots;
+    Scheduler sched(cfg, blocks);
+    Request r;
+    r.id = 7;
+    r.prompt = {5};
+    r.sampling.max_tokens = 3;
+    sched.add(std::make_unique<Sequence>(r, 0.0));
+    const SchedulerOutput first = sched.schedule();
+    ASSERT_EQ(first.seqs.size(), 1u);
+    EXPECT_EQ(first.num_prefills, slots > 0 ? 1 : 0);
+    sched.update(first, {11}, 0.0);
+    const SchedulerOutput second = sched.schedule();
+    ASSERT_EQ(second.seqs.size(), 1u);
+    EXPECT_EQ(second.num_prefills, 0);  // it continues its state now
+  }
+}
+
+}  // namespace
