@@ -1,7 +1,9 @@
 #include "kbn/checks.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
+#include <vector>
 
 namespace kbn {
 
@@ -64,6 +66,18 @@ void check_aligned(const Tensor& t, const char* op, const char* arg, size_t byte
     if (t.size(d) > 1 && t.stride(d) != 1) ok = ok && (size_t(t.stride(d)) * t.element_size()) % bytes == 0;
   KBN_CHECK(ok, op, ": argument '", arg, "' must be ", bytes, "-byte aligned (data pointer and row strides), got ",
             t.str());
+}
+
+void check_distinct_slots(const Tensor& indices, const char* op, const char* arg, int64_t num_slots) {
+  const std::vector<int64_t> idx = indices.to_ints();
+  std::vector<bool> used(size_t(std::max<int64_t>(num_slots, 0)), false);
+  for (size_t i = 0; i < idx.size(); ++i) {
+    KBN_CHECK(idx[i] >= 0 && idx[i] < num_slots, op, ": argument '", arg, "'[", i, "] = ", idx[i],
+              " is not a slot in [0, ", num_slots, ")");
+    KBN_CHECK(!used[size_t(idx[i])], op, ": argument '", arg, "' holds slot ", idx[i],
+              " twice (sequences need distinct slots)");
+    used[size_t(idx[i])] = true;
+  }
 }
 
 }  // namespace kbn

@@ -22,5 +22,8 @@ void check_last_dim_contiguous(const Tensor& t, const char* op, const char* arg)
 void check_size(const Tensor& t, const char* op, const char* arg, int64_t dim, int64_t expected, const char* what);
 // Data pointer and every non-unit stride aligned to `bytes` (for vectorised kernels).
 void check_aligned(const Tensor& t, const char* op, const char* arg, size_t bytes);
+// A CPU tensor of state-slot indices (one per sequence): each in [0, num_slots) and no slot twice (two sequences
+// writing one slot would corrupt both). The error names `arg`, the entry and the slot.
+void check_distinct_slots(const Tensor& indices, const char* op, const char* arg, int64_t num_slots);
 
 }  // namespace kbn

@@ -261,15 +261,7 @@ Tensor CausalConv1dFn::forward(const Tensor& x, const Tensor& weight, const Tens
                 ": argument 'query_start_loc' must increase (every sequence at least one token), "
                 "entries ",
                 i - 1, " and ", i, " are ", q[i - 1], " and ", q[i]);
-    const std::vector<int64_t> idx = cache_indices.to_ints();
-    std::vector<bool> used(size_t(std::max<int64_t>(num_slots, 0)), false);
-    for (size_t i = 0; i < idx.size(); ++i) {
-      KBN_CHECK(idx[i] >= 0 && idx[i] < num_slots, op, ": argument 'cache_indices'[", i, "] = ", idx[i],
-                " is not a slot in [0, ", num_slots, ")");
-      KBN_CHECK(!used[size_t(idx[i])], op, ": argument 'cache_indices' holds slot ", idx[i],
-                " twice (sequences need distinct slots)");
-      used[size_t(idx[i])] = true;
-    }
+    check_distinct_slots(cache_indices, op, "cache_indices", num_slots);
     Tensor states = conv_states;
     reference::causal_conv1d_fn(out, x, weight, bias, states, has_initial_state, cache_indices, query_start_loc, silu_);
     return out;

@@ -133,15 +133,7 @@ Tensor CausalConv1dUpdate::forward(const Tensor& x, const Tensor& conv_states, c
   Tensor out = Tensor::empty({batch, dim}, x.dtype(), x.device());
   if (x.is_cpu()) {
     // Distinct slots, checked on the host values (the kernel cannot without a synchronisation).
-    const std::vector<int64_t> idx = conv_state_indices.to_ints();
-    std::vector<bool> used(size_t(num_slots), false);
-    for (size_t i = 0; i < idx.size(); ++i) {
-      KBN_CHECK(idx[i] >= 0 && idx[i] < num_slots, op, ": argument 'conv_state_indices'[", i, "] = ", idx[i],
-                " is not a slot in [0, ", num_slots, ")");
-      KBN_CHECK(!used[size_t(idx[i])], op, ": argument 'conv_state_indices' holds slot ", idx[i],
-                " twice (sequences need distinct slots)");
-      used[size_t(idx[i])] = true;
-    }
+    check_distinct_slots(conv_state_indices, op, "conv_state_indices", num_slots);
     Tensor states = conv_states;
     reference::causal_conv1d_update(out, x, states, weight, bias, conv_state_indices, silu_);
     return out;

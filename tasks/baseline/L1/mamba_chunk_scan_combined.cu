@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdint>
 #include <iterator>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -990,13 +989,7 @@ Tensor MambaChunkScanCombined::forward(const Tensor& x, const Tensor& dt, const 
     // The oracle takes per-sequence states: gather the slots' (zero without an initial state), scan, scatter back.
     const std::vector<int64_t> slots = state_indices.to_ints(), has = has_initial_state.to_ints();
     const int64_t num_slots = state.size(0);
-    std::set<int64_t> seen;
-    for (size_t s = 0; s < slots.size(); ++s) {
-      KBN_CHECK(slots[s] >= 0 && slots[s] < num_slots, op, ": argument 'state_indices'[", s, "] = ", slots[s],
-                " is not a slot in [0, ", num_slots, ")");
-      KBN_CHECK(seen.insert(slots[s]).second, op, ": argument 'state_indices' lists slot ", slots[s],
-                " twice (sequence ", s, "); each sequence needs its own slot");
-    }
+    check_distinct_slots(state_indices, op, "state_indices", num_slots);
     Tensor init = Tensor::zeros({num_seqs, H, P, N}, DType::f32), fin = Tensor::empty({num_seqs, H, P, N}, DType::f32);
     for (int64_t s = 0; s < num_seqs; ++s)
       if (has[size_t(s)] != 0) init.select(0, s).copy_(state.select(0, slots[size_t(s)]));

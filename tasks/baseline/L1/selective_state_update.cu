@@ -260,15 +260,7 @@ Tensor SelectiveStateUpdate::forward(const Tensor& state, const Tensor& x, const
   Tensor out = Tensor::empty({batch, nh, P}, x.dtype(), x.device());
   if (x.is_cpu()) {
     // Distinct slots, checked on the host values (the kernel cannot without a synchronisation).
-    const std::vector<int64_t> idx = state_batch_indices.to_ints();
-    std::vector<bool> used(size_t(num_slots), false);
-    for (size_t i = 0; i < idx.size(); ++i) {
-      KBN_CHECK(idx[i] >= 0 && idx[i] < num_slots, op, ": argument 'state_batch_indices'[", i, "] = ", idx[i],
-                " is not a slot in [0, ", num_slots, ")");
-      KBN_CHECK(!used[size_t(idx[i])], op, ": argument 'state_batch_indices' holds slot ", idx[i],
-                " twice (sequences need distinct slots)");
-      used[size_t(idx[i])] = true;
-    }
+    check_distinct_slots(state_batch_indices, op, "state_batch_indices", num_slots);
     Tensor s = state;
     reference::selective_state_update(out, s, x, dt, A, B, C, D, dt_bias, {dt_softplus_, dt_min_, dt_max_},
                                       state_batch_indices);
