@@ -280,6 +280,7 @@ nlohmann::json metrics_json(const VariantRun& r) {
           {"prefix_cache_hit_tokens", m.cached_tokens},
           {"num_kv_blocks", r.sizing.num_blocks},
           {"kv_cache_sizing", r.sizing.explanation},
+          {"num_state_slots", r.sizing.num_state_slots},
           {"cuda_graphs",
            {{"sizes", r.graph_sizes},
             {"capture_s", r.graph_capture_s},

@@ -68,10 +68,12 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
             config.max_num_batched_tokens);
   KBN_CHECK(config.max_num_seqs >= 1, "engine: max_num_seqs must be >= 1, got ", config.max_num_seqs);
   const bool stateful = has_state_layers(models[0]->cache_specs());
-  KBN_CHECK(config.num_state_slots >= 0, "engine: num_state_slots must be >= 0 (0 = max_num_seqs), got ",
+  KBN_CHECK(config.num_state_slots >= 0, "engine: num_state_slots must be >= 0 (0 = as many as fit), got ",
             config.num_state_slots);
   if (stateful) {
-    config_.num_state_slots = config.num_state_slots > 0 ? config.num_state_slots : config.max_num_seqs;
+    // Given KV blocks skip the memory sizing: then 0 slots means one per possible running sequence.
+    config_.num_state_slots = config.num_state_slots > 0 || config.num_kv_blocks == 0 ? config.num_state_slots
+                                                                                      : config.max_num_seqs;
     config_.enable_prefix_caching = false;  // no state to resume a cached prefix from
   } else {
     config_.num_state_slots = 0;
@@ -97,6 +99,8 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
     for (size_t r = 1; r < per_rank.size(); ++r)
       if (per_rank[r].num_blocks < per_rank[smallest].num_blocks) smallest = r;
     sizing_ = per_rank[smallest];
+    for (const KVCacheSizing& k : per_rank) sizing_.num_state_slots = std::min(sizing_.num_state_slots, k.num_state_slots);
+    if (stateful) config_.num_state_slots = sizing_.num_state_slots;
     if (n > 1)
       sizing_.explanation = "the smallest of " + std::to_string(n) + " ranks, rank " + std::to_string(smallest) +
                             ": " + sizing_.explanation;
@@ -106,7 +110,9 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
     runners_[size_t(r)]->allocate_kv_cache(sizing_.num_blocks, config_.num_state_slots);
     if (config.mode == ExecutionMode::graph)
       runners_[size_t(r)]->capture_cuda_graphs(
-          cuda_graph_capture_sizes(config.max_num_seqs, config.max_num_batched_tokens), config.max_model_len);
+          cuda_graph_capture_sizes(stateful ? std::min(config.max_num_seqs, config_.num_state_slots) : config.max_num_seqs,
+                                   config.max_num_batched_tokens),
+          config.max_model_len);
   });
   for (auto& r : runners_) r->set_check_finite(config.check_finite);
   runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)

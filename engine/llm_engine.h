@@ -42,8 +42,9 @@ struct EngineConfig {
   // Every sampling step's logits checked for NaN/Inf on every rank; a failure names the first layer whose output
   // was not finite (engine/finite_check.h). One device-to-host copy of the logits per step.
   bool check_finite = false;
-  // Models with recurrent-state layers (Mamba, gated delta net): state slots, one per running sequence
-  // (0 = max_num_seqs). Prefix caching is turned off for them (a cached prefix has no state to resume from).
+  // Models with recurrent-state layers (Mamba, gated delta net): state slots, one per running sequence (0 = as
+  // many as fit in memory, at most max_num_seqs; max_num_seqs when num_kv_blocks is given). Prefix caching is
+  // turned off for them (a cached prefix has no state to resume from).
   int64_t num_state_slots = 0;
 };
 

@@ -235,7 +235,7 @@ std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
   return tokens;
 }
 
-void ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
+int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
   KBN_CHECK(num_seqs >= 1 && num_tokens >= num_seqs, "profile_run: need 1 <= num_seqs <= num_tokens, got ", num_seqs,
             " sequences for ", num_tokens, " tokens");
   const StreamGuard guard(stream());
@@ -261,61 +261,111 @@ void ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
       allocate_kv_caches(model_.cache_specs(), blocks.num_blocks(), block_size_, device_, stateful ? num_seqs : 0);
   run(out, caches);
   synchronize(device_);
+  return state_bytes_per_sequence() * (stateful ? num_seqs : 0);
+}
+
+int64_t ModelRunner::state_bytes_per_sequence() const {
+  int64_t bytes = 0;
+  for (const LayerCacheSpec& s : model_.cache_specs()) bytes += s.bytes_per_sequence();
+  return bytes;
 }
 
 KVCacheSizing ModelRunner::auto_num_kv_blocks(int64_t max_num_batched_tokens, int64_t max_num_seqs,
                                               int64_t max_model_len, double gpu_memory_utilization,
                                               int64_t num_state_slots) {
   const StreamGuard guard(stream());
+  KBN_CHECK(num_state_slots >= 0, "KV cache sizing: num_state_slots must be >= 0 (0 = as many as fit), got ",
+            num_state_slots);
   KVCacheSizing r;
   r.bytes_per_block = kv_bytes_per_block();
   const int64_t per_seq = (max_model_len + block_size_ - 1) / block_size_;
-  int64_t state_bytes = 0;
-  for (const LayerCacheSpec& s : model_.cache_specs()) state_bytes += s.bytes_per_sequence() * num_state_slots;
-  if (r.bytes_per_block == 0) {
-    r.num_blocks = std::min<int64_t>(max_num_seqs * per_seq, INT32_MAX);
-    r.explanation = "no paged layers: " + std::to_string(r.num_blocks) + " blocks of 0 bytes (max_num_seqs " +
-                    std::to_string(max_num_seqs) + " x " + std::to_string(per_seq) + "); recurrent state " +
-                    gib(double(state_bytes)) + " for " + std::to_string(num_state_slots) + " slots";
-    return r;
-  }
+  const int64_t per_slot = state_bytes_per_sequence();
+  const bool stateful = per_slot > 0;
+  const auto state_text = [&] {
+    return stateful ? "; recurrent state " + gib(double(per_slot * r.num_state_slots)) + " for " +
+                          std::to_string(r.num_state_slots) + " slots of " + gib(double(per_slot))
+                    : std::string();
+  };
   if (device_.is_cpu()) {
+    if (stateful)
+      r.num_state_slots =
+          num_state_slots > 0 ? num_state_slots
+                              : std::min(max_num_seqs, std::max<int64_t>(1, kCpuKvCacheBytes / per_slot));
+    if (r.bytes_per_block == 0) {
+      r.num_blocks = std::min<int64_t>(max_num_seqs * per_seq, INT32_MAX);
+      r.explanation = "no paged layers: " + std::to_string(r.num_blocks) + " blocks of 0 bytes (max_num_seqs " +
+                      std::to_string(max_num_seqs) + " x " + std::to_string(per_seq) + ")" + state_text();
+      return r;
+    }
     const int64_t wanted = max_num_seqs * per_seq;
     const int64_t cap = std::max(per_seq, kCpuKvCacheBytes / r.bytes_per_block);
     r.num_blocks = std::min(wanted, cap);
     r.explanation = "CPU: " + std::to_string(r.num_blocks) + " blocks = min(max_num_seqs " +
                     std::to_string(max_num_seqs) + " x " + std::to_string(per_seq) + " blocks of max_model_len " +
-                    std::to_string(max_model_len) + ", " + gib(double(kCpuKvCacheBytes)) + " of cache)";
+                    std::to_string(max_model_len) + ", " + gib(double(kCpuKvCacheBytes)) + " of cache)" +
+                    state_text();
     return r;
   }
 #ifdef KBN_WITH_CUDA
   KBN_CHECK(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0,
             "gpu_memory_utilization must be in (0, 1], got ", gpu_memory_utilization);
-  // Measure what the largest step makes the caching allocator hold: start from an empty cache so that every
-  // block the profile run keeps reserved was needed by it (its own small temporary KV cache included, which
-  // errs on the safe side).
-  cuda_empty_cache(device_.index);
-  const int64_t reserved_before = int64_t(cuda_allocator_stats(device_.index).reserved_bytes);
-  const int64_t num_tokens = std::max<int64_t>(max_num_batched_tokens, 1);
-  profile_run(num_tokens, std::min(max_num_seqs, num_tokens));
-  const int64_t activations = int64_t(cuda_allocator_stats(device_.index).reserved_bytes) - reserved_before;
-  cuda_empty_cache(device_.index);  // the KV tensors are a few large allocations; cached activation blocks would not fit them
-
-  size_t free_bytes = 0, total_bytes = 0;
-  {
+  const auto memory_in_use = [&] {
+    size_t free_bytes = 0, total_bytes = 0;
     const DeviceGuard device_guard(device_);
     KBN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return std::pair<double, double>(double(total_bytes - free_bytes), double(total_bytes));
+  };
+  // Measure what the largest step makes the caching allocator hold: start from an empty cache so that every
+  // block the profile run keeps reserved was needed by it (its own small temporary KV cache included, which
+  // errs on the safe side; its temporary recurrent states are not activations and are taken back out).
+  cuda_empty_cache(device_.index);
+  const int64_t num_tokens = std::max<int64_t>(max_num_batched_tokens, 1);
+  int64_t profile_seqs = std::min(max_num_seqs, num_tokens);
+  if (stateful) {
+    const auto [in_use, total] = memory_in_use();
+    const double budget = gpu_memory_utilization * total - in_use;
+    const int64_t fit = budget > 0 ? int64_t(0.75 * budget / double(per_slot)) : 0;
+    const int64_t slots = num_state_slots > 0 ? num_state_slots : std::min(max_num_seqs, fit);
+    KBN_CHECK(slots >= 1, "KV cache sizing: one sequence's recurrent state (", gib(double(per_slot)),
+              ") does not fit in ", gib(budget), " (", gpu_memory_utilization, " x ", gib(total), " total - ",
+              gib(in_use), " in use); raise gpu_memory_utilization");
+    profile_seqs = std::min(profile_seqs, slots);
+    r.num_state_slots = slots;
   }
-  const double in_use = double(total_bytes - free_bytes);  // weights, CUDA context, cuBLAS workspace, others
-  const double budget =
-      gpu_memory_utilization * double(total_bytes) - in_use - double(activations) - double(state_bytes);
+  const int64_t reserved_before = int64_t(cuda_allocator_stats(device_.index).reserved_bytes);
+  const int64_t profile_states = profile_run(num_tokens, profile_seqs);
+  const int64_t activations =
+      std::max<int64_t>(0, int64_t(cuda_allocator_stats(device_.index).reserved_bytes) - reserved_before -
+                               profile_states);
+  cuda_empty_cache(device_.index);  // the KV tensors are a few large allocations; cached activation blocks would not fit them
+
+  const auto [in_use, total] = memory_in_use();  // weights, CUDA context, cuBLAS workspace, others
+  double budget = gpu_memory_utilization * total - in_use - double(activations);
+  const std::string budget_text = device_.str() + ": " + std::to_string(gpu_memory_utilization) + " x " +
+                                  gib(total) + " total - " + gib(in_use) + " in use - " + gib(double(activations)) +
+                                  " activations at " + std::to_string(num_tokens) + " tokens";
+  if (stateful) {
+    // A hybrid model keeps room for one max_model_len sequence's KV blocks.
+    const double states = budget - double(r.bytes_per_block) * double(per_seq);
+    const int64_t fit = states > 0 ? int64_t(states / double(per_slot)) : 0;
+    KBN_CHECK(fit >= r.num_state_slots || num_state_slots == 0, "KV cache sizing: num_state_slots ", num_state_slots,
+              " needs ", gib(double(per_slot) * double(num_state_slots)), " of recurrent state; ", budget_text,
+              " leaves room for ", fit, "; lower num_state_slots or raise gpu_memory_utilization");
+    r.num_state_slots = std::min(r.num_state_slots, fit);
+    KBN_CHECK(r.num_state_slots >= 1, "KV cache sizing: ", budget_text, " leaves no room for one sequence's recurrent state (",
+              gib(double(per_slot)), "); raise gpu_memory_utilization or lower max_num_batched_tokens");
+    budget -= double(per_slot) * double(r.num_state_slots);
+  }
+  if (r.bytes_per_block == 0) {
+    r.num_blocks = std::min<int64_t>(max_num_seqs * per_seq, INT32_MAX);
+    r.explanation = budget_text + "; no paged layers: " + std::to_string(r.num_blocks) + " blocks of 0 bytes" +
+                    state_text();
+    return r;
+  }
   r.num_blocks = budget > 0 ? int64_t(budget / double(r.bytes_per_block)) : 0;
-  r.explanation = device_.str() + ": " + std::to_string(r.num_blocks) + " blocks = (" +
-                  std::to_string(gpu_memory_utilization) + " x " + gib(double(total_bytes)) + " total - " +
-                  gib(in_use) + " in use - " + gib(double(activations)) + " activations at " +
-                  std::to_string(num_tokens) + " tokens" +
-                  (state_bytes ? " - " + gib(double(state_bytes)) + " recurrent state" : std::string()) + ") / " +
-                  std::to_string(r.bytes_per_block) + " B per block";
+  r.explanation = std::to_string(r.num_blocks) + " blocks = (" + budget_text +
+                  (stateful ? " - recurrent states" : std::string()) + ") / " + std::to_string(r.bytes_per_block) +
+                  " B per block" + state_text();
   KBN_CHECK(r.num_blocks >= per_seq, "KV cache sizing: ", r.explanation, " is less than one max_model_len (",
             max_model_len, ") sequence needs (", per_seq,
             " blocks); raise gpu_memory_utilization or lower max_num_batched_tokens / max_model_len");

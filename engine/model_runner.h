@@ -35,6 +35,7 @@ struct StepInputs {
 struct KVCacheSizing {
   int64_t num_blocks = 0;
   int64_t bytes_per_block = 0;  // K and V of every layer
+  int64_t num_state_slots = 0;  // recurrent-state models: sequences whose states fit (0 for others)
   std::string explanation;
 };
 
@@ -52,14 +53,19 @@ class ModelRunner {
   int64_t num_kv_blocks() const { return num_kv_blocks_; }
   // K and V bytes of one block over all layers.
   int64_t kv_bytes_per_block() const;
+  // Recurrent-state bytes of one sequence over all layers (0 for a model without such layers).
+  int64_t state_bytes_per_sequence() const;
 
   // Number of blocks when the user gave none. CUDA: gpu_memory_utilization x total device memory, minus what
   // is in use now (weights, the CUDA context, other processes), minus the memory a profile run of the largest
   // step (max_num_batched_tokens tokens in min(max_num_seqs, tokens) sequences) makes the allocator hold.
   // CPU: enough for max_num_seqs sequences of max_model_len tokens, capped at 1 GiB of cache (at least one
-  // max_model_len sequence). The recurrent states of num_state_slots sequences come out of the budget first. A
-  // model with no paged layers gets max_num_seqs x max_model_len blocks of nothing (the block tables still count
-  // tokens).
+  // max_model_len sequence). A model with no paged layers gets max_num_seqs x max_model_len blocks of nothing
+  // (the block tables still count tokens).
+  // Recurrent-state models: the states of num_state_slots sequences come out of the budget first; 0 = as many
+  // as fit, at most max_num_seqs (one state per running sequence; 1 GiB of states on CPU). On CUDA a state costs
+  // far more than a step's activations (Mamba-Codestral-7B: 132 MB per sequence), so the profile run takes at
+  // most the sequences whose states fit in 3/4 of the budget, and the slots never exceed what it exercised.
   KVCacheSizing auto_num_kv_blocks(int64_t max_num_batched_tokens, int64_t max_num_seqs, int64_t max_model_len,
                                    double gpu_memory_utilization, int64_t num_state_slots = 0);
   // Allocates the paged caches and, for recurrent-state layers, num_state_slots states each
@@ -87,8 +93,10 @@ class ModelRunner {
   const StepTimes& last_step_times() const { return last_step_times_; }
 
   // Forward + logits + sampling of a dummy all-prefill step (num_tokens tokens in num_seqs sequences) on
-  // temporary caches: the largest step the scheduler can produce. Used for sizing; callable on CPU too.
-  void profile_run(int64_t num_tokens, int64_t num_seqs);
+  // temporary caches: the largest step the scheduler can produce. Used for sizing; callable on CPU too. Returns
+  // the bytes of its temporary recurrent states (one per sequence), which the sizing does not count as
+  // activations.
+  int64_t profile_run(int64_t num_tokens, int64_t num_seqs);
 
  private:
   // The stream the runner's device work goes to: its own in graph mode, else the caller's current stream.

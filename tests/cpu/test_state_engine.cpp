@@ -10,6 +10,7 @@
 
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
+#include "engine/model_runner.h"
 #include "engine/scheduler.h"
 #include "kbn/error.h"
 #include "kbn/step_metadata.h"
@@ -60,11 +61,13 @@ class RunningSumLM : public CausalLM {
     state.kind = LayerCacheSpec::Kind::state;
     state.dtype = DType::f32;
     state.state_shapes = {{1}};
+    if (extra_state_floats > 0) state.state_shapes.push_back({extra_state_floats});  // unused; sizing tests
     // A paged layer too (unused here) so that the KV blocks are real and preemption can be forced.
     return {LayerCacheSpec::paged_kv(1, 4, DType::f32), state};
   }
   int64_t vocab_size() const override { return kVocab; }
   int64_t max_batch = 0;  // the most sequences one step held
+  int64_t extra_state_floats = 0;
 };
 
 std::vector<int64_t> expected_tokens(const std::vector<int64_t>& prompt, int64_t n) {
@@ -119,6 +122,25 @@ TEST(StateEngine, ChunkedPrefillDecodeAndSlotReuseGiveTheClosedForm) {
   check_outputs(res, rs);
   EXPECT_LE(model.max_batch, 4);  // never more running sequences than slots
   engine.scheduler().check_invariants();
+}
+
+TEST(StateEngine, StateSlotsAreSizedFromTheMemoryBudget) {
+  RunningSumLM model;
+  ModelRunner runner(model, Variant::baseline, Device::cpu(), 4);
+  // Tiny states: one per possible running sequence.
+  EXPECT_EQ(runner.auto_num_kv_blocks(64, 16, 128, 0.9).num_state_slots, 16);
+  // 320 MB per sequence: as many as fit in the CPU's 1 GiB of cache, fewer than max_num_seqs.
+  model.extra_state_floats = 80'000'000;
+  EXPECT_EQ(runner.state_bytes_per_sequence(), 4 * (80'000'000 + 1));
+  const KVCacheSizing s = runner.auto_num_kv_blocks(64, 16, 128, 0.9);
+  EXPECT_EQ(s.num_state_slots, 3) << s.explanation;
+  EXPECT_NE(s.explanation.find("3 slots"), std::string::npos) << s.explanation;
+  EXPECT_EQ(runner.auto_num_kv_blocks(64, 16, 128, 0.9, 5).num_state_slots, 5);  // asked for: taken as given
+  // The engine takes the sized slots when it sizes the cache itself.
+  model.extra_state_floats = 0;
+  LLMEngine engine(model, Variant::baseline, Device::cpu(), config(64, 16, 0, 0));
+  EXPECT_EQ(engine.config().num_state_slots, 16);
+  EXPECT_EQ(engine.kv_cache_sizing().num_state_slots, 16);
 }
 
 TEST(StateEngine, PreemptionRebuildsTheStateFromTheFirstToken) {
