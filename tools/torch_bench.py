@@ -126,7 +126,10 @@ def mamba(cfg, tokens, record, dev, dt, scan_flops):
         xs = (x.float() * dts[..., None]).to(dt).view(c, L, nh, P)
         Bh = B.view(c, L, G, 1, N).expand(c, L, G, rep, N).reshape(c, L, nh, N)
         Ch = C.view(c, L, G, 1, N).expand(c, L, G, rep, N).reshape(c, L, nh, N)
-        acum = torch.cumsum((dts * A).view(c, L, nh).permute(0, 2, 1), -1)         # [c, h, L] fp32
+        # Cumulative sums as products with a triangle of ones (fp32): torch 2.11's inductor fails to generate
+        # its split scan for torch.cumsum here ("list indices must be integers or slices, not None").
+        upper = torch.ones(L, L, device=x.device).triu()
+        acum = (dts * A).view(c, L, nh).permute(0, 2, 1) @ upper                    # [c, h, L] fp32
         seg = acum[..., :, None] - acum[..., None, :]                               # [c, h, L, L]
         causal = torch.ones(L, L, device=x.device, dtype=torch.bool).tril()
         decay = torch.exp(seg.masked_fill(~causal, -float("inf"))).to(dt)
@@ -135,7 +138,7 @@ def mamba(cfg, tokens, record, dev, dt, scan_flops):
         to_end = torch.exp(acum[..., -1:] - acum).to(dt)                            # [c, h, L]
         states = torch.einsum("clhn,clhp->chpn", Bh * to_end.permute(0, 2, 1)[..., None], xs).float()  # [c, h, P, N]
         chunk_sum = acum[..., -1]                                                   # [c, h]
-        csum = torch.cumsum(chunk_sum, 0)
+        csum = torch.ones(c, c, device=x.device).tril() @ chunk_sum                # cumsum over chunks
         # state entering chunk z: sum_{k < z} exp(csum[z-1] - csum[k]) states[k]
         inter = csum[:, None, :] - csum[None, :, :]                                 # [z, k, h]: csum[z] - csum[k]
         zk = torch.ones(c, c, device=x.device, dtype=torch.bool).tril(-1)

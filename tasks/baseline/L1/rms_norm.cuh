@@ -275,6 +275,52 @@ __global__ void __launch_bounds__(kThreads) rms_norm_f32_residual_kernel(RmsNorm
   }
 }
 
+// The same for rows of at most kThreads x 4 x kIters values with 16-byte aligned residual rows: every load of the row
+// is issued before the first use (the residual and x held in registers), so a decode-size step costs one memory
+// round trip and a block reduction rather than a chain of dependent loads per pass. Sums in the order of the
+// looped kernel (each thread's elements in index order, then block_sum).
+template <class T, int kThreads, int kIters>
+__global__ void __launch_bounds__(kThreads) rms_norm_f32_residual_regs_kernel(RmsNormParams p) {
+  const int64_t row = blockIdx.x;
+  T* x = static_cast<T*>(const_cast<void*>(p.x)) + row * p.x_stride;
+  float* res = static_cast<float*>(p.residual) + row * p.residual_stride;
+  const T* w = static_cast<const T*>(p.weight);
+  const int steps = p.hidden / 4;
+  float r[kIters][4];
+  T xv[kIters][4];
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int i = int(threadIdx.x) + k * kThreads;
+    if (i < steps) {
+      *reinterpret_cast<float4*>(r[k]) = reinterpret_cast<const float4*>(res)[i];
+      *reinterpret_cast<uint2*>(xv[k]) = reinterpret_cast<const uint2*>(x)[i];
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int i = int(threadIdx.x) + k * kThreads;
+    if (i >= steps) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      r[k][j] += to_f32(xv[k][j]);
+      ss += r[k][j] * r[k][j];
+    }
+    reinterpret_cast<float4*>(res)[i] = *reinterpret_cast<float4*>(r[k]);
+  }
+  const float inv_rms = rsqrtf(block_sum<kThreads>(ss) / float(p.hidden) + p.eps);
+#pragma unroll
+  for (int k = 0; k < kIters; ++k) {
+    const int i = int(threadIdx.x) + k * kThreads;
+    if (i >= steps) continue;
+    T wv[4], o[4];
+    *reinterpret_cast<uint2*>(wv) = reinterpret_cast<const uint2*>(w)[i];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = from_f32<T>(r[k][j] * inv_rms * to_f32(wv[j]));
+    reinterpret_cast<uint2*>(x)[i] = *reinterpret_cast<uint2*>(o);
+  }
+}
+
 // T: f16 or bf16 (x, weight); the residual is f32.
 template <class T>
 void launch_rms_norm_f32_residual(const RmsNormParams& p, int64_t rows, Stream stream) {
@@ -286,7 +332,14 @@ void launch_rms_norm_f32_residual(const RmsNormParams& p, int64_t rows, Stream s
   };
   const bool vec = p.hidden % 4 == 0 && aligned(p.x, p.x_stride, sizeof(T), 8) && aligned(p.weight, 0, sizeof(T), 8) &&
                    aligned(p.residual, p.residual_stride, 4, 16);
-  if (vec)
+  const int64_t steps = p.hidden / 4;
+  if (vec && steps <= kThreads * 2)
+    rms_norm_f32_residual_regs_kernel<T, kThreads, 2><<<unsigned(rows), kThreads, 0, stream>>>(p);
+  else if (vec && steps <= kThreads * 4)
+    rms_norm_f32_residual_regs_kernel<T, kThreads, 4><<<unsigned(rows), kThreads, 0, stream>>>(p);
+  else if (vec && steps <= kThreads * 8)
+    rms_norm_f32_residual_regs_kernel<T, kThreads, 8><<<unsigned(rows), kThreads, 0, stream>>>(p);
+  else if (vec)
     rms_norm_f32_residual_kernel<T, 4, kThreads><<<unsigned(rows), kThreads, 0, stream>>>(p);
   else
     rms_norm_f32_residual_kernel<T, 1, kThreads><<<unsigned(rows), kThreads, 0, stream>>>(p);

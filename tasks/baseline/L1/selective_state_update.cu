@@ -63,6 +63,34 @@ struct alignas(kV * sizeof(T) >= 16 ? 16 : kV * sizeof(T)) RawValues {
   }
 };
 
+// CTAs per SM the register allocation must allow. The kernel is a stream: what bounds it is the state bytes in
+// flight, kSsuRows x 16 per thread. Left to itself ptxas gives the 16-bit kernels 96 registers (5 CTAs per SM, 65%
+// of copy bandwidth at Mamba-Codestral's shapes on the H200); held to 64 (8 CTAs, no spills) a kernel of the same
+// structure reached 90%. Kernels with a 32-bit x or state keep the default (64 registers would spill there).
+template <class T, class S, int kLanes>
+constexpr int ssu_min_ctas() {
+  return kLanes > 0 && sizeof(T) <= 2 && sizeof(S) <= 2 ? 8 : 1;
+}
+
+// State chunks are touched once: loaded and stored with the evict-first hint so they do not push B, C and x out of
+// the caches (st.global.cs / ld.global.cs).
+template <class C>
+__device__ __forceinline__ C load_streaming(const C* p) {
+  if constexpr (sizeof(C) == 16) {
+    const int4 v = __ldcs(reinterpret_cast<const int4*>(p));
+    return *reinterpret_cast<const C*>(&v);
+  } else {
+    return *p;
+  }
+}
+template <class C>
+__device__ __forceinline__ void store_streaming(C* p, const C& c) {
+  if constexpr (sizeof(C) == 16)
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&c));
+  else
+    *p = c;
+}
+
 // One chunk of kV state values (16 bytes on the vectorised path, one value on the scalar path).
 template <class S, int kV>
 struct alignas(kV * sizeof(S)) StateChunk {
@@ -76,13 +104,16 @@ struct alignas(kV * sizeof(S)) StateChunk {
 // fp32, stored in S; out_p = sum_n s'_n C_n (fp32, reduced across the row's lanes by shuffles) + D x_p.
 // NOTE: at Mamba-Codestral's shapes (128 heads, 64 x 128 bf16 states) a CTA of 128 threads owns half a head (16 lanes
 // per 256-byte row, 8 row slots of 4 rows each): 256 CTAs at batch 1 with the whole 2 MiB of state in flight at once,
-// and the grid grows with the batch (65536 CTAs at 256). With bf16 states the kernel takes 96 registers: 5 CTAs per
-// SM, 40 KiB of state loads in flight per SM. The op reads and writes each state value once; its other traffic (x,
-// dt, B, C, out) is about 1% of that.
+// and the grid grows with the batch (65536 CTAs at 256). With 16-bit x and states the kernel is held to 64 registers
+// (ssu_min_ctas): 8 CTAs per SM, 64 KiB of state loads in flight per SM. The op reads and writes each state value
+// once; its other traffic (x, dt, B, C, out) is about 1% of that.
 // An index outside [0, num_slots) is reported (kbn/device_errors.h) and that sequence left untouched; the index -1
 // (kPadStateSlot) marks a padding row (CUDA-graph batches padded to a captured size): its output is zero, no state is read.
-template <class T, class S, int kV>
-__global__ void __launch_bounds__(kSsuMaxThreads) selective_state_update_kernel(SsuParams p) {
+template <class T, class S, int kV, int kLanes>
+__global__ void __launch_bounds__(kSsuMaxThreads, ssu_min_ctas<T, S, kLanes>()) selective_state_update_kernel(SsuParams p) {
+  // kLanes > 0: the shape the launch checked, a row of exactly kLanes chunks and whole CTAs of rows (no bounds).
+  constexpr bool kFixed = kLanes > 0;
+  const int lanes = kFixed ? kLanes : p.lanes;
   const int b = blockIdx.y;
   const int h = int(blockIdx.x) / p.slices, slice = int(blockIdx.x) % p.slices;
   const int slot = p.indices[b];
@@ -105,31 +136,27 @@ __global__ void __launch_bounds__(kSsuMaxThreads) selective_state_update_kernel(
   if (p.softplus) dt = dt <= 20.f ? log1pf(expf(dt)) : dt;  // torch's softplus (threshold 20)
   dt = fminf(fmaxf(dt, p.dt_min), p.dt_max);
   const float decay = expf(dt * p.A[h]);
-  const float d_skip = p.D ? p.D[h] : 0.f;
 
-  const int lane = int(threadIdx.x) & (p.lanes - 1);
-  const int row_slots = int(blockDim.x) / p.lanes;
-  const int row0 = slice * p.rows_per_cta + int(threadIdx.x) / p.lanes;
+  const int lane = int(threadIdx.x) & (lanes - 1);
+  const int row_slots = int(blockDim.x) / lanes;
+  const int row0 = slice * p.rows_per_cta + int(threadIdx.x) / lanes;
+  const auto in_rows = [&](int row) { return kFixed || row < p.head_dim; };
   const T* xh = static_cast<const T*>(p.x) + int64_t(b) * p.x_stride + int64_t(h) * p.head_dim;
-  float xv[kSsuRows], dtx[kSsuRows], dot[kSsuRows];
-#pragma unroll
-  for (int i = 0; i < kSsuRows; ++i) {
-    const int row = row0 + i * row_slots;
-    xv[i] = row < p.head_dim ? to_f32(xh[row]) : 0.f;
-    dtx[i] = dt * xv[i];
-    dot[i] = 0.f;
-  }
   S* sh = static_cast<S*>(p.state) + (int64_t(slot) * p.num_heads + h) * p.head_dim * p.state_size;
   const T* Bg = static_cast<const T*>(p.B) + int64_t(b) * p.B_stride + int64_t(g) * p.state_size;
   const T* Cg = static_cast<const T*>(p.C) + int64_t(b) * p.C_stride + int64_t(g) * p.state_size;
-  const int cols = p.state_size / kV;
+  const int cols = kFixed ? kLanes : p.state_size / kV;
+  float dot[kSsuRows];
+#pragma unroll
+  for (int i = 0; i < kSsuRows; ++i) dot[i] = 0.f;
 #pragma unroll 1
-  for (int j = lane; j < cols; j += p.lanes) {
-    StateChunk<S, kV> s[kSsuRows];
+  for (int j = lane; j < cols; j += lanes) {
+    using Chunk = StateChunk<S, kV>;
+    Chunk s[kSsuRows];
 #pragma unroll
     for (int i = 0; i < kSsuRows; ++i) {
       const int row = row0 + i * row_slots;
-      if (row < p.head_dim) s[i] = reinterpret_cast<const StateChunk<S, kV>*>(sh + int64_t(row) * p.state_size)[j];
+      if (in_rows(row)) s[i] = load_streaming(reinterpret_cast<const Chunk*>(sh + int64_t(row) * p.state_size) + j);
     }
     RawValues<T, kV> bv, cv;
     bv.load(Bg + j * kV);
@@ -137,27 +164,38 @@ __global__ void __launch_bounds__(kSsuMaxThreads) selective_state_update_kernel(
 #pragma unroll
     for (int i = 0; i < kSsuRows; ++i) {
       const int row = row0 + i * row_slots;
-      if (row >= p.head_dim) continue;
+      if (!in_rows(row)) continue;
+      const float dtx = dt * to_f32(xh[row]);
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        const float v = fmaf(decay, to_f32(s[i].v[e]), dtx[i] * to_f32(bv.v[e]));
+        const float v = fmaf(decay, to_f32(s[i].v[e]), dtx * to_f32(bv.v[e]));
         dot[i] = fmaf(v, to_f32(cv.v[e]), dot[i]);
         s[i].v[e] = from_f32<S>(v);
       }
-      reinterpret_cast<StateChunk<S, kV>*>(sh + int64_t(row) * p.state_size)[j] = s[i];
+      store_streaming(reinterpret_cast<Chunk*>(sh + int64_t(row) * p.state_size) + j, s[i]);
     }
+    if constexpr (kFixed) break;
   }
 #pragma unroll
   for (int i = 0; i < kSsuRows; ++i)
-    for (int off = p.lanes >> 1; off > 0; off >>= 1) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], off);
+#pragma unroll
+    for (int off = lanes >> 1; off > 0; off >>= 1) dot[i] += __shfl_xor_sync(0xffffffffu, dot[i], off);
   if (lane == 0) {
+    const float d_skip = p.D ? p.D[h] : 0.f;
     T* out = static_cast<T*>(p.out) + (int64_t(b) * p.num_heads + h) * p.head_dim;
 #pragma unroll
     for (int i = 0; i < kSsuRows; ++i) {
       const int row = row0 + i * row_slots;
-      if (row < p.head_dim) out[row] = from_f32<T>(fmaf(d_skip, xv[i], dot[i]));
+      if (in_rows(row)) out[row] = from_f32<T>(fmaf(d_skip, to_f32(xh[row]), dot[i]));
     }
   }
+}
+
+template <class T, class S, int kV, int kLanes>
+void launch_ssu_kernel(const SsuParams& p, int batch, int threads, Stream stream) {
+  const dim3 grid{unsigned(p.num_heads * p.slices), unsigned(batch)};
+  selective_state_update_kernel<T, S, kV, kLanes><<<grid, threads, 0, stream>>>(p);
+  KBN_CUDA_CHECK_LAUNCH();
 }
 
 template <class T, class S, int kV>
@@ -171,9 +209,15 @@ void launch_selective_state_update(SsuParams p, int batch, Stream stream) {
   p.lanes = lanes;
   p.rows_per_cta = threads / lanes * kSsuRows;
   p.slices = (p.head_dim + p.rows_per_cta - 1) / p.rows_per_cta;
-  const dim3 grid{unsigned(p.num_heads * p.slices), unsigned(batch)};
-  selective_state_update_kernel<T, S, kV><<<grid, threads, 0, stream>>>(p);
-  KBN_CUDA_CHECK_LAUNCH();
+  // The common shapes (state_size 128: 16 lanes of 16-bit or 32 of fp32 chunks; head_dim a multiple of the CTA's
+  // rows) get the kernel with the lanes fixed at compile time; the choice depends on the shape only, so a given
+  // shape always sums in one order.
+  if constexpr (kV > 1) {
+    const bool whole = lanes * kV == p.state_size && p.head_dim % p.rows_per_cta == 0;
+    if (whole && lanes == 16) return launch_ssu_kernel<T, S, kV, 16>(p, batch, threads, stream);
+    if (whole && lanes == 32) return launch_ssu_kernel<T, S, kV, 32>(p, batch, threads, stream);
+  }
+  launch_ssu_kernel<T, S, kV, 0>(p, batch, threads, stream);
 }
 
 bool aligned_to(const void* p, int64_t stride_elems, size_t esize, int64_t bytes) {
