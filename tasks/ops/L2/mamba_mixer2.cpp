@@ -51,7 +51,17 @@ KBN_REGISTER_OPS(r) {
                 .in_features = H,
                 .out_features = H,
                 .state_shapes = {{s.conv_kernel - 1, cd}, {s.num_heads, s.head_dim, s.state_size}}});
-         }});
+         },
+         // The SSD scan inside rounds its tensor-core operands and entering state to 16 bits
+         // (mamba_chunk_scan_combined's tolerance: twice the default atol_rms). The gated norm divides each group by
+         // its own rms, which can be well below the output's: on the H200 the mixer's worst element was 2.13x the
+         // default atol_rms (1 of 19200, tiny-mamba2, large inputs, seed 5). 16-bit atol_rms is 3x the default.
+         .tolerance =
+             [](DType dt) {
+               Tolerance t = dtype_tolerance(dt);
+               if (dt == DType::bf16 || dt == DType::f16) t.atol_rms *= 3;
+               return t;
+             }});
 }
 
 }  // namespace kbn::KBN_VARIANT
