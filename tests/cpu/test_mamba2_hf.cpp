@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include "engine/llm_engine.h"
+#include "engine/model_loader.h"
+#include "kbn/error.h"
 #include "hf_fixture.h"
 
 namespace {
@@ -61,6 +63,33 @@ TEST(Mamba2VsHF, ChunkedPrefillAcrossStepsGivesTheGreedyTokens) {
   // A budget of 5 tokens splits the 11- and 23-token prompts over 3 and 5 steps, at offsets that are not multiples of
   // the chunk (8); 3 slots for 8 requests reuse each slot.
   check_engine({5, 4, 3, 512}, false);
+}
+
+// A config that disagrees with its checkpoint is named by field and value (the tiny fixture: 8 heads of 16, one group
+// of state 16, conv width 4).
+TEST(Mamba2VsHF, AConfigThatDisagreesWithTheCheckpointNamesTheField) {
+  const test::HfFixture fx = test::load_hf_fixture("tiny-mamba2");
+  const auto error = [&](const std::string& overrides) -> std::string {
+    engine::ModelSpec spec = fx.spec;
+    spec.config = fx.spec.config.with_overrides(overrides, "the fixture with " + overrides);
+    try {
+      engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << overrides << " was accepted";
+    return {};
+  };
+  const auto expect_in = [](const std::string& message, const std::string& part) {
+    EXPECT_NE(message.find(part), std::string::npos) << "expected \"" << part << "\" in: " << message;
+  };
+  expect_in(error(R"({"num_heads": 4, "intermediate_size": 64})"), "'num_heads' is 4, the checkpoint has 8 heads");
+  expect_in(error(R"({"head_dim": 8, "intermediate_size": 64})"),
+            "'num_heads' x 'head_dim' is 8 x 8 = 64 channels, the checkpoint has 128 ('head_dim' 16)");
+  expect_in(error(R"({"state_size": 8})"), "'n_groups' x 'state_size' must be 16 (the config has 8)");
+  expect_in(error(R"({"n_groups": 2})"), "'n_groups' x 'state_size' must be 16 (the config has 32)");
+  expect_in(error(R"({"conv_kernel": 3})"), "'conv_kernel' is 3, the checkpoint's conv is 4 wide");
+  expect_in(error(R"({"chunk_size": 12})"), "'chunk_size' must be a power of two, got 12");
 }
 
 TEST(Mamba2VsHF, PreemptionRebuildsTheStates) {
