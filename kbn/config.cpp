@@ -243,6 +243,8 @@ ModelConfig ModelConfig::with_overrides(const std::string& overrides, const std:
   return c;
 }
 
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
 RopeConfig parse_rope_config(const ModelConfig& c, double default_theta) {
   RopeConfig r;
   r.theta = c.get_double("rope_theta", default_theta);
@@ -273,7 +275,13 @@ RopeConfig parse_rope_config(const ModelConfig& c, double default_theta) {
     s.beta_slow = rs.get_double("beta_slow", 1.0);
     s.truncate = rs.get_bool("truncate", true);  // vLLM and HF default to true; gpt-oss's config says false
     s.attention_factor = rs.get_double("attention_factor", 0.0);
+    s.mscale = rs.get_double("mscale", 0.0);
+    s.mscale_all_dim = rs.get_double("mscale_all_dim", 0.0);
     KBN_CHECK(s.factor > 0, "config ", c.source(), ": ", rope_key, ".factor must be positive, got ", s.factor);
+    KBN_CHECK(s.mscale >= 0 && s.mscale_all_dim >= 0, "config ", c.source(), ": ", rope_key,
+              ".mscale and .mscale_all_dim must not be negative, got ", s.mscale, " and ", s.mscale_all_dim);
+    if (s.attention_factor == 0 && s.mscale > 0 && s.mscale_all_dim > 0)
+      s.attention_factor = yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);
     KBN_CHECK(s.original_max_position_embeddings > 0, "config ", c.source(), ": ", rope_key,
               ".original_max_position_embeddings must be positive, got ", s.original_max_position_embeddings);
     KBN_CHECK(s.beta_slow > 0 && s.beta_fast > s.beta_slow, "config ", c.source(), ": ", rope_key,

@@ -26,7 +26,15 @@ struct RopeScaling {
   double beta_slow = 1.0;
   bool truncate = true;         // floor/ceil the correction range (vLLM's and HF's default; gpt-oss sets false)
   double attention_factor = 0;  // cos/sin scale; 0: 0.1 ln(factor) + 1 (1 when factor <= 1)
+  // DeepSeek's yarn keys (0: absent). With both mscale and mscale_all_dim the cos/sin scale is
+  // yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) (transformers' rule, vLLM's
+  // DeepseekScalingRotaryEmbedding), and MLA's softmax scale gains yarn_mscale(factor, mscale_all_dim)^2.
+  double mscale = 0;
+  double mscale_all_dim = 0;
 };
+
+// YaRN's magnitude correction 0.1 m ln(factor) + 1 (1 when factor <= 1): transformers' and vLLM's yarn_get_mscale.
+double yarn_mscale(double factor, double m = 1.0);
 
 // The rotary embedding a config describes: rope_theta and rope scaling, read from "rope_parameters"
 // (transformers >= 5, theta inside) or "rope_scaling" beside a top-level "rope_theta" (earlier versions and

@@ -163,6 +163,30 @@ TEST(Config, HeadDimMustFit) {
   expect_contains(llama_error(j), {kSource, "even", "7"});
 }
 
+TEST(Config, DeepSeekYarnMscaleKeys) {
+  // DeepSeek-V2-Lite's rope_scaling: with mscale and mscale_all_dim both given, cos and sin are scaled by
+  // yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim) (transformers' rule): 1 when they are equal.
+  const auto parse = [](const std::string& scaling) {
+    return parse_rope_config(ModelConfig::parse(R"({"rope_theta": 10000, "rope_scaling": )" + scaling + "}", "t"), 1e4);
+  };
+  const RopeConfig lite = parse(R"({"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                                    "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096})");
+  EXPECT_EQ(lite.scaling.rope_type, "yarn");
+  EXPECT_DOUBLE_EQ(lite.scaling.attention_factor, 1.0);
+  EXPECT_DOUBLE_EQ(lite.scaling.mscale_all_dim, 0.707);
+  EXPECT_NEAR(yarn_mscale(40, 0.707), 0.1 * 0.707 * std::log(40.0) + 1, 1e-15);
+  EXPECT_NEAR(yarn_mscale(40, 0.707), 1.2608, 1e-4);
+  EXPECT_DOUBLE_EQ(yarn_mscale(0.5, 0.707), 1.0);
+  const RopeConfig unequal = parse(R"({"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 0.707,
+                                       "original_max_position_embeddings": 4096})");
+  EXPECT_NEAR(unequal.scaling.attention_factor, yarn_mscale(40, 1.0) / yarn_mscale(40, 0.707), 1e-15);
+  // Without both keys the attention factor stays derived from the factor alone (0 here: 0.1 ln(factor) + 1 later).
+  EXPECT_DOUBLE_EQ(parse(R"({"type": "yarn", "factor": 40, "mscale_all_dim": 0.707,
+                             "original_max_position_embeddings": 4096})").scaling.attention_factor, 0.0);
+  EXPECT_THROW(parse(R"({"type": "yarn", "factor": 40, "mscale": -1, "mscale_all_dim": 1,
+                         "original_max_position_embeddings": 4096})"), Error);
+}
+
 TEST(Config, RopeScaling) {
   nlohmann::json j = minimal_llama();
   j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
