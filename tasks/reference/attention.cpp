@@ -1,5 +1,5 @@
 // Oracle: causal attention over a paged KV cache (vLLM FlashAttention backend semantics: varlen prefill with
-// chunked context, and decode).
+// chunked context, and decode), and multi-head latent attention over a paged latent cache (DeepSeek's MLA).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -218,6 +218,111 @@ void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cach
   batch.query_start.resize(size_t(num_seqs + 1));
   for (int64_t b = 0; b <= num_seqs; ++b) batch.query_start[size_t(b)] = b;
   attend(out, q, key_cache, value_cache, batch, heads_per_kv_head, scale, features, sinks);
+}
+
+namespace {
+
+// The latent cache's checks: rank 3, a float dtype, on the CPU; returns its row width.
+int64_t check_latent_cache(const char* op, const Tensor& kv_cache) {
+  check_rank(kv_cache, op, "kv_cache", 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]");
+  check_dtype(kv_cache, op, "kv_cache", {DType::f32, DType::f16, DType::bf16});
+  check_cpu(kv_cache, op, "kv_cache");
+  return kv_cache.size(2);
+}
+
+}  // namespace
+
+void concat_and_cache_mla(Tensor& kv_cache, const Tensor& kv_c, const Tensor& k_pe, const Tensor& slot_mapping) {
+  constexpr const char* op = "reference::concat_and_cache_mla";
+  const int64_t width = check_latent_cache(op, kv_cache);
+  check_rank(kv_c, op, "kv_c", 2, "[num_tokens, kv_lora_rank]");
+  check_rank(k_pe, op, "k_pe", 2, "[num_tokens, rope_dim]");
+  check_cpu(kv_c, op, "kv_c");
+  check_cpu(k_pe, op, "k_pe");
+  const int64_t T = kv_c.size(0), L = kv_c.size(1);
+  check_size(k_pe, op, "k_pe", 0, T, "num_tokens = kv_c.size(0)");
+  KBN_CHECK(L + k_pe.size(1) == width, op, ": arguments 'kv_c' ", kv_c.str(), " and 'k_pe' ", k_pe.str(),
+            " make rows of ", L + k_pe.size(1), " values, but 'kv_cache' ", kv_cache.str(), " holds rows of ", width);
+  check_rank(slot_mapping, op, "slot_mapping", 1, "[num_tokens]");
+  check_dtype(slot_mapping, op, "slot_mapping", {DType::i32, DType::i64});
+  check_cpu(slot_mapping, op, "slot_mapping");
+  check_size(slot_mapping, op, "slot_mapping", 0, T, "num_tokens = kv_c.size(0)");
+  const int64_t num_slots = kv_cache.size(0) * kv_cache.size(1), block_size = kv_cache.size(1);
+  const std::vector<int64_t> slots = slot_mapping.to_ints();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s = slots[size_t(t)];
+    if (s == -1) continue;
+    KBN_CHECK(s >= 0 && s < num_slots, op, ": argument 'slot_mapping'[", t, "] = ", s,
+              " is outside [0, num_blocks * block_size = ", num_slots, ") (-1: a padding token)");
+    Tensor row = kv_cache.select(0, s / block_size).select(0, s % block_size);
+    row.slice(0, 0, L).copy_(kv_c.select(0, t));
+    row.slice(0, L, width).copy_(k_pe.select(0, t));
+  }
+}
+
+void mla_decode(Tensor& out, const Tensor& q, const Tensor& kv_cache, const Tensor& seq_lens,
+                const Tensor& block_tables, double scale) {
+  constexpr const char* op = "reference::mla_decode";
+  const int64_t width = check_latent_cache(op, kv_cache);
+  check_rank(q, op, "q", 3, "[num_seqs, num_heads, kv_lora_rank + rope_dim]");
+  check_size(q, op, "q", 2, width, "the latent row width = kv_cache.size(2)");
+  check_rank(out, op, "out", 3, "[num_seqs, num_heads, kv_lora_rank]");
+  check_size(out, op, "out", 0, q.size(0), "num_seqs = q.size(0)");
+  check_size(out, op, "out", 1, q.size(1), "num_heads = q.size(1)");
+  const int64_t L = out.size(2);
+  KBN_CHECK(L > 0 && L <= width, op, ": argument 'out' ", out.str(), " must hold kv_lora_rank values per head, at most ",
+            "the latent row width ", width);
+  // One shared key head of the row's full width; the values are the same rows, of which the first L are kept.
+  const Tensor cache = kv_cache.view({kv_cache.size(0), kv_cache.size(1), 1, width});
+  Tensor full = Tensor::empty(q.shape(), DType::f32);
+  paged_attention_decode(full, q, cache, cache, seq_lens, block_tables, scale);
+  out.copy_(full.slice(2, 0, L));
+}
+
+void mla_attention(Tensor& out, const Tensor& q, const Tensor& kv_cache, const Tensor& kv_b_weight,
+                   const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables, double scale) {
+  constexpr const char* op = "reference::mla_attention";
+  const int64_t width = check_latent_cache(op, kv_cache);
+  check_rank(q, op, "q", 3, "[num_tokens, num_heads, qk_nope + rope_dim]");
+  check_rank(kv_b_weight, op, "kv_b_weight", 2, "[num_heads * (qk_nope + v_head_dim), kv_lora_rank]");
+  check_cpu(kv_b_weight, op, "kv_b_weight");
+  check_rank(out, op, "out", 3, "[num_tokens, num_heads, v_head_dim]");
+  const int64_t T = q.size(0), H = q.size(1), L = kv_b_weight.size(1), R = width - L, P = q.size(2) - R,
+                V = out.size(2);
+  KBN_CHECK(L > 0 && R > 0 && P > 0, op, ": argument 'kv_b_weight' ", kv_b_weight.str(), " (kv_lora_rank ", L,
+            ") leaves ", R, " rope values of the latent row (", width, ") and ", P, " no-rope values of 'q' ", q.str(),
+            "; both must be positive");
+  check_size(kv_b_weight, op, "kv_b_weight", 0, H * (P + V), "num_heads * (qk_nope + v_head_dim)");
+  check_size(out, op, "out", 0, T, "num_tokens = q.size(0)");
+  check_size(out, op, "out", 1, H, "num_heads = q.size(1)");
+  // Decompress every cached row per head, [num_blocks, block_size, H, P + R] keys and values padded to the same
+  // width with zeros (vLLM pads V the same way for its non-MLA prefill), then the paged oracle.
+  const int64_t nb = kv_cache.size(0), bs = kv_cache.size(1), D = P + R;
+  KBN_CHECK(V <= D, op, ": v_head_dim ", V, " (argument 'out') wider than the key's ", D, " is not supported");
+  const std::vector<double> lat = kv_cache.to_doubles(), w = kv_b_weight.to_doubles();
+  std::vector<float> keys(size_t(nb * bs * H * D)), values(size_t(nb * bs * H * D), 0.f);
+  for (int64_t r = 0; r < nb * bs; ++r) {
+    const double* row = &lat[size_t(r * width)];
+    for (int64_t h = 0; h < H; ++h) {
+      float* k = &keys[size_t((r * H + h) * D)];
+      float* v = &values[size_t((r * H + h) * D)];
+      for (int64_t i = 0; i < P + V; ++i) {
+        const double* wi = &w[size_t((h * (P + V) + i) * L)];
+        double acc = 0;
+        for (int64_t l = 0; l < L; ++l) acc += wi[l] * row[l];
+        if (i < P)
+          k[i] = float(acc);
+        else
+          v[i - P] = float(acc);
+      }
+      for (int64_t i = 0; i < R; ++i) k[P + i] = float(row[L + i]);
+    }
+  }
+  const Tensor key_cache = Tensor::from_floats(keys, {nb, bs, H, D});
+  const Tensor value_cache = Tensor::from_floats(values, {nb, bs, H, D});
+  Tensor full = Tensor::empty({T, H, D}, DType::f32);
+  paged_attention_prefill(full, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale);
+  out.copy_(full.slice(2, 0, V));
 }
 
 }  // namespace kbn::reference

@@ -105,6 +105,32 @@ void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cach
                             const Tensor& seq_lens, const Tensor& block_tables, double scale,
                             const AttentionFeatures& features = {});
 
+// ---- multi-head latent attention (DeepSeek-V2/V3: vLLM's MLA backends, FlashMLA) ----
+// The latent cache holds one row per token, kv_c_normed (kv_lora_rank) | k_pe (rope_dim): [num_blocks, block_size,
+// kv_lora_rank + rope_dim]; a slot s lives in block s / block_size, row s % block_size.
+
+// vLLM's concat_and_cache_mla: kv_cache[slot_mapping[t]] = kv_c[t] | k_pe[t] for every token with a slot >= 0 (-1:
+// a padding token, skipped). kv_c: [num_tokens, kv_lora_rank]; k_pe: [num_tokens, rope_dim]; slot_mapping:
+// [num_tokens] i32 or i64.
+void concat_and_cache_mla(Tensor& kv_cache, const Tensor& kv_c, const Tensor& k_pe, const Tensor& slot_mapping);
+
+// Decode over the latent cache with the up-projections absorbed (FlashMLA's flash_mla_with_kvcache, one query per
+// sequence): every query head attends all seq_lens[b] cached rows of its sequence as a single shared key head of the
+// row's full width, and takes the row's first kv_lora_rank values (kv_c) as its value:
+// out[b, h] = sum_p softmax_p(scale q[b, h] . row_p) row_p[:kv_lora_rank].
+// q: [num_seqs, num_heads, kv_lora_rank + rope_dim]; out: [num_seqs, num_heads, kv_lora_rank].
+void mla_decode(Tensor& out, const Tensor& q, const Tensor& kv_cache, const Tensor& seq_lens,
+                const Tensor& block_tables, double scale);
+
+// MLA as the model defines it (transformers' DeepseekV2Attention after its projections), the definition the absorbed
+// and decompressed kernels must both meet: every cached row decompressed per head through kv_b_weight
+// [num_heads * (qk_nope + v_head_dim), kv_lora_rank] (head h's rows: qk_nope key rows W_UK_h, then v_head_dim value
+// rows W_UV_h): key_h = W_UK_h kv_c | k_pe, value_h = W_UV_h kv_c; then causal varlen attention over the paged
+// cache as paged_attention_prefill (query row j of sequence b at position seq_lens[b] - q_len + j).
+// q: [num_tokens, num_heads, qk_nope + rope_dim]; out: [num_tokens, num_heads, v_head_dim].
+void mla_attention(Tensor& out, const Tensor& q, const Tensor& kv_cache, const Tensor& kv_b_weight,
+                   const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables, double scale);
+
 // out[t] = argmax_v logits[t, v] (lowest index on ties; NaN entries never win; an all-NaN row gives 0).   logits:
 // [num_tokens, vocab]; out: [num_tokens] i64
 void argmax(Tensor& out, const Tensor& logits);

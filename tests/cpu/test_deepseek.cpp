@@ -1,14 +1,22 @@
 // DeepSeek-V2 / V3 groundwork (issue 18): the typed config of both published configs (models/deepseek-v2-lite.json,
 // models/deepseek-v3.json), its derived quantities (latent row, MLA softmax scale under YaRN, which layers are MoE)
-// and its errors.
+// and its errors; the MLA oracles (tasks/reference/attention.cpp): the latent cache store, absorbed decode over the
+// latent cache equal to the decompressed definition, and the decompressed definition equal to attention written out
+// per token from unpaged latents.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "configs/deepseek_v2.h"
 #include "engine/model_loader.h"
 #include "kbn/error.h"
+#include "kbn/rng.h"
+#include "kbn/tensor.h"
+#include "reference/reference.h"
 
 namespace {
 
@@ -84,6 +92,155 @@ TEST(DeepseekV2Config, BadFieldsAreNamed) {
   const DeepseekV2Config dense = DeepseekV2Config::from(lite.with_overrides(R"({"n_routed_experts": null})", "t"));
   EXPECT_EQ(dense.n_routed_experts, 0);
   EXPECT_FALSE(dense.is_moe_layer(5));
+}
+
+// ---- MLA oracles ----
+
+// Small MLA shapes: 3 heads, latent 8 + rope 4, no-rope query 6, value 5, blocks of 4 rows; two sequences of 5 and 9
+// tokens in scattered blocks.
+struct MlaCase {
+  int64_t H = 3, L = 8, R = 4, P = 6, V = 5, bs = 4, nb = 8;
+  std::vector<int64_t> lens{5, 9};
+  std::vector<std::vector<int32_t>> blocks{{6, 1}, {3, 7, 0}};
+  Tensor kv_c, k_pe, w, cache;  // latents in token order (sequence 0 then 1), kv_b weight, the paged cache
+
+  MlaCase() {
+    const int64_t T = lens[0] + lens[1];
+    kv_c = Tensor::empty({T, L}, DType::f32);
+    k_pe = Tensor::empty({T, R}, DType::f32);
+    w = Tensor::empty({H * (P + V), L}, DType::f32);
+    fill_normal_(kv_c, 1, 0, 1);
+    fill_normal_(k_pe, 2, 0, 1);
+    fill_normal_(w, 3, 0, 0.4);
+    cache = Tensor::full({nb, bs, L + R}, 7.0, DType::f32);  // rows no sequence owns keep a visible value
+    std::vector<int32_t> slots;
+    for (size_t b = 0; b < lens.size(); ++b)
+      for (int64_t p = 0; p < lens[b]; ++p) slots.push_back(int32_t(blocks[b][size_t(p / bs)] * bs + p % bs));
+    reference::concat_and_cache_mla(cache, kv_c, k_pe, Tensor::from_i32(slots, {T}));
+  }
+  Tensor block_tables() const {
+    return Tensor::from_i32({6, 1, -1, 3, 7, 0}, {2, 3});
+  }
+  Tensor seq_lens() const { return Tensor::from_i32({int32_t(lens[0]), int32_t(lens[1])}, {2}); }
+  int64_t first_token(size_t b) const { return b == 0 ? 0 : lens[0]; }
+};
+
+TEST(MlaOracle, ConcatAndCacheWritesRowsAndSkipsPadding) {
+  MlaCase c;
+  // Token 6 of the batch is position 1 of sequence 1: block 3, row 1.
+  const std::vector<double> row = c.cache.select(0, 3).select(0, 1).to_doubles();
+  const std::vector<double> kv = c.kv_c.select(0, 6).to_doubles(), pe = c.k_pe.select(0, 6).to_doubles();
+  for (int64_t i = 0; i < c.L; ++i) EXPECT_EQ(row[size_t(i)], kv[size_t(i)]);
+  for (int64_t i = 0; i < c.R; ++i) EXPECT_EQ(row[size_t(c.L + i)], pe[size_t(i)]);
+  EXPECT_EQ(c.cache.select(0, 2).to_doubles()[0], 7.0);  // a block no sequence owns is untouched
+  Tensor cache = c.cache.clone();
+  reference::concat_and_cache_mla(cache, c.kv_c.slice(0, 0, 2), c.k_pe.slice(0, 0, 2), Tensor::from_i32({-1, -1}, {2}));
+  EXPECT_EQ(cache.to_doubles(), c.cache.to_doubles());  // -1: padding, nothing written
+  const auto message = [&](const Tensor& slots, const Tensor& pe) {
+    try {
+      reference::concat_and_cache_mla(cache, c.kv_c.slice(0, 0, 2), pe, slots);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(Tensor::from_i32({0, 32}, {2}), c.k_pe.slice(0, 0, 2)).find("'slot_mapping'[1] = 32 is outside"),
+            std::string::npos);
+  EXPECT_NE(message(Tensor::from_i32({0, 1}, {2}), c.k_pe.slice(0, 0, 2).slice(1, 0, 3)).find("rows of 11 values"),
+            std::string::npos);
+}
+
+TEST(MlaOracle, AbsorbedDecodeEqualsTheDecompressedDefinition) {
+  MlaCase c;
+  const double scale = 0.37;
+  const int64_t B = 2, D = c.P + c.R;
+  Tensor q = Tensor::empty({B, c.H, D}, DType::f32);
+  fill_normal_(q, 4, 0, 1);
+  // The definition: one query per sequence at its last position (query_start_loc 0, 1, 2).
+  Tensor direct = Tensor::empty({B, c.H, c.V}, DType::f32);
+  reference::mla_attention(direct, q, c.cache, c.w, Tensor::from_i32({0, 1, 2}, {3}), c.seq_lens(), c.block_tables(),
+                           scale);
+  // Absorbed: q_lat = W_UK_h^T q_nope | q_pe over the latent cache, then W_UV_h on the latent output.
+  const std::vector<double> qv = q.to_doubles(), w = c.w.to_doubles();
+  std::vector<float> q_lat(size_t(B * c.H * (c.L + c.R)));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < c.H; ++h) {
+      const double* qh = &qv[size_t((b * c.H + h) * D)];
+      float* ql = &q_lat[size_t((b * c.H + h) * (c.L + c.R))];
+      for (int64_t l = 0; l < c.L; ++l) {
+        double acc = 0;
+        for (int64_t i = 0; i < c.P; ++i) acc += w[size_t((h * (c.P + c.V) + i) * c.L + l)] * qh[i];
+        ql[l] = float(acc);
+      }
+      for (int64_t i = 0; i < c.R; ++i) ql[c.L + i] = float(qh[c.P + i]);
+    }
+  Tensor lat_out = Tensor::empty({B, c.H, c.L}, DType::f32);
+  reference::mla_decode(lat_out, Tensor::from_floats(q_lat, {B, c.H, c.L + c.R}), c.cache, c.seq_lens(),
+                        c.block_tables(), scale);
+  const std::vector<double> lo = lat_out.to_doubles(), dv = direct.to_doubles();
+  double max_err = 0, max_val = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t v = 0; v < c.V; ++v) {
+        double acc = 0;
+        for (int64_t l = 0; l < c.L; ++l)
+          acc += w[size_t((h * (c.P + c.V) + c.P + v) * c.L + l)] * lo[size_t((b * c.H + h) * c.L + l)];
+        const double ref = dv[size_t((b * c.H + h) * c.V + v)];
+        max_err = std::max(max_err, std::abs(acc - ref));
+        max_val = std::max(max_val, std::abs(ref));
+      }
+  EXPECT_GT(max_val, 0.1);
+  EXPECT_LT(max_err, 2e-6 * std::max(1.0, max_val)) << "absorbed and decompressed MLA disagree";
+}
+
+TEST(MlaOracle, DecompressedDefinitionIsCausalAttentionPerHead) {
+  MlaCase c;
+  const double scale = 0.29;
+  const int64_t D = c.P + c.R;
+  // Chunked prefill: sequence 0 queries its last 2 positions, sequence 1 its last 4 (its first 5 are context).
+  const std::vector<int64_t> q_lens{2, 4};
+  Tensor q = Tensor::empty({6, c.H, D}, DType::f32);
+  fill_normal_(q, 5, 0, 1);
+  Tensor out = Tensor::empty({6, c.H, c.V}, DType::f32);
+  reference::mla_attention(out, q, c.cache, c.w, Tensor::from_i32({0, 2, 6}, {3}), c.seq_lens(), c.block_tables(),
+                           scale);
+  const std::vector<double> qv = q.to_doubles(), w = c.w.to_doubles(), kv = c.kv_c.to_doubles(),
+                            pe = c.k_pe.to_doubles(), got = out.to_doubles();
+  double max_err = 0;
+  int64_t row = 0;
+  for (size_t b = 0; b < 2; ++b)
+    for (int64_t j = 0; j < q_lens[b]; ++j, ++row) {
+      const int64_t position = c.lens[b] - q_lens[b] + j;
+      for (int64_t h = 0; h < c.H; ++h) {
+        std::vector<double> scores;
+        for (int64_t p = 0; p <= position; ++p) {
+          const int64_t t = c.first_token(b) + p;
+          double dot = 0;
+          for (int64_t i = 0; i < c.P; ++i) {
+            double k = 0;
+            for (int64_t l = 0; l < c.L; ++l) k += w[size_t((h * (c.P + c.V) + i) * c.L + l)] * kv[size_t(t * c.L + l)];
+            dot += qv[size_t((row * c.H + h) * D + i)] * k;
+          }
+          for (int64_t i = 0; i < c.R; ++i) dot += qv[size_t((row * c.H + h) * D + c.P + i)] * pe[size_t(t * c.R + i)];
+          scores.push_back(scale * dot);
+        }
+        const double m = *std::max_element(scores.begin(), scores.end());
+        double denom = 0;
+        for (double& s : scores) denom += (s = std::exp(s - m));
+        for (int64_t v = 0; v < c.V; ++v) {
+          double acc = 0;
+          for (int64_t p = 0; p <= position; ++p) {
+            const int64_t t = c.first_token(b) + p;
+            double val = 0;
+            for (int64_t l = 0; l < c.L; ++l)
+              val += w[size_t((h * (c.P + c.V) + c.P + v) * c.L + l)] * kv[size_t(t * c.L + l)];
+            acc += scores[size_t(p)] * val;
+          }
+          max_err = std::max(max_err, std::abs(acc / denom - got[size_t((row * c.H + h) * c.V + v)]));
+        }
+      }
+    }
+  EXPECT_LT(max_err, 2e-6);
 }
 
 }  // namespace
