@@ -1,8 +1,10 @@
-// Oracle: the mixture-of-experts ops (vLLM fused_moe.py): router top-k, per-expert alignment, the expert MLPs and
-// the per-token sum.
+// Oracle: the mixture-of-experts ops (vLLM fused_moe.py): router top-k (plain and grouped), per-expert alignment,
+// the expert MLPs and the per-token sum.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "kbn/checks.h"
@@ -67,6 +69,88 @@ void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_o
       const double p = std::exp(row[order[size_t(j)]] - mx) / sum;
       w[size_t(t * k + j)] = float(renormalize ? p / chosen : p);
       ids[size_t(t * k + j)] = int32_t(order[size_t(j)]);
+    }
+  }
+  topk_weights.copy_(Tensor::from_floats(w, {n, k}, DType::f32));
+  topk_ids.copy_(Tensor::from_i32(ids, {n, k}));
+}
+
+void grouped_topk(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_output, bool renormalize,
+                  int64_t num_expert_group, int64_t topk_group, const std::string& scoring_func,
+                  double routed_scaling_factor, const Tensor& e_score_correction_bias) {
+  constexpr const char* kOp = "reference::grouped_topk";
+  check_rank(gating_output, kOp, "gating_output", 2, "[num_tokens, num_experts]");
+  check_dtype(gating_output, kOp, "gating_output", {DType::f32, DType::f16, DType::bf16});
+  check_cpu(gating_output, kOp, "gating_output");
+  const int64_t n = gating_output.size(0), e = gating_output.size(1), k = topk_ids.size(-1);
+  KBN_CHECK(scoring_func == "softmax" || scoring_func == "sigmoid", kOp,
+            ": argument 'scoring_func' must be softmax or sigmoid, got '", scoring_func, "'");
+  KBN_CHECK(num_expert_group >= 1 && e % num_expert_group == 0, kOp, ": argument 'num_expert_group' (",
+            num_expert_group, ") must divide num_experts (", e, ", gating_output ", gating_output.str(), ")");
+  const int64_t per_group = e / num_expert_group;
+  KBN_CHECK(topk_group >= 1 && topk_group <= num_expert_group, kOp, ": argument 'topk_group' (", topk_group,
+            ") must be in [1, num_expert_group = ", num_expert_group, "]");
+  KBN_CHECK(k >= 1 && k <= topk_group * per_group, kOp, ": top_k (", k, ", topk_ids' last dimension) must be in [1, ",
+            topk_group * per_group, "]: the experts of topk_group groups");
+  KBN_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0, kOp,
+            ": argument 'routed_scaling_factor' must be positive, got ", routed_scaling_factor);
+  check_rank(topk_weights, kOp, "topk_weights", 2, "[num_tokens, top_k]");
+  check_dtype(topk_weights, kOp, "topk_weights", {DType::f32});
+  check_size(topk_weights, kOp, "topk_weights", 0, n, "num_tokens");
+  check_size(topk_weights, kOp, "topk_weights", 1, k, "top_k");
+  check_rank(topk_ids, kOp, "topk_ids", 2, "[num_tokens, top_k]");
+  check_dtype(topk_ids, kOp, "topk_ids", {DType::i32});
+  check_size(topk_ids, kOp, "topk_ids", 0, n, "num_tokens");
+  const bool biased = e_score_correction_bias.defined();
+  std::vector<double> bias(static_cast<size_t>(e), 0.0);
+  if (biased) {
+    check_rank(e_score_correction_bias, kOp, "e_score_correction_bias", 1, "[num_experts]");
+    check_size(e_score_correction_bias, kOp, "e_score_correction_bias", 0, e, "num_experts");
+    check_cpu(e_score_correction_bias, kOp, "e_score_correction_bias");
+    KBN_CHECK(per_group >= 2, kOp, ": with 'e_score_correction_bias' a group is scored by its two best experts, but ",
+              num_expert_group, " groups of ", e, " experts hold ", per_group);
+    bias = e_score_correction_bias.to_doubles();
+  }
+
+  const std::vector<double> g = gating_output.to_doubles();
+  std::vector<float> w(size_t(n * k));
+  std::vector<int32_t> ids(size_t(n * k));
+  std::vector<double> scores(static_cast<size_t>(e)), choice(static_cast<size_t>(e)),
+      group_score(static_cast<size_t>(num_expert_group));
+  std::vector<int64_t> groups(static_cast<size_t>(num_expert_group)), experts;
+  for (int64_t t = 0; t < n; ++t) {
+    const double* row = g.data() + t * e;
+    for (int64_t x = 0; x < e; ++x)
+      KBN_CHECK(!std::isnan(row[x]), kOp, ": gating_output[", t, ", ", x, "] is NaN (router logits must be numbers)");
+    if (scoring_func == "softmax") {
+      const double mx = *std::max_element(row, row + e);
+      double sum = 0;
+      for (int64_t x = 0; x < e; ++x) sum += (scores[size_t(x)] = std::exp(row[x] - mx));
+      for (double& s : scores) s /= sum;
+    } else {
+      for (int64_t x = 0; x < e; ++x) scores[size_t(x)] = 1.0 / (1.0 + std::exp(-row[x]));
+    }
+    for (int64_t x = 0; x < e; ++x) choice[size_t(x)] = scores[size_t(x)] + bias[size_t(x)];
+    for (int64_t gi = 0; gi < num_expert_group; ++gi) {
+      std::vector<double> member(choice.begin() + gi * per_group, choice.begin() + (gi + 1) * per_group);
+      std::sort(member.begin(), member.end(), std::greater<double>());
+      group_score[size_t(gi)] = biased ? member[0] + member[1] : member[0];
+    }
+    std::iota(groups.begin(), groups.end(), 0);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [&](int64_t a, int64_t b) { return group_score[size_t(a)] > group_score[size_t(b)]; });
+    experts.clear();
+    for (int64_t j = 0; j < topk_group; ++j)
+      for (int64_t x = 0; x < per_group; ++x) experts.push_back(groups[size_t(j)] * per_group + x);
+    std::sort(experts.begin(), experts.end());
+    std::stable_sort(experts.begin(), experts.end(),
+                     [&](int64_t a, int64_t b) { return choice[size_t(a)] > choice[size_t(b)]; });
+    double chosen = 0;
+    for (int64_t j = 0; j < k; ++j) chosen += scores[size_t(experts[size_t(j)])];
+    for (int64_t j = 0; j < k; ++j) {
+      const double p = scores[size_t(experts[size_t(j)])];
+      w[size_t(t * k + j)] = float((renormalize ? p / chosen : p) * routed_scaling_factor);
+      ids[size_t(t * k + j)] = int32_t(experts[size_t(j)]);
     }
   }
   topk_weights.copy_(Tensor::from_floats(w, {n, k}, DType::f32));

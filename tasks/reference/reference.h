@@ -146,6 +146,17 @@ namespace kbn::reference {
 // topk_weights: [num_tokens, top_k] f32; topk_ids: [num_tokens, top_k] i32. A NaN logit is an error naming it.
 void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_output, bool renormalize);
 
+// vLLM's grouped_topk (DeepSeek-V2/V3 routers). Scores: softmax (in double) or sigmoid of each row of gating_output
+// [num_tokens, num_experts]; with e_score_correction_bias ([num_experts] f32, V3's noaux_tc) the choice uses
+// scores + bias while the weights stay the unbiased scores. The experts split into num_expert_group groups of
+// consecutive ids; a group's score is its best score, or with the bias the sum of its two best biased scores; the
+// topk_group best groups are kept and the top_k experts among them chosen (ties, of groups and of experts: lower index
+// first), best first. Weights: divided by their sum when renormalize, then times routed_scaling_factor.
+// topk_weights: [num_tokens, top_k] f32; topk_ids: [num_tokens, top_k] i32. A NaN logit is an error naming it.
+void grouped_topk(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_output, bool renormalize,
+                  int64_t num_expert_group, int64_t topk_group, const std::string& scoring_func,
+                  double routed_scaling_factor, const Tensor& e_score_correction_bias);
+
 // moe_align_block_size (L1/moe_align_block_size.h has the layout). topk_ids: [num_tokens, top_k] i32; outputs i32
 // sized by the caller: sorted_token_ids [max_padded], expert_ids [max_padded / block_size], num_tokens_post_padded [1].
 void moe_align_block_size(Tensor& sorted_token_ids, Tensor& expert_ids, Tensor& num_tokens_post_padded,

@@ -244,3 +244,94 @@ TEST(MlaOracle, DecompressedDefinitionIsCausalAttentionPerHead) {
 }
 
 }  // namespace
+
+namespace {
+
+using namespace kbn;
+
+// ---- grouped_topk (DeepSeek's routers) ----
+
+struct Routed {
+  std::vector<int64_t> ids;
+  std::vector<double> weights;
+};
+
+Routed route(const std::vector<float>& logits, int64_t experts, int64_t k, bool renormalize, int64_t groups,
+             int64_t topk_group, const std::string& scoring, double scale, const std::vector<float>& bias = {}) {
+  const int64_t n = int64_t(logits.size()) / experts;
+  Tensor w = Tensor::empty({n, k}, DType::f32), ids = Tensor::empty({n, k}, DType::i32);
+  reference::grouped_topk(w, ids, Tensor::from_floats(logits, {n, experts}), renormalize, groups, topk_group, scoring,
+                          scale, bias.empty() ? Tensor() : Tensor::from_floats(bias, {experts}));
+  return {ids.to_ints(), w.to_doubles()};
+}
+
+TEST(GroupedTopk, OneGroupIsTopkSoftmax) {
+  // V2-Lite's router (greedy: one group) is the plain softmax top-k, with and without renormalisation.
+  Tensor logits = Tensor::empty({5, 16}, DType::f32);
+  fill_normal_(logits, 11, 0, 2);
+  for (bool renormalize : {false, true}) {
+    Tensor w = Tensor::empty({5, 6}, DType::f32), ids = Tensor::empty({5, 6}, DType::i32);
+    reference::topk_softmax(w, ids, logits, renormalize);
+    Tensor gw = Tensor::empty({5, 6}, DType::f32), gids = Tensor::empty({5, 6}, DType::i32);
+    reference::grouped_topk(gw, gids, logits, renormalize, 1, 1, "softmax", 1.0, Tensor());
+    EXPECT_EQ(gids.to_ints(), ids.to_ints());
+    const std::vector<double> a = gw.to_doubles(), b = w.to_doubles();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-7);
+  }
+}
+
+TEST(GroupedTopk, GroupsLimitTheChoiceAndTheBiasOnlyChooses) {
+  // 8 experts in 4 groups of 2, keep 2 groups, top 2, sigmoid scores s(x) of the logits:
+  //   expert:  0     1     2     3     4     5     6     7
+  //   logit:   3.0  -4.0   1.0   1.0   2.0  -4.0  -1.0  -1.0
+  // Without a bias a group scores its best: s(3), s(1), s(2), s(-1): groups 0 and 2 are kept, the top 2 are 0 and 4.
+  const std::vector<float> logits{3.0f, -4.0f, 1.0f, 1.0f, 2.0f, -4.0f, -1.0f, -1.0f};
+  const auto sig = [](double x) { return 1.0 / (1.0 + std::exp(-x)); };
+  Routed r = route(logits, 8, 2, false, 4, 2, "sigmoid", 1.0);
+  EXPECT_EQ(r.ids, (std::vector<int64_t>{0, 4}));
+  EXPECT_NEAR(r.weights[0], sig(3.0), 1e-7);
+  EXPECT_NEAR(r.weights[1], sig(2.0), 1e-7);
+  // With a (zero) bias a group scores the sum of its two best: group 1 (2 s(1) = 1.46) and group 0 (s(3) + s(-4) =
+  // 0.97) beat group 2 (0.90) and group 3 (0.54): the top 2 of experts 0-3 are 0, then 2 (a tie with 3: lower index).
+  r = route(logits, 8, 2, false, 4, 2, "sigmoid", 1.0, std::vector<float>(8, 0.f));
+  EXPECT_EQ(r.ids, (std::vector<int64_t>{0, 2}));
+  // A bias moves the choice but not the weights: +0.5 on expert 3 puts it first (s(1) + 0.5 = 1.23 > s(3) = 0.95),
+  // weighted by its unbiased s(1).
+  std::vector<float> bias(8, 0.f);
+  bias[3] = 0.5f;
+  r = route(logits, 8, 2, true, 4, 2, "sigmoid", 2.5, bias);
+  EXPECT_EQ(r.ids, (std::vector<int64_t>{3, 0}));
+  const double sum = sig(1.0) + sig(3.0);
+  EXPECT_NEAR(r.weights[0], 2.5 * sig(1.0) / sum, 1e-6);  // renormalised over the unbiased scores, then scaled
+  EXPECT_NEAR(r.weights[1], 2.5 * sig(3.0) / sum, 1e-6);
+}
+
+TEST(GroupedTopk, BadArgumentsAreNamed) {
+  const std::vector<float> logits(12, 0.f);
+  const auto message = [&](int64_t k, int64_t groups, int64_t topk_group, const std::string& scoring,
+                           const std::vector<float>& bias) {
+    try {
+      route(logits, 12, k, false, groups, topk_group, scoring, 1.0, bias);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(2, 5, 1, "softmax", {}).find("'num_expert_group' (5) must divide num_experts (12"),
+            std::string::npos);
+  EXPECT_NE(message(2, 4, 5, "softmax", {}).find("'topk_group' (5) must be in [1, num_expert_group = 4]"),
+            std::string::npos);
+  EXPECT_NE(message(4, 4, 1, "softmax", {}).find("top_k (4, topk_ids' last dimension) must be in [1, 3]"),
+            std::string::npos);
+  EXPECT_NE(message(2, 4, 1, "relu", {}).find("'scoring_func' must be softmax or sigmoid"), std::string::npos);
+  EXPECT_NE(message(1, 12, 1, "sigmoid", std::vector<float>(12, 0.f)).find("scored by its two best experts"),
+            std::string::npos);
+  std::vector<float> nan_logits(12, 0.f);
+  nan_logits[5] = std::numeric_limits<float>::quiet_NaN();
+  Tensor w = Tensor::empty({1, 2}, DType::f32), ids = Tensor::empty({1, 2}, DType::i32);
+  EXPECT_THROW(reference::grouped_topk(w, ids, Tensor::from_floats(nan_logits, {1, 12}), false, 4, 2, "softmax", 1.0,
+                                       Tensor()),
+               Error);
+}
+
+}  // namespace
