@@ -21,8 +21,17 @@ bool block_rows_non_finite(const Tensor& cache, int64_t block, int64_t rows) {
 
 std::string locate_non_finite(const Tensor& hidden, const AttentionMetadata& md, const std::vector<KVCache>& caches) {
   const int64_t layers = int64_t(caches.size());
-  if (layers > 0 && md.block_tables.defined() && md.seq_lens.defined()) {
-    const int64_t block_size = caches[0].key.size(1);
+  // The paged tensors of a layer (K and V, or the latent rows); recurrent-state layers have none to look at.
+  const auto paged = [&](int64_t l) {
+    std::vector<const Tensor*> t;
+    for (const Tensor* x : {&caches[size_t(l)].key, &caches[size_t(l)].value, &caches[size_t(l)].latent})
+      if (x->defined()) t.push_back(x);
+    return t;
+  };
+  int64_t block_size = 0;
+  for (int64_t l = 0; l < layers && block_size == 0; ++l)
+    if (!paged(l).empty()) block_size = paged(l).front()->size(1);
+  if (block_size > 0 && md.block_tables.defined() && md.seq_lens.defined()) {
     const std::vector<int64_t> lens = md.seq_lens.to(Device::cpu()).to_ints();
     const Tensor tables = md.block_tables.to(Device::cpu());
     const int64_t width = tables.dim() == 2 ? tables.size(1) : 0;
@@ -33,8 +42,8 @@ std::string locate_non_finite(const Tensor& hidden, const AttentionMetadata& md,
         for (int64_t bi = 0; bi * block_size < lens[s] && bi < width && !bad; ++bi) {
           const int64_t block = table[s * size_t(width) + size_t(bi)];
           const int64_t rows = std::min(block_size, lens[s] - bi * block_size);
-          bad = block >= 0 && (block_rows_non_finite(caches[size_t(l)].key, block, rows) ||
-                               block_rows_non_finite(caches[size_t(l)].value, block, rows));
+          if (block < 0) continue;
+          for (const Tensor* t : paged(l)) bad = bad || block_rows_non_finite(*t, block, rows);
         }
       if (!bad) continue;
       if (l == 0)

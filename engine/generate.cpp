@@ -37,8 +37,14 @@ std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs
       caches.push_back(std::move(c));
       continue;
     }
+    if (spec.kind == LayerCacheSpec::Kind::paged_latent) {
+      KVCache c;
+      c.latent = Tensor::zeros({num_blocks, block_size, spec.latent_size}, spec.dtype, device);
+      caches.push_back(std::move(c));
+      continue;
+    }
     KBN_CHECK(spec.kind == LayerCacheSpec::Kind::paged_kv, "allocate_kv_caches: layer ", l, " declares a ",
-              spec.describe(), " cache; the engine allocates paged K/V and recurrent-state caches only so far");
+              spec.describe(), " cache, a kind the engine has no cache for");
     Shape s{num_blocks, block_size, spec.num_kv_heads, spec.head_size};
     caches.push_back({Tensor::zeros(s, spec.dtype, device), Tensor::zeros(s, spec.dtype, device)});
   }

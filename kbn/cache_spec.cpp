@@ -19,6 +19,15 @@ LayerCacheSpec LayerCacheSpec::paged_kv(int64_t num_kv_heads, int64_t head_size,
   return s;
 }
 
+LayerCacheSpec LayerCacheSpec::paged_latent(int64_t latent_size, DType dtype) {
+  KBN_CHECK(latent_size > 0, "LayerCacheSpec::paged_latent: latent_size must be positive, got ", latent_size);
+  LayerCacheSpec s;
+  s.kind = Kind::paged_latent;
+  s.dtype = dtype;
+  s.latent_size = latent_size;
+  return s;
+}
+
 const char* cache_kind_name(LayerCacheSpec::Kind kind) {
   switch (kind) {
     case LayerCacheSpec::Kind::paged_kv:

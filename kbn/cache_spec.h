@@ -26,6 +26,7 @@ struct LayerCacheSpec {
   std::vector<Shape> state_shapes;          // state
 
   static LayerCacheSpec paged_kv(int64_t num_kv_heads, int64_t head_size, DType dtype, int64_t sliding_window = 0);
+  static LayerCacheSpec paged_latent(int64_t latent_size, DType dtype);
   // Bytes one token's slot costs in this layer (paged kinds; 0 for state).
   int64_t bytes_per_token() const;
   // Bytes one sequence's state costs in this layer (state kind; 0 for the paged kinds).

@@ -14,6 +14,7 @@ namespace kbn {
 struct KVCache {
   Tensor key;    // paged K/V layers
   Tensor value;
+  Tensor latent;  // paged latent layers (MLA): [num_blocks, block_size, latent_size], one row per token
   // Recurrent-state layers (LayerCacheSpec::Kind::state): one tensor per entry of the layer's state_shapes,
   // [num_state_slots, ...shape]; a sequence's state is row AttentionMetadata::state_indices[i] of each.
   std::vector<Tensor> states;
