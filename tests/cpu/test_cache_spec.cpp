@@ -46,7 +46,7 @@ TEST(CacheSpec, TheModelDeclaresOneSpecPerLayerAndTheEngineAllocatesThem) {
   EXPECT_EQ(caches[0].key.shape(), (Shape{3, 16, 2, 32}));
 }
 
-TEST(CacheSpec, StateLayersGetSlotsAndLatentOnesAreRefusedNamingTheLayer) {
+TEST(CacheSpec, EveryKindGetsItsCache) {
   // A windowed layer is allocated like a full one (its blocks are not yet returned; its kernels never read them).
   std::vector<LayerCacheSpec> specs = {LayerCacheSpec::paged_kv(2, 16, DType::f32),
                                        LayerCacheSpec::paged_kv(2, 16, DType::f32, 64)};
@@ -57,22 +57,22 @@ TEST(CacheSpec, StateLayersGetSlotsAndLatentOnesAreRefusedNamingTheLayer) {
   state.dtype = DType::f32;
   state.state_shapes = {{3, 8}, {2, 4, 5}};
   specs.push_back(state);
-  const auto with_state = engine::allocate_kv_caches(specs, 4, 16, Device::cpu(), 7);
-  ASSERT_EQ(with_state[2].states.size(), 2u);
-  EXPECT_EQ(with_state[2].states[0].shape(), (Shape{7, 3, 8}));
-  EXPECT_EQ(with_state[2].states[1].shape(), (Shape{7, 2, 4, 5}));
-  EXPECT_FALSE(with_state[2].key.defined());
-  LayerCacheSpec latent;
-  latent.kind = LayerCacheSpec::Kind::paged_latent;
-  latent.dtype = DType::f32;
-  latent.latent_size = 576;
-  specs.push_back(latent);
+  specs.push_back(LayerCacheSpec::paged_latent(576, DType::f32));
+  const auto all = engine::allocate_kv_caches(specs, 4, 16, Device::cpu(), 7);
+  ASSERT_EQ(all[2].states.size(), 2u);
+  EXPECT_EQ(all[2].states[0].shape(), (Shape{7, 3, 8}));
+  EXPECT_EQ(all[2].states[1].shape(), (Shape{7, 2, 4, 5}));
+  EXPECT_FALSE(all[2].key.defined());
+  EXPECT_EQ(all[3].latent.shape(), (Shape{4, 16, 576}));  // the latent rows share the K/V layers' blocks
+  EXPECT_FALSE(all[3].key.defined());
+  EXPECT_FALSE(all[3].value.defined());
+  // A state layer needs slots.
   try {
-    engine::allocate_kv_caches(specs, 4, 16, Device::cpu(), 7);
-    FAIL() << "a latent cache was allocated as paged K/V";
+    engine::allocate_kv_caches(specs, 4, 16, Device::cpu(), 0);
+    FAIL() << "a state layer was allocated without slots";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("layer 3"), std::string::npos) << m;
+    EXPECT_NE(m.find("layer 2"), std::string::npos) << m;
   }
 }
 
