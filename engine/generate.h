@@ -15,8 +15,8 @@ namespace kbn::engine {
 // Allocates each layer's cache from its declaration: paged K/V, [num_blocks, block_size, num_kv_heads, head_size]
 // for K and for V (a sliding-window layer's too, in full: the blocks before its window are not yet returned); a
 // recurrent state, one zeroed [num_state_slots, ...shape] tensor per entry of its state_shapes (num_state_slots
-// must then be >= 1). A kind the engine has no cache manager for yet (a latent cache) is refused naming the layer
-// and what it declared.
+// must then be >= 1); a paged latent (MLA), one [num_blocks, block_size, latent_size] tensor whose rows follow the
+// same block tables as K/V pages.
 std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs, int64_t num_blocks,
                                         int64_t block_size, Device device, int64_t num_state_slots = 0);
 // True when some layer keeps a recurrent state (its sequences need state slots).
