@@ -64,6 +64,19 @@ TEST(DeepseekV2Config, PublishedV3Router) {
   EXPECT_NEAR(d.softmax_scale(), m * m / std::sqrt(192.0), 1e-15);
 }
 
+TEST(DeepseekV2Config, TinyFixtureConfig) {
+  // models/tiny-deepseek-v2.json, the shape of V2-Lite in miniature for a transformers fixture: a dense first layer,
+  // MoE after with shared experts, YaRN with mscale != mscale_all_dim (so cos/sin scale = 1.0857 and the softmax scale
+  // correction differ, both exercised).
+  const DeepseekV2Config d = DeepseekV2Config::from(engine::resolve_model("tiny-deepseek-v2").config);
+  EXPECT_EQ(d.latent_size(), 40);
+  EXPECT_EQ(d.qk_head_dim(), 24);
+  EXPECT_FALSE(d.is_moe_layer(0));
+  EXPECT_TRUE(d.is_moe_layer(1) && d.is_moe_layer(2));
+  EXPECT_NEAR(d.rope.scaling.attention_factor, yarn_mscale(4, 1.0) / yarn_mscale(4, 0.707), 1e-15);
+  EXPECT_NEAR(d.softmax_scale(), std::pow(yarn_mscale(4, 0.707), 2) / std::sqrt(24.0), 1e-15);
+}
+
 TEST(DeepseekV2Config, BadFieldsAreNamed) {
   const ModelConfig lite = engine::resolve_model("deepseek-v2-lite").config;
   const auto error = [&](const std::string& overrides) -> std::string {
