@@ -1,6 +1,7 @@
 #include "kbn/model_view.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "kbn/error.h"
 
@@ -41,8 +42,11 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
   KBN_CHECK(m.rms_norm_eps > 0, "config ", c.source(), ": key 'rms_norm_eps' must be positive, got ", m.rms_norm_eps);
   // Mixture of experts: Mixtral names its expert count num_local_experts and its expert size intermediate_size
   // (it has no dense MLP); Qwen3-MoE names them num_experts and moe_intermediate_size, and keeps intermediate_size
-  // for the dense layers that mlp_only_layers and decoder_sparse_step select.
-  const char* experts_key = c.has("num_local_experts") ? "num_local_experts" : "num_experts";
+  // for the dense layers that mlp_only_layers and decoder_sparse_step select; DeepSeek names them n_routed_experts
+  // and moe_intermediate_size, its first first_k_dense_replace layers dense, then every moe_layer_freq-th sparse.
+  const char* experts_key = c.has("num_local_experts") ? "num_local_experts"
+                            : c.has("n_routed_experts") ? "n_routed_experts"
+                                                        : "num_experts";
   const bool moe = c.has(experts_key) && c.get_int(experts_key) > 0;
   int64_t dense_layers = m.num_layers;
   if (moe) {
@@ -55,12 +59,19 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
     e.total_intermediate_size = positive(size_key);
     e.intermediate_size = split(e.total_intermediate_size, size_key);
     e.renormalize = c.get_bool("norm_topk_prob", true);
-    const int64_t step = c.has("decoder_sparse_step") ? positive("decoder_sparse_step") : 1;
-    std::vector<int64_t> mlp_only;
-    if (c.has("mlp_only_layers")) mlp_only = c.get_int_list("mlp_only_layers");
-    for (int64_t l = 0; l < m.num_layers; ++l)
-      if (std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() && (l + 1) % step == 0)
-        ++e.num_sparse_layers;
+    if (c.has("first_k_dense_replace")) {
+      const int64_t first = c.get_int("first_k_dense_replace"), freq = c.has("moe_layer_freq") ? positive("moe_layer_freq") : 1;
+      KBN_CHECK(first >= 0, "config ", c.source(), ": key 'first_k_dense_replace' must not be negative, got ", first);
+      for (int64_t l = first; l < m.num_layers; ++l)
+        if (l % freq == 0) ++e.num_sparse_layers;
+    } else {
+      const int64_t step = c.has("decoder_sparse_step") ? positive("decoder_sparse_step") : 1;
+      std::vector<int64_t> mlp_only;
+      if (c.has("mlp_only_layers")) mlp_only = c.get_int_list("mlp_only_layers");
+      for (int64_t l = 0; l < m.num_layers; ++l)
+        if (std::find(mlp_only.begin(), mlp_only.end(), l) == mlp_only.end() && (l + 1) % step == 0)
+          ++e.num_sparse_layers;
+    }
     dense_layers = m.num_layers - e.num_sparse_layers;
     m.moe = e;
   }
@@ -88,7 +99,25 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
   const bool dense_size = !mamba && (!moe || c.has("moe_intermediate_size"));
   if (dense_size && dense_layers > 0 && c.has("intermediate_size"))
     m.intermediate_size = split(positive("intermediate_size"), "intermediate_size");
-  if (c.has("num_attention_heads")) {
+  if (c.has("kv_lora_rank")) {
+    MlaShape a;
+    a.total_num_heads = positive("num_attention_heads");
+    a.num_heads = split(a.total_num_heads, "num_attention_heads");
+    a.q_lora_rank = c.get_int("q_lora_rank", 0);
+    KBN_CHECK(a.q_lora_rank >= 0, "config ", c.source(), ": key 'q_lora_rank' must not be negative, got ",
+              a.q_lora_rank);
+    a.kv_lora_rank = positive("kv_lora_rank");
+    a.qk_nope_head_dim = positive("qk_nope_head_dim");
+    a.qk_rope_head_dim = positive("qk_rope_head_dim");
+    a.v_head_dim = positive("v_head_dim");
+    a.rope = parse_rope_config(c, 10000.0);
+    a.softmax_scale = 1.0 / std::sqrt(double(a.qk_head_dim()));
+    if (a.rope.scaling.rope_type == "yarn") {
+      const double ms = yarn_mscale(a.rope.scaling.factor, a.rope.scaling.mscale_all_dim);
+      a.softmax_scale *= ms * ms;
+    }
+    m.mla = a;
+  } else if (c.has("num_attention_heads")) {
     AttentionShape a;
     a.total_num_heads = positive("num_attention_heads");
     a.total_num_kv_heads = c.get_int("num_key_value_heads", a.total_num_heads);

@@ -56,6 +56,20 @@ struct MambaShape {
   int64_t conv_dim() const { return intermediate_size + 2 * n_groups * state_size; }  // x, B, C
 };
 
+// Multi-head latent attention (DeepSeek-V2/V3, vLLM's DeepseekV2MLAAttention) as one rank sees it: the heads split
+// over the ranks, the latent (kv_lora_rank + qk_rope_head_dim per token) whole on every rank.
+struct MlaShape {
+  int64_t num_heads = 0;  // this rank's
+  int64_t total_num_heads = 0;
+  int64_t q_lora_rank = 0;  // 0: q_proj straight from the hidden state (V2-Lite)
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  double softmax_scale = 0;  // qk_head_dim^-0.5, times yarn_mscale(factor, mscale_all_dim)^2 under YaRN
+  RopeConfig rope;
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  int64_t latent_size() const { return kv_lora_rank + qk_rope_head_dim; }  // one cached row per token
+};
+
 struct ModelView {
   std::string name;  // models/ name, "random", or the path given
   std::shared_ptr<const ModelConfig> config;
@@ -73,6 +87,7 @@ struct ModelView {
   std::optional<int64_t> intermediate_size;  // dense MLP, this rank's share (absent when every layer is MoE)
   std::optional<MoeShape> moe;
   std::optional<MambaShape> mamba;  // Mamba-2 ('state_size' with 'conv_kernel'); such a model has no dense MLP
+  std::optional<MlaShape> mla;      // 'kv_lora_rank' given; such a model has no `attention` (no per-head K/V)
 
   bool has_feature(std::string_view f) const;
 

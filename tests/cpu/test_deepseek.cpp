@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "configs/deepseek_v2.h"
 #include "engine/model_loader.h"
 #include "kbn/error.h"
+#include "kbn/model_view.h"
 #include "kbn/rng.h"
 #include "kbn/tensor.h"
 #include "reference/reference.h"
@@ -75,6 +77,33 @@ TEST(DeepseekV2Config, TinyFixtureConfig) {
   EXPECT_TRUE(d.is_moe_layer(1) && d.is_moe_layer(2));
   EXPECT_NEAR(d.rope.scaling.attention_factor, yarn_mscale(4, 1.0) / yarn_mscale(4, 0.707), 1e-15);
   EXPECT_NEAR(d.softmax_scale(), std::pow(yarn_mscale(4, 0.707), 2) / std::sqrt(24.0), 1e-15);
+}
+
+TEST(DeepseekV2Config, ModelViewHasTheLatentAttentionAndTheExperts) {
+  // What every op's test facts see of DeepSeek-V2-Lite: MLA (no per-head K/V attention), 64 experts of 1408 in the 26
+  // layers after the first, and the first layer's dense MLP; at TP 2 the heads and each expert's width split.
+  const engine::ModelSpec spec = engine::resolve_model("deepseek-v2-lite");
+  const auto config = std::make_shared<const ModelConfig>(spec.config);
+  const ModelView v = ModelView::from("deepseek-v2-lite", config, 1);
+  ASSERT_TRUE(v.mla.has_value());
+  EXPECT_FALSE(v.attention.has_value());
+  EXPECT_EQ(v.mla->num_heads, 16);
+  EXPECT_EQ(v.mla->latent_size(), 576);
+  EXPECT_EQ(v.mla->qk_head_dim(), 192);
+  EXPECT_EQ(v.mla->v_head_dim, 128);
+  EXPECT_NEAR(v.mla->softmax_scale, DeepseekV2Config::from(spec.config).softmax_scale(), 1e-15);
+  ASSERT_TRUE(v.moe.has_value());
+  EXPECT_EQ(v.moe->num_experts, 64);
+  EXPECT_EQ(v.moe->top_k, 6);
+  EXPECT_EQ(v.moe->intermediate_size, 1408);
+  EXPECT_FALSE(v.moe->renormalize);
+  EXPECT_EQ(v.moe->num_sparse_layers, 26);
+  ASSERT_TRUE(v.intermediate_size.has_value());
+  EXPECT_EQ(*v.intermediate_size, 10944);
+  const ModelView v2 = ModelView::from("deepseek-v2-lite", config, 2);
+  EXPECT_EQ(v2.mla->num_heads, 8);
+  EXPECT_EQ(v2.mla->latent_size(), 576);
+  EXPECT_EQ(v2.moe->intermediate_size, 704);
 }
 
 TEST(DeepseekV2Config, BadFieldsAreNamed) {
