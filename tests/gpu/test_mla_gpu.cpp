@@ -1,0 +1,95 @@
+// GPU tests of the MLA ops (issue 18): concat_and_cache_mla's CUDA path against the oracle, bit for bit, on the 16-byte
+// path (DeepSeek-V2's 512 + 64 latent, k_pe a view into kv_a_proj_with_mqa's output) and the 2-byte path (an odd
+// latent width and an odd token stride), padding tokens skipped, other rows untouched, and a slot outside the cache
+// reported through kbn/device_errors.h with that row left unwritten.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "L1/concat_and_cache_mla.h"
+#include "kbn/compare.h"
+#include "kbn/device.h"
+#include "kbn/device_errors.h"
+#include "kbn/error.h"
+#include "kbn/rng.h"
+#include "kbn/tensor.h"
+
+using namespace kbn;
+using namespace kbn::baseline;
+
+namespace {
+
+#define KBN_SKIP_WITHOUT_GPU() \
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device visible"
+
+const Device kCpu = Device::cpu();
+const Device kGpu = Device::cuda(0);
+
+Tensor randn(const Shape& shape, uint64_t seed, DType dt) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  fill_normal_(t, seed, 0.0, 1.0);
+  return t.to(dt);
+}
+
+void expect_bitwise(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  int64_t first = -1;
+  const int64_t n = count_bitwise_mismatches(actual.to(kCpu).contiguous(), expected.to(kCpu).contiguous(), &first);
+  EXPECT_EQ(n, 0) << what << ": first difference at flat index " << first;
+}
+
+struct StoreCase {
+  int64_t tokens, L, R, blocks, block_size, extra;  // extra: columns of kv_a beyond the latent (token stride)
+  DType dt;
+};
+
+TEST(ConcatAndCacheMlaGpu, MatchesTheOracleBitForBit) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const StoreCase c : {StoreCase{37, 512, 64, 3, 64, 0, DType::bf16}, StoreCase{37, 512, 64, 3, 64, 0, DType::f32},
+                            StoreCase{9, 13, 6, 4, 4, 3, DType::f16}, StoreCase{200, 32, 8, 5, 64, 1, DType::bf16}}) {
+    const std::string what = "T=" + std::to_string(c.tokens) + " L=" + std::to_string(c.L) + " R=" +
+                             std::to_string(c.R) + " " + dtype_name(c.dt);
+    const int64_t W = c.L + c.R, T = c.tokens;
+    const Tensor kv_c = randn({T, c.L}, 1, c.dt);
+    const Tensor kv_a = randn({T, W + c.extra}, 2, c.dt);  // k_pe: columns L .. L + R of each row
+    const Tensor cache = randn({c.blocks, c.block_size, W}, 3, c.dt);
+    std::vector<int64_t> slots;
+    for (int64_t t = 0; t < T; ++t) slots.push_back(t % 5 == 4 ? -1 : (t * 7 + 3) % (c.blocks * c.block_size));
+    const Tensor slot_mapping = Tensor::from_i64(slots, {T});
+    ConcatAndCacheMLA op;
+    Tensor want = cache.clone();
+    op.forward(kv_c, kv_a.slice(1, c.L, W), want, slot_mapping);
+    Tensor got = cache.to(kGpu);
+    const Tensor kv_a_gpu = kv_a.to(kGpu);
+    op.forward(kv_c.to(kGpu), kv_a_gpu.slice(1, c.L, W), got, slot_mapping.to(kGpu));
+    synchronize(kGpu);
+    EXPECT_NO_THROW(check_device_errors()) << what;
+    expect_bitwise(got, want, what);
+  }
+}
+
+TEST(ConcatAndCacheMlaGpu, ASlotOutsideTheCacheIsReported) {
+  KBN_SKIP_WITHOUT_GPU();
+  const Tensor kv_c = randn({3, 16}, 4, DType::bf16).to(kGpu), k_pe = randn({3, 8}, 5, DType::bf16).to(kGpu);
+  const Tensor cache = randn({2, 4, 24}, 6, DType::bf16);
+  Tensor got = cache.to(kGpu);
+  ConcatAndCacheMLA op;
+  op.forward(kv_c, k_pe, got, Tensor::from_i64({1, 8, 2}, {3}).to(kGpu));  // 8 slots: 8 is outside
+  synchronize(kGpu);
+  try {
+    check_device_errors();
+    ADD_FAILURE() << "a slot outside the cache was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'slot_mapping'[1]"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_device_errors());
+  // Slots 1 and 2 were written, nothing else.
+  Tensor want = cache.clone();
+  Tensor cpu_kv_c = kv_c.to(kCpu), cpu_k_pe = k_pe.to(kCpu);
+  op.forward(cpu_kv_c.slice(0, 0, 1), cpu_k_pe.slice(0, 0, 1), want, Tensor::from_i64({1}, {1}));
+  op.forward(cpu_kv_c.slice(0, 2, 3), cpu_k_pe.slice(0, 2, 3), want, Tensor::from_i64({2}, {1}));
+  expect_bitwise(got, want, "after an out-of-range slot");
+}
+
+}  // namespace
