@@ -59,6 +59,21 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
     e.total_intermediate_size = positive(size_key);
     e.intermediate_size = split(e.total_intermediate_size, size_key);
     e.renormalize = c.get_bool("norm_topk_prob", true);
+    e.grouped_router = c.has("n_group") || c.has("topk_method");
+    if (e.grouped_router) {
+      const std::string scoring = c.get_string("scoring_func", "softmax");
+      KBN_CHECK(scoring == "softmax" || scoring == "sigmoid", "config ", c.source(),
+                ": key 'scoring_func' must be softmax or sigmoid, got '", scoring, "'");
+      e.sigmoid_scores = scoring == "sigmoid";
+      e.num_expert_group = c.get_int("n_group", 1);
+      e.topk_group = c.get_int("topk_group", 1);
+      KBN_CHECK(e.num_expert_group > 0 && e.num_experts % e.num_expert_group == 0, "config ", c.source(),
+                ": key 'n_group' (", e.num_expert_group, ") must divide the experts (", e.num_experts, ")");
+      KBN_CHECK(e.topk_group > 0 && e.topk_group <= e.num_expert_group, "config ", c.source(), ": key 'topk_group' (",
+                e.topk_group, ") must be in [1, n_group = ", e.num_expert_group, "]");
+      e.score_correction_bias = c.get_string("topk_method", "greedy") == "noaux_tc";
+      e.routed_scaling_factor = c.get_double("routed_scaling_factor", 1.0);
+    }
     if (c.has("first_k_dense_replace")) {
       const int64_t first = c.get_int("first_k_dense_replace"), freq = c.has("moe_layer_freq") ? positive("moe_layer_freq") : 1;
       KBN_CHECK(first >= 0, "config ", c.source(), ": key 'first_k_dense_replace' must not be negative, got ", first);

@@ -39,6 +39,14 @@ struct MoeShape {
   int64_t total_intermediate_size = 0;
   bool renormalize = true;  // the top-k weights divided by their sum (Mixtral; Qwen3-MoE's norm_topk_prob)
   int64_t num_sparse_layers = 0;
+  // DeepSeek's router (vLLM's grouped_topk; 'n_group' or 'topk_method' in the config): scores by 'scoring_func',
+  // experts in num_expert_group groups of which topk_group are kept, V3's score-correction bias ('topk_method'
+  // noaux_tc), the weights times routed_scaling_factor.
+  bool grouped_router = false;
+  bool sigmoid_scores = false;
+  int64_t num_expert_group = 1, topk_group = 1;
+  bool score_correction_bias = false;
+  double routed_scaling_factor = 1.0;
 };
 
 // A Mamba-2 mixer (vLLM MambaMixer2) as one rank sees it: heads, groups and the gated channels split over the ranks

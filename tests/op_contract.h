@@ -30,12 +30,14 @@ inline ModelView contract_view(const engine::ModelSpec& spec) { return bench::mo
 // L1 ops at the real shapes of configs no registered L4 serves (issue 17): gpt-oss-20b's until its L4 lands (no tiny
 // model reaches swiglu_oai_and_mul before then), and the published Gemma-3-12B's (Gemma3ForConditionalGeneration;
 // tiny-gemma3 reaches the same ops at tiny shapes); rotary_embedding is listed for the YaRN, linear and local-base
-// ropes these configs give it. DeepSeek-V2-Lite's latent cache store until its L4 lands (issue 18).
+// ropes these configs give it. DeepSeek's latent cache store and router until its L4 lands (issue 18; V3 for the
+// grouped, sigmoid, biased router).
 inline std::vector<OpCase> pending_model_op_cases() {
   return {{"gpt-oss-20b", "swiglu_oai_and_mul"}, {"gpt-oss-20b", "rotary_embedding"},
           {"gemma-3-12b-it", "gemma_rms_norm"},  {"gemma-3-12b-it", "gemma_fused_add_rms_norm"},
           {"gemma-3-12b-it", "gelu_and_mul"},    {"gemma-3-12b-it", "rotary_embedding"},
-          {"deepseek-v2-lite", "concat_and_cache_mla"}};
+          {"deepseek-v2-lite", "concat_and_cache_mla"}, {"deepseek-v2-lite", "grouped_topk"},
+          {"deepseek-v3", "grouped_topk"}};
 }
 
 // Every (model, op) with cases, for the given models, levels 1..3.

@@ -1,13 +1,16 @@
-// GPU tests of the MLA ops (issue 18): concat_and_cache_mla's CUDA path against the oracle, bit for bit, on the 16-byte
-// path (DeepSeek-V2's 512 + 64 latent, k_pe a view into kv_a_proj_with_mqa's output) and the 2-byte path (an odd
-// latent width and an odd token stride), padding tokens skipped, other rows untouched, and a slot outside the cache
-// reported through kbn/device_errors.h with that row left unwritten.
+// GPU tests of DeepSeek's ops (issue 18) beyond the op contract (PendingModels in test_ops_gpu.cpp):
+// concat_and_cache_mla's CUDA path against the oracle, bit for bit, on the 16-byte path (DeepSeek-V2's 512 + 64 latent,
+// k_pe a view into kv_a_proj_with_mqa's output) and the 2-byte path (an odd latent width and an odd token stride),
+// padding tokens skipped, other rows untouched, and a slot outside the cache reported through kbn/device_errors.h with
+// that row left unwritten; grouped_topk against the oracle with many tied logits, and a NaN logit reported.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "L1/concat_and_cache_mla.h"
+#include "L1/grouped_topk.h"
 #include "kbn/compare.h"
 #include "kbn/device.h"
 #include "kbn/device_errors.h"
@@ -90,6 +93,41 @@ TEST(ConcatAndCacheMlaGpu, ASlotOutsideTheCacheIsReported) {
   op.forward(cpu_kv_c.slice(0, 0, 1), cpu_k_pe.slice(0, 0, 1), want, Tensor::from_i64({1}, {1}));
   op.forward(cpu_kv_c.slice(0, 2, 3), cpu_k_pe.slice(0, 2, 3), want, Tensor::from_i64({2}, {1}));
   expect_bitwise(got, want, "after an out-of-range slot");
+}
+
+TEST(GroupedTopkGpu, TiesAndGroupsMatchTheOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  // V3's router at 256 experts in 8 groups, and Lite's greedy softmax; logits with many exact ties (a few levels).
+  for (const bool v3 : {true, false}) {
+    const int64_t T = 300, E = v3 ? 256 : 64, k = v3 ? 8 : 6;
+    std::vector<float> levels(size_t(T * E));
+    for (size_t i = 0; i < levels.size(); ++i) levels[i] = float(int64_t((i * 2654435761u) % 7) - 3) * 0.5f;
+    const Tensor logits = Tensor::from_floats(levels, {T, E}).to(DType::bf16);
+    const Tensor bias = v3 ? randn({E}, 7, DType::f32) : Tensor();
+    GroupedTopk op(k, v3, v3 ? 8 : 1, v3 ? 4 : 1, v3 ? "sigmoid" : "softmax", v3 ? 2.5 : 1.0);
+    const auto [want_w, want_ids] = op.forward(logits, bias);
+    const auto [got_w, got_ids] = op.forward(logits.to(kGpu), v3 ? bias.to(kGpu) : Tensor());
+    synchronize(kGpu);
+    EXPECT_NO_THROW(check_device_errors());
+    expect_bitwise(got_ids, want_ids, v3 ? "V3 ids" : "Lite ids");
+    const CompareStats s = compare_close(got_w.to(kCpu), want_w, Tolerance{1e-6, 1e-6, 0});
+    EXPECT_EQ(s.bad, 0) << s.describe();
+  }
+}
+
+TEST(GroupedTopkGpu, ANanLogitIsReported) {
+  KBN_SKIP_WITHOUT_GPU();
+  std::vector<float> v(2 * 16, 0.5f);
+  v[16 + 3] = std::numeric_limits<float>::quiet_NaN();
+  GroupedTopk op(2, true, 4, 2, "softmax", 1.0);
+  op.forward(Tensor::from_floats(v, {2, 16}).to(kGpu), Tensor());
+  synchronize(kGpu);
+  try {
+    check_device_errors();
+    ADD_FAILURE() << "a NaN logit was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("NaN in token 1"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
