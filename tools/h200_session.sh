@@ -27,6 +27,13 @@
 #   smoke-eval a short latency-b32 eval in eager and graph modes (does the engine run; do the graphs capture?)
 #   moe        kb_nano kernels for the MoE L1 ops of $MOE_MODELS (default Mixtral-8x7B and Qwen3-30B-A3B), at
 #              $MOE_TOKENS (default: the ops' token counts), and tools/torch_bench.py --sections moe beside them
+#   mamba      Mamba-2 at Mamba-Codestral-7B's shapes: the Mamba GPU tests, kb_nano kernels for the decode ops and
+#              (at 512, 4k, 16k tokens) the SSD scan and conv, tools/torch_bench.py's torch SSD (eager and compiled)
+#              in the same call (bench/results/h200/mamba2/); the evals: `EVAL_MODEL=mamba-codestral-7b-v0.1 ... eval`
+#   deepseek   issue 18's ops so far: their GPU tests (the op contract at V2-Lite / V3 shapes, tests/gpu/
+#              test_deepseek_gpu.cpp), kb_nano kernels for concat_and_cache_mla, grouped_topk and fused_experts at
+#              DeepSeek-V2-Lite's shapes (V3's router too), and transformers' fixture of models/tiny-deepseek-v2.json
+#              into $OUT/session/fixtures/tiny-deepseek-v2 (copy to tests/fixtures/)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -152,6 +159,32 @@ for part in "$@"; do
           ${MOE_TOKENS:+--tokens $MOE_TOKENS} --json "$out/torch_moe_$km.json"
       done
       ;;
+    mamba)
+      step gpu_tests_mamba 150 build/tests/kbn_gpu_tests \
+        --gtest_filter='*amba*:*Conv1d*:*SelectiveState*:*Mixer2*:*rms_norm*:EngineGraphGpu.*' \
+        --gtest_output=json:"$out/gpu_tests_mamba.json"
+      step kernels_mamba_decode 120 build/kb_nano kernels --model mamba-codestral-7b-v0.1 --variant baseline \
+        --target selective_state_update --target causal_conv1d_update --target mixer2_rms_norm_gated --random 0 \
+        --seeds 1 --json "$out/kernels_decode.json" --markdown "$out/kernels_decode.md"
+      step kernels_mamba_prefill 120 build/kb_nano kernels --model mamba-codestral-7b-v0.1 --variant baseline \
+        --target mamba_chunk_scan_combined --target causal_conv1d_fn --tokens 512,4096,16384 --random 0 --seeds 1 \
+        --json "$out/kernels_prefill.json" --markdown "$out/kernels_prefill.md"
+      step torch_ssd 120 python3 tools/torch_bench.py --model models/mamba-codestral-7b-v0.1.json --tokens 4096,16384 \
+        --json "$out/torch_ssd.json"
+      ;;
+    deepseek)
+      step gpu_tests_deepseek 120 build/tests/kbn_gpu_tests \
+        --gtest_filter='*deepseek*:*ConcatAndCacheMla*:*GroupedTopk*' --gtest_output=json:"$out/gpu_tests_deepseek.json"
+      for op in concat_and_cache_mla grouped_topk fused_experts; do
+        step "kernels_deepseek-v2-lite_$op" 240 build/kb_nano kernels --model deepseek-v2-lite --variant baseline \
+          --target "$op" --json "$out/kernels_deepseek-v2-lite_$op.json" --markdown "$out/kernels_deepseek-v2-lite_$op.md"
+      done
+      step kernels_deepseek-v3_grouped_topk 120 build/kb_nano kernels --model deepseek-v3 --variant baseline \
+        --target grouped_topk --json "$out/kernels_deepseek-v3_grouped_topk.json"
+      mkdir -p "$out/fixtures"
+      step fixture_tiny-deepseek-v2 300 python3 tools/hf_reference.py --config models/tiny-deepseek-v2.json \
+        --out "$out/fixtures/tiny-deepseek-v2" --hidden-states
+      ;;
     torch)  # PyTorch's own ops at the same shapes, same protocol (the side-by-side table of issue 3)
       step torch_bench 300 python3 tools/torch_bench.py --model models/llama-3.1-8b-instruct.json \
         --json "$out/torch_bench.json"
@@ -194,7 +227,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels fixtures hf-compare cheats honest eval step-profile peer torch tune modes tp profile profile-decode smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels fixtures hf-compare cheats honest eval step-profile peer mamba deepseek torch tune modes tp profile profile-decode smoke-eval)" >&2
       exit 2
       ;;
   esac
