@@ -87,7 +87,9 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   if (config.num_kv_blocks > 0) {
     sizing_.num_blocks = config.num_kv_blocks;
     sizing_.bytes_per_block = runners_[0]->kv_bytes_per_block();
-    sizing_.explanation = "given: " + std::to_string(config.num_kv_blocks) + " blocks";
+    sizing_.num_state_slots = config_.num_state_slots;
+    sizing_.explanation = "given: " + std::to_string(config.num_kv_blocks) + " blocks" +
+                          (stateful ? ", " + std::to_string(config_.num_state_slots) + " state slots" : std::string());
   } else {
     std::vector<KVCacheSizing> per_rank(static_cast<size_t>(n));
     for_each_rank([&](int r) {

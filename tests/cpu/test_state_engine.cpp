@@ -116,6 +116,7 @@ TEST(StateEngine, ChunkedPrefillDecodeAndSlotReuseGiveTheClosedForm) {
   // A budget of 8 tokens splits most prompts across steps; 4 slots for 24 requests reuse every slot many times.
   LLMEngine engine(model, Variant::baseline, Device::cpu(), config(8, 16, 4, 512));
   EXPECT_EQ(engine.config().num_state_slots, 4);
+  EXPECT_EQ(engine.kv_cache_sizing().num_state_slots, 4);  // given blocks: the slots asked for
   EXPECT_FALSE(engine.config().enable_prefix_caching);  // a cached prefix has no state to resume from
   const std::vector<Request> rs = requests(24);
   const RunResult res = engine.run_to_completion(rs);
