@@ -36,6 +36,12 @@ KBN_REGISTER_OPS(r) {
              [](FusedMoE& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
          .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
            if (!m.moe) return {};
+           // FusedMoE routes by softmax top-k: a DeepSeek router only when it reduces to that (V2-Lite's greedy one
+           // group, softmax, no bias, scale 1), not V3's grouped sigmoid router.
+           const MoeShape& r = *m.moe;
+           if (r.grouped_router && (r.num_expert_group > 1 || r.sigmoid_scores || r.score_correction_bias ||
+                                    r.routed_scaling_factor != 1.0))
+             return {};
            const int64_t H = m.hidden_size, E = m.moe->num_experts;
            std::vector<BenchCase> cs =
                cases::block_cases("fused_moe", m, o, {.params = 0, .in_features = H, .out_features = H});
