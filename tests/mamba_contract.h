@@ -14,6 +14,7 @@
 #include "kbn/config.h"
 #include "kbn/model_view.h"
 #include "kbn/registry.h"
+#include "op_contract.h"
 
 namespace kbn::test {
 
@@ -51,18 +52,7 @@ inline void check_op_contract_on_view(const std::string& op, const ModelView& vi
   o.small = device.is_cpu();
   const std::vector<BenchCase> cases = bench::cases_for(op, view, o);
   ASSERT_FALSE(cases.empty()) << op << " has no cases for " << view.name;
-  bench::ValidationOptions vo;
-  vo.seeds = 1;
-  constexpr uint64_t kSeed = 5;
-  for (const auto& c : cases) {
-    SCOPED_TRACE(c.op + " " + c.model + " " + c.label);
-    auto base = bench::build_case_op(entry, c, device, kSeed);
-    auto second = bench::build_case_op(entry, c, device, kSeed);
-    std::unique_ptr<AnyOp> oracle;
-    if (bench::fits_cpu_oracle(c)) oracle = bench::build_case_op(entry, c, Device::cpu(), kSeed);
-    const bench::Validation v = bench::validate_candidate(c, entry, *base, *second, oracle.get(), device, kSeed, vo);
-    EXPECT_TRUE(v.pass) << v.summary();
-  }
+  check_cases(entry, cases, device);
 }
 
 }  // namespace kbn::test

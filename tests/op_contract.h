@@ -72,19 +72,8 @@ inline std::string op_case_name(const ::testing::TestParamInfo<OpCase>& info) {
   return s;
 }
 
-// Runs every case of (model, op) at `tokens` plus `random` random shapes through validate_candidate on `device`.
-inline void check_op_contract(const OpCase& p, Device device, const std::vector<int64_t>& tokens, int random,
-                              DType dtype) {
-  const ModelView view = contract_view(engine::resolve_model(p.model));
-  const OpEntry& entry = registry(Variant::baseline).get(p.op);
-  const bool small = device.is_cpu();
-  bench::CaseOptions o;
-  o.tokens = tokens;
-  o.dtype = dtype;
-  o.small = small;
-  std::vector<BenchCase> cases = bench::cases_for(p.op, view, o);
-  for (auto& c : bench::random_cases(p.op, view, random, 11, small, dtype)) cases.push_back(std::move(c));
-  ASSERT_FALSE(cases.empty()) << p.op << " has no cases for " << p.model;
+// Each of `cases` of `entry` through validate_candidate on `device` (the CPU oracle where the case fits), one seed.
+inline void check_cases(const OpEntry& entry, const std::vector<BenchCase>& cases, Device device) {
   bench::ValidationOptions vo;
   vo.seeds = 1;
   constexpr uint64_t kSeed = 5;
@@ -98,6 +87,22 @@ inline void check_op_contract(const OpCase& p, Device device, const std::vector<
     EXPECT_TRUE(v.pass) << v.summary();
     EXPECT_GT(v.runs, 0);
   }
+}
+
+// Runs every case of (model, op) at `tokens` plus `random` random shapes through validate_candidate on `device`.
+inline void check_op_contract(const OpCase& p, Device device, const std::vector<int64_t>& tokens, int random,
+                              DType dtype) {
+  const ModelView view = contract_view(engine::resolve_model(p.model));
+  const OpEntry& entry = registry(Variant::baseline).get(p.op);
+  const bool small = device.is_cpu();
+  bench::CaseOptions o;
+  o.tokens = tokens;
+  o.dtype = dtype;
+  o.small = small;
+  std::vector<BenchCase> cases = bench::cases_for(p.op, view, o);
+  for (auto& c : bench::random_cases(p.op, view, random, 11, small, dtype)) cases.push_back(std::move(c));
+  ASSERT_FALSE(cases.empty()) << p.op << " has no cases for " << p.model;
+  check_cases(entry, cases, device);
 }
 
 }  // namespace kbn::test

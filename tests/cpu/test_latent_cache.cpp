@@ -11,6 +11,7 @@
 #include "engine/finite_check.h"
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
+#include "running_sum.h"
 #include "kbn/error.h"
 #include "kbn/forward_context.h"
 
@@ -61,27 +62,14 @@ class LatentSumLM : public CausalLM {
     }
     return Tensor::from_floats(hidden, {int64_t(hidden.size()), 1});
   }
-  Tensor compute_logits(const Tensor& hidden) override {
-    const std::vector<double> h = hidden.to_doubles();
-    std::vector<float> logits(h.size() * size_t(kVocab), 0.f);
-    for (size_t r = 0; r < h.size(); ++r) logits[r * size_t(kVocab) + size_t(std::fmod(h[r] + 1, double(kVocab)))] = 1;
-    return Tensor::from_floats(logits, {int64_t(h.size()), kVocab});
-  }
+  Tensor compute_logits(const Tensor& hidden) override { return test::running_sum_logits(hidden, kVocab); }
   void load_weights(const WeightSource&) override {}
   std::vector<LayerCacheSpec> cache_specs() const override { return {LayerCacheSpec::paged_latent(2, DType::f32)}; }
   int64_t vocab_size() const override { return kVocab; }
 };
 
 std::vector<int64_t> expected_tokens(const std::vector<int64_t>& prompt, int64_t n) {
-  int64_t s = 0;
-  for (int64_t t : prompt) s = (s + t) % kVocab;
-  std::vector<int64_t> out;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t next = (s + 1) % kVocab;
-    out.push_back(next);
-    s = (s + next) % kVocab;
-  }
-  return out;
+  return test::running_sum_tokens(prompt, n, kVocab);
 }
 
 std::vector<Request> requests(int64_t count) {

@@ -14,6 +14,7 @@
 #include "engine/scheduler.h"
 #include "kbn/error.h"
 #include "kbn/step_metadata.h"
+#include "running_sum.h"
 
 namespace {
 
@@ -49,12 +50,7 @@ class RunningSumLM : public CausalLM {
     state.copy_(Tensor::from_floats(std::vector<float>(st.begin(), st.end()), state.shape()));
     return Tensor::from_floats(hidden, {int64_t(hidden.size()), 1});
   }
-  Tensor compute_logits(const Tensor& hidden) override {
-    const std::vector<double> h = hidden.to_doubles();
-    std::vector<float> logits(h.size() * size_t(kVocab), 0.f);
-    for (size_t r = 0; r < h.size(); ++r) logits[r * size_t(kVocab) + size_t(std::fmod(h[r] + 1, double(kVocab)))] = 1;
-    return Tensor::from_floats(logits, {int64_t(h.size()), kVocab});
-  }
+  Tensor compute_logits(const Tensor& hidden) override { return test::running_sum_logits(hidden, kVocab); }
   void load_weights(const WeightSource&) override {}
   std::vector<LayerCacheSpec> cache_specs() const override {
     LayerCacheSpec state;
@@ -71,15 +67,7 @@ class RunningSumLM : public CausalLM {
 };
 
 std::vector<int64_t> expected_tokens(const std::vector<int64_t>& prompt, int64_t n) {
-  int64_t s = 0;
-  for (int64_t t : prompt) s = (s + t) % kVocab;
-  std::vector<int64_t> out;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t next = (s + 1) % kVocab;
-    out.push_back(next);
-    s = (s + next) % kVocab;
-  }
-  return out;
+  return test::running_sum_tokens(prompt, n, kVocab);
 }
 
 std::vector<Request> requests(int64_t count) {
