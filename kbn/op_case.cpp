@@ -249,16 +249,32 @@ std::shared_ptr<StepContext> make_state_step_context(const StepShape& st, const 
   return ctx;
 }
 
+static std::shared_ptr<StepContext> make_latent_step_context(const StepShape& st, int64_t latent_size, DType dt,
+                                                             Device d, uint64_t seed) {
+  // The paged K/V context's metadata and block layout, with one latent cache in place of K and V.
+  std::shared_ptr<StepContext> ctx = make_step_context(st, 1, 1, dt, d, seed);
+  KVCache& layer = ctx->kv_caches.front();
+  const int64_t blocks = layer.key.size(0);
+  layer = KVCache{};
+  layer.latent = normal({blocks, kKvBlockSize, latent_size}, dt, d, seed, "latent_cache", 1.0);
+  return ctx;
+}
+
 std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, const CaseOptions& options,
                                    const BlockFacts& f) {
   KBN_CHECK(m.tp == 1, "--tp: blocks (", op,
             ") run on one GPU here; tensor-parallel blocks need a process group (use --tp with level-1 ops for "
             "per-rank shapes)");
-  KBN_CHECK(!f.attention || m.attention, "block ", op, ": model '", m.name, "' has no attention");
+  KBN_CHECK(!f.attention || m.attention || m.mla, "block ", op, ": model '", m.name, "' has no attention");
   const DType dt = options.dtype;
   const int64_t es = int64_t(dtype_size(dt)), H = m.hidden_size;
-  const int64_t Hq = f.attention ? m.attention->num_heads : 0, Hk = f.attention ? m.attention->num_kv_heads : 0,
-                D = f.attention ? m.attention->head_dim : 0;
+  // Multi-head latent attention (DeepSeek): one latent row per token in a paged latent cache instead of K/V heads.
+  const bool latent = f.attention && !m.attention && m.mla;
+  const int64_t Hq = !f.attention ? 0 : latent ? m.mla->num_heads : m.attention->num_heads,
+                Hk = f.attention && !latent ? m.attention->num_kv_heads : 0,
+                D = f.attention && !latent ? m.attention->head_dim : 0, W = latent ? m.mla->latent_size() : 0,
+                L = latent ? m.mla->kv_lora_rank : 0,
+                qk_v = latent ? m.mla->qk_head_dim() + m.mla->v_head_dim : 0;
   const std::vector<int64_t>& tokens = options.tokens.empty() ? block_token_counts() : options.tokens;
   std::vector<BenchCase> out;
   for (int64_t T : tokens) {
@@ -283,7 +299,9 @@ std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, co
       if (layer) in.push_back(normal({T, H}, dt, d, seed, "residual", 1.0));
       return in;
     };
-    if (attention) b.make_context = [=](Device d, uint64_t seed) { return make_step_context(st, Hk, D, dt, d, seed); };
+    if (attention && !latent)
+      b.make_context = [=](Device d, uint64_t seed) { return make_step_context(st, Hk, D, dt, d, seed); };
+    if (latent) b.make_context = [=](Device d, uint64_t seed) { return make_latent_step_context(st, W, dt, d, seed); };
     const std::vector<Shape> state_shapes = f.state_shapes;
     int64_t state_rw = 0;  // each sequence's state written, and read when it has one (decode)
     for (const Shape& sh : state_shapes)
@@ -295,10 +313,16 @@ std::vector<BenchCase> block_cases(const std::string& op, const ModelView& m, co
     int64_t kv_read = 0, attn_flops = 0;
     for (size_t i = 0; attention && i < st.query.size(); ++i) {
       const int64_t q = st.query[i], kv = st.cached[i] + q;
-      kv_read += 2 * kv * Hk * D * es;
       // Causal: query j of a prefill attends to cached + j + 1 keys.
       const int64_t pairs = st.decode ? kv : q * st.cached[i] + q * (q + 1) / 2;
-      attn_flops += 4 * Hq * D * pairs;
+      if (latent) {
+        // Decode: absorbed, scores over the W-wide latent and values of its first L; prefill: decompressed heads.
+        kv_read += kv * W * es;
+        attn_flops += st.decode ? 2 * Hq * pairs * (W + L) : 2 * Hq * pairs * qk_v;
+      } else {
+        kv_read += 2 * kv * Hk * D * es;
+        attn_flops += 4 * Hq * D * pairs;
+      }
     }
     const int64_t res_es = int64_t(dtype_size(res_dt));
     const int64_t act_in = T * in_features * es + (layer ? T * in_features * res_es : 0),

@@ -30,10 +30,11 @@
 #   mamba      Mamba-2 at Mamba-Codestral-7B's shapes: the Mamba GPU tests, kb_nano kernels for the decode ops and
 #              (at 512, 4k, 16k tokens) the SSD scan and conv, tools/torch_bench.py's torch SSD (eager and compiled)
 #              in the same call (bench/results/h200/mamba2/); the evals: `EVAL_MODEL=mamba-codestral-7b-v0.1 ... eval`
-#   deepseek   issue 18's ops so far: their GPU tests (the op contract at V2-Lite / V3 shapes, tests/gpu/
-#              test_deepseek_gpu.cpp), kb_nano kernels for concat_and_cache_mla, grouped_topk and fused_experts at
-#              DeepSeek-V2-Lite's shapes (V3's router too), and transformers' fixture of models/tiny-deepseek-v2.json
-#              into $OUT/session/fixtures/tiny-deepseek-v2 (copy to tests/fixtures/)
+#   deepseek   issue 18's ops: their GPU tests (tests/gpu/test_deepseek_gpu.cpp; the op contract runs under gpu-tests),
+#              kb_nano kernels for the latent decode, the absorption bmm, the prefill's gather and attention, the
+#              cache store, router and experts at DeepSeek-V2-Lite's shapes (V3's latent decode and router too),
+#              tools/torch_bench.py --sections mla beside them, and transformers' fixture of
+#              models/tiny-deepseek-v2.json into $OUT/session/fixtures/tiny-deepseek-v2 (copy to tests/fixtures/)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -173,14 +174,21 @@ for part in "$@"; do
         --json "$out/torch_ssd.json"
       ;;
     deepseek)
-      step gpu_tests_deepseek 120 build/tests/kbn_gpu_tests \
-        --gtest_filter='*deepseek*:*ConcatAndCacheMla*:*GroupedTopk*' --gtest_output=json:"$out/gpu_tests_deepseek.json"
-      for op in concat_and_cache_mla grouped_topk fused_experts; do
+      step gpu_tests_deepseek 300 build/tests/kbn_gpu_tests \
+        --gtest_filter='*deepseek*:*ConcatAndCacheMla*:*GroupedTopk*:*MlaDecode*:*GatherCache*' \
+        --gtest_output=json:"$out/gpu_tests_deepseek.json"
+      for op in mla_decode bmm gather_cache flash_attn_prefill concat_and_cache_mla grouped_topk fused_experts; do
         step "kernels_deepseek-v2-lite_$op" 240 build/kb_nano kernels --model deepseek-v2-lite --variant baseline \
           --target "$op" --json "$out/kernels_deepseek-v2-lite_$op.json" --markdown "$out/kernels_deepseek-v2-lite_$op.md"
       done
-      step kernels_deepseek-v3_grouped_topk 120 build/kb_nano kernels --model deepseek-v3 --variant baseline \
-        --target grouped_topk --json "$out/kernels_deepseek-v3_grouped_topk.json"
+      for op in mla_decode grouped_topk; do
+        step "kernels_deepseek-v3_$op" 240 build/kb_nano kernels --model deepseek-v3 --variant baseline \
+          --target "$op" --json "$out/kernels_deepseek-v3_$op.json" --markdown "$out/kernels_deepseek-v3_$op.md"
+      done
+      step torch_mla 300 python3 tools/torch_bench.py --model models/deepseek-v2-lite.json --sections mla \
+        --json "$out/torch_deepseek-v2-lite_mla.json"
+      step torch_mla_v3 300 python3 tools/torch_bench.py --model models/deepseek-v3.json --sections mla \
+        --json "$out/torch_deepseek-v3_mla.json"
       mkdir -p "$out/fixtures"
       step fixture_tiny-deepseek-v2 300 python3 tools/hf_reference.py --config models/tiny-deepseek-v2.json \
         --out "$out/fixtures/tiny-deepseek-v2" --hidden-states

@@ -50,7 +50,7 @@ def moe(cfg, tp, tokens, record, dev, dt):
     torch: everything fused_experts does (sort the pairs, gather, both grouped GEMMs, scale, sum per token);
     loop: transformers' eager MoE, a matmul chain per touched expert (its host syncs included)."""
     H = cfg["hidden_size"]
-    E = cfg.get("num_local_experts", cfg.get("num_experts"))
+    E = cfg.get("num_local_experts", cfg.get("num_experts", cfg.get("n_routed_experts")))
     k = cfg["num_experts_per_tok"]
     N = cfg.get("moe_intermediate_size", cfg["intermediate_size"]) // tp
     w13 = torch.randn(E, 2 * N, H, device=dev, dtype=dt) * 0.02
@@ -194,6 +194,45 @@ def mamba(cfg, tokens, record, dev, dt, scan_flops):
         del x, B, C
 
 
+def mla(cfg, record, dev, dt, backends):
+    """Multi-head latent attention (DeepSeek): the absorbed decode over a contiguous latent (scores over all 576
+    values, values the first 512, one key head shared by every query head) and the decompressed causal prefill
+    (qk 192 / v 128), in torch: SDPA backends that take the shapes, and explicit matmuls + softmax."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+    H, L, R = cfg["num_attention_heads"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    P, V = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    W, scale = L + R, (P + R) ** -0.5
+    for B, ctx in ((1, 4096), (32, 4096), (64, 4096), (128, 4096), (32, 8192)):
+        q = torch.randn(B, H, 1, W, device=dev, dtype=dt)
+        lat = torch.randn(B, 1, ctx, W, device=dev, dtype=dt)
+        label = f"B={B} ctx={ctx} heads={H} latent={L}+{R}"
+        bytes_, flops = B * ctx * W * 2 + B * H * (W + L) * 2, 2 * B * H * ctx * (W + L)
+
+        def explicit(q=q, lat=lat):
+            s = torch.matmul(q, lat.transpose(-1, -2)).float() * scale
+            return torch.matmul(torch.softmax(s, -1).to(dt), lat[..., :L])
+        record("mla_decode", label, "matmul", bytes_, flops, explicit)
+        for bname, be in backends.items():
+            def run(be=be, q=q, lat=lat):
+                with sdpa_kernel(be):
+                    return F.scaled_dot_product_attention(q, lat, lat[..., :L], scale=scale, enable_gqa=True)
+            record("mla_decode", label, bname, bytes_, flops, run)
+        del q, lat
+    for T in (4096, 8192):
+        q = torch.randn(1, H, T, P + R, device=dev, dtype=dt)
+        k = torch.randn(1, H, T, P + R, device=dev, dtype=dt)
+        v = torch.randn(1, H, T, V, device=dev, dtype=dt)
+        pairs = T * (T + 1) // 2
+        label = f"T={T} heads={H} qk{P + R} v{V} causal"
+        for bname, be in backends.items():
+            def run(be=be, q=q, k=k, v=v):
+                with sdpa_kernel(be):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+            record("mla_prefill", label, bname, 2 * T * H * (2 * (P + R) + 2 * V), 2 * H * pairs * (P + R + V), run)
+        del q, k, v
+
+
 def ssd_flops(T, L, nh, P, N):
     """The SSD's matmul work, as kb-nano's mamba_chunk_scan_combined facts count it: per chunk of l tokens and head,
     C B^T and the masked product with x over the causal pairs, (N + P) l (l + 1), plus the chunk state and the
@@ -213,13 +252,16 @@ def main():
                     help="comma list of: dense (norms, silu*mul, GEMMs), attention, moe (the expert MLPs of an MoE "
                          "config, torch._grouped_mm), window (sliding-window prefill at the config's window: "
                          "flex_attention and masked SDPA), mamba (a Mamba-2 config's SSD scan in torch, eager and "
-                         "compiled; the only section for such a config)")
+                         "compiled; the only section for such a config), mla (a DeepSeek config's absorbed latent decode and "
+                         "decompressed prefill, SDPA and explicit matmuls; chosen for such a config)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     cfg = json.load(open(args.model))
     dev, dt = "cuda", torch.bfloat16
     if "state_size" in cfg:  # Mamba-2: the SSD scan only
         sections = {"mamba"} | (sections & {"mamba"})
+    elif "kv_lora_rank" in cfg:  # DeepSeek (MLA): its attention and experts; no per-head K/V to bench otherwise
+        sections = {"mla"} | (sections & {"moe"})
     else:
         H, I, V = cfg["hidden_size"], cfg["intermediate_size"] // args.tp, cfg["vocab_size"] // args.tp
         nh, nkv = cfg["num_attention_heads"] // args.tp, max(1, cfg["num_key_value_heads"] // args.tp)
@@ -252,6 +294,10 @@ def main():
     record("ceiling_matmul", "8192^3 bf16", "torch", 0, 2 * 8192 ** 3, lambda: a @ b)
     del src, dst, a, b
 
+    from torch.nn.attention import SDPBackend
+    if "mla" in sections:
+        mla(cfg, record, dev, dt, {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                                   "efficient": SDPBackend.EFFICIENT_ATTENTION})
     if "moe" in sections:
         moe(cfg, args.tp, tokens, record, dev, dt)
     if "mamba" in sections:

@@ -260,6 +260,36 @@ void concat_and_cache_mla(Tensor& kv_cache, const Tensor& kv_c, const Tensor& k_
   }
 }
 
+void gather_cache(Tensor& out, const Tensor& kv_cache, const Tensor& block_tables, const Tensor& seq_lens) {
+  constexpr const char* op = "reference::gather_cache";
+  const int64_t width = check_latent_cache(op, kv_cache);
+  check_rank(block_tables, op, "block_tables", 2, "[num_seqs, max_blocks_per_seq]");
+  check_dtype(block_tables, op, "block_tables", {DType::i32});
+  check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
+  check_dtype(seq_lens, op, "seq_lens", {DType::i32});
+  check_rank(out, op, "out", 3, "[num_seqs, max_seq_len, width]");
+  check_cpu(out, op, "out");
+  check_same_dtype(out, kv_cache, op, "out", "kv_cache");
+  const int64_t S = out.size(0), Lmax = out.size(1), bs = kv_cache.size(1), nb = kv_cache.size(0);
+  check_size(out, op, "out", 2, width, "the cache row width = kv_cache.size(2)");
+  check_size(block_tables, op, "block_tables", 0, S, "num_seqs = out.size(0)");
+  check_size(seq_lens, op, "seq_lens", 0, S, "num_seqs = out.size(0)");
+  const std::vector<int64_t> lens = seq_lens.to_ints(), table = block_tables.contiguous().to_ints();
+  const int64_t M = block_tables.size(1);
+  out.zero_();
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t n = lens[size_t(i)];
+    KBN_CHECK(n >= 0 && n <= Lmax && (n + bs - 1) / bs <= M, op, ": argument 'seq_lens'[", i, "] = ", n,
+              " must be in [0, ", Lmax, "] (out.size(1)) and fit the ", M, " blocks of its block table");
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t block = table[size_t(i * M + j / bs)];
+      KBN_CHECK(block >= 0 && block < nb, op, ": argument 'block_tables'[", i, ", ", j / bs, "] = ", block,
+                " is outside the cache's ", nb, " blocks");
+      out.select(0, i).select(0, j).copy_(kv_cache.select(0, block).select(0, j % bs));
+    }
+  }
+}
+
 void mla_decode(Tensor& out, const Tensor& q, const Tensor& kv_cache, const Tensor& seq_lens,
                 const Tensor& block_tables, double scale) {
   constexpr const char* op = "reference::mla_decode";

@@ -114,6 +114,12 @@ void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cach
 // [num_tokens] i32 or i64.
 void concat_and_cache_mla(Tensor& kv_cache, const Tensor& kv_c, const Tensor& k_pe, const Tensor& slot_mapping);
 
+// The rows of each sequence's cache pages in position order (vLLM's cp_gather_cache, with one fixed-length slot per
+// sequence instead of packed rows): out[i, j] = the row of sequence i's position j for j < seq_lens[i], zeros past it.
+// kv_cache: [num_blocks, block_size, width]; block_tables: [num_seqs, max_blocks_per_seq] i32; seq_lens: [num_seqs]
+// i32, each at most out.size(1); out: [num_seqs, max_seq_len, width] of kv_cache's dtype.
+void gather_cache(Tensor& out, const Tensor& kv_cache, const Tensor& block_tables, const Tensor& seq_lens);
+
 // Decode over the latent cache with the up-projections absorbed (FlashMLA's flash_mla_with_kvcache, one query per
 // sequence): every query head attends all seq_lens[b] cached rows of its sequence as a single shared key head of the
 // row's full width, and takes the row's first kv_lora_rank values (kv_c) as its value:

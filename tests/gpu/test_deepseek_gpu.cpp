@@ -2,15 +2,20 @@
 // concat_and_cache_mla's CUDA path against the oracle, bit for bit, on the 16-byte path (DeepSeek-V2's 512 + 64 latent,
 // k_pe a view into kv_a_proj_with_mqa's output) and the 2-byte path (an odd latent width and an odd token stride),
 // padding tokens skipped, other rows untouched, and a slot outside the cache reported through kbn/device_errors.h with
-// that row left unwritten; grouped_topk against the oracle with many tied logits, and a NaN logit reported.
+// that row left unwritten; grouped_topk against the oracle with many tied logits, and a NaN logit reported;
+// mla_decode's tensor-core kernel (16, 8 and 128 heads: a partial head group and V3's eight) and its generic kernel
+// against the oracle over ragged lengths (0, 1, 63, 64, 65, long ones that split), and gather_cache bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "L1/concat_and_cache_mla.h"
+#include "L1/gather_cache.h"
 #include "L1/grouped_topk.h"
+#include "L1/mla_decode.h"
 #include "kbn/compare.h"
 #include "kbn/device.h"
 #include "kbn/device_errors.h"
@@ -127,6 +132,80 @@ TEST(GroupedTopkGpu, ANanLogitIsReported) {
     ADD_FAILURE() << "a NaN logit was not reported";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("NaN in token 1"), std::string::npos) << e.what();
+  }
+}
+
+// Ragged sequences over a scattered latent cache of block_size 16; lengths cover empty, one key, the 64-key tile
+// edges and ones long enough to split.
+struct LatentBatch {
+  Tensor cache, tables, lens;
+  int64_t max_len = 0;
+};
+
+LatentBatch latent_batch(const std::vector<int32_t>& lens, int64_t W, DType dt, uint64_t seed) {
+  const int64_t bs = 16, S = int64_t(lens.size());
+  int64_t bps = 1;
+  LatentBatch b;
+  for (int32_t n : lens) {
+    bps = std::max<int64_t>(bps, (n + bs - 1) / bs);
+    b.max_len = std::max<int64_t>(b.max_len, n);
+  }
+  const int64_t blocks = S * bps + 3;
+  std::vector<int32_t> table(size_t(S * bps));
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 7 + 2) % size_t(blocks));
+  b.cache = randn({blocks, bs, W}, seed, dt);
+  b.tables = Tensor::from_i32(table, {S, bps});
+  b.lens = Tensor::from_i32(lens, {S});
+  return b;
+}
+
+TEST(MlaDecodeGpu, KernelsMatchTheOracleOverRaggedLengths) {
+  KBN_SKIP_WITHOUT_GPU();
+  const std::vector<int32_t> lens{0, 1, 63, 64, 65, 1000, 4099, 17};
+  struct Case {
+    int64_t heads, L, R;
+    DType dt;
+  };
+  // 512 + 64 in 16 bits: the tensor-core kernel (8 heads: half a group; 128: V3); the rest: the generic kernel.
+  for (const Case c : {Case{16, 512, 64, DType::bf16}, Case{8, 512, 64, DType::f16}, Case{128, 512, 64, DType::bf16},
+                       Case{16, 512, 64, DType::f32}, Case{4, 32, 8, DType::bf16}}) {
+    const std::string what = std::to_string(c.heads) + " heads " + std::to_string(c.L) + "+" + std::to_string(c.R) +
+                             " " + dtype_name(c.dt);
+    const int64_t W = c.L + c.R, S = int64_t(lens.size());
+    const LatentBatch b = latent_batch(lens, W, c.dt, 11);
+    const Tensor q = randn({S, c.heads, W}, 12, c.dt);
+    MlaDecode op(c.heads, c.L, c.R, 0.07);
+    const Tensor want = op.forward(q, b.cache, b.lens, b.tables, b.max_len);
+    for (const int64_t max_len : {b.max_len, int64_t(8192)}) {  // the grid sized for the batch, and for more
+      const Tensor got = op.forward(q.to(kGpu), b.cache.to(kGpu), b.lens.to(kGpu), b.tables.to(kGpu), max_len);
+      synchronize(kGpu);
+      const Tolerance tol = c.dt == DType::f32 ? Tolerance{1e-4, 1e-4, 0} : Tolerance{2e-2, 2e-2, 0};
+      const CompareStats st = compare_close(got.to(kCpu).to(DType::f32), want.to(DType::f32), tol);
+      EXPECT_EQ(st.bad, 0) << what << " max_len " << max_len << ": " << st.describe();
+    }
+  }
+}
+
+TEST(GatherCacheGpu, MatchesTheOracleBitForBitAndReportsABadLength) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t W : {int64_t(576), int64_t(21)}) {  // 16-byte rows, and 2-byte units
+    const LatentBatch b = latent_batch({5, 0, 130, 64}, W, DType::bf16, 13);
+    GatherCache op;
+    const Tensor want = op.forward(b.cache, b.tables, b.lens, 140);
+    const Tensor got = op.forward(b.cache.to(kGpu), b.tables.to(kGpu), b.lens.to(kGpu), 140);
+    synchronize(kGpu);
+    EXPECT_NO_THROW(check_device_errors());
+    expect_bitwise(got, want, "gather_cache W=" + std::to_string(W));
+  }
+  const LatentBatch b = latent_batch({5, 300}, 24, DType::bf16, 14);
+  GatherCache op;
+  op.forward(b.cache.to(kGpu), b.tables.to(kGpu), b.lens.to(kGpu), 100);  // 300 > max_seq_len
+  synchronize(kGpu);
+  try {
+    check_device_errors();
+    ADD_FAILURE() << "a length past max_seq_len was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'seq_lens'[1]"), std::string::npos) << e.what();
   }
 }
 

@@ -1,5 +1,5 @@
 // Every registered op through the validation contract on the GPU (tests/op_contract.h): the tiny models and the
-// real 8B configs' shapes, the ops ahead of their model at gpt-oss-20b's and Gemma-3-12B's, decode and prefill
+// real 8B configs' and DeepSeek-V2-Lite's shapes, the ops ahead of their model at gpt-oss-20b's and Gemma-3-12B's, decode and prefill
 // token counts, two random shapes each.
 #include "op_contract.h"
 
@@ -11,6 +11,7 @@ std::vector<std::string> gpu_models() {
   std::vector<std::string> m = kbn::test::tiny_models();
   m.push_back("llama-3.1-8b-instruct");
   m.push_back("qwen3-8b");
+  m.push_back("deepseek-v2-lite");  // the latent kernels run at 512 + 64 only at a real DeepSeek shape
   return m;
 }
 

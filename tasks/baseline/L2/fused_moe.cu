@@ -88,6 +88,12 @@ Tensor FusedMoE::forward(const Tensor& hidden_states, const Tensor& router_logit
   check_size(router_logits, "FusedMoE", "router_logits", 0, hidden_states.size(0), "num_tokens of hidden_states");
   check_size(router_logits, "FusedMoE", "router_logits", 1, num_experts_, "num_experts");
   auto [topk_weights, topk_ids] = select_experts_.forward(router_logits);
+  return forward_routed(hidden_states, topk_weights, topk_ids);
+}
+
+Tensor FusedMoE::forward_routed(const Tensor& hidden_states, const Tensor& topk_weights, const Tensor& topk_ids) {
+  check_rank(hidden_states, "FusedMoE", "hidden_states", 2, "[num_tokens, hidden_size]");
+  check_size(hidden_states, "FusedMoE", "hidden_states", 1, hidden_size_, "hidden_size");
   Tensor out = fused_experts_.forward(hidden_states, w13_weight, w2_weight, topk_weights, topk_ids);
   if (reduce_results_ && parallel_state().tp_size > 1) out = all_reduce_.forward(out);
   return out;

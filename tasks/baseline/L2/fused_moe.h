@@ -29,6 +29,9 @@ class FusedMoE : public Module {
   // hidden_states: [num_tokens, hidden_size] contiguous; router_logits: [num_tokens, num_experts]
   // -> [num_tokens, hidden_size] (summed over the ranks when reduce_results)
   Tensor forward(const Tensor& hidden_states, const Tensor& router_logits);
+  // The experts with a routing computed elsewhere (vLLM's FusedMoE with a custom routing function; DeepSeek's
+  // grouped_topk): topk_weights [num_tokens, top_k] f32, topk_ids [num_tokens, top_k] i32 -> as forward.
+  Tensor forward_routed(const Tensor& hidden_states, const Tensor& topk_weights, const Tensor& topk_ids);
 
   // Checkpoint part -> stacked parameter of every expert: (".experts.w13_", ".experts.{e}.<gate>.", "{e}.w1"),
   // (".experts.w13_", ".experts.{e}.<up>.", "{e}.w3"), (".experts.w2_", ".experts.{e}.<down>.", "{e}.w2").

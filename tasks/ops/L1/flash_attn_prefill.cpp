@@ -22,9 +22,16 @@ KBN_REQUIRE_METHOD(FlashAttnPrefill, Tensor, forward,
 
 namespace {
 
+// The attention's prefill shapes; for multi-head latent attention (DeepSeek) the decompressed prefill it runs here:
+// every head its own key and value of qk_head_dim (values zero-padded to it).
 std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
-  if (!m.attention) return {};
-  const AttentionShape& a = *m.attention;
+  AttentionShape mla_heads;
+  if (!m.attention && m.mla) {
+    mla_heads.num_heads = mla_heads.num_kv_heads = m.mla->num_heads;
+    mla_heads.head_dim = m.mla->qk_head_dim();
+  }
+  if (!m.attention && !m.mla) return {};
+  const AttentionShape& a = m.attention ? *m.attention : mla_heads;
   const DType dt = o.dtype;
   const int64_t es = int64_t(dtype_size(dt)), Hq = a.num_heads, Hk = a.num_kv_heads, D = a.head_dim;
   const int64_t bs = cases::kKvBlockSize, L_max = cases::kPrefillSequence;

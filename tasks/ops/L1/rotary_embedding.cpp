@@ -37,6 +37,8 @@ void rope_args(OpArgs& args, double base, const RopeScaling& s) {
     args.values["rope_beta_slow"] = s.beta_slow;
     args.values["rope_truncate"] = s.truncate ? 1.0 : 0.0;
     args.values["rope_attention_factor"] = s.attention_factor;
+    args.values["rope_mscale"] = s.mscale;
+    args.values["rope_mscale_all_dim"] = s.mscale_all_dim;
   }
 }
 
@@ -59,16 +61,18 @@ RopeScaling scaling_of(const OpArgs& a) {
     s.beta_slow = a.get("rope_beta_slow", 1.0);
     s.truncate = a.get("rope_truncate", 1.0) != 0.0;
     s.attention_factor = a.get("rope_attention_factor", 0.0);
+    s.mscale = a.get("rope_mscale", 0.0);
+    s.mscale_all_dim = a.get("rope_mscale_all_dim", 0.0);
   }
   return s;
 }
 
 // One rope of the model (its global rope, or Gemma-3's local one on the sliding layers) at every token count.
+// Hq query and Hk key heads of D rotated values (MLA: the heads' rope parts and the one k_pe, GPT-J pairs).
 void add_rotary_cases(std::vector<BenchCase>& out, const ModelView& m, const CaseOptions& o, double base,
-                      const RopeScaling& s, const std::string& tag) {
-  const AttentionShape& a = *m.attention;
+                      const RopeScaling& s, const std::string& tag, int64_t Hq, int64_t Hk, int64_t D, bool neox) {
   const DType dt = o.dtype;
-  const int64_t es = int64_t(dtype_size(dt)), D = a.head_dim, Hq = a.num_heads, Hk = a.num_kv_heads;
+  const int64_t es = int64_t(dtype_size(dt));
   // NOTE: CPU-sized cases build a table of at most 8192 positions (the model's frequencies, positions drawn below it):
   // a 128k x 256 table costs seconds on the host per instance. YaRN's table keeps vLLM's length (RotaryEmbedding).
   const int64_t max_pos = o.small ? std::min<int64_t>(m.max_position_embeddings, 8192) : m.max_position_embeddings;
@@ -79,7 +83,7 @@ void add_rotary_cases(std::vector<BenchCase>& out, const ModelView& m, const Cas
     b.args.values = {{"head_size", double(D)},
                      {"rotary_dim", double(D)},
                      {"max_position_embeddings", double(max_pos)},
-                     {"is_neox_style", 1.0}};
+                     {"is_neox_style", neox ? 1.0 : 0.0}};
     rope_args(b.args, base, s);
     b.make_inputs = [=](Device d, uint64_t seed) {
       return std::vector<Tensor>{cases::randint({T}, DType::i64, d, seed, "positions", 0, max_pos),
@@ -96,12 +100,19 @@ void add_rotary_cases(std::vector<BenchCase>& out, const ModelView& m, const Cas
 }
 
 std::vector<BenchCase> rotary_cases(const ModelView& m, const CaseOptions& o) {
-  if (!m.attention) return {};
   std::vector<BenchCase> out;
-  add_rotary_cases(out, m, o, m.attention->rope.theta, m.attention->rope.scaling, "");
+  if (m.mla) {  // DeepSeek: the query heads' rope parts (copied out contiguous) and the shared k_pe, GPT-J style
+    add_rotary_cases(out, m, o, m.mla->rope.theta, m.mla->rope.scaling, " mla", m.mla->num_heads, 1,
+                     m.mla->qk_rope_head_dim, false);
+    return out;
+  }
+  if (!m.attention) return {};
+  const AttentionShape& a = *m.attention;
+  add_rotary_cases(out, m, o, a.rope.theta, a.rope.scaling, "", a.num_heads, a.num_kv_heads, a.head_dim, true);
   // Gemma-3's sliding layers rotate with their own base and no scaling (vLLM Gemma3Attention: rope_local_base_freq).
   if (m.config && m.config->has("rope_local_base_freq"))
-    add_rotary_cases(out, m, o, m.config->get_double("rope_local_base_freq"), RopeScaling{}, " local");
+    add_rotary_cases(out, m, o, m.config->get_double("rope_local_base_freq"), RopeScaling{}, " local", a.num_heads,
+                     a.num_kv_heads, a.head_dim, true);
   return out;
 }
 
@@ -115,7 +126,7 @@ KBN_REGISTER_OPS(r) {
          .ctor_args = {"head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style", "rope_factor",
                        "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position_embeddings",
                        "rope_linear_factor", "rope_yarn_factor", "rope_beta_fast", "rope_beta_slow", "rope_truncate",
-                       "rope_attention_factor"},
+                       "rope_attention_factor", "rope_mscale", "rope_mscale_all_dim"},
          .args = {"positions", "query", "key"},
          .mutates = {"query", "key"},
          .make = adapter(

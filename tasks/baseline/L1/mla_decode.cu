@@ -1,0 +1,438 @@
+#include "L1/mla_decode.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+#ifdef KBN_WITH_CUDA
+#include "L1/attention_mma.cuh"
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
+#endif
+
+namespace kbn::KBN_VARIANT {
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+// ---- kernel layer ----
+
+struct MlaDecodeParams {
+  const void* q;         // [num_seqs, num_heads, width], last dim contiguous
+  const void* kv_cache;  // [num_blocks, block_size, width] contiguous
+  void* out;             // [num_seqs, num_heads, rank] contiguous; written directly when num_splits == 1
+  float* partial_out;    // [num_seqs, num_heads, num_splits, rank]: each split's normalised output
+  float* partial_max_sum;  // [num_seqs, num_heads, num_splits, 2]: each split's (max in the exp2 domain, sum)
+  const int32_t* seq_lens;
+  const int32_t* block_tables;
+  int64_t q_stride_seq, q_stride_head, block_table_stride;
+  int num_heads, block_size, width, rank;
+  int num_splits, partition_keys;  // keys [split * partition_keys, +partition_keys) of a sequence per block
+  float scale_log2;                // softmax scale * log2(e)
+};
+
+// Tensor-core kernel for DeepSeek's latent (512 + 64, 16-bit). grid = (num_splits, ceil(num_heads / 16), num_seqs);
+// 4 warps. A block holds 16 query heads (the M of an m16n8k16 mma; missing heads are zero rows) and walks its keys
+// in tiles of 64 latent rows, double-buffered through cp.async, so each latent byte is read once per 16 heads:
+//   scores: warp w computes S[16 heads, keys 16w..16w+15] over the 576-wide rows (36 k-steps);
+//   softmax: the row maxima meet in shared memory, every warp rescales with the same running max, and writes its
+//            probabilities (16-bit) to shared memory;
+//   values:  warp w accumulates O[16 heads, columns 128w..128w+127] += P[16, 64] V[64, 128] (V = the rows' first 512
+//            values), so the 16 x 512 fp32 output lives in registers spread over the four warps (64 each).
+// Shared rows are XOR-swizzled by 16-byte chunk (attention_mma.cuh) so ldmatrix and cp.async are conflict-free.
+constexpr int kMlaWidth = 576, kMlaRank = 512, kMlaRows = 16, kMlaKeys = 64, kMlaWarps = 4,
+              kMlaThreads = kMlaWarps * 32, kMlaChunks = kMlaWidth / 8;
+constexpr size_t kMlaSmem = size_t(kMlaRows + 2 * kMlaKeys) * kMlaWidth * 2 + size_t(kMlaRows) * kMlaKeys * 2 +
+                            2 * kMlaWarps * kMlaRows * sizeof(float);
+
+template <class T>
+__global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecodeParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);
+  T* sKV = sQ + kMlaRows * kMlaWidth;  // [2][kMlaKeys][kMlaWidth]
+  T* sP = sKV + 2 * kMlaKeys * kMlaWidth;  // [kMlaRows][kMlaKeys]
+  float* sMax = reinterpret_cast<float*>(sP + kMlaRows * kMlaKeys);  // [kMlaWarps][kMlaRows]
+  float* sSum = sMax + kMlaWarps * kMlaRows;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int split = blockIdx.x, head0 = blockIdx.y * kMlaRows, seq = blockIdx.z;
+  const int seq_len = p.seq_lens[seq];
+  const int key_begin = split * p.partition_keys;
+  const int key_end = min(seq_len, key_begin + p.partition_keys);
+  T* out = static_cast<T*>(p.out);
+
+  if (key_begin >= key_end) {  // no keys: only a lone split writes (zeros); the reduce skips empty splits
+    if (p.num_splits == 1)
+      for (int i = tid; i < kMlaRows * kMlaRank; i += kMlaThreads) {
+        const int row = i / kMlaRank, head = head0 + row;
+        if (head < p.num_heads) out[(int64_t(seq) * p.num_heads + head) * kMlaRank + i % kMlaRank] = T(0.f);
+      }
+    return;
+  }
+
+  // Q: 16 rows of 72 chunks; rows past num_heads are zeros.
+  const T* q = static_cast<const T*>(p.q) + int64_t(seq) * p.q_stride_seq;
+  for (int i = tid; i < kMlaRows * kMlaChunks; i += kMlaThreads) {
+    const int row = i / kMlaChunks, ch = i % kMlaChunks;
+    const bool valid = head0 + row < p.num_heads;
+    const T* src = q + int64_t(valid ? head0 + row : 0) * p.q_stride_head + ch * 8;
+    cp_async_16(smem_addr(sQ + swizzle<kMlaWidth>(row, ch)), src, valid);
+  }
+  const T* cache = static_cast<const T*>(p.kv_cache);
+  const int32_t* table = p.block_tables + int64_t(seq) * p.block_table_stride;
+  // Tile `tile` of this block's keys into stage `stage`: warp w loads rows 16w..16w+15, a row of 72 chunks per
+  // step (lanes 0-31, 32-63, then 8 lanes for 64-71: 512 contiguous bytes per instruction). Keys past key_end are
+  // zero rows (their scores are masked).
+  auto load_tile = [&](int tile, int stage) {
+    T* dst = sKV + stage * kMlaKeys * kMlaWidth;
+    for (int r = warp * 16; r < warp * 16 + 16; ++r) {
+      const int key = key_begin + tile * kMlaKeys + r;
+      const bool valid = key < key_end;
+      const int64_t slot = valid ? int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size : 0;
+      const T* src = cache + slot * kMlaWidth;
+      for (int ch = lane; ch < kMlaChunks; ch += 32)
+        cp_async_16(smem_addr(dst + swizzle<kMlaWidth>(r, ch)), src + ch * 8, valid);
+    }
+  };
+  const int num_tiles = (key_end - key_begin + kMlaKeys - 1) / kMlaKeys;
+  load_tile(0, 0);
+  cp_async_commit();
+
+  float o[16][4];  // O[16 heads, 128w + 8n + {2t4, 2t4+1}] for rows g (0, 1) and g + 8 (2, 3)
+#pragma unroll
+  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile & 1;
+    if (tile + 1 < num_tiles) {
+      load_tile(tile + 1, stage ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* kv = sKV + stage * kMlaKeys * kMlaWidth;
+
+    // Scores of keys 16w .. 16w + 15 (two n-tiles of 8).
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 4
+    for (int kk = 0; kk < kMlaChunks / 2; ++kk) {
+      uint32_t a[4], b[4];
+      ldmatrix_x4(a, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
+      const int key = warp * 16 + lane % 8 + (lane / 16) * 8;
+      ldmatrix_x4(b, smem_addr(kv + swizzle<kMlaWidth>(key, 2 * kk + (lane / 8) % 2)));
+      mma_16816<T>(s[0], a, b[0], b[1]);
+      mma_16816<T>(s[1], a, b[2], b[3]);
+    }
+    // Mask keys past the end, scale into the exp2 domain, and take this warp's row maxima.
+    const int tile_key0 = key_begin + tile * kMlaKeys + warp * 16;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int key = tile_key0 + 8 * j + 2 * t4 + (c & 1);
+        s[j][c] = key < key_end ? s[j][c] * p.scale_log2 : -INFINITY;
+        mx[c / 2] = fmaxf(mx[c / 2], s[j][c]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    if (t4 == 0) {
+      sMax[warp * kMlaRows + g] = mx[0];
+      sMax[warp * kMlaRows + g + 8] = mx[1];
+    }
+    __syncthreads();
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = m_run[r];
+#pragma unroll
+      for (int w = 0; w < kMlaWarps; ++w) m = fmaxf(m, sMax[w * kMlaRows + g + 8 * r]);
+      alpha[r] = exp2f(m_run[r] - m);  // the tile has a valid key, so m is finite
+      m_run[r] = m;
+      l_run[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float p0 = exp2f(s[j][0] - m_run[0]), p1 = exp2f(s[j][1] - m_run[0]);
+      const float p2 = exp2f(s[j][2] - m_run[1]), p3 = exp2f(s[j][3] - m_run[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const int col = warp * 16 + 8 * j + 2 * t4;
+      *reinterpret_cast<uint32_t*>(sP + swizzle<kMlaKeys>(g, col / 8) + col % 8) = pack2<T>(p0, p1);
+      *reinterpret_cast<uint32_t*>(sP + swizzle<kMlaKeys>(g + 8, col / 8) + col % 8) = pack2<T>(p2, p3);
+    }
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    __syncthreads();
+
+    // O[:, 128w .. 128w + 127] += P V over the tile's 64 keys (4 k-steps of 16).
+#pragma unroll
+    for (int kk = 0; kk < kMlaKeys / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, smem_addr(sP + swizzle<kMlaKeys>(lane % 16, 2 * kk + lane / 16)));
+      const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int n = 0; n < 16; n += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_addr(kv + swizzle<kMlaWidth>(key, warp * 16 + n + lane / 16)));
+        mma_16816<T>(o[n], a, b[0], b[1]);
+        mma_16816<T>(o[n + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  // Row sums: over the quad, then over the four warps.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  if (t4 == 0) {
+    sSum[warp * kMlaRows + g] = l_run[0];
+    sSum[warp * kMlaRows + g + 8] = l_run[1];
+  }
+  __syncthreads();
+  float l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int w = 0; w < kMlaWarps; ++w) {
+    l[0] += sSum[w * kMlaRows + g];
+    l[1] += sSum[w * kMlaRows + g + 8];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = head0 + g + 8 * r;
+    if (head >= p.num_heads) continue;
+    const float inv = 1.f / l[r];
+    if (p.num_splits == 1) {
+      T* dst = out + (int64_t(seq) * p.num_heads + head) * kMlaRank + warp * 128 + 2 * t4;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    } else {
+      const int64_t row = (int64_t(seq) * p.num_heads + head) * p.num_splits + split;
+      float* dst = p.partial_out + row * kMlaRank + warp * 128 + 2 * t4;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      if (warp == 0 && t4 == 0) {
+        p.partial_max_sum[2 * row] = m_run[r];
+        p.partial_max_sum[2 * row + 1] = l[r];
+      }
+    }
+  }
+}
+
+// Any width, rank and float dtype: one block per (head, sequence), 128 threads over the row's values (up to
+// kGenericMaxWidth), one block-wide dot product per key, online softmax in fp32.
+constexpr int kGenericThreads = 128, kGenericPerThread = 8, kGenericMaxWidth = kGenericThreads * kGenericPerThread;
+
+template <class T>
+__global__ void __launch_bounds__(kGenericThreads) mla_decode_generic_kernel(MlaDecodeParams p) {
+  __shared__ float s_part[kGenericThreads / 32];
+  const int head = blockIdx.x, seq = blockIdx.y, tid = threadIdx.x;
+  const int seq_len = p.seq_lens[seq];
+  const T* q = static_cast<const T*>(p.q) + int64_t(seq) * p.q_stride_seq + int64_t(head) * p.q_stride_head;
+  float qv[kGenericPerThread], acc[kGenericPerThread];
+#pragma unroll
+  for (int i = 0; i < kGenericPerThread; ++i) {
+    const int d = tid + i * kGenericThreads;
+    qv[i] = d < p.width ? float(q[d]) : 0.f;
+    acc[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const T* cache = static_cast<const T*>(p.kv_cache);
+  const int32_t* table = p.block_tables + int64_t(seq) * p.block_table_stride;
+  for (int key = 0; key < seq_len; ++key) {
+    const T* row = cache + (int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size) * p.width;
+    float part = 0.f;
+#pragma unroll
+    for (int i = 0; i < kGenericPerThread; ++i) {
+      const int d = tid + i * kGenericThreads;
+      if (d < p.width) part += qv[i] * float(row[d]);
+    }
+    for (int off = 16; off > 0; off /= 2) part += __shfl_xor_sync(0xffffffffu, part, off);
+    if (tid % 32 == 0) s_part[tid / 32] = part;
+    __syncthreads();
+    float s = 0.f;
+    for (int w = 0; w < kGenericThreads / 32; ++w) s += s_part[w];
+    __syncthreads();
+    s *= p.scale_log2;
+    const float m_new = fmaxf(m, s), corr = exp2f(m - m_new), w = exp2f(s - m_new);
+    l = l * corr + w;
+    m = m_new;
+#pragma unroll
+    for (int i = 0; i < kGenericPerThread; ++i) {
+      const int d = tid + i * kGenericThreads;
+      acc[i] = acc[i] * corr + (d < p.rank ? w * float(row[d]) : 0.f);
+    }
+  }
+  T* out = static_cast<T*>(p.out) + (int64_t(seq) * p.num_heads + head) * p.rank;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+  for (int i = 0; i < kGenericPerThread; ++i) {
+    const int d = tid + i * kGenericThreads;
+    if (d < p.rank) out[d] = T(acc[i] * inv);
+  }
+}
+
+// Merges the splits of one (head, sequence): out = sum_s w_s o_s / sum_s w_s, w_s = sum_s 2^(max_s - max), over the
+// splits that held keys. grid = (num_heads, num_seqs).
+constexpr int kReduceThreads = 128, kMaxSplits = 64;
+
+template <class T>
+__global__ void __launch_bounds__(kReduceThreads) mla_decode_reduce_kernel(MlaDecodeParams p) {
+  __shared__ float weights[kMaxSplits];
+  const int head = blockIdx.x, seq = blockIdx.y;
+  const int seq_len = p.seq_lens[seq];
+  const int splits = seq_len > 0 ? min((seq_len + p.partition_keys - 1) / p.partition_keys, p.num_splits) : 0;
+  const int64_t row0 = (int64_t(seq) * p.num_heads + head) * p.num_splits;
+  const float* max_sum = p.partial_max_sum + 2 * row0;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, max_sum[2 * s]);
+  for (int s = threadIdx.x; s < splits; s += kReduceThreads) weights[s] = max_sum[2 * s + 1] * exp2f(max_sum[2 * s] - mx);
+  __syncthreads();
+  float total = 0.f;
+  for (int s = 0; s < splits; ++s) total += weights[s];
+  const float inv = total > 0.f ? 1.f / total : 0.f;
+  T* out = static_cast<T*>(p.out) + (int64_t(seq) * p.num_heads + head) * p.rank;
+  for (int d = threadIdx.x; d < p.rank; d += kReduceThreads) {
+    float acc = 0.f;
+    for (int s = 0; s < splits; ++s) acc += weights[s] * p.partial_out[(row0 + s) * p.rank + d];
+    out[d] = T(acc * inv);
+  }
+}
+
+// Splits per sequence: enough blocks to fill the SMs once (one block per SM: the kernel takes ~165 KiB of shared
+// memory), never partitions shorter than kMinPartition keys (each split costs a Q load and a 32 KiB fp32 partial
+// written and read back, ~5% of a 1024-key partition's latent bytes), never more than kMaxSplits.
+constexpr int kMinPartition = 256;
+
+std::pair<int, int> choose_mla_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm) {
+  const int64_t slots = int64_t(num_sms) * std::max(blocks_per_sm, 1);
+  const int64_t useful = std::max<int64_t>(1, (max_seq_len + kMinPartition - 1) / kMinPartition);
+  int64_t splits = std::clamp<int64_t>(slots / std::max<int64_t>(blocks_per_split, 1), 1,
+                                       std::min<int64_t>(useful, kMaxSplits));
+  int64_t partition = (std::max<int64_t>(max_seq_len, 1) + splits - 1) / splits;
+  partition = (partition + kMlaKeys - 1) / kMlaKeys * kMlaKeys;
+  splits = std::max<int64_t>(1, (max_seq_len + partition - 1) / partition);
+  return {int(splits), int(partition)};
+}
+
+}  // namespace
+#endif  // KBN_WITH_CUDA
+
+// ---- op layer ----
+
+MlaDecode::MlaDecode(int64_t num_heads, int64_t kv_lora_rank, int64_t rope_dim, double scale)
+    : num_heads_(num_heads), kv_lora_rank_(kv_lora_rank), rope_dim_(rope_dim), scale_(scale) {
+  KBN_CHECK(num_heads > 0, "MlaDecode: argument 'num_heads' must be positive, got ", num_heads);
+  KBN_CHECK(kv_lora_rank > 0, "MlaDecode: argument 'kv_lora_rank' must be positive, got ", kv_lora_rank);
+  KBN_CHECK(rope_dim >= 0, "MlaDecode: argument 'rope_dim' must be >= 0, got ", rope_dim);
+  KBN_CHECK(std::isfinite(scale) && scale > 0, "MlaDecode: argument 'scale' must be finite and positive, got ", scale);
+}
+
+Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor& seq_lens, const Tensor& block_tables,
+                          int64_t max_seq_len) {
+  constexpr const char* op = "mla_decode";
+  const int64_t W = kv_lora_rank_ + rope_dim_, L = kv_lora_rank_;
+  check_rank(q, op, "q", 3, "[num_seqs, num_heads, kv_lora_rank + rope_dim]");
+  check_size(q, op, "q", 1, num_heads_, "num_heads");
+  check_size(q, op, "q", 2, W, "kv_lora_rank + rope_dim");
+  check_dtype(q, op, "q", {DType::f32, DType::f16, DType::bf16});
+  check_rank(kv_cache, op, "kv_cache", 3, "[num_blocks, block_size, kv_lora_rank + rope_dim]");
+  check_size(kv_cache, op, "kv_cache", 2, W, "kv_lora_rank + rope_dim");
+  check_same_dtype(q, kv_cache, op, "q", "kv_cache");
+  check_contiguous(kv_cache, op, "kv_cache");
+  const int64_t B = q.size(0);
+  check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
+  check_size(seq_lens, op, "seq_lens", 0, B, "num_seqs = q.size(0)");
+  check_dtype(seq_lens, op, "seq_lens", {DType::i32});
+  check_rank(block_tables, op, "block_tables", 2, "[num_seqs, max_blocks_per_seq]");
+  check_size(block_tables, op, "block_tables", 0, B, "num_seqs = q.size(0)");
+  check_dtype(block_tables, op, "block_tables", {DType::i32});
+  for (const auto* t : {&kv_cache, &seq_lens, &block_tables})
+    check_same_device(q, *t, op, "q", t == &kv_cache ? "kv_cache" : t == &seq_lens ? "seq_lens" : "block_tables");
+  check_last_dim_contiguous(q, op, "q");
+  KBN_CHECK(max_seq_len >= 0, op, ": argument 'max_seq_len' must be >= 0, got ", max_seq_len);
+  KBN_CHECK(kv_cache.size(1) > 0, op, ": argument 'kv_cache' ", kv_cache.str(), " has block_size 0");
+  Tensor out = Tensor::empty({B, num_heads_, L}, q.dtype(), q.device());
+  if (q.is_cpu()) {
+    reference::mla_decode(out, q, kv_cache, seq_lens, block_tables, scale_);
+    return out;
+  }
+#ifdef KBN_WITH_CUDA
+  if (B == 0) return out;
+  check_contiguous(seq_lens, op, "seq_lens");
+  check_last_dim_contiguous(block_tables, op, "block_tables");
+  KBN_CHECK(B <= 65535, op, ": at most 65535 sequences per launch, got ", B);
+  MlaDecodeParams p{};
+  p.q = q.data_ptr();
+  p.kv_cache = kv_cache.data_ptr();
+  p.out = out.data_ptr();
+  p.seq_lens = seq_lens.data<int32_t>();
+  p.block_tables = block_tables.data<int32_t>();
+  p.q_stride_seq = q.stride(0);
+  p.q_stride_head = q.stride(1);
+  p.block_table_stride = block_tables.stride(0);
+  p.num_heads = int(num_heads_);
+  p.block_size = int(kv_cache.size(1));
+  p.width = int(W);
+  p.rank = int(L);
+  p.scale_log2 = float(scale_ * 1.4426950408889634);
+  const Stream stream = current_stream();
+  const bool mma = q.dtype() != DType::f32 && W == kMlaWidth && L == kMlaRank && q.stride(0) % 8 == 0 &&
+                   q.stride(1) % 8 == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(kv_cache.data_ptr()) % 16 == 0;
+  if (!mma) {
+    KBN_CHECK(W <= kGenericMaxWidth, op, ": latent width ", W, " exceeds the generic kernel's ", kGenericMaxWidth);
+    KBN_CHECK(num_heads_ <= 65535, op, ": at most 65535 heads, got ", num_heads_);
+    dispatch_float16_32(q.dtype(), op, "q", [&](auto t) {
+      mla_decode_generic_kernel<decltype(t)>
+          <<<dim3(unsigned(num_heads_), unsigned(B)), kGenericThreads, 0, stream>>>(p);
+      KBN_CUDA_CHECK_LAUNCH();
+    });
+    return out;
+  }
+  dispatch_float16(q.dtype(), op, "q", [&](auto t) {
+    using T = decltype(t);
+    auto* kernel = mla_decode_mma_kernel<T>;
+    const KernelLaunchFacts& facts = kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index,
+                                                         kMlaThreads, kMlaSmem);
+    const int64_t head_groups = (num_heads_ + kMlaRows - 1) / kMlaRows;
+    const auto [num_splits, partition] =
+        choose_mla_splits(max_seq_len, B * head_groups, facts.num_sms, facts.blocks_per_sm);
+    p.num_splits = num_splits;
+    p.partition_keys = partition;
+    Tensor partial_out, partial_max_sum;  // fp32 workspace from the caching allocator, ordered on this stream
+    if (num_splits > 1) {
+      partial_out = Tensor::empty({B, num_heads_, num_splits, L}, DType::f32, q.device());
+      partial_max_sum = Tensor::empty({B, num_heads_, num_splits, 2}, DType::f32, q.device());
+      p.partial_out = partial_out.data<float>();
+      p.partial_max_sum = partial_max_sum.data<float>();
+    }
+    kernel<<<dim3(unsigned(num_splits), unsigned(head_groups), unsigned(B)), kMlaThreads, kMlaSmem, stream>>>(p);
+    KBN_CUDA_CHECK_LAUNCH();
+    if (num_splits > 1) {
+      mla_decode_reduce_kernel<T><<<dim3(unsigned(num_heads_), unsigned(B)), kReduceThreads, 0, stream>>>(p);
+      KBN_CUDA_CHECK_LAUNCH();
+    }
+  });
+#endif
+  return out;
+}
+
+}  // namespace kbn::KBN_VARIANT

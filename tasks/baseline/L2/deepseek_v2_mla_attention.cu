@@ -1,0 +1,149 @@
+#include "L2/deepseek_v2_mla_attention.h"
+
+#include <vector>
+
+#include "kbn/checks.h"
+#include "kbn/forward_context.h"
+#include "kbn/parallel_state.h"
+
+namespace kbn::KBN_VARIANT {
+
+DeepseekV2MLAAttention::DeepseekV2MLAAttention(const DeepseekV2Config& c, const std::string& prefix,
+                                               const ParamOptions& opts)
+    : kv_a_proj_with_mqa(c.hidden_size, c.kv_lora_rank + c.qk_rope_head_dim, false, false, opts,
+                         prefix + ".kv_a_proj_with_mqa"),
+      kv_a_layernorm(c.kv_lora_rank, c.rms_norm_eps, opts),
+      kv_b_proj(c.kv_lora_rank, c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), false, false, opts,
+                prefix + ".kv_b_proj"),
+      o_proj(c.num_heads * c.v_head_dim, c.hidden_size, false, true, false, true, opts, prefix + ".o_proj"),
+      rotary_emb(c.qk_rope_head_dim, c.qk_rope_head_dim, c.max_position_embeddings, c.rope.theta,
+                 /*is_neox_style=*/false, c.rope.scaling, opts),
+      prefix_(prefix),
+      layer_index_(extract_layer_index(prefix)),
+      num_heads_(divide_exact(c.num_heads, parallel_state().tp_size, "DeepseekV2MLAAttention num_heads")),
+      nope_(c.qk_nope_head_dim),
+      rope_(c.qk_rope_head_dim),
+      v_dim_(c.v_head_dim),
+      rank_(c.kv_lora_rank),
+      decode_(num_heads_, c.kv_lora_rank, c.qk_rope_head_dim, c.softmax_scale()),
+      prefill_(num_heads_, c.qk_head_dim(), c.softmax_scale(), num_heads_) {
+  KBN_CHECK(c.v_head_dim <= c.qk_head_dim(), "DeepseekV2MLAAttention ", prefix, ": v_head_dim ", c.v_head_dim,
+            " wider than qk_head_dim ", c.qk_head_dim(), " is not supported (the prefill pads values to the key width)");
+  if (c.q_lora_rank > 0) {
+    q_a_proj = std::make_unique<ReplicatedLinear>(c.hidden_size, c.q_lora_rank, false, false, opts,
+                                                  prefix + ".q_a_proj");
+    q_a_layernorm = std::make_unique<RMSNorm>(c.q_lora_rank, c.rms_norm_eps, opts);
+    q_b_proj = std::make_unique<ColumnParallelLinear>(c.q_lora_rank, c.num_heads * c.qk_head_dim(), false, false,
+                                                      opts, prefix + ".q_b_proj");
+    register_module("q_a_proj", q_a_proj.get());
+    register_module("q_a_layernorm", q_a_layernorm.get());
+    register_module("q_b_proj", q_b_proj.get());
+  } else {
+    q_proj = std::make_unique<ColumnParallelLinear>(c.hidden_size, c.num_heads * c.qk_head_dim(), false, false, opts,
+                                                    prefix + ".q_proj");
+    register_module("q_proj", q_proj.get());
+  }
+  register_module("kv_a_proj_with_mqa", &kv_a_proj_with_mqa);
+  register_module("kv_a_layernorm", &kv_a_layernorm);
+  register_module("kv_b_proj", &kv_b_proj);
+  register_module("o_proj", &o_proj);
+}
+
+LayerCacheSpec DeepseekV2MLAAttention::cache_spec(DType dtype) const {
+  return LayerCacheSpec::paged_latent(rank_ + rope_, dtype);
+}
+
+void DeepseekV2MLAAttention::process_weights_after_loading() {
+  // kv_b_proj.weight: [heads * (nope + v), rank], head h's nope key rows then its v value rows.
+  const Tensor& w = kv_b_proj.weight;
+  const int64_t H = num_heads_, P = nope_, V = v_dim_, L = rank_, R = P + V;
+  W_UK_T = w.as_strided({H, L, P}, {R * L, 1, L}, w.offset()).contiguous();
+  W_UV = w.as_strided({H, V, L}, {R * L, L, 1}, w.offset() + P * L).contiguous();
+}
+
+const Tensor& DeepseekV2MLAAttention::block_ids(int64_t n, Device device) {
+  if (!block_ids_.defined() || block_ids_.size(0) < n || block_ids_.device() != device) {
+    std::vector<int32_t> ids(size_t(std::max<int64_t>(n, 64)));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
+    block_ids_ = Tensor::from_i32(ids, {int64_t(ids.size())}).to(device);
+  }
+  return block_ids_;
+}
+
+Tensor DeepseekV2MLAAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
+  KBN_CHECK(W_UK_T.defined(), "DeepseekV2MLAAttention (", prefix_,
+            "): W_UK_T / W_UV are not made; call process_weights_after_loading() after loading the weights");
+  check_rank(hidden_states, "DeepseekV2MLAAttention", "hidden_states", 2, "[num_tokens, hidden_size]");
+  const int64_t T = hidden_states.size(0), H = num_heads_, D = nope_ + rope_;
+  Tensor q;
+  if (q_proj) {
+    q = q_proj->forward(hidden_states).first;
+  } else {
+    const Tensor qa = q_a_layernorm->forward(q_a_proj->forward(hidden_states).first);
+    q = q_b_proj->forward(qa).first;
+  }
+  const Tensor kv_a = kv_a_proj_with_mqa.forward(hidden_states).first;  // [T, rank + rope]
+  const Tensor kv_c_normed = kv_a_layernorm.forward(kv_a.slice(1, 0, rank_));
+  const Tensor k_pe = kv_a.slice(1, rank_, rank_ + rope_);  // rotated in place below
+  // Rotary on q's rope part: heads are D apart in q, so the rope parts are copied out, rotated with k_pe, and put back.
+  const Tensor q_heads = q.view({T, H, D});
+  Tensor q_pe = q_heads.slice(2, nope_, D).contiguous().view({T, H * rope_});
+  rotary_emb.forward(positions, q_pe, k_pe);
+  q_heads.slice(2, nope_, D).copy_(q_pe.view({T, H, rope_}));
+  const Tensor attn = attend(q_heads, kv_c_normed, k_pe);  // [T, H, v_dim]
+  return o_proj.forward(attn.view({T, H * v_dim_})).first;
+}
+
+Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed, const Tensor& k_pe) {
+  const ForwardContext& ctx = get_forward_context();
+  KBN_CHECK(ctx.attn_metadata && ctx.kv_caches, "DeepseekV2MLAAttention (", prefix_,
+            "): the forward context has no attention metadata or caches");
+  const AttentionMetadata& md = *ctx.attn_metadata;
+  KBN_CHECK(layer_index_ < int64_t(ctx.kv_caches->size()), "DeepseekV2MLAAttention (", prefix_, "): layer ",
+            layer_index_, " has no cache (", ctx.kv_caches->size(), " allocated)");
+  const Tensor& latent = (*ctx.kv_caches)[size_t(layer_index_)].latent;
+  KBN_CHECK(latent.defined(), "DeepseekV2MLAAttention (", prefix_, "): layer ", layer_index_,
+            " has no latent cache (its cache spec is paged_latent)");
+  const int64_t T = q.size(0), H = num_heads_, D = nope_ + rope_, W = rank_ + rope_;
+  KBN_CHECK(T == md.num_tokens(), "DeepseekV2MLAAttention (", prefix_, "): ", T,
+            " tokens but the metadata describes ", md.num_tokens());
+  store_.forward(kv_c_normed, k_pe, latent, md.slot_mapping);
+
+  const int64_t np = md.num_prefill_tokens, nd = md.num_decodes, ns = md.num_prefills;
+  Tensor out = Tensor::empty({T, H, v_dim_}, q.dtype(), q.device());
+  if (np > 0) {
+    // Decompress the prefill sequences' rows, one slot of Lmax rows per sequence, into per-head K [k_nope | k_pe]
+    // and V (zero-padded to D), viewed as a paged cache of one block per sequence.
+    const int64_t Lmax = md.max_prefill_seq_len, rows = ns * Lmax;
+    const Tensor lens = md.seq_lens.slice(0, 0, ns), tables = md.block_tables.slice(0, 0, ns);
+    const Tensor rows_lat = gather_.forward(latent, tables, lens, Lmax).view({rows, W});
+    const Tensor kv = kv_b_proj.forward(rows_lat.slice(1, 0, rank_)).first.view({rows, H, nope_ + v_dim_});
+    Tensor key = Tensor::empty({rows, H, D}, q.dtype(), q.device());
+    Tensor value = Tensor::empty({rows, H, D}, q.dtype(), q.device());
+    key.slice(2, 0, nope_).copy_(kv.slice(2, 0, nope_));
+    key.slice(2, nope_, D).copy_(rows_lat.as_strided({rows, H, rope_}, {W, 0, 1}, rows_lat.offset() + rank_));
+    value.zero_();
+    value.slice(2, 0, v_dim_).copy_(kv.slice(2, nope_, nope_ + v_dim_));
+    const Tensor ids = block_ids(ns, q.device()).slice(0, 0, ns).view({ns, 1});
+    const Tensor o = prefill_.forward(q.slice(0, 0, np).contiguous(), key.view({ns, Lmax, H, D}),
+                                      value.view({ns, Lmax, H, D}), md.query_start_loc, lens, ids,
+                                      md.max_prefill_query_len, Lmax);
+    out.slice(0, 0, np).copy_(o.slice(2, 0, v_dim_));
+  }
+  if (nd > 0) {
+    // Absorbed: q_abs = [q_nope @ W_UK | q_pe] per head, mla_decode, then @ W_UV per head.
+    const Tensor qd = q.slice(0, np, np + nd);
+    Tensor q_abs = Tensor::empty({nd, H, W}, q.dtype(), q.device());
+    bmm_.forward(qd.as_strided({H, nd, nope_}, {D, H * D, 1}, qd.offset()), W_UK_T,
+                 q_abs.as_strided({H, nd, rank_}, {W, H * W, 1}, q_abs.offset()));
+    q_abs.slice(2, rank_, W).copy_(qd.slice(2, nope_, D));
+    const Tensor o_lat = decode_.forward(q_abs, latent, md.seq_lens.slice(0, ns, ns + nd),
+                                         md.block_tables.slice(0, ns, ns + nd), md.max_decode_seq_len);
+    const Tensor od = out.slice(0, np, np + nd);
+    bmm_.forward(o_lat.as_strided({H, nd, rank_}, {rank_, H * rank_, 1}, o_lat.offset()), W_UV,
+                 od.as_strided({H, nd, v_dim_}, {v_dim_, H * v_dim_, 1}, od.offset()));
+  }
+  return out;
+}
+
+}  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,45 @@
+#include "L2/deepseek_v2_moe.h"
+
+#include "kbn/parallel_state.h"
+
+namespace kbn::KBN_VARIANT {
+
+DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& prefix, const ParamOptions& opts)
+    : gate(config.hidden_size, config.n_routed_experts, false, false, opts, prefix + ".gate"),
+      experts(config.n_routed_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
+              /*reduce_results=*/false, /*renormalize=*/false, prefix + ".experts", opts),
+      router_(config.num_experts_per_tok, config.norm_topk_prob, config.n_group, config.topk_group,
+              config.scoring_func, config.routed_scaling_factor) {
+  KBN_CHECK(config.n_routed_experts > 0, "DeepseekV2MoE ", prefix, ": n_routed_experts must be positive, got ",
+            config.n_routed_experts);
+  register_module("gate", &gate);
+  if (config.topk_method == "noaux_tc") {
+    e_score_correction_bias = Tensor::empty({config.n_routed_experts}, DType::f32, opts.device);
+    register_parameter("gate.e_score_correction_bias", &e_score_correction_bias, InitKind::zeros);
+  }
+  register_module("experts", &experts);
+  if (config.n_shared_experts > 0) {
+    shared_experts = std::make_unique<LlamaMLP>(config.hidden_size,
+                                                config.moe_intermediate_size * config.n_shared_experts, "silu",
+                                                false, prefix + ".shared_experts", opts);
+    register_module("shared_experts", shared_experts.get());
+  }
+}
+
+Tensor DeepseekV2MoE::forward(const Tensor& hidden_states) {
+  auto [router_logits, unused_bias] = gate.forward(hidden_states);
+  auto [topk_weights, topk_ids] = router_.forward(router_logits, e_score_correction_bias);
+  Tensor out = experts.forward_routed(hidden_states, topk_weights, topk_ids);
+  if (parallel_state().tp_size > 1) out = all_reduce_.forward(out);
+  if (!shared_experts) return out;
+  // NOTE: the shared MLP's down projection all-reduces on its own; the sum is a [T, 2, H] moe_sum (two copies and a
+  // sum, where vLLM adds in place).
+  const Tensor shared = shared_experts->forward(hidden_states);
+  const int64_t T = out.size(0), H = out.size(1);
+  Tensor both = Tensor::empty({T, 2, H}, out.dtype(), out.device());
+  both.select(1, 0).copy_(out);
+  both.select(1, 1).copy_(shared);
+  return sum_.forward(both);
+}
+
+}  // namespace kbn::KBN_VARIANT
