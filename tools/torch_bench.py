@@ -204,21 +204,24 @@ def mla(cfg, record, dev, dt, backends):
     P, V = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
     W, scale = L + R, (P + R) ** -0.5
     for B, ctx in ((1, 4096), (32, 4096), (64, 4096), (128, 4096), (32, 8192)):
-        q = torch.randn(B, H, 1, W, device=dev, dtype=dt)
-        lat = torch.randn(B, 1, ctx, W, device=dev, dtype=dt)
+        q = torch.randn(B, H, W, device=dev, dtype=dt)
+        lat = torch.randn(B, ctx, W, device=dev, dtype=dt)
         label = f"B={B} ctx={ctx} heads={H} latent={L}+{R}"
         bytes_, flops = B * ctx * W * 2 + B * H * (W + L) * 2, 2 * B * H * ctx * (W + L)
 
+        # The heads are the rows of one MQA product per sequence (no copy of the latent per head).
         def explicit(q=q, lat=lat):
-            s = torch.matmul(q, lat.transpose(-1, -2)).float() * scale
-            return torch.matmul(torch.softmax(s, -1).to(dt), lat[..., :L])
-        record("mla_decode", label, "matmul", bytes_, flops, explicit)
+            s = torch.bmm(q, lat.transpose(1, 2)).float() * scale
+            return torch.bmm(torch.softmax(s, -1).to(dt), lat[..., :L])
+        record("mla_decode", label, "bmm", bytes_, flops, explicit)
+        # SDPA's fused kernels want as many K/V heads as query heads: the latent expanded over the heads (a view).
+        q4, k4 = q.view(B, H, 1, W), lat.view(B, 1, ctx, W).expand(B, H, ctx, W)
         for bname, be in backends.items():
-            def run(be=be, q=q, lat=lat):
+            def run(be=be, q4=q4, k4=k4):
                 with sdpa_kernel(be):
-                    return F.scaled_dot_product_attention(q, lat, lat[..., :L], scale=scale, enable_gqa=True)
+                    return F.scaled_dot_product_attention(q4, k4, k4[..., :L], scale=scale)
             record("mla_decode", label, bname, bytes_, flops, run)
-        del q, lat
+        del q, lat, q4, k4
     for T in (4096, 8192):
         q = torch.randn(1, H, T, P + R, device=dev, dtype=dt)
         k = torch.randn(1, H, T, P + R, device=dev, dtype=dt)

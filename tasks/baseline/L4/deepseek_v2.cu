@@ -51,8 +51,11 @@ std::vector<LayerCacheSpec> DeepseekV2ForCausalLM::cache_specs() const {
 void DeepseekV2ForCausalLM::load_weights(const WeightSource& weights) {
   const bool tied = config_.tie_word_embeddings;
   const int64_t layers = config_.num_hidden_layers;
+  // MLA keeps q_proj (or q_a/q_b) separate: only the MLPs' gate and up fuse.
+  static const std::vector<StackedParam> gate_up = {{".gate_up_proj", ".gate_proj", "0"},
+                                                    {".gate_up_proj", ".up_proj", "1"}};
   load_stacked_weights(
-      *this, weights, qkv_gate_up_stacking(),
+      *this, weights, gate_up,
       FusedMoE::make_expert_params_mapping("gate_proj", "down_proj", "up_proj", config_.n_routed_experts),
       [tied, layers](const std::string& name) {
         if (name.find("rotary_emb.inv_freq") != std::string::npos || (tied && name == "lm_head.weight")) return true;
