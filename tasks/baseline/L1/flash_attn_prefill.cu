@@ -774,6 +774,8 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   KBN_CUDA_CHECK(cudaGetDevice(&device));
   // The Hopper kernel runs when this binary holds sm_90a code for the device (runs_sm90_image) and the caches allow
   // tensor maps; any other GPU or cache layout runs the mma.sync kernel.
+  // Head 192 (DeepSeek MLA's decompressed prefill) has no wgmma instantiation: the mma.sync kernel runs it everywhere.
+  if constexpr (kHeadDim != 192) {
   auto* hopper = hopper_path::flash_attn_prefill_tma_kernel<T, kHeadDim>;
   if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
     using namespace hopper_path;
@@ -801,6 +803,7 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
       KBN_CUDA_CHECK_LAUNCH();
       return;
     }
+  }
   }
   using namespace mma_path;
   const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
@@ -912,7 +915,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
+  if (!tensor_core_attention_supports(q.dtype(), head_size_) && !(head_size_ == 192 && q.dtype() != DType::f32)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
                                                    block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
@@ -944,6 +947,11 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   p.scale_log2 = float(scale_ * 1.4426950408889634);
   p.feat = feat;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
+    if (head_size_ == 192) {
+      launch_flash_attn_prefill<decltype(t), 192>(p, num_seqs, num_kv_heads_, max_query_len, key_cache.size(0),
+                                                   current_stream());
+      return;
+    }
     dispatch_head_size(head_size_, op, [&](auto d) {
       launch_flash_attn_prefill<decltype(t), decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
                                                                  key_cache.size(0),

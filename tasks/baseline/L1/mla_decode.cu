@@ -82,23 +82,32 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
   }
   const T* cache = static_cast<const T*>(p.kv_cache);
   const int32_t* table = p.block_tables + int64_t(seq) * p.block_table_stride;
-  // Tile `tile` of this block's keys into stage `stage`: warp w loads rows 16w..16w+15, a row of 72 chunks per
-  // step (lanes 0-31, 32-63, then 8 lanes for 64-71: 512 contiguous bytes per instruction). Keys past key_end are
-  // zero rows (their scores are masked).
-  auto load_tile = [&](int tile, int stage) {
+  const int num_tiles = (key_end - key_begin + kMlaKeys - 1) / kMlaKeys;
+  // Lanes 0-15 of warp w look up the slot of row 16w + lane of a tile (-1: past key_end, a zero row whose score is
+  // masked); the lookup for tile t + 2 is issued while tile t computes, so no block-table read sits between a tile's
+  // compute and the next tile's copies.
+  auto row_slot = [&](int tile) -> int64_t {
+    const int key = key_begin + tile * kMlaKeys + warp * 16 + (lane & 15);
+    if (tile >= num_tiles || key >= key_end) return -1;
+    return int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size;
+  };
+  // A tile into stage `stage`: warp w copies rows 16w..16w+15, a row of 72 chunks per step (lanes 0-31, 32-63, then
+  // 8 lanes for 64-71: 512 contiguous bytes per instruction).
+  auto load_tile = [&](int stage, int64_t my_slot) {
     T* dst = sKV + stage * kMlaKeys * kMlaWidth;
-    for (int r = warp * 16; r < warp * 16 + 16; ++r) {
-      const int key = key_begin + tile * kMlaKeys + r;
-      const bool valid = key < key_end;
-      const int64_t slot = valid ? int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size : 0;
-      const T* src = cache + slot * kMlaWidth;
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, i);
+      const bool valid = slot >= 0;
+      const T* src = cache + (valid ? slot : 0) * kMlaWidth;
+      const int r = warp * 16 + i;
       for (int ch = lane; ch < kMlaChunks; ch += 32)
         cp_async_16(smem_addr(dst + swizzle<kMlaWidth>(r, ch)), src + ch * 8, valid);
     }
   };
-  const int num_tiles = (key_end - key_begin + kMlaKeys - 1) / kMlaKeys;
-  load_tile(0, 0);
+  load_tile(0, row_slot(0));
   cp_async_commit();
+  int64_t next_slot = row_slot(1);
 
   float o[16][4];  // O[16 heads, 128w + 8n + {2t4, 2t4+1}] for rows g (0, 1) and g + 8 (2, 3)
 #pragma unroll
@@ -108,8 +117,9 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile & 1;
     if (tile + 1 < num_tiles) {
-      load_tile(tile + 1, stage ^ 1);
+      load_tile(stage ^ 1, next_slot);
       cp_async_commit();
+      next_slot = row_slot(tile + 2);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();

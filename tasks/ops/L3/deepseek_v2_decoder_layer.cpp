@@ -60,12 +60,13 @@ KBN_REGISTER_OPS(r) {
          },
          // The output is routed + shared, two bf16-rounded terms often larger than their sum: a 1-ulp difference in the
          // routed term (the experts' rounded intermediates) lands whole on a small result. On the H200 the worst
-         // element was 2.12x the default atol_rms (8 of 37620, tiny-deepseek-v2, decode B=22, seed 5): 16-bit
-         // atol_rms is 3x the default.
+         // elements were 2.12x the default atol_rms (8 of 37620, tiny-deepseek-v2, decode B=22, seed 5, normal
+         // inputs) and 3.7x (1 of 37620, large inputs: terms of ~4k, ulp 16, summing to -163): 16-bit atol_rms is
+         // 5x the default.
          .tolerance =
              [](DType dt) {
                Tolerance t = dtype_tolerance(dt);
-               if (dt == DType::bf16 || dt == DType::f16) t.atol_rms *= 3;
+               if (dt == DType::bf16 || dt == DType::f16) t.atol_rms *= 5;
                return t;
              }});
 }
