@@ -7,13 +7,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "L1/gather_cache.h"
+#include "L1/mla_decode.h"
+#include "L4/deepseek_v2.h"
 #include "configs/deepseek_v2.h"
 #include "engine/model_loader.h"
+#include "kbn/forward_context.h"
 #include "kbn/error.h"
 #include "kbn/model_view.h"
 #include "kbn/rng.h"
@@ -374,6 +379,85 @@ TEST(GroupedTopk, BadArgumentsAreNamed) {
   EXPECT_THROW(reference::grouped_topk(w, ids, Tensor::from_floats(nan_logits, {1, 12}), false, 4, 2, "softmax", 1.0,
                                        Tensor()),
                Error);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+TEST(MlaDecode, BadArgumentsAreNamed) {
+  baseline::MlaDecode op(4, 32, 8, 0.1);
+  const Tensor cache = Tensor::zeros({3, 4, 40}, DType::f32), tables = Tensor::from_i32({0, 1, 2}, {1, 3});
+  const Tensor lens = Tensor::from_i32({5}, {1}), q = Tensor::zeros({1, 4, 40}, DType::f32);
+  const auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << "expected \"" << part << "\" in: " << msg;
+  };
+  has(error_of([&] { op.forward(Tensor::zeros({1, 4, 39}, DType::f32), cache, lens, tables, 5); }), "'q'");
+  has(error_of([&] { op.forward(Tensor::zeros({1, 3, 40}, DType::f32), cache, lens, tables, 5); }), "num_heads");
+  has(error_of([&] { op.forward(q, Tensor::zeros({3, 4, 40}, DType::bf16), lens, tables, 5); }), "'kv_cache'");
+  has(error_of([&] { op.forward(q, cache, Tensor::from_i64({5}, {1}), tables, 5); }), "'seq_lens'");
+  has(error_of([&] { op.forward(q, cache, lens, Tensor::from_i32({0, 1, 2, 0, 1, 2}, {2, 3}), 5); }),
+      "'block_tables'");
+  has(error_of([&] { op.forward(q, cache, lens, tables, -1); }), "'max_seq_len'");
+  has(error_of([] { baseline::MlaDecode(0, 32, 8, 0.1); }), "'num_heads'");
+  has(error_of([] { baseline::MlaDecode(4, 32, 8, -1.0); }), "'scale'");
+  EXPECT_EQ(error_of([&] { op.forward(q, cache, lens, tables, 5); }), "accepted");
+}
+
+TEST(GatherCache, RowsInPositionOrderZerosPastTheEndAndBadArgumentsNamed) {
+  // Two sequences over a cache of 4 blocks of 2 rows (row value = 10 * block + row): sequence 0 holds 3 rows in blocks
+  // 2 then 0, sequence 1 one row in block 3.
+  std::vector<float> rows;
+  for (int b = 0; b < 4; ++b)
+    for (int r = 0; r < 2; ++r) rows.insert(rows.end(), {float(10 * b + r), float(10 * b + r) + 0.5f});
+  const Tensor cache = Tensor::from_floats(rows, {4, 2, 2});
+  const Tensor tables = Tensor::from_i32({2, 0, 3, 1}, {2, 2}), lens = Tensor::from_i32({3, 1}, {2});
+  baseline::GatherCache op;
+  const std::vector<float> got = op.forward(cache, tables, lens, 4).to_floats();
+  const std::vector<float> want{20, 20.5, 21, 21.5, 0, 0.5, 0, 0, 30, 30.5, 0, 0, 0, 0, 0, 0};
+  EXPECT_EQ(got, want);
+  EXPECT_NE(error_of([&] { op.forward(cache, tables, lens, 2); }).find("'seq_lens'[0] = 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { op.forward(cache, Tensor::from_i32({2, 9, 3, 1}, {2, 2}), lens, 4); }).find("'block_tables'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { op.forward(cache, tables, Tensor::from_i32({3}, {1}), 4); }).find("'block_tables'"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { op.forward(cache, tables, lens, -1); }).find("'max_seq_len'"), std::string::npos);
+}
+
+// The absorbed weights exist only after process_weights_after_loading, and a forward without them says so; the model
+// serves its cache specs as latent rows (one 40-wide row per token per layer for the tiny config).
+TEST(DeepseekV2Model, LatentCacheSpecsAndAbsorbedWeightsAfterLoading) {
+  const engine::ModelSpec spec = engine::resolve_model("tiny-deepseek-v2");
+  baseline::DeepseekV2ForCausalLM model(spec.config, {DType::f32, Device::cpu()});
+  const std::vector<LayerCacheSpec> specs = model.cache_specs();
+  ASSERT_EQ(specs.size(), 3u);
+  for (const auto& c : specs) {
+    EXPECT_EQ(c.kind, LayerCacheSpec::Kind::paged_latent);
+    EXPECT_EQ(c.latent_size, 40);
+    EXPECT_EQ(c.bytes_per_token(), 40 * 4);
+  }
+  auto& attn = model.model.layers[0]->self_attn;
+  EXPECT_NE(error_of([&] { attn.forward(Tensor::from_i64({0}, {1}), Tensor::zeros({1, 64}, DType::f32)); })
+                .find("process_weights_after_loading"),
+            std::string::npos);
+  init_random_weights(model, 1, 0.1);
+  model.process_weights_after_loading_recursive();
+  // W_UK_T[h] is head h's key rows of kv_b_proj transposed; W_UV[h] its value rows.
+  const Tensor w = attn.kv_b_proj.weight;
+  ASSERT_EQ(attn.W_UK_T.shape(), (Shape{4, 32, 16}));
+  ASSERT_EQ(attn.W_UV.shape(), (Shape{4, 16, 32}));
+  const std::vector<float> wf = w.to_floats(), uk = attn.W_UK_T.to_floats(), uv = attn.W_UV.to_floats();
+  for (int h = 0; h < 4; ++h)
+    for (int l = 0; l < 32; ++l)
+      for (int p = 0; p < 16; ++p) {
+        EXPECT_EQ(uk[size_t((h * 32 + l) * 16 + p)], wf[size_t((h * 32 + p) * 32 + l)]);
+        EXPECT_EQ(uv[size_t((h * 16 + p) * 32 + l)], wf[size_t((h * 32 + 16 + p) * 32 + l)]);
+      }
 }
 
 }  // namespace
