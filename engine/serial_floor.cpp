@@ -51,6 +51,18 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
     head_dim_ = a.head_dim;
     kv_bytes_per_token_ = 2 * layers_ * a.num_kv_heads * a.head_dim * es_;
     sliding_layers_ = a.sliding_window > 0 ? a.num_sliding_layers : 0;
+    decode_pair_flops_ = prefill_pair_flops_ = 4.0 * double(a.head_dim) * double(a.num_heads);
+  }
+  if (view.mla) {  // q (q_proj, or q_a + q_b), kv_a_proj_with_mqa, kv_b_proj (or its absorbed halves), o_proj
+    const MlaShape& a = *view.mla;
+    const int64_t N = a.num_heads, q = a.qk_head_dim(), L = a.kv_lora_rank, W = a.latent_size();
+    attention = (a.q_lora_rank > 0 ? H * a.q_lora_rank + a.q_lora_rank * N * q : H * N * q) + H * W +
+                L * N * (a.qk_nope_head_dim + a.v_head_dim) + N * a.v_head_dim * H;
+    heads_ = N;
+    mla_ = true;
+    kv_bytes_per_token_ = layers_ * W * es_;  // one latent row per token per layer
+    decode_pair_flops_ = 2.0 * double(N) * double(W + L);
+    prefill_pair_flops_ = 2.0 * double(N) * double(q + a.v_head_dim);
   }
   if (view.moe) {
     const MoeShape& m = *view.moe;
@@ -59,6 +71,9 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
     top_k_ = m.top_k;
     expert_weights_ = 3 * H * m.intermediate_size;  // w13 [2N, H] and w2 [H, N]
     router_weights_ = sparse_layers_ * H * experts_;
+    // DeepSeek's shared experts: one dense MLP of n_shared_experts x moe_intermediate_size per sparse layer.
+    if (view.mla && view.config)
+      router_weights_ += sparse_layers_ * view.config->get_int("n_shared_experts", 0) * expert_weights_;
   }
   int64_t mixer = 0;  // Mamba-2, per layer: in_proj [H -> I + conv_dim + heads] and out_proj [I -> H]
   if (view.mamba) {
@@ -103,15 +118,15 @@ StepWork FloorModel::work(const StepShape& s) const {
   w.embedding_bytes = T / double(tp_) * H * es;
   // QK^T and PV per (query, key) pair, and K and V bytes per key, of one layer; full layers see every key, sliding
   // ones their window's (a step recorded without the window counts every key for them too: an upper bound).
-  const double pair = 4.0 * double(head_dim_) * double(heads_), kv = double(kv_bytes_per_token_) / double(layers_);
+  const double kv = double(kv_bytes_per_token_) / double(layers_);
   const double full = double(layers_ - sliding_layers_), sliding = double(sliding_layers_);
   auto windowed = [&](int64_t all, int64_t in_window) {
     return full * double(all) + sliding * double(s.window > 0 ? in_window : all);
   };
   w.decode_kv_bytes = kv * windowed(s.decode_context, s.decode_context_in_window);
-  w.decode_flops = pair * windowed(s.decode_context, s.decode_context_in_window);
+  w.decode_flops = decode_pair_flops_ * windowed(s.decode_context, s.decode_context_in_window);
   w.prefill_kv_bytes = kv * windowed(s.prefill_context, s.prefill_context_in_window);
-  w.prefill_flops = pair * windowed(s.prefill_pairs, s.prefill_pairs_in_window);
+  w.prefill_flops = prefill_pair_flops_ * windowed(s.prefill_pairs, s.prefill_pairs_in_window);
   const double state = double(state_bytes_per_seq_);
   w.decode_state_bytes = 2 * state * double(s.decodes);
   w.decode_state_flops = update_flops_per_token_ * double(s.decodes);
@@ -165,7 +180,7 @@ SerialFloor serial_floor(const FloorModel& model, const std::vector<StepShape>& 
   for (const auto& [op, s] : {std::pair<const char*, double>{"linear", linear},
                               {"fused_experts", experts},
                               {"embedding", embedding},
-                              {"flash_attn_decode", decode},
+                              {model.mla() ? "mla_decode" : "flash_attn_decode", decode},
                               {"flash_attn_prefill", prefill},
                               {"selective_state_update", state_decode},
                               {"mamba_chunk_scan_combined", state_prefill}})

@@ -90,6 +90,7 @@ class FloorModel {
   StepWork work(const StepShape& step) const;
   // K and V bytes of one token over every layer (the paged cache's bytes per block / block size).
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
+  bool mla() const { return mla_; }  // latent attention (DeepSeek): its decode op is mla_decode
   // Elements of the dense linears of all layers: attention projections and dense MLPs (not routers or experts).
   int64_t dense_layer_weights() const { return dense_layer_weights_; }
 
@@ -97,9 +98,13 @@ class FloorModel {
   int64_t es_ = 2;
   int64_t hidden_ = 0, vocab_ = 0, tp_ = 1, layers_ = 0;
   int64_t dense_layer_weights_ = 0;  // attention projections + dense MLPs, summed over layers
-  int64_t router_weights_ = 0;       // H x E per sparse layer, summed over layers
+  int64_t router_weights_ = 0;       // H x E per sparse layer (+ DeepSeek's shared experts), summed over layers
   int64_t sparse_layers_ = 0, experts_ = 0, top_k_ = 0, expert_weights_ = 0;  // expert_weights_: 3 x H x N
   int64_t heads_ = 0, head_dim_ = 0, kv_bytes_per_token_ = 0;
+  // Attention FLOPs per (query, key) pair of one layer: 4 x head_dim x heads, or for MLA (DeepSeek) the absorbed
+  // decode's 2 x heads x (latent + kv_lora_rank) and the decompressed prefill's 2 x heads x (qk_head_dim + v_head_dim).
+  double decode_pair_flops_ = 0, prefill_pair_flops_ = 0;
+  bool mla_ = false;
   int64_t sliding_layers_ = 0;  // layers that read only their window (AttentionShape::num_sliding_layers)
   int64_t state_bytes_per_seq_ = 0;  // Mamba-2: conv + SSM state of one sequence, all layers
   double scan_flops_per_token_ = 0, update_flops_per_token_ = 0;  // all layers

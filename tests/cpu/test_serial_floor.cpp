@@ -353,3 +353,33 @@ TEST(SerialFloor, MambaStatesAndScanByHand) {
 }
 
 }  // namespace
+
+namespace {
+
+// DeepSeek-V2-Lite's shapes in miniature: 2 heads of 4 + 2 rope, kv_lora_rank 6, v_head_dim 3, no q_lora; layer 0
+// dense (MLP 16), layer 1 an MoE of 4 experts of 5 (top 2) with 1 shared expert.
+const char* const kMla = R"({"architectures": ["DeepseekV2ForCausalLM"], "hidden_size": 8, "num_attention_heads": 2,
+  "num_key_value_heads": 2, "intermediate_size": 16, "num_hidden_layers": 2, "vocab_size": 32, "kv_lora_rank": 6,
+  "q_lora_rank": null, "qk_nope_head_dim": 4, "qk_rope_head_dim": 2, "v_head_dim": 3, "n_routed_experts": 4,
+  "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 5, "first_k_dense_replace": 1,
+  "moe_layer_freq": 1, "n_group": 1, "topk_group": 1, "topk_method": "greedy", "scoring_func": "softmax"})";
+
+}  // namespace
+
+TEST(SerialFloor, LatentAttentionCountsTheLatentRowAndTheAbsorbedDecode) {
+  const FloorModel m(view_of(kMla), 2);
+  EXPECT_TRUE(m.mla());
+  // One row of kv_lora_rank + rope = 8 values per token per layer, bf16.
+  EXPECT_EQ(m.kv_bytes_per_token(), 2 * 8 * 2);
+  // Per layer: q 8 x 2 x 6, kv_a 8 x 8, kv_b 6 x 2 x (4 + 3), o 2 x 3 x 8 = 96 + 64 + 84 + 48 = 292; the dense
+  // layer's MLP 3 x 8 x 16 = 384.
+  EXPECT_EQ(m.dense_layer_weights(), 2 * 292 + 384);
+  const StepWork d = m.work(decode_step({9}));  // one decode over 10 keys
+  EXPECT_DOUBLE_EQ(d.decode_kv_bytes, 2 * 10 * 8 * 2);
+  EXPECT_DOUBLE_EQ(d.decode_flops, 2 * 10 * (2.0 * 2 * (8 + 6)));  // absorbed: scores over 8, values of 6
+  // Router 8 x 4 and the shared expert 3 x 8 x 5 of the sparse layer read as dense weights.
+  EXPECT_DOUBLE_EQ(d.linear_bytes, (2 * 292 + 384 + 8 * 4 + 3 * 8 * 5 + 32 * 8) * 2.0);
+  StepShape p;  // a prefill of 4 new tokens: 10 causal pairs, decompressed heads of 6 + 3
+  p.tokens = p.prefill_tokens = 4, p.prefill_seqs = 1, p.logit_rows = 1, p.prefill_context = 4, p.prefill_pairs = 10;
+  EXPECT_DOUBLE_EQ(m.work(p).prefill_flops, 2 * 10 * (2.0 * 2 * (6 + 3)));
+}
