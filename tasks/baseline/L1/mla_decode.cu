@@ -34,26 +34,34 @@ struct MlaDecodeParams {
 };
 
 // Tensor-core kernel for DeepSeek's latent (512 + 64, 16-bit). grid = (num_splits, ceil(num_heads / 16), num_seqs);
-// 4 warps. A block holds 16 query heads (the M of an m16n8k16 mma; missing heads are zero rows) and walks its keys
-// in tiles of 64 latent rows, double-buffered through cp.async, so each latent byte is read once per 16 heads:
-//   scores: warp w computes S[16 heads, keys 16w..16w+15] over the 576-wide rows (36 k-steps);
+// 4 warps. A block holds 16 query heads (the M of an m16n8k16 mma; missing heads are zero rows) and walks its keys in
+// tiles of kKeys latent rows through a kStages-deep cp.async ring, so each latent byte is read once per 16 heads:
+//   scores: warp w computes S[16 heads, its kKeys / 4 keys] over the 576-wide rows (36 k-steps);
 //   softmax: the row maxima meet in shared memory, every warp rescales with the same running max, and writes its
 //            probabilities (16-bit) to shared memory;
-//   values:  warp w accumulates O[16 heads, columns 128w..128w+127] += P[16, 64] V[64, 128] (V = the rows' first 512
-//            values), so the 16 x 512 fp32 output lives in registers spread over the four warps (64 each).
-// Shared rows are XOR-swizzled by 16-byte chunk (attention_mma.cuh) so ldmatrix and cp.async are conflict-free.
-constexpr int kMlaWidth = 576, kMlaRank = 512, kMlaRows = 16, kMlaKeys = 64, kMlaWarps = 4,
-              kMlaThreads = kMlaWarps * 32, kMlaChunks = kMlaWidth / 8;
-constexpr size_t kMlaSmem = size_t(kMlaRows + 2 * kMlaKeys) * kMlaWidth * 2 + size_t(kMlaRows) * kMlaKeys * 2 +
-                            2 * kMlaWarps * kMlaRows * sizeof(float);
+//   values:  warp w accumulates O[16 heads, columns 128w..128w+127] += P[16, kKeys] V[kKeys, 128] (V = the rows'
+//            first 512 values), so the 16 x 512 fp32 output lives in registers spread over the four warps (64 each).
+// Latent rows are XOR-swizzled by 16-byte chunk (attention_mma.cuh) so ldmatrix and cp.async are conflict-free; P rows
+// are padded by 16 bytes. Measured on the H200 (session 15): 64-key tiles double-buffered reached 45-50% of the copy
+// rate at 16 heads; 32-key tiles four deep keep three tiles (110 KiB) in flight per SM instead of one (72 KiB).
+constexpr int kMlaWidth = 576, kMlaRank = 512, kMlaRows = 16, kMlaWarps = 4, kMlaThreads = kMlaWarps * 32,
+              kMlaChunks = kMlaWidth / 8;
 
-template <class T>
+template <int kKeys, int kStages>
+constexpr size_t mla_smem_bytes() {
+  return size_t(kMlaRows + kStages * kKeys) * kMlaWidth * 2 + size_t(kMlaRows) * (kKeys + 8) * 2 +
+         2 * kMlaWarps * kMlaRows * sizeof(float);
+}
+
+template <class T, int kKeys, int kStages>
 __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecodeParams p) {
+  static_assert(kKeys == 32 || kKeys == 64, "a warp owns 8 or 16 keys of a tile");
+  constexpr int kWarpKeys = kKeys / kMlaWarps, kNT = kWarpKeys / 8, kPitchP = kKeys + 8;
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sKV = sQ + kMlaRows * kMlaWidth;  // [2][kMlaKeys][kMlaWidth]
-  T* sP = sKV + 2 * kMlaKeys * kMlaWidth;  // [kMlaRows][kMlaKeys]
-  float* sMax = reinterpret_cast<float*>(sP + kMlaRows * kMlaKeys);  // [kMlaWarps][kMlaRows]
+  T* sKV = sQ + kMlaRows * kMlaWidth;               // [kStages][kKeys][kMlaWidth]
+  T* sP = sKV + kStages * kKeys * kMlaWidth;        // [kMlaRows][kPitchP]
+  float* sMax = reinterpret_cast<float*>(sP + kMlaRows * kPitchP);  // [kMlaWarps][kMlaRows]
   float* sSum = sMax + kMlaWarps * kMlaRows;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -82,32 +90,37 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
   }
   const T* cache = static_cast<const T*>(p.kv_cache);
   const int32_t* table = p.block_tables + int64_t(seq) * p.block_table_stride;
-  const int num_tiles = (key_end - key_begin + kMlaKeys - 1) / kMlaKeys;
-  // Lanes 0-15 of warp w look up the slot of row 16w + lane of a tile (-1: past key_end, a zero row whose score is
-  // masked); the lookup for tile t + 2 is issued while tile t computes, so no block-table read sits between a tile's
-  // compute and the next tile's copies.
+  const int num_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
+  // Lanes 0 .. kWarpKeys-1 of warp w look up the slot of row kWarpKeys w + lane of a tile (-1: past key_end, a zero
+  // row whose score is masked); each lookup is issued one tile ahead of its copies, so no block-table read sits
+  // between a tile's compute and the next copies.
   auto row_slot = [&](int tile) -> int64_t {
-    const int key = key_begin + tile * kMlaKeys + warp * 16 + (lane & 15);
+    const int key = key_begin + tile * kKeys + warp * kWarpKeys + lane % kWarpKeys;
     if (tile >= num_tiles || key >= key_end) return -1;
     return int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size;
   };
-  // A tile into stage `stage`: warp w copies rows 16w..16w+15, a row of 72 chunks per step (lanes 0-31, 32-63, then
+  // A tile into stage `stage`: warp w copies its kWarpKeys rows, a row of 72 chunks per step (lanes 0-31, 32-63, then
   // 8 lanes for 64-71: 512 contiguous bytes per instruction).
   auto load_tile = [&](int stage, int64_t my_slot) {
-    T* dst = sKV + stage * kMlaKeys * kMlaWidth;
+    T* dst = sKV + stage * kKeys * kMlaWidth;
 #pragma unroll 4
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < kWarpKeys; ++i) {
       const int64_t slot = __shfl_sync(0xffffffffu, my_slot, i);
       const bool valid = slot >= 0;
       const T* src = cache + (valid ? slot : 0) * kMlaWidth;
-      const int r = warp * 16 + i;
+      const int r = warp * kWarpKeys + i;
       for (int ch = lane; ch < kMlaChunks; ch += 32)
         cp_async_16(smem_addr(dst + swizzle<kMlaWidth>(r, ch)), src + ch * 8, valid);
     }
   };
-  load_tile(0, row_slot(0));
-  cp_async_commit();
-  int64_t next_slot = row_slot(1);
+  // Prologue: Q and tiles 0 .. kStages-2, one commit group per tile (Q rides with tile 0); the ring then issues
+  // tile t + kStages - 1 at the top of iteration t (an empty group past the last tile keeps the count uniform).
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) {
+    if (t < num_tiles) load_tile(t, row_slot(t));
+    cp_async_commit();
+  }
+  int64_t next_slot = row_slot(kStages - 1);
 
   float o[16][4];  // O[16 heads, 128w + 8n + {2t4, 2t4+1}] for rows g (0, 1) and g + 8 (2, 3)
 #pragma unroll
@@ -115,34 +128,45 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    const int stage = tile & 1;
-    if (tile + 1 < num_tiles) {
-      load_tile(stage ^ 1, next_slot);
-      cp_async_commit();
-      next_slot = row_slot(tile + 2);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int stage = tile % kStages;
+    if (tile + kStages - 1 < num_tiles) load_tile((tile + kStages - 1) % kStages, next_slot);
+    cp_async_commit();
+    next_slot = row_slot(tile + kStages);
+    cp_async_wait<kStages - 1>();
     __syncthreads();
-    const T* kv = sKV + stage * kMlaKeys * kMlaWidth;
+    const T* kv = sKV + stage * kKeys * kMlaWidth;
 
-    // Scores of keys 16w .. 16w + 15 (two n-tiles of 8).
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    // Scores of this warp's keys (kNT n-tiles of 8).
+    float s[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    if constexpr (kNT == 2) {
 #pragma unroll 4
-    for (int kk = 0; kk < kMlaChunks / 2; ++kk) {
-      uint32_t a[4], b[4];
-      ldmatrix_x4(a, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
-      const int key = warp * 16 + lane % 8 + (lane / 16) * 8;
-      ldmatrix_x4(b, smem_addr(kv + swizzle<kMlaWidth>(key, 2 * kk + (lane / 8) % 2)));
-      mma_16816<T>(s[0], a, b[0], b[1]);
-      mma_16816<T>(s[1], a, b[2], b[3]);
+      for (int kk = 0; kk < kMlaChunks / 2; ++kk) {
+        uint32_t a[4], b[4];
+        ldmatrix_x4(a, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
+        const int key = warp * kWarpKeys + lane % 8 + (lane / 16) * 8;
+        ldmatrix_x4(b, smem_addr(kv + swizzle<kMlaWidth>(key, 2 * kk + (lane / 8) % 2)));
+        mma_16816<T>(s[0], a, b[0], b[1]);
+        mma_16816<T>(s[kNT - 1], a, b[2], b[3]);
+      }
+    } else {
+      // One n-tile: a B load covers two k-steps (matrices: chunks 4i, 4i+1 of step 2i, then 4i+2, 4i+3 of 2i+1).
+#pragma unroll 3
+      for (int kk = 0; kk < kMlaChunks / 2; kk += 2) {
+        uint32_t a0[4], a1[4], b[4];
+        ldmatrix_x4(a0, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
+        ldmatrix_x4(a1, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + 2 + lane / 16)));
+        ldmatrix_x4(b, smem_addr(kv + swizzle<kMlaWidth>(warp * kWarpKeys + lane % 8, 2 * kk + lane / 8)));
+        mma_16816<T>(s[0], a0, b[0], b[1]);
+        mma_16816<T>(s[0], a1, b[2], b[3]);
+      }
     }
     // Mask keys past the end, scale into the exp2 domain, and take this warp's row maxima.
-    const int tile_key0 = key_begin + tile * kMlaKeys + warp * 16;
+    const int tile_key0 = key_begin + tile * kKeys + warp * kWarpKeys;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int key = tile_key0 + 8 * j + 2 * t4 + (c & 1);
@@ -170,14 +194,14 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
       l_run[r] *= alpha[r];
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < kNT; ++j) {
       const float p0 = exp2f(s[j][0] - m_run[0]), p1 = exp2f(s[j][1] - m_run[0]);
       const float p2 = exp2f(s[j][2] - m_run[1]), p3 = exp2f(s[j][3] - m_run[1]);
       l_run[0] += p0 + p1;
       l_run[1] += p2 + p3;
-      const int col = warp * 16 + 8 * j + 2 * t4;
-      *reinterpret_cast<uint32_t*>(sP + swizzle<kMlaKeys>(g, col / 8) + col % 8) = pack2<T>(p0, p1);
-      *reinterpret_cast<uint32_t*>(sP + swizzle<kMlaKeys>(g + 8, col / 8) + col % 8) = pack2<T>(p2, p3);
+      const int col = warp * kWarpKeys + 8 * j + 2 * t4;
+      *reinterpret_cast<uint32_t*>(sP + g * kPitchP + col) = pack2<T>(p0, p1);
+      *reinterpret_cast<uint32_t*>(sP + (g + 8) * kPitchP + col) = pack2<T>(p2, p3);
     }
 #pragma unroll
     for (int n = 0; n < 16; ++n) {
@@ -188,11 +212,11 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
     }
     __syncthreads();
 
-    // O[:, 128w .. 128w + 127] += P V over the tile's 64 keys (4 k-steps of 16).
+    // O[:, 128w .. 128w + 127] += P V over the tile's keys (k-steps of 16).
 #pragma unroll
-    for (int kk = 0; kk < kMlaKeys / 16; ++kk) {
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, smem_addr(sP + swizzle<kMlaKeys>(lane % 16, 2 * kk + lane / 16)));
+      ldmatrix_x4(a, smem_addr(sP + (lane % 16) * kPitchP + 16 * kk + (lane / 16) * 8));
       const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
       for (int n = 0; n < 16; n += 2) {
@@ -204,6 +228,7 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
     }
     __syncthreads();
   }
+  cp_async_wait<0>();  // the ring's trailing (empty) groups
 
   // Row sums: over the quad, then over the four warps.
 #pragma unroll
@@ -329,7 +354,7 @@ __global__ void __launch_bounds__(kReduceThreads) mla_decode_reduce_kernel(MlaDe
 // Splits per sequence: enough blocks to fill the SMs once (one block per SM: the kernel takes ~165 KiB of shared
 // memory), never partitions shorter than kMinPartition keys (each split costs a Q load and a 32 KiB fp32 partial
 // written and read back, ~5% of a 1024-key partition's latent bytes), never more than kMaxSplits.
-constexpr int kMinPartition = 256;
+constexpr int kMinPartition = 256, kPartitionAlign = 64;  // partitions are whole tiles of either kernel
 
 std::pair<int, int> choose_mla_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm) {
   const int64_t slots = int64_t(num_sms) * std::max(blocks_per_sm, 1);
@@ -337,7 +362,7 @@ std::pair<int, int> choose_mla_splits(int64_t max_seq_len, int64_t blocks_per_sp
   int64_t splits = std::clamp<int64_t>(slots / std::max<int64_t>(blocks_per_split, 1), 1,
                                        std::min<int64_t>(useful, kMaxSplits));
   int64_t partition = (std::max<int64_t>(max_seq_len, 1) + splits - 1) / splits;
-  partition = (partition + kMlaKeys - 1) / kMlaKeys * kMlaKeys;
+  partition = (partition + kPartitionAlign - 1) / kPartitionAlign * kPartitionAlign;
   splits = std::max<int64_t>(1, (max_seq_len + partition - 1) / partition);
   return {int(splits), int(partition)};
 }
@@ -419,9 +444,12 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
   }
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     using T = decltype(t);
-    auto* kernel = mla_decode_mma_kernel<T>;
+    // 32-key tiles, four deep (see the kernel's note).
+    constexpr int kKeys = 32, kStages = 4;
+    constexpr size_t smem = mla_smem_bytes<kKeys, kStages>();
+    auto* kernel = mla_decode_mma_kernel<T, kKeys, kStages>;
     const KernelLaunchFacts& facts = kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index,
-                                                         kMlaThreads, kMlaSmem);
+                                                         kMlaThreads, smem);
     const int64_t head_groups = (num_heads_ + kMlaRows - 1) / kMlaRows;
     const auto [num_splits, partition] =
         choose_mla_splits(max_seq_len, B * head_groups, facts.num_sms, facts.blocks_per_sm);
@@ -434,7 +462,7 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
       p.partial_out = partial_out.data<float>();
       p.partial_max_sum = partial_max_sum.data<float>();
     }
-    kernel<<<dim3(unsigned(num_splits), unsigned(head_groups), unsigned(B)), kMlaThreads, kMlaSmem, stream>>>(p);
+    kernel<<<dim3(unsigned(num_splits), unsigned(head_groups), unsigned(B)), kMlaThreads, smem, stream>>>(p);
     KBN_CUDA_CHECK_LAUNCH();
     if (num_splits > 1) {
       mla_decode_reduce_kernel<T><<<dim3(unsigned(num_heads_), unsigned(B)), kReduceThreads, 0, stream>>>(p);
