@@ -36,32 +36,32 @@ struct MlaDecodeParams {
 // Tensor-core kernel for DeepSeek's latent (512 + 64, 16-bit). grid = (num_splits, ceil(num_heads / 16), num_seqs);
 // 4 warps. A block holds 16 query heads (the M of an m16n8k16 mma; missing heads are zero rows) and walks its keys in
 // tiles of kKeys latent rows through a kStages-deep cp.async ring, so each latent byte is read once per 16 heads:
-//   scores: warp w computes S[16 heads, its kKeys / 4 keys] over the 576-wide rows (36 k-steps);
+//   scores: warp w computes S[16 heads, its 16 keys] over the 576-wide rows (36 k-steps);
 //   softmax: the row maxima meet in shared memory, every warp rescales with the same running max, and writes its
 //            probabilities (16-bit) to shared memory;
 //   values:  warp w accumulates O[16 heads, columns 128w..128w+127] += P[16, kKeys] V[kKeys, 128] (V = the rows'
 //            first 512 values), so the 16 x 512 fp32 output lives in registers spread over the four warps (64 each).
-// Latent rows are XOR-swizzled by 16-byte chunk (attention_mma.cuh) so ldmatrix and cp.async are conflict-free; P rows
-// are padded by 16 bytes. Measured on the H200 (session 15): 64-key tiles double-buffered reached 45-50% of the copy
-// rate at 16 heads; 32-key tiles four deep keep three tiles (110 KiB) in flight per SM instead of one (72 KiB).
+// Latent and P rows are XOR-swizzled by 16-byte chunk (attention_mma.cuh) so ldmatrix and cp.async are conflict-free.
+// The op runs 64-key tiles double-buffered (see its launch for the 32-key, four-deep ring measured against it).
 constexpr int kMlaWidth = 576, kMlaRank = 512, kMlaRows = 16, kMlaWarps = 4, kMlaThreads = kMlaWarps * 32,
               kMlaChunks = kMlaWidth / 8;
 
 template <int kKeys, int kStages>
 constexpr size_t mla_smem_bytes() {
-  return size_t(kMlaRows + kStages * kKeys) * kMlaWidth * 2 + size_t(kMlaRows) * (kKeys + 8) * 2 +
+  return size_t(kMlaRows + kStages * kKeys) * kMlaWidth * 2 + size_t(kMlaRows) * kKeys * 2 +
          2 * kMlaWarps * kMlaRows * sizeof(float);
 }
 
 template <class T, int kKeys, int kStages>
 __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecodeParams p) {
-  static_assert(kKeys == 32 || kKeys == 64, "a warp owns 8 or 16 keys of a tile");
-  constexpr int kWarpKeys = kKeys / kMlaWarps, kNT = kWarpKeys / 8, kPitchP = kKeys + 8;
+  static_assert(kKeys == 64, "a warp owns 16 keys (two n-tiles) of a tile");
+  constexpr int kWarpKeys = kKeys / kMlaWarps, kNT = kWarpKeys / 8;
+  auto p_at = [](int row, int col) { return swizzle<kKeys>(row, col / 8) + col % 8; };  // P rows XOR-swizzled
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
   T* sKV = sQ + kMlaRows * kMlaWidth;               // [kStages][kKeys][kMlaWidth]
-  T* sP = sKV + kStages * kKeys * kMlaWidth;        // [kMlaRows][kPitchP]
-  float* sMax = reinterpret_cast<float*>(sP + kMlaRows * kPitchP);  // [kMlaWarps][kMlaRows]
+  T* sP = sKV + kStages * kKeys * kMlaWidth;        // [kMlaRows][kKeys]
+  float* sMax = reinterpret_cast<float*>(sP + kMlaRows * kKeys);  // [kMlaWarps][kMlaRows]
   float* sSum = sMax + kMlaWarps * kMlaRows;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -140,27 +140,14 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
     float s[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-    if constexpr (kNT == 2) {
 #pragma unroll 4
-      for (int kk = 0; kk < kMlaChunks / 2; ++kk) {
-        uint32_t a[4], b[4];
-        ldmatrix_x4(a, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
-        const int key = warp * kWarpKeys + lane % 8 + (lane / 16) * 8;
-        ldmatrix_x4(b, smem_addr(kv + swizzle<kMlaWidth>(key, 2 * kk + (lane / 8) % 2)));
-        mma_16816<T>(s[0], a, b[0], b[1]);
-        mma_16816<T>(s[kNT - 1], a, b[2], b[3]);
-      }
-    } else {
-      // One n-tile: a B load covers two k-steps (matrices: chunks 4i, 4i+1 of step 2i, then 4i+2, 4i+3 of 2i+1).
-#pragma unroll 3
-      for (int kk = 0; kk < kMlaChunks / 2; kk += 2) {
-        uint32_t a0[4], a1[4], b[4];
-        ldmatrix_x4(a0, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
-        ldmatrix_x4(a1, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + 2 + lane / 16)));
-        ldmatrix_x4(b, smem_addr(kv + swizzle<kMlaWidth>(warp * kWarpKeys + lane % 8, 2 * kk + lane / 8)));
-        mma_16816<T>(s[0], a0, b[0], b[1]);
-        mma_16816<T>(s[0], a1, b[2], b[3]);
-      }
+    for (int kk = 0; kk < kMlaChunks / 2; ++kk) {
+      uint32_t a[4], b[4];
+      ldmatrix_x4(a, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
+      const int key = warp * kWarpKeys + lane % 8 + (lane / 16) * 8;
+      ldmatrix_x4(b, smem_addr(kv + swizzle<kMlaWidth>(key, 2 * kk + (lane / 8) % 2)));
+      mma_16816<T>(s[0], a, b[0], b[1]);
+      mma_16816<T>(s[1], a, b[2], b[3]);
     }
     // Mask keys past the end, scale into the exp2 domain, and take this warp's row maxima.
     const int tile_key0 = key_begin + tile * kKeys + warp * kWarpKeys;
@@ -200,8 +187,8 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
       l_run[0] += p0 + p1;
       l_run[1] += p2 + p3;
       const int col = warp * kWarpKeys + 8 * j + 2 * t4;
-      *reinterpret_cast<uint32_t*>(sP + g * kPitchP + col) = pack2<T>(p0, p1);
-      *reinterpret_cast<uint32_t*>(sP + (g + 8) * kPitchP + col) = pack2<T>(p2, p3);
+      *reinterpret_cast<uint32_t*>(sP + p_at(g, col)) = pack2<T>(p0, p1);
+      *reinterpret_cast<uint32_t*>(sP + p_at(g + 8, col)) = pack2<T>(p2, p3);
     }
 #pragma unroll
     for (int n = 0; n < 16; ++n) {
@@ -216,7 +203,7 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       uint32_t a[4];
-      ldmatrix_x4(a, smem_addr(sP + (lane % 16) * kPitchP + 16 * kk + (lane / 16) * 8));
+      ldmatrix_x4(a, smem_addr(sP + p_at(lane % 16, 16 * kk + (lane / 16) * 8)));
       const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
 #pragma unroll
       for (int n = 0; n < 16; n += 2) {
@@ -444,8 +431,9 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
   }
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     using T = decltype(t);
-    // 32-key tiles, four deep (see the kernel's note).
-    constexpr int kKeys = 32, kStages = 4;
+    // 64-key tiles, double-buffered: on the H200 32-key tiles four deep were slower (V3 52-54 TFLOP/s against 70-71,
+    // DeepSeek-V2-Lite 38-40% of the copy rate at batch 32-128), their per-tile barriers twice as many.
+    constexpr int kKeys = 64, kStages = 2;
     constexpr size_t smem = mla_smem_bytes<kKeys, kStages>();
     auto* kernel = mla_decode_mma_kernel<T, kKeys, kStages>;
     const KernelLaunchFacts& facts = kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index,
