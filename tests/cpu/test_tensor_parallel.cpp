@@ -1,6 +1,6 @@
 // Tensor parallelism on CPU ranks (one thread per rank, shared-memory collectives): the collectives, the group's
-// error handling, and the whole sharded Llama against the Hugging Face fixtures at TP 2 and 4, which checks
-// every parallel layer's shard of the checkpoint and every all-reduce and the logits gather.
+// error handling, and the whole sharded Llama and DeepSeek-V2 against the Hugging Face fixtures at TP 2 and 4, which
+// checks every parallel layer's shard of the checkpoint and every all-reduce and the logits gather.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -155,6 +155,12 @@ TEST(TensorParallelLlama, Tp2TiedEmbeddingsMatchTransformers) { check_tp_against
 
 // 8 heads, 2 kv heads: TP 4 replicates each kv head on two ranks.
 TEST(TensorParallelLlama, Tp4ReplicatedKvHeadsMatchTransformers) { check_tp_against_hf("tiny-llama-peaky-gqa", 4); }
+
+// tiny-deepseek-v2 (multi-head latent attention + routed and shared experts): TP 2 gives each rank 2 of the 4 heads
+// (q_proj and kv_b_proj by head, so each rank's absorbed W_UK_T / W_UV are its heads'), half of every expert's and of
+// the shared MLP's intermediate size, and replicates the latent (kv_a_proj_with_mqa); TP 4 one head per rank.
+TEST(TensorParallelDeepseekV2, Tp2MatchesTransformers) { check_tp_against_hf("tiny-deepseek-v2", 2); }
+TEST(TensorParallelDeepseekV2, Tp4MatchesTransformers) { check_tp_against_hf("tiny-deepseek-v2", 4); }
 
 TEST(TensorParallelLlama, UnevenSplitNamesWhatCannotBeSplit) {
   const engine::ModelSpec spec = engine::resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
