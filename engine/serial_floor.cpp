@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "engine/scheduler.h"
-#include "kbn/op_case.h"
 #include "kbn/error.h"
+#include "kbn/op_case.h"
 
 namespace kbn::engine {
 
@@ -79,7 +79,8 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
   if (view.mamba) {
     const MambaShape& m = *view.mamba;
     mixer = H * (m.intermediate_size + m.conv_dim() + m.num_heads) + m.intermediate_size * H;
-    state_bytes_per_seq_ = layers_ * ((m.conv_kernel - 1) * m.conv_dim() + m.num_heads * m.head_dim * m.state_size) * es_;
+    state_bytes_per_seq_ =
+        layers_ * ((m.conv_kernel - 1) * m.conv_dim() + m.num_heads * m.head_dim * m.state_size) * es_;
     const double L = double(m.chunk_size), P = double(m.head_dim), N = double(m.state_size);
     scan_flops_per_token_ = double(layers_) * double(m.num_heads) * (2 * L * (N + P) + 4 * P * N);
     update_flops_per_token_ = double(layers_) * double(m.num_heads) * 5 * P * N;  // decay, update, read-out

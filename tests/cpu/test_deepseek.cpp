@@ -18,8 +18,8 @@
 #include "L4/deepseek_v2.h"
 #include "configs/deepseek_v2.h"
 #include "engine/model_loader.h"
-#include "kbn/forward_context.h"
 #include "kbn/error.h"
+#include "kbn/forward_context.h"
 #include "kbn/model_view.h"
 #include "kbn/rng.h"
 #include "kbn/tensor.h"
@@ -165,9 +165,7 @@ struct MlaCase {
       for (int64_t p = 0; p < lens[b]; ++p) slots.push_back(int32_t(blocks[b][size_t(p / bs)] * bs + p % bs));
     reference::concat_and_cache_mla(cache, kv_c, k_pe, Tensor::from_i32(slots, {T}));
   }
-  Tensor block_tables() const {
-    return Tensor::from_i32({6, 1, -1, 3, 7, 0}, {2, 3});
-  }
+  Tensor block_tables() const { return Tensor::from_i32({6, 1, -1, 3, 7, 0}, {2, 3}); }
   Tensor seq_lens() const { return Tensor::from_i32({int32_t(lens[0]), int32_t(lens[1])}, {2}); }
   int64_t first_token(size_t b) const { return b == 0 ? 0 : lens[0]; }
 };
@@ -376,9 +374,9 @@ TEST(GroupedTopk, BadArgumentsAreNamed) {
   std::vector<float> nan_logits(12, 0.f);
   nan_logits[5] = std::numeric_limits<float>::quiet_NaN();
   Tensor w = Tensor::empty({1, 2}, DType::f32), ids = Tensor::empty({1, 2}, DType::i32);
-  EXPECT_THROW(reference::grouped_topk(w, ids, Tensor::from_floats(nan_logits, {1, 12}), false, 4, 2, "softmax", 1.0,
-                                       Tensor()),
-               Error);
+  EXPECT_THROW(
+      reference::grouped_topk(w, ids, Tensor::from_floats(nan_logits, {1, 12}), false, 4, 2, "softmax", 1.0, Tensor()),
+      Error);
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -401,8 +399,7 @@ TEST(MlaDecode, BadArgumentsAreNamed) {
   has(error_of([&] { op.forward(Tensor::zeros({1, 3, 40}, DType::f32), cache, lens, tables, 5); }), "num_heads");
   has(error_of([&] { op.forward(q, Tensor::zeros({3, 4, 40}, DType::bf16), lens, tables, 5); }), "'kv_cache'");
   has(error_of([&] { op.forward(q, cache, Tensor::from_i64({5}, {1}), tables, 5); }), "'seq_lens'");
-  has(error_of([&] { op.forward(q, cache, lens, Tensor::from_i32({0, 1, 2, 0, 1, 2}, {2, 3}), 5); }),
-      "'block_tables'");
+  has(error_of([&] { op.forward(q, cache, lens, Tensor::from_i32({0, 1, 2, 0, 1, 2}, {2, 3}), 5); }), "'block_tables'");
   has(error_of([&] { op.forward(q, cache, lens, tables, -1); }), "'max_seq_len'");
   has(error_of([] { baseline::MlaDecode(0, 32, 8, 0.1); }), "'num_heads'");
   has(error_of([] { baseline::MlaDecode(4, 32, 8, -1.0); }), "'scale'");
@@ -422,7 +419,9 @@ TEST(GatherCache, RowsInPositionOrderZerosPastTheEndAndBadArgumentsNamed) {
   const std::vector<float> want{20, 20.5, 21, 21.5, 0, 0.5, 0, 0, 30, 30.5, 0, 0, 0, 0, 0, 0};
   EXPECT_EQ(got, want);
   EXPECT_NE(error_of([&] { op.forward(cache, tables, lens, 2); }).find("'seq_lens'[0] = 3"), std::string::npos);
-  EXPECT_NE(error_of([&] { op.forward(cache, Tensor::from_i32({2, 9, 3, 1}, {2, 2}), lens, 4); }).find("'block_tables'"),
+  EXPECT_NE(error_of([&] {
+              op.forward(cache, Tensor::from_i32({2, 9, 3, 1}, {2, 2}), lens, 4);
+            }).find("'block_tables'"),
             std::string::npos);
   EXPECT_NE(error_of([&] { op.forward(cache, tables, Tensor::from_i32({3}, {1}), 4); }).find("'block_tables'"),
             std::string::npos);
@@ -442,8 +441,9 @@ TEST(DeepseekV2Model, LatentCacheSpecsAndAbsorbedWeightsAfterLoading) {
     EXPECT_EQ(c.bytes_per_token(), 40 * 4);
   }
   auto& attn = model.model.layers[0]->self_attn;
-  EXPECT_NE(error_of([&] { attn.forward(Tensor::from_i64({0}, {1}), Tensor::zeros({1, 64}, DType::f32)); })
-                .find("process_weights_after_loading"),
+  EXPECT_NE(error_of([&] {
+              attn.forward(Tensor::from_i64({0}, {1}), Tensor::zeros({1, 64}, DType::f32));
+            }).find("process_weights_after_loading"),
             std::string::npos);
   init_random_weights(model, 1, 0.1);
   model.process_weights_after_loading_recursive();

@@ -12,6 +12,7 @@
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "hf_fixture.h"
+#include "kbn/error.h"
 
 namespace {
 
@@ -45,6 +46,40 @@ TEST(DeepseekV2VsHF, ChunkedPrefillAcrossStepsGivesTheGreedyTokens) {
     EXPECT_EQ(res.outputs[i].tokens, fx.expected["prompts"][i % n]["greedy_ids"].get<std::vector<int64_t>>())
         << "request " << i;
   eng.scheduler().check_invariants();
+}
+
+// A config that disagrees with its checkpoint is named by field and value (the tiny fixture: 4 heads, nope 16 + rope
+// 8, v 16, kv_lora_rank 32, 8 routed experts of 24).
+TEST(DeepseekV2VsHF, AConfigThatDisagreesWithTheCheckpointNamesTheField) {
+  const test::HfFixture fx = test::load_hf_fixture("tiny-deepseek-v2");
+  const auto error = [&](const std::string& overrides) -> std::string {
+    engine::ModelSpec spec = fx.spec;
+    spec.config = fx.spec.config.with_overrides(overrides, "the fixture with " + overrides);
+    try {
+      engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << overrides << " was accepted";
+    return {};
+  };
+  const auto expect_in = [](const std::string& message, const std::string& part) {
+    EXPECT_NE(message.find(part), std::string::npos) << "expected \"" << part << "\" in: " << message;
+  };
+  expect_in(error(R"({"kv_lora_rank": 16})"), "'kv_lora_rank' is 16, the checkpoint's latent kv_c is 32 wide");
+  expect_in(error(R"({"qk_rope_head_dim": 4})"),
+            "'kv_lora_rank' + 'qk_rope_head_dim' is 32 + 4 = 36, the checkpoint's kv_a_proj_with_mqa gives 40 "
+            "('qk_rope_head_dim' 8)");
+  expect_in(error(R"({"n_routed_experts": 4})"),
+            "'n_routed_experts' is 4, the checkpoint has expert 4 (numbered from 0)");
+  expect_in(error(R"({"moe_intermediate_size": 12})"),
+            "'moe_intermediate_size' is 12, the checkpoint's experts have 24");
+  expect_in(error(R"({"num_attention_heads": 2})"),
+            "'num_attention_heads' x 'v_head_dim' is 2 x 16 = 32, the checkpoint's o_proj reads 64");
+  expect_in(error(R"({"qk_nope_head_dim": 8})"),
+            "'num_attention_heads' x ('qk_nope_head_dim' + 'qk_rope_head_dim') is 4 x 16 = 64, the checkpoint's "
+            "query has 96");
+  expect_in(error(R"({"v_head_dim": 8})"), "'num_attention_heads' x 'v_head_dim' is 4 x 8 = 32");
 }
 
 }  // namespace

@@ -90,9 +90,10 @@ Tensor GatherCache::forward(const Tensor& kv_cache, const Tensor& block_tables, 
   check_contiguous(seq_lens, op, "seq_lens");
   check_last_dim_contiguous(block_tables, op, "block_tables");
   static const int32_t len_code = device_error_code(
-      "gather_cache: argument 'seq_lens'[{detail}] is outside [0, max_seq_len]; that sequence's rows were not gathered");
-  static const int32_t block_code = device_error_code(
-      "gather_cache: argument 'block_tables' of sequence {detail} names a block outside the cache");
+      "gather_cache: argument 'seq_lens'[{detail}] is outside [0, max_seq_len]; that sequence's rows were not "
+      "gathered");
+  static const int32_t block_code =
+      device_error_code("gather_cache: argument 'block_tables' of sequence {detail} names a block outside the cache");
   const int64_t row_bytes = W * int64_t(kv_cache.element_size());
   GatherCacheParams p{.kv_cache = kv_cache.data_ptr(),
                       .out = out.data_ptr(),

@@ -20,10 +20,10 @@ namespace {
 // ---- kernel layer ----
 
 struct MlaDecodeParams {
-  const void* q;         // [num_seqs, num_heads, width], last dim contiguous
-  const void* kv_cache;  // [num_blocks, block_size, width] contiguous
-  void* out;             // [num_seqs, num_heads, rank] contiguous; written directly when num_splits == 1
-  float* partial_out;    // [num_seqs, num_heads, num_splits, rank]: each split's normalised output
+  const void* q;           // [num_seqs, num_heads, width], last dim contiguous
+  const void* kv_cache;    // [num_blocks, block_size, width] contiguous
+  void* out;               // [num_seqs, num_heads, rank] contiguous; written directly when num_splits == 1
+  float* partial_out;      // [num_seqs, num_heads, num_splits, rank]: each split's normalised output
   float* partial_max_sum;  // [num_seqs, num_heads, num_splits, 2]: each split's (max in the exp2 domain, sum)
   const int32_t* seq_lens;
   const int32_t* block_tables;
@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
   auto p_at = [](int row, int col) { return swizzle<kKeys>(row, col / 8) + col % 8; };  // P rows XOR-swizzled
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
-  T* sKV = sQ + kMlaRows * kMlaWidth;               // [kStages][kKeys][kMlaWidth]
-  T* sP = sKV + kStages * kKeys * kMlaWidth;        // [kMlaRows][kKeys]
+  T* sKV = sQ + kMlaRows * kMlaWidth;                             // [kStages][kKeys][kMlaWidth]
+  T* sP = sKV + kStages * kKeys * kMlaWidth;                      // [kMlaRows][kKeys]
   float* sMax = reinterpret_cast<float*>(sP + kMlaRows * kKeys);  // [kMlaWarps][kMlaRows]
   float* sSum = sMax + kMlaWarps * kMlaRows;
 
@@ -325,7 +325,8 @@ __global__ void __launch_bounds__(kReduceThreads) mla_decode_reduce_kernel(MlaDe
   const float* max_sum = p.partial_max_sum + 2 * row0;
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, max_sum[2 * s]);
-  for (int s = threadIdx.x; s < splits; s += kReduceThreads) weights[s] = max_sum[2 * s + 1] * exp2f(max_sum[2 * s] - mx);
+  for (int s = threadIdx.x; s < splits; s += kReduceThreads)
+    weights[s] = max_sum[2 * s + 1] * exp2f(max_sum[2 * s] - mx);
   __syncthreads();
   float total = 0.f;
   for (int s = 0; s < splits; ++s) total += weights[s];
@@ -346,8 +347,8 @@ constexpr int kMinPartition = 256, kPartitionAlign = 64;  // partitions are whol
 std::pair<int, int> choose_mla_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm) {
   const int64_t slots = int64_t(num_sms) * std::max(blocks_per_sm, 1);
   const int64_t useful = std::max<int64_t>(1, (max_seq_len + kMinPartition - 1) / kMinPartition);
-  int64_t splits = std::clamp<int64_t>(slots / std::max<int64_t>(blocks_per_split, 1), 1,
-                                       std::min<int64_t>(useful, kMaxSplits));
+  int64_t splits =
+      std::clamp<int64_t>(slots / std::max<int64_t>(blocks_per_split, 1), 1, std::min<int64_t>(useful, kMaxSplits));
   int64_t partition = (std::max<int64_t>(max_seq_len, 1) + splits - 1) / splits;
   partition = (partition + kPartitionAlign - 1) / kPartitionAlign * kPartitionAlign;
   splits = std::max<int64_t>(1, (max_seq_len + partition - 1) / partition);
@@ -436,8 +437,8 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
     constexpr int kKeys = 64, kStages = 2;
     constexpr size_t smem = mla_smem_bytes<kKeys, kStages>();
     auto* kernel = mla_decode_mma_kernel<T, kKeys, kStages>;
-    const KernelLaunchFacts& facts = kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index,
-                                                         kMlaThreads, smem);
+    const KernelLaunchFacts& facts =
+        kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index, kMlaThreads, smem);
     const int64_t head_groups = (num_heads_ + kMlaRows - 1) / kMlaRows;
     const auto [num_splits, partition] =
         choose_mla_splits(max_seq_len, B * head_groups, facts.num_sms, facts.blocks_per_sm);

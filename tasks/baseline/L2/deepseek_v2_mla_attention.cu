@@ -28,13 +28,14 @@ DeepseekV2MLAAttention::DeepseekV2MLAAttention(const DeepseekV2Config& c, const 
       decode_(num_heads_, c.kv_lora_rank, c.qk_rope_head_dim, c.softmax_scale()),
       prefill_(num_heads_, c.qk_head_dim(), c.softmax_scale(), num_heads_) {
   KBN_CHECK(c.v_head_dim <= c.qk_head_dim(), "DeepseekV2MLAAttention ", prefix, ": v_head_dim ", c.v_head_dim,
-            " wider than qk_head_dim ", c.qk_head_dim(), " is not supported (the prefill pads values to the key width)");
+            " wider than qk_head_dim ", c.qk_head_dim(),
+            " is not supported (the prefill pads values to the key width)");
   if (c.q_lora_rank > 0) {
-    q_a_proj = std::make_unique<ReplicatedLinear>(c.hidden_size, c.q_lora_rank, false, false, opts,
-                                                  prefix + ".q_a_proj");
+    q_a_proj =
+        std::make_unique<ReplicatedLinear>(c.hidden_size, c.q_lora_rank, false, false, opts, prefix + ".q_a_proj");
     q_a_layernorm = std::make_unique<RMSNorm>(c.q_lora_rank, c.rms_norm_eps, opts);
-    q_b_proj = std::make_unique<ColumnParallelLinear>(c.q_lora_rank, c.num_heads * c.qk_head_dim(), false, false,
-                                                      opts, prefix + ".q_b_proj");
+    q_b_proj = std::make_unique<ColumnParallelLinear>(c.q_lora_rank, c.num_heads * c.qk_head_dim(), false, false, opts,
+                                                      prefix + ".q_b_proj");
     register_module("q_a_proj", q_a_proj.get());
     register_module("q_a_layernorm", q_a_layernorm.get());
     register_module("q_b_proj", q_b_proj.get());
@@ -105,8 +106,8 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
   KBN_CHECK(latent.defined(), "DeepseekV2MLAAttention (", prefix_, "): layer ", layer_index_,
             " has no latent cache (its cache spec is paged_latent)");
   const int64_t T = q.size(0), H = num_heads_, D = nope_ + rope_, W = rank_ + rope_;
-  KBN_CHECK(T == md.num_tokens(), "DeepseekV2MLAAttention (", prefix_, "): ", T,
-            " tokens but the metadata describes ", md.num_tokens());
+  KBN_CHECK(T == md.num_tokens(), "DeepseekV2MLAAttention (", prefix_, "): ", T, " tokens but the metadata describes ",
+            md.num_tokens());
   store_.forward(kv_c_normed, k_pe, latent, md.slot_mapping);
 
   const int64_t np = md.num_prefill_tokens, nd = md.num_decodes, ns = md.num_prefills;
@@ -125,9 +126,9 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
     value.zero_();
     value.slice(2, 0, v_dim_).copy_(kv.slice(2, nope_, nope_ + v_dim_));
     const Tensor ids = block_ids(ns, q.device()).slice(0, 0, ns).view({ns, 1});
-    const Tensor o = prefill_.forward(q.slice(0, 0, np).contiguous(), key.view({ns, Lmax, H, D}),
-                                      value.view({ns, Lmax, H, D}), md.query_start_loc, lens, ids,
-                                      md.max_prefill_query_len, Lmax);
+    const Tensor o =
+        prefill_.forward(q.slice(0, 0, np).contiguous(), key.view({ns, Lmax, H, D}), value.view({ns, Lmax, H, D}),
+                         md.query_start_loc, lens, ids, md.max_prefill_query_len, Lmax);
     out.slice(0, 0, np).copy_(o.slice(2, 0, v_dim_));
   }
   if (nd > 0) {

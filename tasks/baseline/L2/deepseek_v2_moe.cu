@@ -8,8 +8,8 @@ DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& 
     : gate(config.hidden_size, config.n_routed_experts, false, false, opts, prefix + ".gate"),
       experts(config.n_routed_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
               /*reduce_results=*/false, /*renormalize=*/false, prefix + ".experts", opts),
-      router_(config.num_experts_per_tok, config.norm_topk_prob, config.n_group, config.topk_group,
-              config.scoring_func, config.routed_scaling_factor) {
+      router_(config.num_experts_per_tok, config.norm_topk_prob, config.n_group, config.topk_group, config.scoring_func,
+              config.routed_scaling_factor) {
   KBN_CHECK(config.n_routed_experts > 0, "DeepseekV2MoE ", prefix, ": n_routed_experts must be positive, got ",
             config.n_routed_experts);
   register_module("gate", &gate);
@@ -19,9 +19,9 @@ DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& 
   }
   register_module("experts", &experts);
   if (config.n_shared_experts > 0) {
-    shared_experts = std::make_unique<LlamaMLP>(config.hidden_size,
-                                                config.moe_intermediate_size * config.n_shared_experts, "silu",
-                                                false, prefix + ".shared_experts", opts);
+    shared_experts =
+        std::make_unique<LlamaMLP>(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts, "silu",
+                                   false, prefix + ".shared_experts", opts);
     register_module("shared_experts", shared_experts.get());
   }
 }

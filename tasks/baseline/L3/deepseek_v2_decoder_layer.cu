@@ -15,8 +15,8 @@ DeepseekV2DecoderLayer::DeepseekV2DecoderLayer(const DeepseekV2Config& config, c
     moe = std::make_unique<DeepseekV2MoE>(config, prefix + ".mlp", opts);
     register_module("mlp", moe.get());
   } else {
-    dense_mlp = std::make_unique<LlamaMLP>(config.hidden_size, config.intermediate_size, "silu", false,
-                                           prefix + ".mlp", opts);
+    dense_mlp =
+        std::make_unique<LlamaMLP>(config.hidden_size, config.intermediate_size, "silu", false, prefix + ".mlp", opts);
     register_module("mlp", dense_mlp.get());
   }
   register_module("input_layernorm", &input_layernorm);

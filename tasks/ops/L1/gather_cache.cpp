@@ -34,10 +34,9 @@ std::vector<BenchCase> gather_cache_cases(const ModelView& m, const CaseOptions&
     b.label = "T=" + cases::str(T) + " seqs=" + cases::str(S) + " width=" + cases::str(W);
     b.args.values = {{"max_seq_len", double(Lmax)}};
     b.make_inputs = [=](Device d, uint64_t seed) {
-      return std::vector<Tensor>{
-          cases::normal({blocks, bs, W}, dt, d, seed, "kv_cache", 1.0),
-          cases::permutation_prefix(blocks, {S, bps}, DType::i32, d, seed, "block_tables"),
-          cases::filled_i32(lens, d)};
+      return std::vector<Tensor>{cases::normal({blocks, bs, W}, dt, d, seed, "kv_cache", 1.0),
+                                 cases::permutation_prefix(blocks, {S, bps}, DType::i32, d, seed, "block_tables"),
+                                 cases::filled_i32(lens, d)};
     };
     // The sequences' rows read and their slots written (padding rows written as zeros).
     b.bytes = T * W * es + S * Lmax * W * es + S * bps * 4 + S * 4;

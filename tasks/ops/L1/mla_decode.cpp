@@ -14,8 +14,8 @@ using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(MlaDecode, "L1/mla_decode.h");
 KBN_REQUIRE_CTOR(MlaDecode, "L1/mla_decode.h", int64_t, int64_t, int64_t, double);
-KBN_REQUIRE_METHOD(MlaDecode, Tensor, forward,
-                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t), "L1/mla_decode.h");
+KBN_REQUIRE_METHOD(MlaDecode, Tensor, forward, (const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t),
+                   "L1/mla_decode.h");
 
 namespace {
 
@@ -38,8 +38,8 @@ std::vector<BenchCase> mla_decode_cases(const ModelView& m, const CaseOptions& o
     for (int64_t ctx : contexts) {
       const int64_t blocks_per_seq = cases::ceil_div(ctx, bs), blocks = B * blocks_per_seq;
       BenchCase b = cases::base("mla_decode", m, B, dt);
-      b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(H) + " latent=" +
-                cases::str(L) + "+" + cases::str(W - L);
+      b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(H) +
+                " latent=" + cases::str(L) + "+" + cases::str(W - L);
       b.args.values = {{"num_heads", double(H)},
                        {"kv_lora_rank", double(L)},
                        {"rope_dim", double(W - L)},

@@ -12,8 +12,8 @@ using namespace kbn::missing_task_class;
 using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(DeepseekV2MLAAttention, "L2/deepseek_v2_mla_attention.h");
-KBN_REQUIRE_CTOR(DeepseekV2MLAAttention, "L2/deepseek_v2_mla_attention.h", const DeepseekV2Config&,
-                 const std::string&, const ParamOptions&);
+KBN_REQUIRE_CTOR(DeepseekV2MLAAttention, "L2/deepseek_v2_mla_attention.h", const DeepseekV2Config&, const std::string&,
+                 const ParamOptions&);
 KBN_REQUIRE_METHOD(DeepseekV2MLAAttention, Tensor, forward, (const Tensor&, const Tensor&),
                    "L2/deepseek_v2_mla_attention.h");
 

@@ -46,8 +46,9 @@ KBN_REGISTER_OPS(r) {
            if (!m.mla || !m.moe || m.moe->num_sparse_layers == 0) return {};
            const int64_t H = m.hidden_size;
            const int64_t shared = 3 * H * m.moe->intermediate_size * m.config->get_int("n_shared_experts", 0);
-           std::vector<BenchCase> cs = cases::block_cases(
-               "deepseek_v2_moe", m, o, {.params = H * m.moe->num_experts + shared, .in_features = H, .out_features = H});
+           std::vector<BenchCase> cs =
+               cases::block_cases("deepseek_v2_moe", m, o,
+                                  {.params = H * m.moe->num_experts + shared, .in_features = H, .out_features = H});
            add_expert_work(cs, m);
            return cs;
          },
