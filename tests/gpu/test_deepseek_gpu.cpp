@@ -1,4 +1,5 @@
-// GPU tests of DeepSeek's ops (issue 18) beyond the op contract (PendingModels in test_ops_gpu.cpp):
+// GPU tests of DeepSeek's ops (issue 18) beyond the op contract (tests/gpu/test_ops_gpu.cpp runs that at
+// tiny-deepseek-v2's and DeepSeek-V2-Lite's shapes):
 // concat_and_cache_mla's CUDA path against the oracle, bit for bit, on the 16-byte path (DeepSeek-V2's 512 + 64 latent,
 // k_pe a view into kv_a_proj_with_mqa's output) and the 2-byte path (an odd latent width and an odd token stride),
 // padding tokens skipped, other rows untouched, and a slot outside the cache reported through kbn/device_errors.h with
