@@ -30,13 +30,15 @@ inline ModelView contract_view(const engine::ModelSpec& spec) { return bench::mo
 // L1 ops at the real shapes of configs no registered L4 serves (issue 17): gpt-oss-20b's until its L4 lands (no tiny
 // model reaches swiglu_oai_and_mul before then), and the published Gemma-3-12B's (Gemma3ForConditionalGeneration;
 // tiny-gemma3 reaches the same ops at tiny shapes); rotary_embedding is listed for the YaRN, linear and local-base
-// ropes these configs give it. DeepSeek-V3's router (grouped, sigmoid, biased) and 128-head latent decode, whose
-// architecture no L4 serves (DeepseekV2ForCausalLM serves V2 and V2-Lite).
+// ropes these configs give it. DeepSeek-V3's router (grouped, sigmoid, biased), whose architecture no L4 serves
+// (DeepseekV2ForCausalLM serves V2 and V2-Lite). V3's 128-head latent decode is not listed: on the CPU its 300-sequence
+// case costs minutes of oracle time and checks the oracle against itself; tests/gpu/test_deepseek_gpu.cpp runs
+// mla_decode at 128 heads against the oracle on the GPU.
 inline std::vector<OpCase> pending_model_op_cases() {
   return {{"gpt-oss-20b", "swiglu_oai_and_mul"}, {"gpt-oss-20b", "rotary_embedding"},
           {"gemma-3-12b-it", "gemma_rms_norm"},  {"gemma-3-12b-it", "gemma_fused_add_rms_norm"},
           {"gemma-3-12b-it", "gelu_and_mul"},    {"gemma-3-12b-it", "rotary_embedding"},
-          {"deepseek-v3", "grouped_topk"},       {"deepseek-v3", "mla_decode"}};
+          {"deepseek-v3", "grouped_topk"}};
 }
 
 // Every (model, op) with cases, for the given models, levels 1..3. An op whose header the model's L4 reaches but whose
