@@ -71,9 +71,7 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
     top_k_ = m.top_k;
     expert_weights_ = 3 * H * m.intermediate_size;  // w13 [2N, H] and w2 [H, N]
     router_weights_ = sparse_layers_ * H * experts_;
-    // DeepSeek's shared experts: one dense MLP of n_shared_experts x moe_intermediate_size per sparse layer.
-    if (view.mla && view.config)
-      router_weights_ += sparse_layers_ * view.config->get_int("n_shared_experts", 0) * expert_weights_;
+    router_weights_ += sparse_layers_ * 3 * H * m.shared_intermediate_size;  // DeepSeek's shared experts (dense)
   }
   int64_t mixer = 0;  // Mamba-2, per layer: in_proj [H -> I + conv_dim + heads] and out_proj [I -> H]
   if (view.mamba) {

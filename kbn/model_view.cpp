@@ -44,7 +44,7 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
   // (it has no dense MLP); Qwen3-MoE names them num_experts and moe_intermediate_size, and keeps intermediate_size
   // for the dense layers that mlp_only_layers and decoder_sparse_step select; DeepSeek names them n_routed_experts
   // and moe_intermediate_size, its first first_k_dense_replace layers dense, then every moe_layer_freq-th sparse.
-  const char* experts_key = c.has("num_local_experts") ? "num_local_experts"
+  const char* experts_key = c.has("num_local_experts")  ? "num_local_experts"
                             : c.has("n_routed_experts") ? "n_routed_experts"
                                                         : "num_experts";
   const bool moe = c.has(experts_key) && c.get_int(experts_key) > 0;
@@ -74,8 +74,11 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
       e.score_correction_bias = c.get_string("topk_method", "greedy") == "noaux_tc";
       e.routed_scaling_factor = c.get_double("routed_scaling_factor", 1.0);
     }
+    if (c.has("n_shared_experts") && c.get_int("n_shared_experts") > 0)
+      e.shared_intermediate_size = split(c.get_int("n_shared_experts") * e.total_intermediate_size, "n_shared_experts");
     if (c.has("first_k_dense_replace")) {
-      const int64_t first = c.get_int("first_k_dense_replace"), freq = c.has("moe_layer_freq") ? positive("moe_layer_freq") : 1;
+      const int64_t first = c.get_int("first_k_dense_replace"),
+                    freq = c.has("moe_layer_freq") ? positive("moe_layer_freq") : 1;
       KBN_CHECK(first >= 0, "config ", c.source(), ": key 'first_k_dense_replace' must not be negative, got ", first);
       for (int64_t l = first; l < m.num_layers; ++l)
         if (l % freq == 0) ++e.num_sparse_layers;
@@ -169,8 +172,8 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
       }
     }
     a.logits_soft_cap = c.get_double("attn_logit_softcapping", 0.0);
-    KBN_CHECK(a.logits_soft_cap >= 0, "config ", c.source(), ": key 'attn_logit_softcapping' must be >= 0 (or null), got ",
-              a.logits_soft_cap);
+    KBN_CHECK(a.logits_soft_cap >= 0, "config ", c.source(),
+              ": key 'attn_logit_softcapping' must be >= 0 (or null), got ", a.logits_soft_cap);
     // NOTE: no config key says a model has sinks; the architecture does. This is the one model name outside its
     // model's files, until gpt-oss's L4 lands and declares a feature for it (as Qwen3 declares "qk_norm").
     a.sinks = m.architecture == "GptOssForCausalLM";

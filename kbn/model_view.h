@@ -47,6 +47,9 @@ struct MoeShape {
   int64_t num_expert_group = 1, topk_group = 1;
   bool score_correction_bias = false;
   double routed_scaling_factor = 1.0;
+  // DeepSeek's shared experts ('n_shared_experts'): one dense MLP of n_shared_experts x the expert size that every
+  // token of a sparse layer passes through; this rank's share (0: none).
+  int64_t shared_intermediate_size = 0;
 };
 
 // A Mamba-2 mixer (vLLM MambaMixer2) as one rank sees it: heads, groups and the gated channels split over the ranks

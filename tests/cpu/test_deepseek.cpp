@@ -103,12 +103,14 @@ TEST(DeepseekV2Config, ModelViewHasTheLatentAttentionAndTheExperts) {
   EXPECT_EQ(v.moe->intermediate_size, 1408);
   EXPECT_FALSE(v.moe->renormalize);
   EXPECT_EQ(v.moe->num_sparse_layers, 26);
+  EXPECT_EQ(v.moe->shared_intermediate_size, 2 * 1408);  // n_shared_experts 2
   ASSERT_TRUE(v.intermediate_size.has_value());
   EXPECT_EQ(*v.intermediate_size, 10944);
   const ModelView v2 = ModelView::from("deepseek-v2-lite", config, 2);
   EXPECT_EQ(v2.mla->num_heads, 8);
   EXPECT_EQ(v2.mla->latent_size(), 576);
   EXPECT_EQ(v2.moe->intermediate_size, 704);
+  EXPECT_EQ(v2.moe->shared_intermediate_size, 1408);
 }
 
 TEST(DeepseekV2Config, BadFieldsAreNamed) {

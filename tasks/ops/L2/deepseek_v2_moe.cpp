@@ -45,7 +45,7 @@ KBN_REGISTER_OPS(r) {
          .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {
            if (!m.mla || !m.moe || m.moe->num_sparse_layers == 0) return {};
            const int64_t H = m.hidden_size;
-           const int64_t shared = 3 * H * m.moe->intermediate_size * m.config->get_int("n_shared_experts", 0);
+           const int64_t shared = 3 * H * m.moe->shared_intermediate_size;
            std::vector<BenchCase> cs =
                cases::block_cases("deepseek_v2_moe", m, o,
                                   {.params = H * m.moe->num_experts + shared, .in_features = H, .out_features = H});

@@ -49,9 +49,8 @@ KBN_REGISTER_OPS(r) {
              H * a.latent_size() + a.kv_lora_rank + a.kv_lora_rank * N * (a.qk_nope_head_dim + a.v_head_dim) +
              N * a.v_head_dim * H;
          const bool moe = m.moe && m.moe->num_sparse_layers > 0;
-         const int64_t mlp =
-             moe ? H * m.moe->num_experts + 3 * H * m.moe->intermediate_size * m.config->get_int("n_shared_experts", 0)
-                 : 3 * H * m.config->get_int("intermediate_size");
+         const int64_t mlp = moe ? H * m.moe->num_experts + 3 * H * m.moe->shared_intermediate_size
+                                 : 3 * H * m.config->get_int("intermediate_size");
          std::vector<BenchCase> cs = cases::block_cases(
              "deepseek_v2_decoder_layer", m, o,
              {.params = attn + mlp + 2 * H, .in_features = H, .out_features = H, .attention = true, .residual = true});
