@@ -42,20 +42,17 @@ struct MlaDecodeParams {
 //   values:  warp w accumulates O[16 heads, columns 128w..128w+127] += P[16, kKeys] V[kKeys, 128] (V = the rows'
 //            first 512 values), so the 16 x 512 fp32 output lives in registers spread over the four warps (64 each).
 // Latent and P rows are XOR-swizzled by 16-byte chunk (attention_mma.cuh) so ldmatrix and cp.async are conflict-free.
-// The op runs 64-key tiles double-buffered (see its launch for the 32-key, four-deep ring measured against it).
+// 64-key tiles double-buffered: on the H200 32-key tiles four deep were slower (V3 52-54 TFLOP/s against 70-71,
+// DeepSeek-V2-Lite 38-40% of the copy rate at batch 32-128), their per-tile barriers twice as many.
 constexpr int kMlaWidth = 576, kMlaRank = 512, kMlaRows = 16, kMlaWarps = 4, kMlaThreads = kMlaWarps * 32,
-              kMlaChunks = kMlaWidth / 8;
+              kMlaChunks = kMlaWidth / 8, kMlaKeys = 64, kMlaStages = 2;
+constexpr size_t kMlaSmem = size_t(kMlaRows + kMlaStages * kMlaKeys) * kMlaWidth * 2 + size_t(kMlaRows) * kMlaKeys * 2 +
+                            2 * kMlaWarps * kMlaRows * sizeof(float);
 
-template <int kKeys, int kStages>
-constexpr size_t mla_smem_bytes() {
-  return size_t(kMlaRows + kStages * kKeys) * kMlaWidth * 2 + size_t(kMlaRows) * kKeys * 2 +
-         2 * kMlaWarps * kMlaRows * sizeof(float);
-}
-
-template <class T, int kKeys, int kStages>
+template <class T>
 __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecodeParams p) {
-  static_assert(kKeys == 64, "a warp owns 16 keys (two n-tiles) of a tile");
-  constexpr int kWarpKeys = kKeys / kMlaWarps, kNT = kWarpKeys / 8;
+  constexpr int kKeys = kMlaKeys, kStages = kMlaStages;
+  constexpr int kWarpKeys = kKeys / kMlaWarps, kNT = kWarpKeys / 8;  // a warp owns 16 keys: two n-tiles
   auto p_at = [](int row, int col) { return swizzle<kKeys>(row, col / 8) + col % 8; };  // P rows XOR-swizzled
   extern __shared__ __align__(128) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);
@@ -342,7 +339,7 @@ __global__ void __launch_bounds__(kReduceThreads) mla_decode_reduce_kernel(MlaDe
 // Splits per sequence: enough blocks to fill the SMs once (one block per SM: the kernel takes ~165 KiB of shared
 // memory), never partitions shorter than kMinPartition keys (each split costs a Q load and a 32 KiB fp32 partial
 // written and read back, ~5% of a 1024-key partition's latent bytes), never more than kMaxSplits.
-constexpr int kMinPartition = 256, kPartitionAlign = 64;  // partitions are whole tiles of either kernel
+constexpr int kMinPartition = 256, kPartitionAlign = kMlaKeys;  // partitions are whole tiles
 
 std::pair<int, int> choose_mla_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm) {
   const int64_t slots = int64_t(num_sms) * std::max(blocks_per_sm, 1);
@@ -432,11 +429,8 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
   }
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     using T = decltype(t);
-    // 64-key tiles, double-buffered: on the H200 32-key tiles four deep were slower (V3 52-54 TFLOP/s against 70-71,
-    // DeepSeek-V2-Lite 38-40% of the copy rate at batch 32-128), their per-tile barriers twice as many.
-    constexpr int kKeys = 64, kStages = 2;
-    constexpr size_t smem = mla_smem_bytes<kKeys, kStages>();
-    auto* kernel = mla_decode_mma_kernel<T, kKeys, kStages>;
+    constexpr size_t smem = kMlaSmem;
+    auto* kernel = mla_decode_mma_kernel<T>;
     const KernelLaunchFacts& facts =
         kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index, kMlaThreads, smem);
     const int64_t head_groups = (num_heads_ + kMlaRows - 1) / kMlaRows;
