@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "engine/generate.h"
+#include "engine/llm_engine.h"
 #include "engine/model_loader.h"
+#include "kbn/error.h"
 #include "test_paths.h"
 
 namespace kbn::test {
@@ -56,6 +58,44 @@ inline void check_against_hf(const std::string& name) {
     EXPECT_LT(max_err, kLogitTolerance) << name << " prompt " << i;
     EXPECT_EQ(res.tokens[i], p["greedy_ids"].get<std::vector<int64_t>>()) << name << " prompt " << i;
   }
+}
+
+// Every fixture prompt `repeats` times through the continuous-batching engine under `cfg` (CPU, fp32): each request
+// must give transformers' greedy tokens. Returns the run (preemptions, ...) for the caller's own checks.
+inline engine::RunResult check_engine_greedy(const HfFixture& fx, const engine::EngineConfig& cfg, int repeats) {
+  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  engine::LLMEngine eng(*model, Variant::baseline, Device::cpu(), cfg);
+  std::vector<engine::Request> rs;
+  for (int rep = 0; rep < repeats; ++rep)
+    for (const auto& p : fx.expected["prompts"]) {
+      engine::Request r;
+      r.id = int64_t(rs.size());
+      r.prompt = p["prompt_ids"].get<std::vector<int64_t>>();
+      r.sampling.max_tokens = int64_t(p["greedy_ids"].size());
+      rs.push_back(r);
+    }
+  engine::RunResult res = eng.run_to_completion(rs);
+  EXPECT_EQ(res.outputs.size(), rs.size());
+  const size_t n = fx.expected["prompts"].size();
+  for (size_t i = 0; i < rs.size() && i < res.outputs.size(); ++i)
+    EXPECT_EQ(res.outputs[i].tokens, fx.expected["prompts"][i % n]["greedy_ids"].get<std::vector<int64_t>>())
+        << "request " << i << " (budget " << cfg.max_num_batched_tokens << ")";
+  eng.scheduler().check_invariants();
+  return res;
+}
+
+// The error building the fixture's model with `overrides` (JSON) written over its config; a model that builds is a
+// test failure (and gives "").
+inline std::string build_error_with(const HfFixture& fx, const std::string& overrides) {
+  engine::ModelSpec spec = fx.spec;
+  spec.config = fx.spec.config.with_overrides(overrides, "the fixture with " + overrides);
+  try {
+    engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << overrides << " was accepted";
+  return {};
 }
 
 }  // namespace kbn::test

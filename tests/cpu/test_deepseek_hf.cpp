@@ -21,48 +21,21 @@ using namespace kbn;
 TEST(DeepseekV2VsHF, TinyLogitsAndGreedyTokens) { kbn::test::check_against_hf("tiny-deepseek-v2"); }
 
 TEST(DeepseekV2VsHF, ChunkedPrefillAcrossStepsGivesTheGreedyTokens) {
-  test::HfFixture fx = test::load_hf_fixture("tiny-deepseek-v2");
-  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  const test::HfFixture fx = test::load_hf_fixture("tiny-deepseek-v2");
   engine::EngineConfig cfg;
   cfg.max_model_len = 128;
   cfg.block_size = 4;
   cfg.max_num_batched_tokens = 5;  // every prompt longer than 5 tokens is split over steps
   cfg.max_num_seqs = 4;
   cfg.num_kv_blocks = 512;
-  engine::LLMEngine eng(*model, Variant::baseline, Device::cpu(), cfg);
-  std::vector<engine::Request> rs;
-  for (int rep = 0; rep < 2; ++rep)
-    for (const auto& p : fx.expected["prompts"]) {
-      engine::Request r;
-      r.id = int64_t(rs.size());
-      r.prompt = p["prompt_ids"].get<std::vector<int64_t>>();
-      r.sampling.max_tokens = int64_t(p["greedy_ids"].size());
-      rs.push_back(r);
-    }
-  const engine::RunResult res = eng.run_to_completion(rs);
-  ASSERT_EQ(res.outputs.size(), rs.size());
-  const size_t n = fx.expected["prompts"].size();
-  for (size_t i = 0; i < rs.size(); ++i)
-    EXPECT_EQ(res.outputs[i].tokens, fx.expected["prompts"][i % n]["greedy_ids"].get<std::vector<int64_t>>())
-        << "request " << i;
-  eng.scheduler().check_invariants();
+  test::check_engine_greedy(fx, cfg, 2);
 }
 
 // A config that disagrees with its checkpoint is named by field and value (the tiny fixture: 4 heads, nope 16 + rope
 // 8, v 16, kv_lora_rank 32, 8 routed experts of 24).
 TEST(DeepseekV2VsHF, AConfigThatDisagreesWithTheCheckpointNamesTheField) {
   const test::HfFixture fx = test::load_hf_fixture("tiny-deepseek-v2");
-  const auto error = [&](const std::string& overrides) -> std::string {
-    engine::ModelSpec spec = fx.spec;
-    spec.config = fx.spec.config.with_overrides(overrides, "the fixture with " + overrides);
-    try {
-      engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << overrides << " was accepted";
-    return {};
-  };
+  const auto error = [&](const std::string& overrides) { return test::build_error_with(fx, overrides); };
   const auto expect_in = [](const std::string& message, const std::string& part) {
     EXPECT_NE(message.find(part), std::string::npos) << "expected \"" << part << "\" in: " << message;
   };

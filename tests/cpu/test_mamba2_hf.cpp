@@ -13,8 +13,8 @@
 
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
-#include "kbn/error.h"
 #include "hf_fixture.h"
+#include "kbn/error.h"
 
 namespace {
 
@@ -27,8 +27,7 @@ struct EngineCase {
 };
 
 void check_engine(const EngineCase& c, bool expect_preemption) {
-  test::HfFixture fx = test::load_hf_fixture("tiny-mamba2");
-  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  const test::HfFixture fx = test::load_hf_fixture("tiny-mamba2");
   engine::EngineConfig cfg;
   cfg.max_model_len = 64;
   cfg.block_size = 4;
@@ -36,27 +35,11 @@ void check_engine(const EngineCase& c, bool expect_preemption) {
   cfg.max_num_seqs = c.max_num_seqs;
   cfg.num_state_slots = c.slots;
   cfg.num_kv_blocks = c.blocks;
-  engine::LLMEngine eng(*model, Variant::baseline, Device::cpu(), cfg);
-  std::vector<engine::Request> rs;
   // Each fixture prompt twice, so that slots are reused and sequences of different lengths share steps.
-  for (int rep = 0; rep < 2; ++rep)
-    for (const auto& p : fx.expected["prompts"]) {
-      engine::Request r;
-      r.id = int64_t(rs.size());
-      r.prompt = p["prompt_ids"].get<std::vector<int64_t>>();
-      r.sampling.max_tokens = int64_t(p["greedy_ids"].size());
-      rs.push_back(r);
-    }
-  const engine::RunResult res = eng.run_to_completion(rs);
-  ASSERT_EQ(res.outputs.size(), rs.size());
-  const size_t n = fx.expected["prompts"].size();
-  for (size_t i = 0; i < rs.size(); ++i)
-    EXPECT_EQ(res.outputs[i].tokens, fx.expected["prompts"][i % n]["greedy_ids"].get<std::vector<int64_t>>())
-        << "request " << i << " (budget " << c.budget << ", slots " << c.slots << ")";
+  const engine::RunResult res = test::check_engine_greedy(fx, cfg, 2);
   if (expect_preemption) {
     EXPECT_GT(res.preemptions, 0);
   }
-  eng.scheduler().check_invariants();
 }
 
 TEST(Mamba2VsHF, ChunkedPrefillAcrossStepsGivesTheGreedyTokens) {
@@ -69,17 +52,7 @@ TEST(Mamba2VsHF, ChunkedPrefillAcrossStepsGivesTheGreedyTokens) {
 // of state 16, conv width 4).
 TEST(Mamba2VsHF, AConfigThatDisagreesWithTheCheckpointNamesTheField) {
   const test::HfFixture fx = test::load_hf_fixture("tiny-mamba2");
-  const auto error = [&](const std::string& overrides) -> std::string {
-    engine::ModelSpec spec = fx.spec;
-    spec.config = fx.spec.config.with_overrides(overrides, "the fixture with " + overrides);
-    try {
-      engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << overrides << " was accepted";
-    return {};
-  };
+  const auto error = [&](const std::string& overrides) { return test::build_error_with(fx, overrides); };
   const auto expect_in = [](const std::string& message, const std::string& part) {
     EXPECT_NE(message.find(part), std::string::npos) << "expected \"" << part << "\" in: " << message;
   };
