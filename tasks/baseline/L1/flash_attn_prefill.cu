@@ -776,34 +776,34 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   // tensor maps; any other GPU or cache layout runs the mma.sync kernel.
   // Head 192 (DeepSeek MLA's decompressed prefill) has no wgmma instantiation: the mma.sync kernel runs it everywhere.
   if constexpr (kHeadDim != 192) {
-  auto* hopper = hopper_path::flash_attn_prefill_tma_kernel<T, kHeadDim>;
-  if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
-    using namespace hopper_path;
-    const int bs = p.block_size;
-    const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
-    CUtensorMap k_map{}, v_map{};
-    if (bs >= 8 && bs % 8 == 0 && kBlockN % bs == 0 &&
-        encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
-                         p.k_stride_slot, p.k_stride_head) &&
-        encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.v_stride_block,
-                         p.v_stride_slot, p.v_stride_head)) {
-      // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 16 per stage: its two mbarriers.
-      const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T) + 1024 + 16 * kStages;
-      const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
-      const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
-      KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
-                " rows (max_query_len ", max_query_len, " x ", p.group_size, " query heads per kv head x ",
-                num_kv_heads, " kv heads x ", num_seqs, " sequences) exceed 2^31 - 1");
-      const KernelLaunchFacts& facts =
-          kernel_launch_facts(reinterpret_cast<const void*>(hopper), device, kThreads, smem);
-      const int64_t resident = int64_t(facts.num_sms) * std::max(facts.blocks_per_sm, 1);
-      const int64_t grid = std::min(num_items, resident);
-      hopper<<<unsigned(grid), kThreads, smem, stream>>>(p, k_map, v_map, int(num_items), int(num_kv_heads),
-                                                          int(num_seqs), int(m_tiles));
-      KBN_CUDA_CHECK_LAUNCH();
-      return;
+    auto* hopper = hopper_path::flash_attn_prefill_tma_kernel<T, kHeadDim>;
+    if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
+      using namespace hopper_path;
+      const int bs = p.block_size;
+      const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+      CUtensorMap k_map{}, v_map{};
+      if (bs >= 8 && bs % 8 == 0 && kBlockN % bs == 0 &&
+          encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
+                           p.k_stride_slot, p.k_stride_head) &&
+          encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.v_stride_block,
+                           p.v_stride_slot, p.v_stride_head)) {
+        // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 16 per stage: its two mbarriers.
+        const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T) + 1024 + 16 * kStages;
+        const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
+        const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
+        KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
+                  " rows (max_query_len ", max_query_len, " x ", p.group_size, " query heads per kv head x ",
+                  num_kv_heads, " kv heads x ", num_seqs, " sequences) exceed 2^31 - 1");
+        const KernelLaunchFacts& facts =
+            kernel_launch_facts(reinterpret_cast<const void*>(hopper), device, kThreads, smem);
+        const int64_t resident = int64_t(facts.num_sms) * std::max(facts.blocks_per_sm, 1);
+        const int64_t grid = std::min(num_items, resident);
+        hopper<<<unsigned(grid), kThreads, smem, stream>>>(p, k_map, v_map, int(num_items), int(num_kv_heads),
+                                                            int(num_seqs), int(m_tiles));
+        KBN_CUDA_CHECK_LAUNCH();
+        return;
+      }
     }
-  }
   }
   using namespace mma_path;
   const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
@@ -815,6 +815,19 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
   kernel<<<grid, kThreads, smem, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
+}
+
+// The head sizes prefill runs on tensor cores: the shared set (attention_mma.cuh) plus 192, DeepSeek MLA's
+// decompressed prefill, which the mma.sync kernel alone takes (launch_flash_attn_prefill).
+bool prefill_tensor_core_supports(DType dt, int64_t head_size) {
+  const bool sixteen_bit = dt == DType::bf16 || dt == DType::f16;
+  return tensor_core_attention_supports(dt, head_size) || (head_size == 192 && sixteen_bit);
+}
+
+template <class F>
+void dispatch_prefill_head_size(int64_t head_size, const char* op, F&& f) {
+  if (head_size == 192) return f(std::integral_constant<int, 192>{});
+  dispatch_head_size(head_size, op, f);
 }
 
 }  // namespace
@@ -915,7 +928,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (!tensor_core_attention_supports(q.dtype(), head_size_) && !(head_size_ == 192 && q.dtype() != DType::f32)) {
+  if (!prefill_tensor_core_supports(q.dtype(), head_size_)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
                                                    block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
@@ -947,12 +960,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   p.scale_log2 = float(scale_ * 1.4426950408889634);
   p.feat = feat;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
-    if (head_size_ == 192) {
-      launch_flash_attn_prefill<decltype(t), 192>(p, num_seqs, num_kv_heads_, max_query_len, key_cache.size(0),
-                                                   current_stream());
-      return;
-    }
-    dispatch_head_size(head_size_, op, [&](auto d) {
+    dispatch_prefill_head_size(head_size_, op, [&](auto d) {
       launch_flash_attn_prefill<decltype(t), decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
                                                                  key_cache.size(0),
                                                                  current_stream());
