@@ -20,6 +20,7 @@ ModelView model_view(const std::string& name, const ModelConfig& config, int64_t
   // An architecture with no L4 model yet still has the shapes of its ops (gpt-oss's attention before its model):
   // its L1 ops are benchmarked, and model_ops below names the missing model.
   if (const OpEntry* l4 = registry(Variant::baseline).find_model_for(m.architecture)) m.features = l4->features;
+  if (m.attention) m.attention->sinks = m.has_feature("attention_sinks");
   return m;
 }
 
@@ -94,6 +95,7 @@ std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like
     const int64_t tokens = small ? pick(1, 40) : pick(1, 2500);
     ModelView m = ModelView::from("random", config_with(base, keys), 1);
     m.features = like.features;
+    if (m.attention) m.attention->sinks = m.has_feature("attention_sinks");
     CaseOptions o;
     o.dtype = dtype;
     o.random = true;

@@ -277,7 +277,8 @@ Selection build_cases(const Options& o, bool small) {
       engine::ModelSpec spec = engine::resolve_model(model);
       const ModelView view = bench::model_view(spec.name, spec.config, 1);
       if (!registry(Variant::baseline).find_model_for(view.architecture)) {
-        // Its L1 ops run ahead of its model (gpt-oss before its L4): no block of it exists to compose into.
+        // Its L1 ops run ahead of its model (DeepSeek-V3's router and latent decode): no block of it exists to
+        // compose into.
         std::fprintf(stderr, "kb_nano kernels: %s: no L4 model serves %s yet, so no block includes the candidate; "
                      "composition skipped\n", spec.name.c_str(), view.architecture.c_str());
         continue;

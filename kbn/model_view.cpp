@@ -74,6 +74,14 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
       e.score_correction_bias = c.get_string("topk_method", "greedy") == "noaux_tc";
       e.routed_scaling_factor = c.get_double("routed_scaling_factor", 1.0);
     }
+    // gpt-oss's experts (HF GptOssConfig, the one config with 'swiglu_limit'): swigluoai with biases.
+    if (c.has("swiglu_limit")) {
+      e.swigluoai = e.expert_bias = true;
+      e.swiglu_limit = c.get_double("swiglu_limit");
+      e.swiglu_alpha = c.get_double("swiglu_alpha", 1.702);
+      KBN_CHECK(e.swiglu_limit > 0, "config ", c.source(), ": key 'swiglu_limit' must be positive, got ",
+                e.swiglu_limit);
+    }
     if (c.has("n_shared_experts") && c.get_int("n_shared_experts") > 0)
       e.shared_intermediate_size = split(c.get_int("n_shared_experts") * e.total_intermediate_size, "n_shared_experts");
     if (c.has("first_k_dense_replace")) {
@@ -174,9 +182,6 @@ ModelView ModelView::from(const std::string& name, std::shared_ptr<const ModelCo
     a.logits_soft_cap = c.get_double("attn_logit_softcapping", 0.0);
     KBN_CHECK(a.logits_soft_cap >= 0, "config ", c.source(),
               ": key 'attn_logit_softcapping' must be >= 0 (or null), got ", a.logits_soft_cap);
-    // NOTE: no config key says a model has sinks; the architecture does. This is the one model name outside its
-    // model's files, until gpt-oss's L4 lands and declares a feature for it (as Qwen3 declares "qk_norm").
-    a.sinks = m.architecture == "GptOssForCausalLM";
     m.attention = a;
   }
   return m;

@@ -22,7 +22,8 @@ struct AttentionShape {
   RopeConfig rope;
   // Per-layer features some layers use: the window of the sliding layers ('sliding_window' unless
   // 'use_sliding_window' is false; 0: none), 'attn_logit_softcapping' (0: none), and a learned sink logit per
-  // query head (the architectures that have one: gpt-oss).
+  // query head (no config key says so: set from the "attention_sinks" feature its L4 entry declares, by
+  // bench::model_view; gpt-oss).
   int64_t sliding_window = 0;
   int64_t num_sliding_layers = 0;  // layers with that window: 'layer_types', else every 'sliding_window_pattern'-th
                                    // layer is full, else all layers slide
@@ -50,6 +51,9 @@ struct MoeShape {
   // DeepSeek's shared experts ('n_shared_experts'): one dense MLP of n_shared_experts x the expert size that every
   // token of a sparse layer passes through; this rank's share (0: none).
   int64_t shared_intermediate_size = 0;
+  // gpt-oss's experts: swigluoai activation (alpha, limit from 'swiglu_alpha', 'swiglu_limit') and w13/w2 biases.
+  bool swigluoai = false, expert_bias = false;
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
 };
 
 // A Mamba-2 mixer (vLLM MambaMixer2) as one rank sees it: heads, groups and the gated channels split over the ranks

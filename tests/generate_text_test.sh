@@ -61,7 +61,7 @@ expect_error 2 "the prompt is empty" --device cpu --prompt ""
 expect_error 2 "--top-p" --device cpu --prompt hi --top-p 1.5
 expect_error 2 "--temperature" --device cpu --prompt hi --temperature -1
 # A published config whose architecture no L4 serves is named before any of its keys are read.
-expect_error 1 "no L4 model serves architecture 'GptOssForCausalLM'" --device cpu --model gpt-oss-20b
+expect_error 1 "no L4 model serves architecture 'DeepseekV3ForCausalLM'" --device cpu --model deepseek-v3
 # kb_nano tokenize: the ids Hugging Face gives for "Hello world" with Llama-3's tokenizer, and back.
 lb="$src/tests/fixtures/tokenizers/llama-bpe/tokenizer.json"
 ids=$("$kbn" tokenize --tokenizer "$lb" --text "Hello world" --json 2>/dev/null) || fail "tokenize"

@@ -27,8 +27,9 @@ inline void PrintTo(const OpCase& c, std::ostream* os) { *os << c.model << " " <
 // Gemma-3's does).
 inline ModelView contract_view(const engine::ModelSpec& spec) { return bench::model_view(spec.name, spec.config, 1); }
 
-// L1 ops at the real shapes of configs no registered L4 serves (issue 17): gpt-oss-20b's until its L4 lands (no tiny
-// model reaches swiglu_oai_and_mul before then), and the published Gemma-3-12B's (Gemma3ForConditionalGeneration;
+// L1 ops at the real shapes of configs the tiny models stand in for: gpt-oss-20b's standalone swiglu_oai_and_mul (its
+// L4 fuses the activation into fused_experts, so no model reaches the op) and YaRN rope, and the published
+// Gemma-3-12B's (Gemma3ForConditionalGeneration;
 // tiny-gemma3 reaches the same ops at tiny shapes); rotary_embedding is listed for the YaRN, linear and local-base
 // ropes these configs give it. DeepSeek-V3's router (grouped, sigmoid, biased), whose architecture no L4 serves
 // (DeepseekV2ForCausalLM serves V2 and V2-Lite). V3's 128-head latent decode is not listed: on the CPU its 300-sequence

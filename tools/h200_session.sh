@@ -35,6 +35,10 @@
 #              cache store, router and experts at DeepSeek-V2-Lite's shapes (V3's latent decode and router too),
 #              tools/torch_bench.py --sections mla beside them, and transformers' fixture of
 #              models/tiny-deepseek-v2.json into $OUT/session/fixtures/tiny-deepseek-v2 (copy to tests/fixtures/)
+#   gpt-oss    issue 17's gpt-oss: its GPU tests (fused_experts' swigluoai and bias paths, the attention features,
+#              tiny-gpt-oss's op contract, graph mode = eager = transformers' greedy tokens), kb_nano kernels for
+#              fused_experts at gpt-oss-20b's shapes and tools/torch_bench.py --sections moe beside them; the evals:
+#              `EVAL_MODEL=gpt-oss-20b EVAL_MODES=graph ... eval`
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -159,6 +163,16 @@ for part in "$@"; do
         step "torch_moe_$km" 300 python3 tools/torch_bench.py --model "models/$km.json" --sections moe \
           ${MOE_TOKENS:+--tokens $MOE_TOKENS} --json "$out/torch_moe_$km.json"
       done
+      ;;
+    gpt-oss)
+      step gpu_tests_gpt_oss 300 build/tests/kbn_gpu_tests \
+        --gtest_filter='FusedExpertsGpu.*:MoeSumGpu.*:TopkSoftmaxGpu.*:*tiny_gpt_oss*:*GptOss*:FlashAttnFeaturesGpu.*' \
+        --gtest_output=json:"$out/gpu_tests_gpt_oss.json"
+      step kernels_gpt-oss-20b_fused_experts 300 build/kb_nano kernels --model gpt-oss-20b --variant baseline \
+        --target fused_experts --tokens "${MOE_TOKENS:-1,16,64,256,4096,16384}" --random 0 --seeds 1 \
+        --json "$out/kernels_gpt-oss-20b_fused_experts.json" --markdown "$out/kernels_gpt-oss-20b_fused_experts.md"
+      step torch_moe_gpt-oss-20b 300 python3 tools/torch_bench.py --model models/gpt-oss-20b.json --sections moe \
+        --tokens "${MOE_TOKENS:-1,16,64,256,4096,16384}" --json "$out/torch_moe_gpt-oss-20b.json"
       ;;
     mamba)
       step gpu_tests_mamba 150 build/tests/kbn_gpu_tests \

@@ -20,7 +20,10 @@ Mixture-of-experts families (Mixtral, Qwen3-MoE) work the same way:
 
 kb-nano reads the per-expert checkpoint names the published checkpoints use (Mixtral `experts.{e}.w1/w3/w2`,
 Qwen3-MoE `experts.{e}.gate_proj/up_proj/down_proj`), which is what transformers 5.17 saves; a checkpoint saved with
-fused expert tensors is refused (check_expert_names).
+fused expert tensors is refused (check_expert_names). gpt-oss is the exception: its published checkpoints hold fused
+expert tensors (`experts.gate_up_proj` [E, H, 2N] with gate and up interleaved, `experts.down_proj` [E, N, H], and
+their biases), and that is what kb-nano reads for it. gpt-oss's attention sinks are drawn from N(0, 1) instead of
+the initializer's N(0, 0.08) so that they take a visible share of each softmax in the fixture.
 """
 import argparse
 import json
@@ -30,6 +33,10 @@ import platform
 import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
+
+
+# Families whose published checkpoints hold fused 3-D expert tensors (kb-nano reads them that way).
+FUSED_EXPERT_FAMILIES = {"gpt_oss"}
 
 
 def check_expert_names(out_dir):
@@ -77,6 +84,8 @@ def main():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
+            elif name.endswith(".sinks"):
+                p.copy_(torch.empty(p.shape).normal_(0.0, 1.0, generator=gen))
             else:
                 p.copy_(torch.empty(p.shape).normal_(0.0, config.initializer_range, generator=gen))
     model.eval()
@@ -86,7 +95,8 @@ def main():
     if args.max_shard_size:
         save_kwargs["max_shard_size"] = args.max_shard_size
     model.save_pretrained(args.out, **save_kwargs)
-    check_expert_names(args.out)
+    if cfg_json["model_type"] not in FUSED_EXPERT_FAMILIES:
+        check_expert_names(args.out)
 
     model = model.to(args.device)
     vocab = config.vocab_size

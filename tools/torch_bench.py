@@ -48,13 +48,30 @@ def moe(cfg, tp, tokens, record, dev, dt):
     grouped_mm: the two torch._grouped_mm calls and silu*mul on rows already sorted by expert (routing,
     permutation and the weighted sum not counted, as the MoE issue's table measured it);
     torch: everything fused_experts does (sort the pairs, gather, both grouped GEMMs, scale, sum per token);
-    loop: transformers' eager MoE, a matmul chain per touched expert (its host syncs included)."""
+    loop: transformers' eager MoE, a matmul chain per touched expert (its host syncs included).
+    gpt-oss's experts (a config with swiglu_limit): swigluoai (min(g, limit), clamp(u, +-limit), (u + 1) g
+    sigmoid(alpha g)) and per-expert biases after each GEMM, in every peer, labelled as kb-nano labels them."""
     H = cfg["hidden_size"]
     E = cfg.get("num_local_experts", cfg.get("num_experts", cfg.get("n_routed_experts")))
     k = cfg["num_experts_per_tok"]
     N = cfg.get("moe_intermediate_size", cfg["intermediate_size"]) // tp
     w13 = torch.randn(E, 2 * N, H, device=dev, dtype=dt) * 0.02
     w2 = torch.randn(E, H, N, device=dev, dtype=dt) * 0.02
+    oai = "swiglu_limit" in cfg
+    limit, alpha = float(cfg.get("swiglu_limit", 7.0)), float(cfg.get("swiglu_alpha", 1.702))
+    b13 = torch.randn(E, 2 * N, device=dev, dtype=dt) * 0.02 * H ** 0.5 if oai else None
+    b2 = torch.randn(E, H, device=dev, dtype=dt) * 0.02 * N ** 0.5 if oai else None
+
+    def act(h):
+        if not oai:
+            return F.silu(h[:, :N]) * h[:, N:]
+        g = h[:, :N].clamp(max=limit)
+        u = h[:, N:].clamp(min=-limit, max=limit)
+        return (u + 1) * g * torch.sigmoid(alpha * g)
+
+    def bias(y, b, experts):  # the rows' experts' bias (gpt-oss), else y
+        return y + b[experts] if oai else y
+
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)
     ranks = torch.randperm(E, device=dev, generator=gen).float()
@@ -66,8 +83,8 @@ def moe(cfg, tp, tokens, record, dev, dt):
             wts = torch.rand(T, k, device=dev, generator=gen) + 0.05
             wts = wts / wts.sum(1, keepdim=True)
             touched = int(torch.unique(ids).numel())
-            label = f"T={T} E={E} k={k} H={H} N={N} {route}"
-            bytes_ = touched * 3 * H * N * 2 + 2 * T * H * 2 + T * k * 8
+            label = f"T={T} E={E} k={k} H={H} N={N} {route}" + (" swigluoai bias" if oai else "")
+            bytes_ = touched * (3 * H * N + (2 * N + H if oai else 0)) * 2 + 2 * T * H * 2 + T * k * 8
             flops = 2 * T * k * 3 * H * N
 
             def prep(ids=ids):
@@ -79,17 +96,19 @@ def moe(cfg, tp, tokens, record, dev, dt):
 
             order, offs = prep()
             xs = x[order // k]
+            rows_e = ids.flatten()[order].long()
 
-            def gemms(xs=xs, offs=offs):
-                h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
-                a = F.silu(h[:, :N]) * h[:, N:]
-                return torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
+            def gemms(xs=xs, offs=offs, rows_e=rows_e):
+                h = bias(torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs), b13, rows_e)
+                a = act(h)
+                return bias(torch._grouped_mm(a, w2.transpose(1, 2), offs=offs), b2, rows_e)
 
             def full(x=x, ids=ids, wts=wts, T=T):
                 order, offs = prep(ids)
-                h = torch._grouped_mm(x[order // k], w13.transpose(1, 2), offs=offs)
-                a = F.silu(h[:, :N]) * h[:, N:]
-                y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs) * wts.flatten()[order, None].to(dt)
+                re = ids.flatten()[order].long()
+                h = bias(torch._grouped_mm(x[order // k], w13.transpose(1, 2), offs=offs), b13, re)
+                a = act(h)
+                y = bias(torch._grouped_mm(a, w2.transpose(1, 2), offs=offs), b2, re) * wts.flatten()[order, None].to(dt)
                 out = torch.zeros(T * k, H, device=dev, dtype=dt)
                 out[order] = y
                 return out.view(T, k, H).sum(1)
@@ -99,8 +118,8 @@ def moe(cfg, tp, tokens, record, dev, dt):
                 out = torch.zeros_like(x)
                 for e in torch.unique(ids).tolist():
                     tok, slot = torch.where(ids == e)
-                    h = x[tok] @ w13[e].t()
-                    y = (F.silu(h[:, :N]) * h[:, N:]) @ w2[e].t()
+                    h = x[tok] @ w13[e].t() + (b13[e] if oai else 0)
+                    y = act(h) @ w2[e].t() + (b2[e] if oai else 0)
                     out.index_add_(0, tok, y * wts[tok, slot, None].to(dt))
                 return out
 

@@ -203,8 +203,27 @@ void moe_sum(Tensor& out, const Tensor& input) {
   out.copy_(Tensor::from_floats(o, {n, h}, DType::f32));
 }
 
+void check_expert_features(const char* op, const ExpertFeatures& f, int64_t num_experts, int64_t inter, int64_t hidden,
+                           DType dtype) {
+  if (f.activation == ExpertFeatures::Activation::swigluoai) {
+    KBN_CHECK(std::isfinite(f.alpha), op, ": argument 'alpha' (swigluoai) must be finite, got ", f.alpha);
+    KBN_CHECK(f.limit > 0, op, ": argument 'limit' (swigluoai) must be positive, got ", f.limit);
+  }
+  const std::pair<const char*, const Tensor*> biases[] = {{"w13_bias", f.w13_bias}, {"w2_bias", f.w2_bias}};
+  for (const auto& [name, b] : biases) {
+    if (!b) continue;
+    const int64_t cols = b == f.w13_bias ? 2 * inter : hidden;
+    const char* want = b == f.w13_bias ? "[num_experts, 2 * inter]" : "[num_experts, hidden]";
+    check_rank(*b, op, name, 2, want);
+    check_size(*b, op, name, 0, num_experts, "num_experts");
+    check_size(*b, op, name, 1, cols, b == f.w13_bias ? "2 * inter" : "hidden");
+    KBN_CHECK(b->dtype() == dtype, op, ": argument '", name, "' must have the experts' dtype ", dtype_name(dtype),
+              ", got ", dtype_name(b->dtype()));
+  }
+}
+
 void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
-                   const Tensor& topk_ids) {
+                   const Tensor& topk_ids, const ExpertFeatures& features) {
   constexpr const char* kOp = "reference::fused_experts";
   check_rank(x, kOp, "hidden_states", 2, "[num_tokens, hidden]");
   check_dtype(x, kOp, "hidden_states", {DType::f32, DType::f16, DType::bf16});
@@ -223,6 +242,16 @@ void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor
   check_size(topk_weights, kOp, "topk_weights", 0, n, "num_tokens");
   check_size(topk_weights, kOp, "topk_weights", 1, k, "top_k");
   const DType dt = x.dtype();
+  check_expert_features(kOp, features, e, inter, h, dt);
+  const bool oai = features.activation == ExpertFeatures::Activation::swigluoai;
+  const double alpha = features.alpha, limit = features.limit;
+  auto activation = [&](double g, double u) {
+    if (!oai) return silu(g) * u;
+    g = std::min(g, limit), u = std::clamp(u, -limit, limit);
+    return (u + 1.0) * g / (1.0 + std::exp(-alpha * g));
+  };
+  const std::vector<double> b13 = features.w13_bias ? features.w13_bias->to_doubles() : std::vector<double>{};
+  const std::vector<double> b2 = features.w2_bias ? features.w2_bias->to_doubles() : std::vector<double>{};
 
   const std::vector<double> xv = x.to_doubles(), wv = topk_weights.to_doubles();
   const auto ids = topk_ids.to_ints();
@@ -242,16 +271,16 @@ void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor
       for (int64_t r = 0; r < 2 * inter; ++r) {
         double s = 0;
         for (int64_t c = 0; c < h; ++c) s += a[size_t(r * h + c)] * xt[c];
-        hid[size_t(r)] = s;
+        hid[size_t(r)] = b13.empty() ? s : s + b13[size_t(id * 2 * inter + r)];
       }
       const std::vector<double> hr = rounded(hid, dt);
-      for (int64_t i = 0; i < inter; ++i) act[size_t(i)] = silu(hr[size_t(i)]) * hr[size_t(inter + i)];
+      for (int64_t i = 0; i < inter; ++i) act[size_t(i)] = activation(hr[size_t(i)], hr[size_t(inter + i)]);
       const std::vector<double> ar = rounded(act, dt);
       const std::vector<double>& b = w2v[size_t(id)];
       for (int64_t r = 0; r < h; ++r) {
         double s = 0;
         for (int64_t c = 0; c < inter; ++c) s += b[size_t(r * inter + c)] * ar[size_t(c)];
-        y[size_t(r)] = wv[size_t(t * k + j)] * s;
+        y[size_t(r)] = wv[size_t(t * k + j)] * (b2.empty() ? s : s + b2[size_t(id * h + r)]);
       }
       const std::vector<double> yr = rounded(y, dt);
       for (int64_t r = 0; r < h; ++r) sum[size_t(t * h + r)] += yr[size_t(r)];

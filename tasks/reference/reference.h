@@ -171,12 +171,29 @@ void moe_align_block_size(Tensor& sorted_token_ids, Tensor& expert_ids, Tensor& 
 // out[t, :] = sum_j input[t, j, :].   input: [num_tokens, top_k, hidden]; out: [num_tokens, hidden]
 void moe_sum(Tensor& out, const Tensor& input);
 
-// fused_experts with silu (L1/fused_experts.h): per pair, h = w13[e] x rounded to x's dtype, a = silu(h_gate) * h_up
-// rounded, y = topk_weight * (w2[e] a) rounded, out[t] = sum_j y_j, as vLLM's caches round them.
+// The expert activation and biases of fused_experts, as vLLM's fused_experts takes them (activation, w1_bias,
+// w2_bias). swigluoai (gpt-oss) applies to the same gate and up halves as silu: with g' = min(g, limit) and
+// u' = clamp(u, -limit, limit), a = (u' + 1) * g' * sigmoid(alpha * g') (gpt-oss checkpoints interleave gate and up
+// columns; their loader de-interleaves them into the halves).
+struct ExpertFeatures {
+  enum class Activation { silu, swigluoai };
+  Activation activation = Activation::silu;
+  double alpha = 1.702, limit = 7.0;  // swigluoai only: alpha finite, limit positive
+  const Tensor* w13_bias = nullptr;   // [E, 2 * inter] (gate, then up), added to GEMM 1 before the activation
+  const Tensor* w2_bias = nullptr;    // [E, hidden], added to GEMM 2 before the routing weight
+};
+
+// Checks the features against the experts' shapes (E, inter, hidden) and dtype; the error names `op` and the
+// argument. Shared by the oracle and the op.
+void check_expert_features(const char* op, const ExpertFeatures& f, int64_t num_experts, int64_t inter, int64_t hidden,
+                           DType dtype);
+
+// fused_experts (L1/fused_experts.h): per pair, h = w13[e] x + b13[e] rounded to x's dtype, a = act(h_gate, h_up)
+// rounded, y = topk_weight * (w2[e] a + b2[e]) rounded, out[t] = sum_j y_j, as vLLM's caches round them.
 // x: [num_tokens, hidden]; w13: [E, 2 * inter, hidden]; w2: [E, hidden, inter]; topk_weights f32 and topk_ids i32:
 // [num_tokens, top_k]; out: [num_tokens, hidden]
 void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
-                   const Tensor& topk_ids);
+                   const Tensor& topk_ids, const ExpertFeatures& features = {});
 
 // ---- Mamba-2 (vLLM MambaMixer2's ops; issue 19). Token-major layouts: a [num_tokens, dim] tensor is vLLM's [dim,
 // num_tokens] view transposed. Sequences are packed back to back, query_start_loc [num_seqs + 1] (i32) marking them.

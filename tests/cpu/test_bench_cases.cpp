@@ -197,7 +197,7 @@ TEST(BenchCases, AttentionPairsByHand) {
   EXPECT_EQ(cases::attention_pairs(8192, 0, 128), 127 * 128 / 2 + 128 + (8192 - 128) * 128);
 }
 
-// gpt-oss: 128-token windows and sinks on head_dim 64 (its architecture has no L4 model yet; its L1 cases exist);
+// gpt-oss: 128-token windows and sinks (the "attention_sinks" feature its L4 declares) on head_dim 64;
 // the window's FLOPs count only the visible pairs, decode reads only the window's keys.
 TEST(BenchCases, GptOssAttentionCasesCarryWindowsAndSinks) {
   const auto pre = op_cases("flash_attn_prefill", 1, {8192}, "gpt-oss-20b");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "L1/fused_experts.h"
 #include "L1/gelu_and_mul.h"
 #include "L1/gemma_rms_norm.h"
 #include "L1/rotary_embedding.h"
@@ -230,6 +231,58 @@ TEST(RopeScaling, RealConfigsParse) {
   EXPECT_EQ(v.hidden_size, 3840);
   EXPECT_EQ(*v.intermediate_size, 15360);
   EXPECT_EQ(v.attention->head_dim, 256);
+}
+
+}  // namespace
+
+namespace {
+
+// ---- fused_experts with gpt-oss's activation and biases ----
+
+// One token, one expert (weight 0.75), hidden 2, inter 2, by hand: w13 = identity rows for gate (x0, x1) and up (x1,
+// x0), b13 = (1, -1 | 0.5, 9), so g = (x0 + 1, x1 - 1), u = (x1 + 0.5, x0 + 9); with x = (2, 1) and limit 2.5:
+// g' = (2.5 clamped from 3, 0), u' = (1.5, 2.5 clamped from 11); a = (u' + 1) g' sigmoid(1.702 g') = (2.5 * 2.5 *
+// sigmoid(4.255), 0); w2 = [[1, 0], [2, 3]], b2 = (0.25, -0.5): y = (a0 + 0.25, 2 a0 - 0.5); out = 0.75 y.
+TEST(FusedExpertsSwigluoai, OracleMatchesAHandComputation) {
+  const Tensor x = floats({2, 1}, {1, 2});
+  const Tensor w13 = floats({1, 0, 0, 1, 0, 1, 1, 0}, {1, 4, 2});
+  const Tensor w2 = floats({1, 0, 2, 3}, {1, 2, 2});
+  const Tensor b13 = floats({1, -1, 0.5f, 9}, {1, 4}), b2 = floats({0.25f, -0.5f}, {1, 2});
+  const Tensor w = floats({0.75f}, {1, 1}), ids = Tensor::from_i32({0}, {1, 1});
+  Tensor out = Tensor::empty({1, 2}, DType::f32);
+  reference::ExpertFeatures f{.activation = reference::ExpertFeatures::Activation::swigluoai,
+                              .alpha = 1.702,
+                              .limit = 2.5,
+                              .w13_bias = &b13,
+                              .w2_bias = &b2};
+  reference::fused_experts(out, x, w13, w2, w, ids, f);
+  const double a0 = 2.5 * 2.5 / (1.0 + std::exp(-1.702 * 2.5));
+  const std::vector<float> o = out.to_floats();
+  EXPECT_NEAR(o[0], 0.75 * (a0 + 0.25), 1e-6);
+  EXPECT_NEAR(o[1], 0.75 * (2 * a0 - 0.5), 1e-6);
+  // silu without biases on the same weights: silu(2) * 1 in the first channel, silu(1) * 2 in the second.
+  reference::fused_experts(out, x, w13, w2, w, ids);
+  const double s0 = 2.0 / (1 + std::exp(-2.0)) * 1.0, s1 = 1.0 / (1 + std::exp(-1.0)) * 2.0;
+  EXPECT_NEAR(out.to_floats()[0], 0.75 * s0, 1e-6);
+  EXPECT_NEAR(out.to_floats()[1], 0.75 * (2 * s0 + 3 * s1), 1e-6);
+}
+
+TEST(FusedExpertsSwigluoai, BadBiasesAndLimitsAreNamed) {
+  const Tensor x = floats({2, 1}, {1, 2});
+  const Tensor w13 = floats({1, 0, 0, 1, 0, 1, 1, 0}, {1, 4, 2});
+  const Tensor w2 = floats({1, 0, 2, 3}, {1, 2, 2});
+  const Tensor w = floats({0.75f}, {1, 1}), ids = Tensor::from_i32({0}, {1, 1});
+  const Tensor short_b13 = floats({1, 2, 3}, {1, 3}), b2 = floats({0.25f, -0.5f}, {1, 2});
+  Tensor out = Tensor::empty({1, 2}, DType::f32);
+  reference::ExpertFeatures f{.w13_bias = &short_b13, .w2_bias = &b2};
+  EXPECT_TRUE(contains(error_of([&] { reference::fused_experts(out, x, w13, w2, w, ids, f); }), "w13_bias"));
+  EXPECT_TRUE(contains(error_of([] { baseline::FusedExperts(baseline::FusedExperts::Activation::swigluoai, 1.702, 0); }),
+                       "argument 'limit' (swigluoai) must be positive, got 0"));
+  const Tensor b2_f16 = b2.to(DType::f16);
+  EXPECT_TRUE(contains(error_of([&] {
+                         baseline::FusedExperts().forward(x, w13, w2, w, ids, floats({1, -1, 0.5f, 9}, {1, 4}), b2_f16);
+                       }),
+                       "argument 'w2_bias' must have the experts' dtype f32, got f16"));
 }
 
 }  // namespace

@@ -162,6 +162,12 @@ TEST(TensorParallelLlama, Tp4ReplicatedKvHeadsMatchTransformers) { check_tp_agai
 TEST(TensorParallelDeepseekV2, Tp2MatchesTransformers) { check_tp_against_hf("tiny-deepseek-v2", 2); }
 TEST(TensorParallelDeepseekV2, Tp4MatchesTransformers) { check_tp_against_hf("tiny-deepseek-v2", 4); }
 
+// tiny-gpt-oss (sinks, sliding windows, swigluoai experts with biases): TP 2 gives each rank 2 of the 4 heads and
+// their sinks, 1 of the 2 kv heads, half of every expert's intermediate size (its de-interleaved gate and up columns
+// and their biases), and the down-projection bias to rank 0 only; TP 4 one head per rank, each kv head replicated.
+TEST(TensorParallelGptOss, Tp2MatchesTransformers) { check_tp_against_hf("tiny-gpt-oss", 2); }
+TEST(TensorParallelGptOss, Tp4MatchesTransformers) { check_tp_against_hf("tiny-gpt-oss", 4); }
+
 TEST(TensorParallelLlama, UnevenSplitNamesWhatCannotBeSplit) {
   const engine::ModelSpec spec = engine::resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
   engine::TensorParallelGroup group(3, Device::cpu());

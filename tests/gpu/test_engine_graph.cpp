@@ -223,3 +223,35 @@ TEST(EngineGraphGpu, TinyMamba2GraphModeGivesTheEagerTokensAndTransformers) {
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(r.tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
 }
+
+// gpt-oss (sliding windows, sinks, swigluoai experts with biases): graph mode gives eager mode's tokens through whole
+// and chunked prefills, and in f32 on the GPU kernels the model gives transformers' greedy tokens.
+TEST(EngineGraphGpu, TinyGptOssGraphModeGivesTheEagerTokensAndTransformers) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  const std::string dir = kbn::test::fixture_dir() + "/tiny-gpt-oss";
+  auto model = build_model(resolve_model(dir), Variant::baseline, {DType::f32, Device::cuda(0)}, 0);
+  const std::vector<Request> reqs = mixed_requests(13, 40, model->vocab_size());
+  EngineConfig whole;
+  whole.max_model_len = 256;
+  whole.num_kv_blocks = 512;
+  whole.max_num_seqs = 16;
+  EngineConfig chunked = whole;
+  chunked.max_num_batched_tokens = 24;
+  for (const auto& [name, cfg] : {std::pair{"whole prefills", whole}, std::pair{"chunked prefills", chunked}}) {
+    SCOPED_TRACE(name);
+    const EngineRun eager = run_engine(*model, cfg, ExecutionMode::eager, reqs);
+    const EngineRun graph = run_engine(*model, cfg, ExecutionMode::graph, reqs);
+    EXPECT_GT(graph.graph_steps, 0);
+    ASSERT_EQ(graph.tokens.size(), reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(graph.tokens[i], eager.tokens[i]) << "request " << i;
+  }
+  std::ifstream f(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(f);
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& p : expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
+  GenerateOptions o;
+  o.max_new_tokens = int64_t(expected["prompts"][0]["greedy_ids"].size());
+  const GenerateResult r = generate_tokens(*model, prompts, Device::cuda(0), Variant::baseline, o);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(r.tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
+}

@@ -257,3 +257,51 @@ TEST(FusedExpertsGpu, HopperMatchesF32AtModelShapes) {
 }
 
 }  // namespace
+
+namespace {
+
+// gpt-oss's experts: swigluoai (a small limit, so the clamps bite) and both biases, through every path: unsplit and
+// split GEMM 1 and 2 (their reduce kernels add the biases), the 256-wide tiles, the SIMT kernels (f32; hidden 100).
+TEST(FusedExpertsGpu, SwigluoaiWithBiasesMatchesTheOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, k, experts, hidden, inter;
+  };
+  for (const Case c : {Case{5, 4, 8, 200, 136}, Case{37, 4, 16, 96, 48}, Case{3, 1, 2, 100, 60},
+                       Case{2, 2, 8, 1024, 256}, Case{3, 2, 8, 256, 1032}, Case{8448, 2, 4, 512, 200}})
+    for (const DType dt : {DType::bf16, DType::f32}) {
+      const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 21);
+      const Tensor b13 = randn({c.experts, 2 * c.inter}, dt, 31, 0.5), b2 = randn({c.experts, c.hidden}, dt, 32, 0.5);
+      FusedExperts op(FusedExperts::Activation::swigluoai, 1.702, 0.6);
+      const Tensor gpu = op.forward(in.x, in.w13, in.w2, in.weights, in.ids, b13, b2);
+      const Tensor cpu = op.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu),
+                                    in.ids.to(kCpu), b13.to(kCpu), b2.to(kCpu));
+      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" +
+                               std::to_string(c.experts) + " H=" + std::to_string(c.hidden) + " N=" +
+                               std::to_string(c.inter) + " " + dtype_name(dt);
+      expect_close(gpu, cpu, dt, what);
+      // The biases and the activation matter: without them the output differs.
+      const Tensor plain = FusedExperts().forward(in.x, in.w13, in.w2, in.weights, in.ids);
+      EXPECT_GT(compare_close(plain.to(DType::f32).to(kCpu), cpu.to(DType::f32), Tolerance{1e-3, 1e-3, 0}).bad, 0)
+          << what;
+    }
+}
+
+// gpt-oss-20b's expert shapes (32 experts of 2880 x 2880, top 4), bf16 against f32 on the same values.
+TEST(FusedExpertsGpu, SwigluoaiHopperMatchesF32AtGptOssShapes) {
+  KBN_SKIP_WITHOUT_GPU();
+  const int64_t k = 4, E = 32, H = 2880, N = 2880;
+  for (const int64_t T : {1, 64, 4096}) {
+    const ExpertsInputs in = experts_inputs(T, k, E, H, N, DType::bf16, cases::Routing::uniform, 17);
+    const Tensor b13 = randn({E, 2 * N}, DType::bf16, 41, 1.0), b2 = randn({E, H}, DType::bf16, 42, 1.0);
+    FusedExperts op(FusedExperts::Activation::swigluoai, 1.702, 7.0);
+    const Tensor bf16 = op.forward(in.x, in.w13, in.w2, in.weights, in.ids, b13, b2);
+    const Tensor f32 = op.forward(in.x.to(DType::f32), in.w13.to(DType::f32), in.w2.to(DType::f32), in.weights, in.ids,
+                                  b13.to(DType::f32), b2.to(DType::f32));
+    const CompareStats s = compare_close(bf16.to(DType::f32).to(kCpu), f32.to(kCpu), Tolerance{1.6e-2, 4e-2, 0});
+    EXPECT_EQ(s.bad, 0) << "T=" << T << ": " << s.describe();
+    EXPECT_LT(s.mean_rel_err(), 5e-3) << "T=" << T << ": " << s.describe();
+  }
+}
+
+}  // namespace

@@ -32,8 +32,10 @@ namespace {
 //      of kBlockM rows, one expert per block.
 //   2. moe_permute: x_sorted[r] = hidden_states[sorted[r] / top_k] (zeros for padding rows), so the GEMMs read their
 //      rows as dense tiles; it also zeroes the output rows of pairs whose expert id is out of range (dropped).
-//   3. expert GEMM 1 (gate and up): act[r, c] = silu(g) * u with [g; u] = w13[expert(r)] x_sorted[r], per block.
-//   4. expert GEMM 2 (down): cache[pair(r)] = topk_weight(pair) * w2[expert(r)] act[r], scattered back to pair order.
+//   3. expert GEMM 1 (gate and up): act[r, c] = act(g, u) with [g; u] = w13[expert(r)] x_sorted[r] (+ the expert's
+//      w13 bias), per block; act is silu(g) * u or gpt-oss's swigluoai (ExpertAct).
+//   4. expert GEMM 2 (down): cache[pair(r)] = topk_weight(pair) * (w2[expert(r)] act[r] (+ the expert's w2 bias)),
+//      scattered back to pair order.
 //   5. moe_sum (L1/moe_sum.h) over each token's top_k rows.
 // The GEMMs read the number of active blocks (num_tokens_post_padded) on the device, so a launch sized for the worst
 // case costs nothing for the blocks that stay empty. At decode sizes, where one GEMM's tiles would leave SMs idle, it
@@ -90,6 +92,23 @@ __global__ void __launch_bounds__(128) moe_permute_kernel(PermuteParams p) {
   }
 }
 
+// The expert activation of GEMM 1's epilogue (reference::ExpertFeatures): silu(g) * u, or gpt-oss's swigluoai
+// (g' = min(g, limit), u' = clamp(u, -limit, limit), (u' + 1) * g' * sigmoid(alpha * g')). A runtime choice, uniform
+// over the launch: one instantiation serves both.
+struct ExpertAct {
+  int swigluoai;  // 0: silu
+  float alpha, limit;
+};
+
+__device__ __forceinline__ float silu(float a) { return a / (1.f + __expf(-a)); }
+
+__device__ __forceinline__ float expert_act(const ExpertAct& a, float g, float u) {
+  if (!a.swigluoai) return silu(g) * u;
+  g = fminf(g, a.limit);
+  u = fminf(fmaxf(u, -a.limit), a.limit);
+  return (u + 1.f) * g / (1.f + __expf(-a.alpha * g));
+}
+
 // What both GEMM kernels need. Mode 1 (gate/up): out = act [max_padded, inter], b_rows = 2 * inter, up_offset =
 // inter, n_out = inter, 64 output columns per tile. Mode 2 (down): out = cache [num_pairs, hidden], b_rows = hidden,
 // n_out = hidden, 128 output columns per tile.
@@ -111,7 +130,19 @@ struct GemmParams {
   // unweighted sums) at the row of the pair, and a reduce kernel finishes the op. splits == 1: no workspace.
   int splits, kb_per_split;
   float* ws;
+  // The experts' biases (the weights' dtype; nullptr: none): mode 1 [num_experts, b_rows] (gate, then up), mode 2
+  // [num_experts, n_out]. Added to the sums before rounding, as vLLM's kernel adds them to its accumulator.
+  const void* bias;
+  ExpertAct act;  // mode 1
 };
+
+// The bias pair at columns (col, col + 1) of row `row` of a [rows, cols] bias (zeros when there is none).
+template <class T>
+__device__ __forceinline__ float2 bias2(const void* bias, int64_t row, int cols, int col) {
+  if (!bias) return make_float2(0.f, 0.f);
+  const T* b = static_cast<const T*>(bias) + row * cols + col;
+  return make_float2(to_f32(b[0]), to_f32(b[1]));
+}
 
 // Tile (m block, n tile) of linear block index `tile`: groups of kGroupM m blocks walk the n tiles together.
 __device__ __forceinline__ void tile_of(int tile, int m_blocks, int n_tiles, int& m, int& n) {
@@ -122,8 +153,6 @@ __device__ __forceinline__ void tile_of(int tile, int m_blocks, int n_tiles, int
   m = first_m + in_group % rows;
   n = in_group / rows;
 }
-
-__device__ __forceinline__ float silu(float a) { return a / (1.f + __expf(-a)); }
 
 template <class T>
 __device__ __forceinline__ float round_to(float v) {
@@ -303,25 +332,30 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       } else if constexpr (kMode == 1) {
         T* out = static_cast<T*>(p.out) + int64_t(r) * p.n_out;
+        const int64_t expert = p.expert_ids[m];
 #pragma unroll
         for (int j = 0; j < kHalfTiles; ++j) {
           const int col = n * kOutCols + 8 * j + 2 * t;
           if (col >= p.n_out) continue;
           const int gi = 4 * j + 2 * half, ui = 4 * (j + kHalfTiles) + 2 * half;
-          const float a0 = silu(round_to<T>(d[gi])) * round_to<T>(d[ui]);
-          const float a1 = silu(round_to<T>(d[gi + 1])) * round_to<T>(d[ui + 1]);
+          const float2 bg = bias2<T>(p.bias, expert, p.b_rows, col), bu = bias2<T>(p.bias, expert, p.b_rows, p.up_offset + col);
+          const float a0 = expert_act(p.act, round_to<T>(d[gi] + bg.x), round_to<T>(d[ui] + bu.x));
+          const float a1 = expert_act(p.act, round_to<T>(d[gi + 1] + bg.y), round_to<T>(d[ui + 1] + bu.y));
           *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(a0, a1);
         }
       } else {
         const int pair = p.sorted[r];
         if (pair >= p.num_pairs) continue;
         const float wt = p.topk_weights[pair];
+        const int64_t expert = p.expert_ids[m];
         T* out = static_cast<T*>(p.out) + int64_t(pair) * p.n_out;
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
           const int col = n * kOutCols + 8 * j + 2 * t;
           if (col >= p.n_out) continue;
-          *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(wt * d[4 * j + 2 * half], wt * d[4 * j + 2 * half + 1]);
+          const float2 b = bias2<T>(p.bias, expert, p.n_out, col);
+          *reinterpret_cast<uint32_t*>(out + col) =
+              pack2<T>(wt * (d[4 * j + 2 * half] + b.x), wt * (d[4 * j + 2 * half + 1] + b.y));
         }
       }
     }
@@ -350,20 +384,24 @@ bool encode_matrix_map(CUtensorMap& map, const void* base, DType dt, int64_t row
 
 // ---- the split-K reductions (decode sizes; see GemmParams::splits) ----
 
-struct SiluSplitsParams {
+struct ActSplitsParams {
   void* act;  // [max_padded, inter]
   const float* ws;  // [splits, num_pairs, 2 * inter]
   const int32_t* sorted;
+  const int32_t* expert_ids;  // per kBlockM rows
   const int32_t* post_padded;
+  const void* bias;  // [num_experts, 2 * inter] or nullptr
+  ExpertAct fn;
   int num_pairs, inter, splits;
 };
 
-// act[r] = silu(gate) * up of each real row r, from GEMM 1's per-split sums (rounded as the unsplit epilogue rounds).
+// act[r] = act(gate + bias, up + bias) of each real row r, from GEMM 1's per-split sums (rounded as the unsplit
+// epilogue rounds).
 // Block (x, y) covers columns [x * 512, +512), four per thread, of rows y, y + gridDim.y, ... below
 // num_tokens_post_padded, so the grid need not cover the worst case. inter % 4 == 0 (the Hopper path's rows are
 // 16-byte multiples).
 template <class T>
-__global__ void __launch_bounds__(128) moe_silu_mul_splits_kernel(SiluSplitsParams p) {
+__global__ void __launch_bounds__(128) moe_act_mul_splits_kernel(ActSplitsParams p) {
   const int rows = *p.post_padded;
   const int c = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
   if (c >= p.inter) return;
@@ -379,11 +417,19 @@ __global__ void __launch_bounds__(128) moe_silu_mul_splits_kernel(SiluSplitsPara
       gate.x += gs.x, gate.y += gs.y, gate.z += gs.z, gate.w += gs.w;
       up.x += us.x, up.y += us.y, up.z += us.z, up.w += us.w;
     }
+    if (p.bias) {
+      const int64_t e = p.expert_ids[r / kBlockM];
+      const float2 g01 = bias2<T>(p.bias, e, 2 * p.inter, c), g23 = bias2<T>(p.bias, e, 2 * p.inter, c + 2);
+      const float2 u01 = bias2<T>(p.bias, e, 2 * p.inter, p.inter + c),
+                   u23 = bias2<T>(p.bias, e, 2 * p.inter, p.inter + c + 2);
+      gate.x += g01.x, gate.y += g01.y, gate.z += g23.x, gate.w += g23.y;
+      up.x += u01.x, up.y += u01.y, up.z += u23.x, up.w += u23.y;
+    }
     T* out = static_cast<T*>(p.act) + int64_t(r) * p.inter + c;
-    *reinterpret_cast<uint32_t*>(out) = pack2<T>(silu(round_to<T>(gate.x)) * round_to<T>(up.x),
-                                                 silu(round_to<T>(gate.y)) * round_to<T>(up.y));
-    *reinterpret_cast<uint32_t*>(out + 2) = pack2<T>(silu(round_to<T>(gate.z)) * round_to<T>(up.z),
-                                                     silu(round_to<T>(gate.w)) * round_to<T>(up.w));
+    *reinterpret_cast<uint32_t*>(out) = pack2<T>(expert_act(p.fn, round_to<T>(gate.x), round_to<T>(up.x)),
+                                                 expert_act(p.fn, round_to<T>(gate.y), round_to<T>(up.y)));
+    *reinterpret_cast<uint32_t*>(out + 2) = pack2<T>(expert_act(p.fn, round_to<T>(gate.z), round_to<T>(up.z)),
+                                                     expert_act(p.fn, round_to<T>(gate.w), round_to<T>(up.w)));
   }
 }
 
@@ -392,10 +438,11 @@ struct SumSplitsParams {
   const float* ws;  // [splits, num_pairs, hidden]
   const float* topk_weights;
   const int32_t* ids;
+  const void* bias;  // [num_experts, hidden] or nullptr
   int num_tokens, hidden, top_k, splits, num_experts;
 };
 
-// out[t] = sum over t's valid pairs of round(weight * y), y = the sum of GEMM 2's splits: moe_sum fused with the
+// out[t] = sum over t's valid pairs of round(weight * y), y = the sum of GEMM 2's splits (+ the expert's bias): moe_sum fused with the
 // split reduction and the routing weight (pairs with an out-of-range expert id contribute zero, as when unsplit).
 template <class T>
 __global__ void __launch_bounds__(128) moe_sum_splits_kernel(SumSplitsParams p) {
@@ -410,6 +457,7 @@ __global__ void __launch_bounds__(128) moe_sum_splits_kernel(SumSplitsParams p) 
       if (id < 0 || id >= p.num_experts) continue;
       float y = 0.f;
       for (int s = 0; s < p.splits; ++s) y += p.ws[s * stride + pair * p.hidden + c];
+      if (p.bias) y += to_f32(static_cast<const T*>(p.bias)[int64_t(id) * p.hidden + c]);
       acc += round_to<T>(p.topk_weights[pair] * y);
     }
     static_cast<T*>(p.out)[int64_t(tok) * p.hidden + c] = from_f32<T>(acc);
@@ -448,9 +496,13 @@ __global__ void __launch_bounds__(kTile* kTile) moe_expert_gemm_simt_kernel(Gemm
   }
   const int r = r0 + ty, col = c0 + tx;
   if (col >= p.n_out) return;
+  const T* bias = static_cast<const T*>(p.bias) + int64_t(expert) * p.b_rows;
   if constexpr (kMode == 1) {
-    static_cast<T*>(p.out)[int64_t(r) * p.n_out + col] = from_f32<T>(silu(round_to<T>(acc)) * round_to<T>(acc_up));
+    if (p.bias) acc += to_f32(bias[col]), acc_up += to_f32(bias[p.up_offset + col]);
+    static_cast<T*>(p.out)[int64_t(r) * p.n_out + col] =
+        from_f32<T>(expert_act(p.act, round_to<T>(acc), round_to<T>(acc_up)));
   } else {
+    if (p.bias) acc += to_f32(bias[col]);
     const int pair = p.sorted[r];
     if (pair < p.num_pairs)
       static_cast<T*>(p.out)[int64_t(pair) * p.n_out + col] = from_f32<T>(p.topk_weights[pair] * acc);
@@ -472,6 +524,9 @@ struct ExpertsLaunch {
   void* act;       // [max_padded, inter]
   void* cache;     // [num_pairs, hidden]
   void* out;       // [num_tokens, hidden]: written here only when GEMM 2 is split (its reduce kernel sums the pairs)
+  const void* w13_bias;  // [num_experts, 2 * inter] or nullptr
+  const void* w2_bias;   // [num_experts, hidden] or nullptr
+  ExpertAct act_fn;
   int num_pairs, top_k, hidden, inter, num_experts, max_padded;
 };
 
@@ -542,16 +597,19 @@ bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, D
   k1<<<grid(g1), kThreads, Cfg::kSmemBytes, stream>>>(g1, a1, b1);
   KBN_CUDA_CHECK_LAUNCH();
   if (g1.splits > 1) {
-    const SiluSplitsParams sp{.act = l.act,
-                              .ws = g1.ws,
-                              .sorted = l.sorted,
-                              .post_padded = l.post_padded,
-                              .num_pairs = l.num_pairs,
-                              .inter = l.inter,
-                              .splits = g1.splits};
+    const ActSplitsParams sp{.act = l.act,
+                             .ws = g1.ws,
+                             .sorted = l.sorted,
+                             .expert_ids = l.expert_ids,
+                             .post_padded = l.post_padded,
+                             .bias = l.w13_bias,
+                             .fn = l.act_fn,
+                             .num_pairs = l.num_pairs,
+                             .inter = l.inter,
+                             .splits = g1.splits};
     const int col_blocks = (l.inter / 4 + 127) / 128;
     const dim3 grid_act{unsigned(col_blocks), unsigned(std::min(l.max_padded, std::max(1, 2048 / col_blocks)))};
-    moe_silu_mul_splits_kernel<T><<<grid_act, 128, 0, stream>>>(sp);
+    moe_act_mul_splits_kernel<T><<<grid_act, 128, 0, stream>>>(sp);
     KBN_CUDA_CHECK_LAUNCH();
   }
   k2<<<grid(g2), kThreads, Cfg::kSmemBytes, stream>>>(g2, a2, b2);
@@ -563,6 +621,7 @@ bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, D
                              .ws = g2.ws,
                              .topk_weights = l.topk_weights,
                              .ids = l.topk_ids,
+                             .bias = l.w2_bias,
                              .num_tokens = tokens,
                              .hidden = l.hidden,
                              .top_k = l.top_k,
@@ -611,8 +670,11 @@ bool launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
                 .n_tiles = 0,
                 .splits = 1,
                 .kb_per_split = 1 << 30,
-                .ws = nullptr};
+                .ws = nullptr,
+                .bias = l.w13_bias,
+                .act = l.act_fn};
   GemmParams g2 = g1;
+  g2.bias = l.w2_bias;
   g2.out = l.cache;
   g2.n_out = l.hidden;
   g2.b_rows = l.hidden;
@@ -654,8 +716,15 @@ bool launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
 
 // ---- op layer ----
 
+FusedExperts::FusedExperts(Activation activation, double alpha, double limit)
+    : activation_(activation), alpha_(alpha), limit_(limit) {
+  reference::ExpertFeatures f{.activation = activation, .alpha = alpha, .limit = limit};
+  reference::check_expert_features("FusedExperts", f, 1, 1, 1, DType::f32);
+}
+
 Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2,
-                             const Tensor& topk_weights, const Tensor& topk_ids) {
+                             const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
+                             const Tensor& w2_bias) {
   constexpr const char* kOp = "fused_experts";
   check_rank(hidden_states, kOp, "hidden_states", 2, "[num_tokens, hidden]");
   check_dtype(hidden_states, kOp, "hidden_states", {DType::f32, DType::f16, DType::bf16});
@@ -690,10 +759,21 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
     check_same_device(hidden_states, *tensor, kOp, "hidden_states", arg);
   KBN_CHECK(k >= 1 && k <= e, kOp, ": argument 'topk_ids' ", topk_ids.str(), " must choose 1 to num_experts (", e,
             ") experts per token");
+  const reference::ExpertFeatures features{.activation = activation_,
+                                           .alpha = alpha_,
+                                           .limit = limit_,
+                                           .w13_bias = w13_bias.defined() ? &w13_bias : nullptr,
+                                           .w2_bias = w2_bias.defined() ? &w2_bias : nullptr};
+  reference::check_expert_features(kOp, features, e, inter, h, hidden_states.dtype());
+  for (const auto& [arg, tensor] : {std::pair{"w13_bias", &w13_bias}, std::pair{"w2_bias", &w2_bias}}) {
+    if (!tensor->defined()) continue;
+    check_contiguous(*tensor, kOp, arg);
+    check_same_device(hidden_states, *tensor, kOp, "hidden_states", arg);
+  }
 
   Tensor out = Tensor::empty({t, h}, hidden_states.dtype(), hidden_states.device());
   if (hidden_states.is_cpu()) {
-    reference::fused_experts(out, hidden_states, w13, w2, topk_weights, topk_ids);
+    reference::fused_experts(out, hidden_states, w13, w2, topk_weights, topk_ids, features);
     return out;
   }
   if (t == 0) return out;
@@ -721,6 +801,11 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
                         .act = act.data_ptr(),
                         .cache = cache.data_ptr(),
                         .out = out.data_ptr(),
+                        .w13_bias = w13_bias.defined() ? w13_bias.data_ptr() : nullptr,
+                        .w2_bias = w2_bias.defined() ? w2_bias.data_ptr() : nullptr,
+                        .act_fn = {.swigluoai = activation_ == Activation::swigluoai,
+                                .alpha = float(alpha_),
+                                .limit = float(limit_)},
                         .num_pairs = int(pairs),
                         .top_k = int(k),
                         .hidden = int(h),

@@ -1,6 +1,7 @@
 // fused_moe: FusedMoE (tasks/baseline/L2/fused_moe.h), the experts of layer 0's MoE block: top-k softmax routing of
 // the given router logits and the grouped expert GEMMs (L1 topk_softmax + fused_experts). Built for any model with
-// a MoE (ModelView::moe); renormalize as the config says (Mixtral always, Qwen3-MoE per norm_topk_prob).
+// a MoE (ModelView::moe); renormalize as the config says (Mixtral always, Qwen3-MoE per norm_topk_prob); gpt-oss's
+// swigluoai experts with biases where the view says so.
 #include "L2/fused_moe.h"
 #include "ops/moe_facts.h"
 #include "ops/op.h"
@@ -13,7 +14,7 @@ using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(FusedMoE, "L2/fused_moe.h");
 KBN_REQUIRE_CTOR(FusedMoE, "L2/fused_moe.h", int64_t, int64_t, int64_t, int64_t, bool, bool, const std::string&,
-                 const ParamOptions&);
+                 const ParamOptions&, const ExpertOptions&);
 KBN_REQUIRE_METHOD(FusedMoE, Tensor, forward, (const Tensor&, const Tensor&), "L2/fused_moe.h");
 
 KBN_REGISTER_OPS(r) {
@@ -29,9 +30,14 @@ KBN_REGISTER_OPS(r) {
              [](const OpArgs& a) {
                const ModelView m = view_of(a);
                KBN_CHECK(m.moe, "fused_moe: model config ", a.model_config().source(), " has no experts");
+               const ExpertOptions experts{.activation = m.moe->swigluoai ? FusedExperts::Activation::swigluoai
+                                                                          : FusedExperts::Activation::silu,
+                                           .swiglu_alpha = m.moe->swiglu_alpha,
+                                           .swiglu_limit = m.moe->swiglu_limit,
+                                           .has_bias = m.moe->expert_bias};
                return std::make_unique<FusedMoE>(m.moe->num_experts, m.moe->top_k, m.hidden_size,
                                                  m.moe->total_intermediate_size, true, m.moe->renormalize,
-                                                 "model.layers.0.mlp.experts", a.opts);
+                                                 "model.layers.0.mlp.experts", a.opts, experts);
              },
              [](FusedMoE& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
          .cases = [](const ModelView& m, const CaseOptions& o) -> std::vector<BenchCase> {

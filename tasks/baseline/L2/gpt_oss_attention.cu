@@ -1,0 +1,56 @@
+#include "L2/gpt_oss_attention.h"
+
+#include <cmath>
+
+#include "kbn/error.h"
+#include "kbn/parallel_state.h"
+
+namespace kbn::KBN_VARIANT {
+
+namespace {
+
+bool layer_slides(const GptOssConfig& c, int64_t layer_index) {
+  KBN_CHECK(layer_index >= 0 && layer_index < int64_t(c.sliding.size()), "GptOssAttention: layer ", layer_index,
+            " is outside the config's ", c.sliding.size(), " layers");
+  return c.sliding[size_t(layer_index)];
+}
+
+}  // namespace
+
+GptOssAttention::GptOssAttention(const GptOssConfig& c, int64_t layer_index, const std::string& prefix,
+                                 const ParamOptions& opts)
+    : qkv_proj(c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.attention_bias, false, opts,
+               prefix + ".qkv_proj"),
+      o_proj(c.num_attention_heads * c.head_dim, c.hidden_size, c.attention_bias, true, false, true, opts,
+             prefix + ".o_proj"),
+      rotary_emb(c.head_dim, c.head_dim, c.max_position_embeddings, c.rope_theta, true, c.rope_scaling, opts),
+      sinks(Tensor::empty({qkv_proj.num_heads()}, opts.dtype, opts.device)),
+      attn(qkv_proj.num_heads(), c.head_dim, 1.0 / std::sqrt(double(c.head_dim)), qkv_proj.num_kv_heads(),
+           prefix + ".attn", layer_slides(c, layer_index) ? c.sliding_window : 0, 0.0, &sinks),
+      sliding_(layer_slides(c, layer_index)),
+      q_size_(qkv_proj.num_heads() * c.head_dim),
+      kv_size_(qkv_proj.num_kv_heads() * c.head_dim) {
+  register_module("qkv_proj", &qkv_proj);
+  register_module("o_proj", &o_proj);
+  const int64_t heads = qkv_proj.num_heads(), total = c.num_attention_heads, rank = parallel_state().tp_rank;
+  register_parameter("sinks", &sinks, InitKind::normal, [=](Tensor& p, const Tensor& w, std::string_view) {
+    KBN_CHECK(w.dim() == 1 && w.size(0) == total, "GptOssAttention: checkpoint sinks is ", w.str(), ", expected [",
+              total, "] (num_attention_heads)");
+    Tensor src = w.slice(0, rank * heads, (rank + 1) * heads);
+    if (src.dtype() != p.dtype()) src = src.to(Device::cpu()).to(p.dtype());
+    p.copy_(src);
+  });
+}
+
+Tensor GptOssAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
+  auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
+  Tensor q = qkv.slice(1, 0, q_size_);
+  Tensor k = qkv.slice(1, q_size_, q_size_ + kv_size_);
+  Tensor v = qkv.slice(1, q_size_ + kv_size_, q_size_ + 2 * kv_size_);
+  rotary_emb.forward(positions, q, k);
+  Tensor attn_output = attn.forward(q, k, v);
+  auto [output, out_bias] = o_proj.forward(attn_output);
+  return output;
+}
+
+}  // namespace kbn::KBN_VARIANT
