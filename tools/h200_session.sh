@@ -249,7 +249,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels fixtures hf-compare cheats honest eval step-profile peer mamba deepseek torch tune modes tp profile profile-decode smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels fixtures hf-compare cheats honest eval step-profile peer mamba deepseek gpt-oss torch tune modes tp profile profile-decode smoke-eval)" >&2
       exit 2
       ;;
   esac
