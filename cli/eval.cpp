@@ -90,6 +90,8 @@ struct VariantRun {
   double graph_capture_s = 0;
   int64_t graph_capture_bytes = 0;
   int64_t graph_steps = 0;
+  // On a GPU: allocations of the measured run that found the device full and returned the cached blocks first.
+  int64_t cache_flushes = 0;
   bool traced = false;
   engine::KernelTrace trace;  // --kernel-trace: every kernel of the measured run
   // On a GPU: the serial floor of the steps the run executed.
@@ -281,6 +283,7 @@ nlohmann::json metrics_json(const VariantRun& r) {
           {"num_kv_blocks", r.sizing.num_blocks},
           {"kv_cache_sizing", r.sizing.explanation},
           {"num_state_slots", r.sizing.num_state_slots},
+          {"allocator_cache_flushes", r.cache_flushes},
           {"cuda_graphs",
            {{"sizes", r.graph_sizes},
             {"capture_s", r.graph_capture_s},
@@ -379,6 +382,11 @@ void print_table(const std::vector<VariantRun>& runs) {
     }
     cells.push_back(std::move(steps));
     cells.push_back(std::move(capture));
+  }
+  if (std::any_of(runs.begin(), runs.end(), [](const VariantRun& r) { return r.cache_flushes > 0; })) {
+    std::vector<std::string> line{"allocator cache flushes"};  // the device ran full; cached blocks were returned
+    for (const auto& r : runs) line.push_back(std::to_string(r.cache_flushes));
+    cells.push_back(std::move(line));
   }
   {
     std::vector<std::string> floor{"serial floor s"}, achieved{"floor / duration"};
@@ -831,6 +839,10 @@ void run(const Options& o, bool max_num_seqs_given) {
       eng.run_to_completion({warm});
       Progress progress(variant_name(v));
       const int64_t graph_steps_before = eng.runner().num_graph_steps();
+      const auto flushes = [&] {
+        return device.is_cuda() ? int64_t(cuda_allocator_stats(device.index).num_cache_flushes) : int64_t(0);
+      };
+      const int64_t flushes_before = flushes();
       std::unique_ptr<engine::KernelTracer> tracer;
       if (o.kernel_trace) tracer = std::make_unique<engine::KernelTracer>();
       run.result = run_workload(eng, workload.requests, wave, progress);
@@ -840,6 +852,7 @@ void run(const Options& o, bool max_num_seqs_given) {
       }
       run.metrics = run.result.metrics();
       run.graph_steps = eng.runner().num_graph_steps() - graph_steps_before;
+      run.cache_flushes = flushes() - flushes_before;
       if (floor_setup.rates) run.floor = engine::serial_floor(floor_model, run.result.step_shapes, *floor_setup.rates);
     }
     // The next variant's model and cache get the whole device.

@@ -42,10 +42,11 @@ std::vector<int64_t> cuda_graph_capture_sizes(int64_t max_num_seqs, int64_t max_
 // step frees its tensors before it ends, and a graph step copies host data straight into the static buffers
 // and computes its logits after the replay. (Device state an op keeps across calls, such as cuBLASLt's
 // workspace of this stream, is taken from the allocator once, during a warm-up, and never freed, so it is
-// never in a free list.) The allocator hands cached blocks back to the driver only in
-// cuda_empty_cache(), which the engine does not call while it holds graphs, and when a cudaMalloc fails (an
-// eager step out of memory): that would unmap memory the graphs address, so the device must keep room for the
-// eager steps (gpu_memory_utilization < 1, as the KV cache sizing does).
+// never in a free list.) The allocator hands cached blocks back to the driver in cuda_empty_cache() and when a
+// cudaMalloc fails (an eager step out of memory, which a long run can reach through the cache's fragmentation:
+// gpt-oss-20b's prefill-heavy eval did), but never the blocks handed out during a capture: those stay mapped
+// until release() says the graphs are gone (cuda_graph_memory_released). Before that rule, the out-of-memory
+// retry unmapped them and the next replay faulted (cudaErrorIllegalAddress).
 
 CudaGraphRunner::CudaGraphRunner(CausalLM& model, std::vector<KVCache>& kv_caches, Device device, Stream stream,
                                  const std::vector<int64_t>& sizes, int64_t max_model_len, int64_t block_size)
@@ -117,9 +118,11 @@ CudaGraphRunner::~CudaGraphRunner() { release(); }
 void CudaGraphRunner::release() {
   // No replay may still read the host buffer or run when its exec goes away.
   if (stream_) cudaStreamSynchronize(stream_);
+  const bool had_graphs = !graphs_.empty();
   for (Graph& g : graphs_)
     if (g.exec) cudaGraphExecDestroy(g.exec);
   graphs_.clear();
+  if (had_graphs) cuda_graph_memory_released(device_.index);
   if (inputs_copied_) cudaEventDestroy(inputs_copied_);
   inputs_copied_ = nullptr;
   if (host_) cudaFreeHost(host_);

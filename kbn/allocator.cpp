@@ -37,6 +37,9 @@ struct Block {
   size_t size;
   int device;
   Stream stream;
+  // Handed out during a CUDA-graph capture: a graph addresses it, so it is never returned to the driver until
+  // cuda_graph_memory_released() says the graphs are gone (a replay into unmapped memory faults).
+  bool graph = false;
 };
 
 // Small requests round to 512 B, large ones to 2 MiB, so steady-state shapes map onto the same blocks.
@@ -52,6 +55,9 @@ class CachingAllocator {
   void* alloc(size_t nbytes, int device, Stream stream) {
     size_t size = round_size(nbytes);
     std::lock_guard<std::mutex> lock(mu_);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) cudaGetLastError();
+    const bool for_graph = capture != cudaStreamCaptureStatusNone;
     auto& pool = free_[{device, stream}];
     // Best fit, but never hand out a block more than twice the request (avoids pinning a huge block).
     auto it = pool.lower_bound(size);
@@ -59,6 +65,7 @@ class CachingAllocator {
       Block b = it->second;
       pool.erase(it);
       stats_[device].num_cache_hits++;
+      b.graph = b.graph || for_graph;
       return take(b);
     }
     int prev = 0;
@@ -67,18 +74,18 @@ class CachingAllocator {
     void* p = nullptr;
     // cudaMalloc is an "unsafe" call inside a stream capture in the global and thread-local modes (the engine
     // captures its decode graphs in thread-local mode, so that host syncs fail the capture): the malloc itself
-    // runs in relaxed mode, like PyTorch's allocator does. The block is then an ordinary cached block of this
-    // stream (see cuda_graph_runner.cpp for why sharing it with the graphs is safe).
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) cudaGetLastError();
+    // runs in relaxed mode, like PyTorch's allocator does. The block is then a cached block of this stream that
+    // eager steps may use between replays (see cuda_graph_runner.cpp for why sharing it with the graphs is safe),
+    // marked as the graphs' so that it is never freed under them.
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     cudaThreadExchangeStreamCaptureMode(&mode);
     cudaError_t err = cudaMalloc(&p, size);
-    if (err == cudaErrorMemoryAllocation && capture == cudaStreamCaptureStatusNone) {
-      // Out of memory outside a capture: hand the cached blocks back to the driver and try once more (not
-      // during a capture, where the device-wide sync this needs is not allowed).
+    if (err == cudaErrorMemoryAllocation && !for_graph) {
+      // Out of memory outside a capture: hand the cached blocks back to the driver (all but the graphs') and try
+      // once more (not during a capture, where the device-wide sync this needs is not allowed).
       cudaGetLastError();
       release_cached_locked(device);
+      stats_[device].num_cache_flushes++;
       err = cudaMalloc(&p, size);
     }
     cudaThreadExchangeStreamCaptureMode(&mode);
@@ -94,7 +101,7 @@ class CachingAllocator {
     AllocatorStats& s = stats_[device];
     s.reserved_bytes += size;
     s.num_device_mallocs++;
-    return take(Block{p, size, device, stream});
+    return take(Block{p, size, device, stream, for_graph});
   }
 
   void free(void* p) {
@@ -133,6 +140,16 @@ class CachingAllocator {
     return stats_[device];
   }
 
+  // The graphs that addressed `device`'s graph blocks are destroyed: those blocks become ordinary cached blocks.
+  void graph_memory_released(int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [p, b] : live_)
+      if (b.device == device) b.graph = false;
+    for (auto& [key, pool] : free_)
+      if (key.first == device)
+        for (auto& [size, b] : pool) b.graph = false;
+  }
+
   void empty_cache(int only_device) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [dev, s] : stats_)
@@ -156,11 +173,15 @@ class CachingAllocator {
     }
     for (auto& [key, pool] : free_) {
       if (key.first != device) continue;
-      for (auto& [size, b] : pool) {
-        cudaFree(b.ptr);
-        stats_[device].reserved_bytes -= b.size;
+      for (auto it = pool.begin(); it != pool.end();) {
+        if (it->second.graph) {  // a live CUDA graph addresses it
+          ++it;
+          continue;
+        }
+        cudaFree(it->second.ptr);
+        stats_[device].reserved_bytes -= it->second.size;
+        it = pool.erase(it);
       }
-      pool.clear();
     }
   }
 
@@ -186,6 +207,7 @@ void raw_retire_stream(Stream s) { allocator().retire_stream(s); }
 AllocatorStats cuda_allocator_stats(int device) { return allocator().stats(device); }
 void cuda_empty_cache() { allocator().empty_cache(-1); }
 void cuda_empty_cache(int device) { allocator().empty_cache(device); }
+void cuda_graph_memory_released(int device) { allocator().graph_memory_released(device); }
 
 #else
 
@@ -199,6 +221,7 @@ void raw_retire_stream(Stream) {}
 AllocatorStats cuda_allocator_stats(int) { return {}; }
 void cuda_empty_cache() {}
 void cuda_empty_cache(int) {}
+void cuda_graph_memory_released(int) {}
 
 #endif
 

@@ -19,6 +19,7 @@ struct AllocatorStats {
   size_t peak_allocated_bytes = 0;
   size_t num_device_mallocs = 0;  // cudaMalloc calls so far
   size_t num_cache_hits = 0;
+  size_t num_cache_flushes = 0;  // out-of-memory retries that returned the cached blocks to the driver first
 };
 
 // ---- Allocation audit (the kernel bench's validation) ----
@@ -64,9 +65,14 @@ void cpu_free(void* p);
 void* cuda_alloc(size_t nbytes, int device, Stream stream);
 void cuda_free(void* p);
 AllocatorStats cuda_allocator_stats(int device);
-// Returns every cached (free) block to the driver. Synchronises each device it releases blocks of.
+// Returns every cached (free) block to the driver, except the blocks handed out during a CUDA-graph capture (a
+// graph addresses them; see cuda_graph_memory_released). Synchronises each device it releases blocks of. An
+// allocation that finds the device full does the same before its one retry.
 void cuda_empty_cache();
 // Only `device`'s cached blocks (what a tensor-parallel rank thread may release without touching the others').
 void cuda_empty_cache(int device);
+// The CUDA graphs captured on `device` are destroyed: the blocks handed out during their captures may be returned
+// to the driver again (CudaGraphRunner's destructor calls it).
+void cuda_graph_memory_released(int device);
 
 }  // namespace kbn

@@ -128,6 +128,39 @@ TEST(CudaAllocator, AllocatesInsideAThreadLocalCapture) {
   cudaGraphDestroy(graph);
 }
 
+// A block handed out during a capture is the graph's: emptying the cache (what an allocation that finds the device
+// full does) keeps it mapped, so a replay after that still writes valid memory; once the graphs are released it is
+// an ordinary cached block again. (gpt-oss-20b's prefill-heavy eval faulted in a replay before this rule: the
+// out-of-memory retry of an eager step had returned the graphs' blocks to the driver.)
+TEST(CudaAllocator, EmptyingTheCacheKeepsTheGraphsBlocks) {
+  KBN_SKIP_WITHOUT_GPU();
+  OwnedStream stream(Device::cuda(0));
+  StreamGuard guard(stream.get());
+  Tensor out = Tensor::zeros({1}, DType::f32, Device::cuda(0));
+  ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  const int64_t n = (41 << 20) / 4 + 7;  // a size nothing else uses
+  {
+    Tensor t = Tensor::empty({n}, DType::f32, Device::cuda(0));
+    t.fill_(5.0);
+    out.copy_(t.slice(0, n - 1, n));
+  }
+  ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  cudaGraphDestroy(graph);
+  const size_t reserved = cuda_allocator_stats(0).reserved_bytes;
+  cuda_empty_cache(0);
+  EXPECT_GE(cuda_allocator_stats(0).reserved_bytes, size_t(41) << 20) << "the graph's block was released";
+  ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  EXPECT_EQ(out.to(Device::cpu()).to_floats()[0], 5.0f);
+  cudaGraphExecDestroy(exec);
+  cuda_graph_memory_released(0);
+  cuda_empty_cache(0);
+  EXPECT_LT(cuda_allocator_stats(0).reserved_bytes + (41 << 20), reserved + 1) << "released graphs keep their blocks";
+}
+
 // The GPU strided copy (Tensor::contiguous / copy_ between views) against the CPU's, on views cut from larger
 // tensors (slices with offsets in every dimension, then a transpose): element sizes 1, 2, 4 and 8, dimensions
 // that collapse and ones that do not, rows that take the 16-byte path and misaligned ones that cannot.
