@@ -189,10 +189,11 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t da,
 // grid = the most work items the shapes allow (m blocks x n tiles x K splits); block = kThreads (warpgroup 0: the TMA
 // producer; 1 and 2: consumers). The active m blocks are read on the device (num_tokens_post_padded): blocks past the
 // active items exit at once, so a launch sized for the worst case costs only empty blocks. Block b walks items b,
-// b + gridDim.x, ... with the stage ring running on across them, so a smaller (persistent) grid is correct too. On
-// the H200 a persistent grid (one block per SM) measured faster at decode (Mixtral, one token: 199.6 us against
-// 208.6 us) but 5-9% slower at Mixtral's long-K prefill (bench/results/h200/moe/README.md); the launch gives every
-// item its own block, the configuration measured end to end. Mode 1's tile is kBlockN / 2 gate rows and the
+// b + gridDim.x, ... with the stage ring running on across them, so a smaller (persistent) grid is correct too. The
+// launch gives a GEMM split along K (decode sizes) a persistent grid, one block per SM, and every other GEMM a block
+// per item: on the H200 the persistent grid measured faster at one token (same-call A/B: gpt-oss-20b 98.2 -> 91.5 us,
+// Mixtral 211.0 -> 201.9, Qwen3-30B-A3B 77.3 -> 64.1) and even at 16 and 256 tokens, but 5-9% slower at Mixtral's
+// long-K prefill (bench/results/h200/moe/README.md, runs 5 and 8). Mode 1's tile is kBlockN / 2 gate rows and the
 // matching up rows (kBlockN / 2 act columns); mode 2's, kBlockN rows of w2.
 // A consumer warpgroup whose 64 rows are all padding (decode: most blocks hold a few pairs) skips its MMAs.
 template <class T, int kMode, int kBlockN>
@@ -593,7 +594,11 @@ bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, D
   };
   split(g1, 2 * l.inter, ws1);
   split(g2, l.hidden, ws2);
-  auto grid = [&](const GemmParams& g) { return unsigned(int64_t(g.m_blocks) * g.n_tiles * g.splits); };
+  // Split GEMMs (decode sizes) run a persistent grid, one block per SM; unsplit ones a block per item.
+  auto grid = [&](const GemmParams& g) {
+    const int64_t items = int64_t(g.m_blocks) * g.n_tiles * g.splits;
+    return unsigned(g.splits > 1 ? std::min<int64_t>(num_sms, items) : items);
+  };
   k1<<<grid(g1), kThreads, Cfg::kSmemBytes, stream>>>(g1, a1, b1);
   KBN_CUDA_CHECK_LAUNCH();
   if (g1.splits > 1) {
