@@ -685,7 +685,7 @@ void run(const Options& o, bool max_num_seqs_given) {
     tok_path = (std::filesystem::path(o.weights) / "tokenizer.json").string();
   if (tok_path.empty()) tok_path = spec.tokenizer_path;
   const BuiltWorkload built =
-      build_workload(o, spec.config.get_int("vocab_size"), max_model_len, device.is_cpu(), tok_path);
+      build_workload(o, spec.config.language_model().get_int("vocab_size"), max_model_len, device.is_cpu(), tok_path);
   const engine::Workload& workload = built.workload;
   const engine::WorkloadOptions& wo = built.options;
   const std::string& shrunk = built.shrunk;
@@ -761,7 +761,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   // The serial floor: the model's per-step work from its shapes (one rank's under --tp), and the rates, measured
   // here before the weights and the KV cache take the device's memory.
   const engine::FloorModel floor_model(
-      ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config), o.tp),
+      ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config.language_model()), o.tp),
       int64_t(dtype_size(popts.dtype)));
   FloorSetup floor_setup;
   if (!device.is_cuda()) {

@@ -142,7 +142,7 @@ void run(const Options& o) {
   }
   if (prompts.empty()) {  // a seeded default prompt
     Tensor ids = Tensor::empty({8}, DType::i64);
-    fill_randint_(ids, o.seed + 17, 0, spec.config.get_int("vocab_size"));
+    fill_randint_(ids, o.seed + 17, 0, spec.config.language_model().get_int("vocab_size"));
     prompts.push_back(ids.to_ints());
   }
   // Every position a prompt and its new tokens take must be one the model has (its rotary table ends there): checked

@@ -87,7 +87,7 @@ namespace {
 // were absent: silently wrong logits. The L4 entry declares what it applies ("sliding_window", "logits_soft_cap");
 // ModelView reads what the config asks for (a window unless use_sliding_window is false, attn_logit_softcapping).
 void check_attention_features(const ModelSpec& spec, const OpEntry& entry) {
-  const ModelView view = ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config), 1);
+  const ModelView view = ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config.language_model()), 1);
   if (!view.attention) return;
   auto declares = [&](const char* f) {
     return std::find(entry.features.begin(), entry.features.end(), f) != entry.features.end();

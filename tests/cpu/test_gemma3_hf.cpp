@@ -9,3 +9,53 @@
 #include "hf_fixture.h"
 
 TEST(Gemma3VsHF, TinySlidingAndGlobalLayersLogitsAndGreedyTokens) { kbn::test::check_against_hf("tiny-gemma3"); }
+
+#include <nlohmann/json.hpp>
+
+#include "kbn/safetensors.h"
+
+// The published Gemma-3 4B-27B checkpoints are Gemma3ForConditionalGeneration: the text model's config nested in
+// text_config and its tensors under language_model.model.* (model.language_model.* as transformers 5 saves them),
+// beside a vision tower. The same tiny fixture wrapped that way (its tensors renamed, a vision tensor added) must give
+// transformers' logits and greedy tokens: the text model is served, the vision tensors are skipped.
+TEST(Gemma3VsHF, TheTextModelOfAMultimodalCheckpointGivesTheSameLogits) {
+  using namespace kbn;
+  const test::HfFixture fx = test::load_hf_fixture("tiny-gemma3");
+  nlohmann::json top;
+  top["architectures"] = {"Gemma3ForConditionalGeneration"};
+  top["model_type"] = "gemma3";
+  top["text_config"] = nlohmann::json::parse(fx.spec.config.dump());
+  top["text_config"].erase("architectures");
+  top["vision_config"] = {{"hidden_size", 16}, {"model_type", "siglip_vision_model"}};
+  for (const char* prefix : {"language_model.model.", "model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    engine::ModelSpec spec;
+    spec.name = "tiny-gemma3 as Gemma3ForConditionalGeneration";
+    spec.config = ModelConfig::parse(top.dump(), spec.name);
+    auto model = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+    Checkpoint ckpt = Checkpoint::open(fx.spec.weights_path);
+    model->load_weights([&](const WeightVisitor& visit) {
+      ckpt.for_each([&](const std::string& n, const Tensor& t) {
+        visit(n.starts_with("model.") ? prefix + n.substr(6) : n, t);
+      });
+      visit("vision_tower.vision_model.embeddings.patch_embedding.weight", Tensor::zeros({16, 3, 2, 2}, DType::f32));
+    });
+    std::vector<std::vector<int64_t>> prompts;
+    for (const auto& p : fx.expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
+    engine::GenerateOptions opt;
+    opt.max_new_tokens = int64_t(fx.expected["prompts"][0]["greedy_ids"].size());
+    opt.return_prompt_logits = true;
+    const auto res = engine::generate_tokens(*model, prompts, Device::cpu(), Variant::baseline, opt);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto& p = fx.expected["prompts"][i];
+      const auto hf = p["prompt_logits"].get<std::vector<std::vector<double>>>();
+      const std::vector<float> ours = res.prompt_logits[i].to_floats();
+      const size_t vocab = hf[0].size();
+      double max_err = 0;
+      for (size_t t = 0; t < hf.size(); ++t)
+        for (size_t v = 0; v < vocab; ++v) max_err = std::max(max_err, std::fabs(double(ours[t * vocab + v]) - hf[t][v]));
+      EXPECT_LT(max_err, test::kLogitTolerance) << "prompt " << i;
+      EXPECT_EQ(res.tokens[i], p["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
+    }
+  }
+}

@@ -674,6 +674,14 @@ TEST(FlashAttnFeaturesGpu, GemmaLikeHead256WindowAndSoftCap) {
   check_prefill_features(s, {.window = 32});
   check_prefill_features(s, {.window = 32, .soft_cap = 50.0});
   check_prefill_features(s, {.soft_cap = 1.0});
+  // Several query tiles and two-stage K/V rings on the mma.sync kernel (head 256 has no wgmma instantiation), a chunk
+  // after cached context, f16 too.
+  for (const DType dt : {DType::bf16, DType::f16}) {
+    const BatchSpec big{.num_heads = 8, .num_kv_heads = 4, .head_size = 256, .block_size = 16, .dtype = dt,
+                        .q_lens = {300, 37}, .seq_lens = {300, 500}, .seed = 37};
+    check_prefill_features(big, {});
+    check_prefill_features(big, {.window = 100});
+  }
   check_decode_features(decode_spec({.num_heads = 4, .num_kv_heads = 2, .head_size = 256, .block_size = 16,
                                      .dtype = DType::bf16, .seq_lens = {2, 64, 200}, .seed = 34}),
                         {.window = 32, .soft_cap = 1.0});

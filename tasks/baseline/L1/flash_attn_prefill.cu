@@ -55,7 +55,10 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kBlockM = kWarps * 16;  // one warp per 16 query rows (the M of one mma)
 constexpr int kBlockN = 64;           // keys per K/V tile
-constexpr int kStages = 3;            // K/V tiles in flight (cp.async ring)
+// K/V tiles in flight (cp.async ring): three, or two at head 256, whose three would not fit beside the Q tile
+// (128 x 256 + 3 x 2 x 64 x 256 16-bit values = 256 KB; two: 192 KB).
+template <int kHeadDim>
+constexpr int kStages = kHeadDim > 192 ? 2 : 3;
 
 // FlashAttention-2 forward over a paged KV cache, causal, varlen, GQA-packed.
 // grid = (num_kv_heads, query row tiles, num_seqs); block = kThreads; dynamic smem = Q tile + kStages K/V tiles.
@@ -84,8 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
 
   extern __shared__ __align__(16) unsigned char smem[];
   T* q_smem = reinterpret_cast<T*>(smem);     // [kBlockM, kHeadDim]
-  T* k_smem = q_smem + kBlockM * kHeadDim;    // [kStages, kBlockN, kHeadDim]
-  T* v_smem = k_smem + kStages * kTileElems;  // [kStages, kBlockN, kHeadDim]
+  T* k_smem = q_smem + kBlockM * kHeadDim;    // [kStages<kHeadDim>, kBlockN, kHeadDim]
+  T* v_smem = k_smem + kStages<kHeadDim> * kTileElems;  // [kStages<kHeadDim>, kBlockN, kHeadDim]
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.z;
@@ -160,9 +163,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
     }
   };
 
-  // Prologue: kStages - 1 commit groups (the first also holds Q); empty groups keep the count uniform.
+  // Prologue: kStages<kHeadDim> - 1 commit groups (the first also holds Q); empty groups keep the count uniform.
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) {
+  for (int stage = 0; stage < kStages<kHeadDim> - 1; ++stage) {
     if (stage < num_tiles) load_kv(stage, stage);
     cp_async_commit();
   }
@@ -191,15 +194,15 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
   const int v_row = lane % 8 + ((lane / 8) % 2) * 8, v_chunk = lane / 16;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
-    // Groups committed so far: kStages - 1 + tile; allowing kStages - 2 pending means tile's group has landed.
-    cp_async_wait<kStages - 2>();
+    // Groups committed so far: kStages<kHeadDim> - 1 + tile; allowing kStages<kHeadDim> - 2 pending means tile's group has landed.
+    cp_async_wait<kStages<kHeadDim> - 2>();
     __syncthreads();  // tile's K/V (and Q) visible to all warps; the stage read in the previous tile is free
-    const int next = tile + kStages - 1;
-    if (next < num_tiles) load_kv(next, next % kStages);
+    const int next = tile + kStages<kHeadDim> - 1;
+    if (next < num_tiles) load_kv(next, next % kStages<kHeadDim>);
     cp_async_commit();
 
-    const T* ks = k_smem + (tile % kStages) * kTileElems;
-    const T* vs = v_smem + (tile % kStages) * kTileElems;
+    const T* ks = k_smem + (tile % kStages<kHeadDim>) * kTileElems;
+    const T* vs = v_smem + (tile % kStages<kHeadDim>) * kTileElems;
 
     // S = Q K^T: 16 rows x 64 keys per warp, as 8 n-tiles of 8 keys.
     float s[kBlockN / 8][4];
@@ -774,8 +777,9 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   KBN_CUDA_CHECK(cudaGetDevice(&device));
   // The Hopper kernel runs when this binary holds sm_90a code for the device (runs_sm90_image) and the caches allow
   // tensor maps; any other GPU or cache layout runs the mma.sync kernel.
-  // Head 192 (DeepSeek MLA's decompressed prefill) has no wgmma instantiation: the mma.sync kernel runs it everywhere.
-  if constexpr (kHeadDim != 192) {
+  // Heads 192 (DeepSeek MLA's decompressed prefill) and 256 (Gemma-3) have no wgmma instantiation: the mma.sync
+  // kernel runs them everywhere.
+  if constexpr (kHeadDim != 192 && kHeadDim != 256) {
     auto* hopper = hopper_path::flash_attn_prefill_tma_kernel<T, kHeadDim>;
     if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
       using namespace hopper_path;
@@ -810,23 +814,24 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   KBN_CHECK(m_tiles <= 65535, "flash_attn_prefill: max_query_len ", max_query_len, " x ", p.group_size,
             " query heads per kv head needs ", m_tiles, " query tiles of ", kBlockM, " rows; at most 65535 supported");
   auto* kernel = flash_attn_prefill_mma_kernel<T, kHeadDim>;
-  const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T);
+  const size_t smem = size_t(kBlockM + 2 * kStages<kHeadDim> * kBlockN) * kHeadDim * sizeof(T);
   (void)kernel_launch_facts(reinterpret_cast<const void*>(kernel), device, kThreads, smem);  // smem opt-in, once
   const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
   kernel<<<grid, kThreads, smem, stream>>>(p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
-// The head sizes prefill runs on tensor cores: the shared set (attention_mma.cuh) plus 192, DeepSeek MLA's
-// decompressed prefill, which the mma.sync kernel alone takes (launch_flash_attn_prefill).
+// The head sizes prefill runs on tensor cores: the shared set (attention_mma.cuh) plus 192 (DeepSeek MLA's
+// decompressed prefill) and 256 (Gemma-3), which the mma.sync kernel alone takes (launch_flash_attn_prefill).
 bool prefill_tensor_core_supports(DType dt, int64_t head_size) {
   const bool sixteen_bit = dt == DType::bf16 || dt == DType::f16;
-  return tensor_core_attention_supports(dt, head_size) || (head_size == 192 && sixteen_bit);
+  return tensor_core_attention_supports(dt, head_size) || ((head_size == 192 || head_size == 256) && sixteen_bit);
 }
 
 template <class F>
 void dispatch_prefill_head_size(int64_t head_size, const char* op, F&& f) {
   if (head_size == 192) return f(std::integral_constant<int, 192>{});
+  if (head_size == 256) return f(std::integral_constant<int, 256>{});
   dispatch_head_size(head_size, op, f);
 }
 

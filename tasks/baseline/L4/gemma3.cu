@@ -1,6 +1,8 @@
 #include "L4/gemma3.h"
 
 #include <cmath>
+#include <string_view>
+#include <utility>
 
 #include "kbn/weight_loading.h"
 
@@ -51,10 +53,32 @@ std::vector<LayerCacheSpec> Gemma3ForCausalLM::cache_specs() const {
   return specs;
 }
 
+namespace {
+
+// A multimodal checkpoint's name of a language-model tensor -> the text model's ("language_model.model.x" and
+// "model.language_model.x" -> "model.x", "language_model.lm_head.weight" -> "lm_head.weight"); "" for the vision
+// tower's and the projector's tensors; any other name as is.
+std::string text_model_name(const std::string& name) {
+  for (const char* skip : {"vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."})
+    if (name.starts_with(skip)) return {};
+  for (const auto& [from, to] : {std::pair{"language_model.model.", "model."}, std::pair{"model.language_model.", "model."},
+                                 std::pair{"language_model.", ""}})
+    if (name.starts_with(from)) return to + name.substr(std::string_view(from).size());
+  return name;
+}
+
+}  // namespace
+
 void Gemma3ForCausalLM::load_weights(const WeightSource& weights) {
   const bool tied = config_.tie_word_embeddings;
+  const WeightSource text_model = [&](const WeightVisitor& visit) {
+    weights([&](const std::string& name, const Tensor& tensor) {
+      const std::string mapped = text_model_name(name);
+      if (!mapped.empty()) visit(mapped, tensor);
+    });
+  };
   load_stacked_weights(
-      *this, weights, qkv_gate_up_stacking(),
+      *this, text_model, qkv_gate_up_stacking(),
       [tied](const std::string& name) {
         return name.find("rotary_emb.inv_freq") != std::string::npos || (tied && name == "lm_head.weight");
       },

@@ -1,7 +1,10 @@
 #pragma once
 // Gemma3Model and Gemma3ForCausalLM (vLLM vllm/model_executor/models/gemma3.py), serving HF architecture
 // "Gemma3ForCausalLM" (the Gemma-3 text models): embeddings scaled by sqrt(hidden_size), five sliding-window layers
-// for each full one (config.sliding), GemmaRMSNorm everywhere, the LM head tied to the embeddings.
+// for each full one (config.sliding), GemmaRMSNorm everywhere, the LM head tied to the embeddings. It also serves the
+// text model of "Gemma3ForConditionalGeneration" (the published 4B-27B checkpoints): the config's text_config, the
+// checkpoint's language-model tensors (`language_model.model.*`, or `model.language_model.*` as transformers 5
+// saves them), the vision tower and projector skipped.
 #include <memory>
 #include <string>
 #include <vector>

@@ -27,7 +27,9 @@ KBN_REGISTER_OPS(r) {
              "gemma3_for_causal_lm", 2,
              [](const OpArgs& a) { return std::make_unique<Gemma3ForCausalLM>(a.model_config(), a.opts); },
              [](Gemma3ForCausalLM& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
-         .architectures = {"Gemma3ForCausalLM"},
+         // Gemma3ForConditionalGeneration (the published Gemma-3 4B-27B checkpoints): its text model only; the
+         // vision tower's tensors are not read.
+         .architectures = {"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<Gemma3ForCausalLM>(c, o);
          },
