@@ -254,10 +254,12 @@ TEST(BenchCases, AttentionAdapterPassesSinksAndWindow) {
 }
 
 // Gemma-3-12B's published config nests the language model in text_config: the view reads the shapes there (head_dim
-// 256, 1024-token windows). (This copy of the config names no architectures, so the view names none.)
+// 256, 1024-token windows). The config names no architectures; its model_type gemma3 names the multimodal class,
+// whose text model Gemma3ForCausalLM serves.
 TEST(BenchCases, GemmaTextConfigIsTheLanguageModelsView) {
   const ModelView m = view_of("gemma-3-12b-it");
-  EXPECT_EQ(m.architecture, "");
+  EXPECT_EQ(m.architecture, "Gemma3ForConditionalGeneration");
+  EXPECT_TRUE(m.has_feature("sliding_window"));
   EXPECT_EQ(m.hidden_size, 3840);
   ASSERT_TRUE(m.attention);
   EXPECT_EQ(m.attention->head_dim, 256);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "configs/llama.h"
+#include "engine/model_loader.h"
 #include "kbn/config.h"
 #include "kbn/error.h"
 #include "test_errors.h"
@@ -297,4 +298,19 @@ TEST(LlamaConfigRope, TransformersV5RopeParametersMatchV4RopeScaling) {
   EXPECT_THROW(kbn::LlamaConfig::from(kbn::ModelConfig::parse(
                    "{" + base + R"(, "rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn"}})", "v5")),
                kbn::Error);
+}
+
+// A config without 'architectures' (the published Gemma-3-12B-it's) names its architecture through model_type, as
+// transformers' Auto classes map it; an unknown model_type leaves it empty (the loader then says it is missing).
+TEST(ModelConfig, ArchitectureFromModelTypeWhenTheListIsMissing) {
+  using namespace kbn;
+  EXPECT_EQ(ModelConfig::parse(R"({"model_type": "gemma3"})", "t").architectures(),
+            (std::vector<std::string>{"Gemma3ForConditionalGeneration"}));
+  EXPECT_EQ(ModelConfig::parse(R"({"model_type": "gpt_oss"})", "t").architectures(),
+            (std::vector<std::string>{"GptOssForCausalLM"}));
+  EXPECT_EQ(ModelConfig::parse(R"({"architectures": ["X"], "model_type": "gemma3"})", "t").architectures(),
+            (std::vector<std::string>{"X"}));
+  EXPECT_TRUE(ModelConfig::parse(R"({"model_type": "bert"})", "t").architectures().empty());
+  EXPECT_TRUE(engine::resolve_model("gemma-3-12b-it").config.architectures() ==
+              (std::vector<std::string>{"Gemma3ForConditionalGeneration"}));
 }
