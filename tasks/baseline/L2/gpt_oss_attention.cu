@@ -24,7 +24,7 @@ GptOssAttention::GptOssAttention(const GptOssConfig& c, int64_t layer_index, con
       o_proj(c.num_attention_heads * c.head_dim, c.hidden_size, c.attention_bias, true, false, true, opts,
              prefix + ".o_proj"),
       rotary_emb(c.head_dim, c.head_dim, c.max_position_embeddings, c.rope_theta, true, c.rope_scaling, opts),
-      sinks(Tensor::empty({qkv_proj.num_heads()}, opts.dtype, opts.device)),
+      sinks(Tensor::empty({qkv_proj.num_heads()}, DType::f32, opts.device)),
       attn(qkv_proj.num_heads(), c.head_dim, 1.0 / std::sqrt(double(c.head_dim)), qkv_proj.num_kv_heads(),
            prefix + ".attn", layer_slides(c, layer_index) ? c.sliding_window : 0, 0.0, &sinks),
       sliding_(layer_slides(c, layer_index)),

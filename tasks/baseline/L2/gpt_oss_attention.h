@@ -26,7 +26,10 @@ class GptOssAttention : public Module {
   QKVParallelLinear qkv_proj;
   RowParallelLinear o_proj;
   RotaryEmbedding rotary_emb;
-  Tensor sinks;  // [num_heads / tp]: this rank's heads' sink logits (checkpoint `self_attn.sinks` [num_heads])
+  // [num_heads / tp] f32: this rank's heads' sink logits (checkpoint `self_attn.sinks` [num_heads], bf16 in the
+  // published checkpoints). Kept in f32, the dtype the attention kernels read, so no step converts them (a bf16
+  // parameter cost one conversion kernel per layer per step).
+  Tensor sinks;
   Attention attn;
 
  private:
