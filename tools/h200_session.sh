@@ -39,6 +39,9 @@
 #              tiny-gpt-oss's op contract, graph mode = eager = transformers' greedy tokens), kb_nano kernels for
 #              fused_experts at gpt-oss-20b's shapes and tools/torch_bench.py --sections moe beside them; the evals:
 #              `EVAL_MODEL=gpt-oss-20b EVAL_MODES=graph ... eval`
+#   gemma3     Gemma-3-12B: the attention GPU tests (head 256 prefill on tensor cores, windows, soft caps), kb_nano
+#              kernels for its prefill and decode attention and its norms/activation, tools/torch_bench.py --sections
+#              window beside them; the evals: `EVAL_MODEL=gemma-3-12b-it EVAL_MODES=graph ... eval`
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -174,6 +177,18 @@ for part in "$@"; do
       step torch_moe_gpt-oss-20b 300 python3 tools/torch_bench.py --model models/gpt-oss-20b.json --sections moe \
         --tokens "${MOE_TOKENS:-1,16,64,256,4096,16384}" --json "$out/torch_moe_gpt-oss-20b.json"
       ;;
+    gemma3)
+      step gpu_tests_gemma3 200 build/tests/kbn_gpu_tests \
+        --gtest_filter='FlashAttnPrefillGpu.*:FlashAttnFeaturesGpu.*:*tiny_gemma3*:GemmaRmsNorm*:GeluAndMul*' \
+        --gtest_output=json:"$out/gpu_tests_gemma3.json"
+      for op in flash_attn_prefill flash_attn_decode gemma_rms_norm gemma_fused_add_rms_norm gelu_and_mul; do
+        step "kernels_gemma-3-12b-it_$op" 240 build/kb_nano kernels --model gemma-3-12b-it --variant baseline \
+          --target "$op" --random 0 --seeds 1 --json "$out/kernels_gemma-3-12b-it_$op.json" \
+          --markdown "$out/kernels_gemma-3-12b-it_$op.md"
+      done
+      step torch_window_gemma3 240 python3 tools/torch_bench.py --model models/gemma-3-12b-it.json --sections window \
+        --json "$out/torch_window_gemma-3-12b-it.json"
+      ;;
     mamba)
       step gpu_tests_mamba 150 build/tests/kbn_gpu_tests \
         --gtest_filter='*amba*:*Conv1d*:*SelectiveState*:*Mixer2*:*rms_norm*:EngineGraphGpu.*' \
@@ -249,7 +264,7 @@ for part in "$@"; do
       done
       ;;
     *)
-      echo "h200_session: unknown part '$part' (gpu-tests kernels fixtures hf-compare cheats honest eval step-profile peer mamba deepseek gpt-oss torch tune modes tp profile profile-decode smoke-eval)" >&2
+      echo "h200_session: unknown part '$part' (gpu-tests kernels fixtures hf-compare cheats honest eval step-profile peer mamba deepseek gpt-oss gemma3 torch tune modes tp profile profile-decode smoke-eval)" >&2
       exit 2
       ;;
   esac

@@ -279,6 +279,8 @@ def main():
     args = ap.parse_args()
     sections = set(args.sections.split(","))
     cfg = json.load(open(args.model))
+    if "text_config" in cfg and "hidden_size" not in cfg:  # a multimodal config (Gemma-3): its language model
+        cfg = cfg["text_config"]
     dev, dt = "cuda", torch.bfloat16
     if "state_size" in cfg:  # Mamba-2: the SSD scan only
         sections = {"mamba"} | (sections & {"mamba"})
