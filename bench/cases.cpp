@@ -15,7 +15,7 @@ ModelView model_view(const std::string& name, const ModelConfig& config, int64_t
   // A multimodal checkpoint (Gemma-3's Gemma3ForConditionalGeneration) nests its language model's shapes in
   // `text_config`: the ops see those, under the checkpoint's architecture.
   ModelView m = ModelView::from(name, std::make_shared<const ModelConfig>(config.language_model()), tp);
-  const auto archs = config.architectures();
+  const auto archs = registry(Variant::baseline).architectures_of(config);
   m.architecture = archs.empty() ? "" : archs.front();
   // An architecture with no L4 model yet still has the shapes of its ops (gpt-oss's attention before its model):
   // its L1 ops are benchmarked, and model_ops below names the missing model.

@@ -27,8 +27,7 @@ std::map<std::string, std::vector<std::string>> ops_by_model(Variant v) {
   const Registry& reg = registry(v);
   const IncludeGraph& g = include_graph(v);
   for (const auto& model : engine::known_models()) {
-    ModelConfig cfg = ModelConfig::load(engine::models_dir() + "/" + model + ".json");
-    auto archs = cfg.architectures();
+    auto archs = engine::resolve_model(model).config.architectures();
     const OpEntry* l4 = nullptr;
     for (const auto& e : reg.entries())
       for (const auto& a : e.architectures)

@@ -82,7 +82,7 @@ std::set<std::string> headers_used_by(const std::string& name) {
   bool is_model = false;
   for (const auto& m : models) is_model = is_model || m == name;
   if (is_model) {
-    auto archs = ModelConfig::load(engine::models_dir() + "/" + name + ".json").architectures();
+    auto archs = engine::resolve_model(name).config.architectures();
     KBN_CHECK(!archs.empty(), "--architecture: model '", name, "' names no architecture in its config");
     architecture = archs.front();
   }

@@ -68,6 +68,14 @@ ModelSpec resolve_model(const std::string& name_or_path) {
       s.tokenizer_path = beside.string();
   }
   s.config = ModelConfig::load(s.config_path);
+  // A config naming no architectures (the published Gemma-3-12B-it's) gets the one its model_type maps to, so every
+  // reader of the spec sees it.
+  if (s.config.architectures().empty()) {
+    const auto archs = registry(Variant::baseline).architectures_of(s.config);
+    if (!archs.empty())
+      s.config = s.config.with_overrides("{\"architectures\": [\"" + archs.front() + "\"]}",
+                                         s.config_path + " (architectures from its model_type)");
+  }
   return s;
 }
 

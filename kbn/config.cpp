@@ -193,22 +193,7 @@ std::vector<std::string> ModelConfig::get_string_list(const std::string& key) co
   return out;
 }
 
-std::vector<std::string> ModelConfig::architectures() const {
-  std::vector<std::string> archs = get_string_list("architectures");
-  if (!archs.empty() || !has("model_type")) return archs;
-  // No 'architectures' (the published Gemma-3-12B-it config has none): the class transformers' Auto classes map the
-  // model_type to, for the families kb-nano knows.
-  static const std::pair<const char*, const char*> by_type[] = {
-      {"llama", "LlamaForCausalLM"},         {"qwen3", "Qwen3ForCausalLM"},
-      {"qwen3_moe", "Qwen3MoeForCausalLM"},  {"mixtral", "MixtralForCausalLM"},
-      {"gpt_oss", "GptOssForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
-      {"gemma3", "Gemma3ForConditionalGeneration"}, {"mamba2", "Mamba2ForCausalLM"},
-      {"deepseek_v2", "DeepseekV2ForCausalLM"},     {"deepseek_v3", "DeepseekV3ForCausalLM"}};
-  const std::string type = get_string("model_type");
-  for (const auto& [t, arch] : by_type)
-    if (type == t) return {arch};
-  return archs;
-}
+std::vector<std::string> ModelConfig::architectures() const { return get_string_list("architectures"); }
 
 ModelConfig ModelConfig::language_model() const {
   return has("text_config") && !has("hidden_size") ? sub("text_config") : *this;

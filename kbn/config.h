@@ -68,8 +68,6 @@ class ModelConfig {
   std::vector<double> get_double_list(const std::string& key) const;
   // A list of strings (layer_types); empty when absent.
   std::vector<std::string> get_string_list(const std::string& key) const;
-  // 'architectures'; when a config has none, the architecture transformers maps its model_type to (for the families
-  // kb-nano serves), else empty.
   std::vector<std::string> architectures() const;
   // A nested object ("rope_scaling") as its own config; the error names the key when it is not an object.
   ModelConfig sub(const std::string& key) const;

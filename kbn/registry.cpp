@@ -79,6 +79,16 @@ const OpEntry* Registry::find_model_for(const std::string& architecture) const {
   return nullptr;
 }
 
+std::vector<std::string> Registry::architectures_of(const ModelConfig& config) const {
+  std::vector<std::string> archs = config.architectures();
+  if (!archs.empty() || !config.has("model_type")) return archs;
+  const std::string type = config.get_string("model_type");
+  for (const auto& e : entries_)
+    for (const auto& [t, arch] : e.model_types)
+      if (t == type) return {arch};
+  return archs;
+}
+
 const OpEntry& Registry::model_for(const std::string& architecture) const {
   if (const OpEntry* e = find_model_for(architecture)) return *e;
   std::string known;

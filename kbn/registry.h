@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kbn/causal_lm.h"
@@ -38,6 +39,9 @@ struct OpEntry {
   // L4 only: the HF architectures served, the model factory, and the features its ops' facts may ask the
   // model view for (ModelView::features, e.g. "qk_norm").
   std::vector<std::string> architectures;
+  // HF model_type -> the architecture above that transformers' Auto classes build for it, for configs that name no
+  // 'architectures' (the published Gemma-3-12B-it config names none; its model_type "gemma3").
+  std::vector<std::pair<std::string, std::string>> model_types;
   std::function<std::unique_ptr<CausalLM>(const ModelConfig&, const ParamOptions&)> make_model;
   std::vector<std::string> features;
   // Substrings of the names of the kernels that do this op's work (kernel traces attribute GPU time by the
@@ -75,6 +79,9 @@ class Registry {
   const OpEntry& model_for(const std::string& architecture) const;
   // The L4 entry serving `architecture`, or nullptr (an architecture whose ops exist before its model does).
   const OpEntry* find_model_for(const std::string& architecture) const;
+  // The config's 'architectures', or when it names none, the architecture an L4 entry declares for its model_type
+  // (OpEntry::model_types); empty when neither gives one.
+  std::vector<std::string> architectures_of(const ModelConfig& config) const;
 
  private:
   std::vector<OpEntry> entries_;

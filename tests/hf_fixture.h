@@ -35,16 +35,15 @@ inline HfFixture load_hf_fixture(const std::string& name) {
 // dropping the llama3 rope scaling moves these logits by 2e-4..1e-3, a transposed weight by far more.
 constexpr double kLogitTolerance = 2e-5;
 
-// Every prompt logit within kLogitTolerance of transformers', every greedy token equal.
-inline void check_against_hf(const std::string& name) {
-  HfFixture fx = load_hf_fixture(name);
-  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+// `model` (CPU, f32, loaded with the fixture's weights) on the fixture's prompts: every prompt logit within
+// kLogitTolerance of transformers', every greedy token equal. `name` labels the failures.
+inline void check_model_against_hf(CausalLM& model, const HfFixture& fx, const std::string& name) {
   std::vector<std::vector<int64_t>> prompts;
   for (const auto& p : fx.expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
   engine::GenerateOptions opt;
   opt.max_new_tokens = int64_t(fx.expected["prompts"][0]["greedy_ids"].size());
   opt.return_prompt_logits = true;
-  auto res = engine::generate_tokens(*model, prompts, Device::cpu(), Variant::baseline, opt);
+  auto res = engine::generate_tokens(model, prompts, Device::cpu(), Variant::baseline, opt);
 
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto& p = fx.expected["prompts"][i];
@@ -58,6 +57,13 @@ inline void check_against_hf(const std::string& name) {
     EXPECT_LT(max_err, kLogitTolerance) << name << " prompt " << i;
     EXPECT_EQ(res.tokens[i], p["greedy_ids"].get<std::vector<int64_t>>()) << name << " prompt " << i;
   }
+}
+
+// The fixture's own model through kb-nano's loader, against transformers.
+inline void check_against_hf(const std::string& name) {
+  const HfFixture fx = load_hf_fixture(name);
+  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  check_model_against_hf(*model, fx, name);
 }
 
 // Every fixture prompt `repeats` times through the continuous-batching engine under `cfg` (CPU, fp32): each request

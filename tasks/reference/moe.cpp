@@ -203,12 +203,15 @@ void moe_sum(Tensor& out, const Tensor& input) {
   out.copy_(Tensor::from_floats(o, {n, h}, DType::f32));
 }
 
+void check_expert_activation(const char* op, const ExpertFeatures& f) {
+  if (f.activation != ExpertFeatures::Activation::swigluoai) return;
+  KBN_CHECK(std::isfinite(f.alpha), op, ": argument 'alpha' (swigluoai) must be finite, got ", f.alpha);
+  KBN_CHECK(f.limit > 0, op, ": argument 'limit' (swigluoai) must be positive, got ", f.limit);
+}
+
 void check_expert_features(const char* op, const ExpertFeatures& f, int64_t num_experts, int64_t inter, int64_t hidden,
                            DType dtype) {
-  if (f.activation == ExpertFeatures::Activation::swigluoai) {
-    KBN_CHECK(std::isfinite(f.alpha), op, ": argument 'alpha' (swigluoai) must be finite, got ", f.alpha);
-    KBN_CHECK(f.limit > 0, op, ": argument 'limit' (swigluoai) must be positive, got ", f.limit);
-  }
+  check_expert_activation(op, f);
   const std::pair<const char*, const Tensor*> biases[] = {{"w13_bias", f.w13_bias}, {"w2_bias", f.w2_bias}};
   for (const auto& [name, b] : biases) {
     if (!b) continue;

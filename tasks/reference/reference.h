@@ -183,8 +183,10 @@ struct ExpertFeatures {
   const Tensor* w2_bias = nullptr;    // [E, hidden], added to GEMM 2 before the routing weight
 };
 
-// Checks the features against the experts' shapes (E, inter, hidden) and dtype; the error names `op` and the
-// argument. Shared by the oracle and the op.
+// Checks swigluoai's alpha and limit (finite, positive); the error names `op` and the argument.
+void check_expert_activation(const char* op, const ExpertFeatures& f);
+// check_expert_activation, and the biases against the experts' shapes (E, inter, hidden) and dtype; the error names
+// `op` and the argument. Shared by the oracle and the op.
 void check_expert_features(const char* op, const ExpertFeatures& f, int64_t num_experts, int64_t inter, int64_t hidden,
                            DType dtype);
 

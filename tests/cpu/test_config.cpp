@@ -16,6 +16,7 @@
 #include "engine/model_loader.h"
 #include "kbn/config.h"
 #include "kbn/error.h"
+#include "kbn/registry.h"
 #include "test_errors.h"
 
 using namespace kbn;
@@ -301,16 +302,18 @@ TEST(LlamaConfigRope, TransformersV5RopeParametersMatchV4RopeScaling) {
 }
 
 // A config without 'architectures' (the published Gemma-3-12B-it's) names its architecture through model_type, as
-// transformers' Auto classes map it; an unknown model_type leaves it empty (the loader then says it is missing).
+// transformers' Auto classes map it (each L4 entry declares its model_types); an unknown model_type leaves it empty
+// (the loader then says it is missing). resolve_model writes it into the spec's config.
 TEST(ModelConfig, ArchitectureFromModelTypeWhenTheListIsMissing) {
   using namespace kbn;
-  EXPECT_EQ(ModelConfig::parse(R"({"model_type": "gemma3"})", "t").architectures(),
+  const Registry& reg = registry(Variant::baseline);
+  EXPECT_EQ(reg.architectures_of(ModelConfig::parse(R"({"model_type": "gemma3"})", "t")),
             (std::vector<std::string>{"Gemma3ForConditionalGeneration"}));
-  EXPECT_EQ(ModelConfig::parse(R"({"model_type": "gpt_oss"})", "t").architectures(),
+  EXPECT_EQ(reg.architectures_of(ModelConfig::parse(R"({"model_type": "gpt_oss"})", "t")),
             (std::vector<std::string>{"GptOssForCausalLM"}));
-  EXPECT_EQ(ModelConfig::parse(R"({"architectures": ["X"], "model_type": "gemma3"})", "t").architectures(),
+  EXPECT_EQ(reg.architectures_of(ModelConfig::parse(R"({"architectures": ["X"], "model_type": "gemma3"})", "t")),
             (std::vector<std::string>{"X"}));
-  EXPECT_TRUE(ModelConfig::parse(R"({"model_type": "bert"})", "t").architectures().empty());
+  EXPECT_TRUE(reg.architectures_of(ModelConfig::parse(R"({"model_type": "bert"})", "t")).empty());
   EXPECT_TRUE(engine::resolve_model("gemma-3-12b-it").config.architectures() ==
               (std::vector<std::string>{"Gemma3ForConditionalGeneration"}));
 }

@@ -40,22 +40,6 @@ TEST(Gemma3VsHF, TheTextModelOfAMultimodalCheckpointGivesTheSameLogits) {
       });
       visit("vision_tower.vision_model.embeddings.patch_embedding.weight", Tensor::zeros({16, 3, 2, 2}, DType::f32));
     });
-    std::vector<std::vector<int64_t>> prompts;
-    for (const auto& p : fx.expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
-    engine::GenerateOptions opt;
-    opt.max_new_tokens = int64_t(fx.expected["prompts"][0]["greedy_ids"].size());
-    opt.return_prompt_logits = true;
-    const auto res = engine::generate_tokens(*model, prompts, Device::cpu(), Variant::baseline, opt);
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      const auto& p = fx.expected["prompts"][i];
-      const auto hf = p["prompt_logits"].get<std::vector<std::vector<double>>>();
-      const std::vector<float> ours = res.prompt_logits[i].to_floats();
-      const size_t vocab = hf[0].size();
-      double max_err = 0;
-      for (size_t t = 0; t < hf.size(); ++t)
-        for (size_t v = 0; v < vocab; ++v) max_err = std::max(max_err, std::fabs(double(ours[t * vocab + v]) - hf[t][v]));
-      EXPECT_LT(max_err, test::kLogitTolerance) << "prompt " << i;
-      EXPECT_EQ(res.tokens[i], p["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
-    }
+    test::check_model_against_hf(*model, fx, spec.name);
   }
 }

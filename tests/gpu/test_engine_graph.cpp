@@ -181,6 +181,23 @@ TEST(EngineGraphGpu, SplitKvDecodeReplayMatchesEagerDecode) {
   EXPECT_EQ(graphs.run(decode).to_floats(), graph);
 }
 
+namespace {
+
+// `model` (on cuda:0) on the prompts of the transformers fixture in `dir`: every greedy token equal.
+void expect_transformers_greedy(CausalLM& model, const std::string& dir) {
+  std::ifstream f(dir + "/expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(f);
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& p : expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
+  GenerateOptions o;
+  o.max_new_tokens = int64_t(expected["prompts"][0]["greedy_ids"].size());
+  const GenerateResult r = generate_tokens(model, prompts, Device::cuda(0), Variant::baseline, o);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(r.tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
+}
+
+}  // namespace
+
 // The recurrent-state model: decode graphs read the sequences' state slots from a static buffer (padding rows have
 // slot -1 and leave every state alone), so graph mode must give eager mode's tokens through whole and chunked
 // prefills, slot reuse and preemption; and, in f32 on the GPU kernels, transformers' greedy tokens.
@@ -213,15 +230,7 @@ TEST(EngineGraphGpu, TinyMamba2GraphModeGivesTheEagerTokensAndTransformers) {
     ASSERT_EQ(graph.tokens.size(), reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(graph.tokens[i], eager.tokens[i]) << "request " << i;
   }
-  std::ifstream f(dir + "/expected.json");
-  const nlohmann::json expected = nlohmann::json::parse(f);
-  std::vector<std::vector<int64_t>> prompts;
-  for (const auto& p : expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
-  GenerateOptions o;
-  o.max_new_tokens = int64_t(expected["prompts"][0]["greedy_ids"].size());
-  const GenerateResult r = generate_tokens(*model, prompts, Device::cuda(0), Variant::baseline, o);
-  for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(r.tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
+  expect_transformers_greedy(*model, dir);
 }
 
 // gpt-oss (sliding windows, sinks, swigluoai experts with biases): graph mode gives eager mode's tokens through whole
@@ -245,13 +254,5 @@ TEST(EngineGraphGpu, TinyGptOssGraphModeGivesTheEagerTokensAndTransformers) {
     ASSERT_EQ(graph.tokens.size(), reqs.size());
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(graph.tokens[i], eager.tokens[i]) << "request " << i;
   }
-  std::ifstream f(dir + "/expected.json");
-  const nlohmann::json expected = nlohmann::json::parse(f);
-  std::vector<std::vector<int64_t>> prompts;
-  for (const auto& p : expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
-  GenerateOptions o;
-  o.max_new_tokens = int64_t(expected["prompts"][0]["greedy_ids"].size());
-  const GenerateResult r = generate_tokens(*model, prompts, Device::cuda(0), Variant::baseline, o);
-  for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(r.tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
+  expect_transformers_greedy(*model, dir);
 }

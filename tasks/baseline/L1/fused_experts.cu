@@ -723,8 +723,7 @@ bool launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
 
 FusedExperts::FusedExperts(Activation activation, double alpha, double limit)
     : activation_(activation), alpha_(alpha), limit_(limit) {
-  reference::ExpertFeatures f{.activation = activation, .alpha = alpha, .limit = limit};
-  reference::check_expert_features("FusedExperts", f, 1, 1, 1, DType::f32);
+  reference::check_expert_activation("FusedExperts", {.activation = activation, .alpha = alpha, .limit = limit});
 }
 
 Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2,

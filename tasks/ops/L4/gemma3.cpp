@@ -30,6 +30,7 @@ KBN_REGISTER_OPS(r) {
          // Gemma3ForConditionalGeneration (the published Gemma-3 4B-27B checkpoints): its text model only; the
          // vision tower's tensors are not read.
          .architectures = {"Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"},
+         .model_types = {{"gemma3_text", "Gemma3ForCausalLM"}, {"gemma3", "Gemma3ForConditionalGeneration"}},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<Gemma3ForCausalLM>(c, o);
          },

@@ -29,6 +29,7 @@ KBN_REGISTER_OPS(r) {
              [](const OpArgs& a) { return std::make_unique<GptOssForCausalLM>(a.model_config(), a.opts); },
              [](GptOssForCausalLM& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
          .architectures = {"GptOssForCausalLM"},
+         .model_types = {{"gpt_oss", "GptOssForCausalLM"}},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<GptOssForCausalLM>(c, o);
          },
