@@ -284,6 +284,18 @@ nlohmann::json metrics_json(const VariantRun& r) {
           {"kv_cache_sizing", r.sizing.explanation},
           {"num_state_slots", r.sizing.num_state_slots},
           {"allocator_cache_flushes", r.cache_flushes},
+          {"kv_peak",
+           {{"blocks", r.result.kv_peak.blocks},
+            {"bytes", r.result.kv_peak.bytes},
+            {"sequences", r.result.kv_peak.sequences},
+            {"bytes_per_sequence",
+             r.result.kv_peak.sequences ? r.result.kv_peak.bytes / r.result.kv_peak.sequences : 0},
+            {"token_slots", r.result.kv_peak.tokens},
+            {"bytes_without_window_release", r.result.kv_peak.full_bytes},
+            {"definition",
+             "KV blocks held by running sequences after the step where the engine held the most (one rank's cache), "
+             "their bytes, and what the same table slots would cost if every layer kept a private page for every slot "
+             "(no sliding-window release, no prefix sharing)"}}},
           {"cuda_graphs",
            {{"sizes", r.graph_sizes},
             {"capture_s", r.graph_capture_s},
@@ -382,6 +394,22 @@ void print_table(const std::vector<VariantRun>& runs) {
     }
     cells.push_back(std::move(steps));
     cells.push_back(std::move(capture));
+  }
+  {
+    // What the KV cache held at its fullest, per running request, and what the same requests' table slots would cost
+    // with every layer keeping a private page for each (no sliding-window release, no prefix sharing).
+    std::vector<std::string> line{"KV peak MiB / per request"}, full{"KV peak, every layer every slot"};
+    bool windows = false;
+    for (const auto& r : runs) {
+      const engine::KvPeak& k = r.result.kv_peak;
+      const double mib = double(k.bytes) / double(1 << 20);
+      line.push_back(fmt("%.1f", mib) + " / " + fmt("%.2f", k.sequences ? mib / double(k.sequences) : 0.0));
+      full.push_back(fmt("%.1f", double(k.full_bytes) / double(1 << 20)) +
+                     (k.bytes > 0 ? " (" + fmt("%.2fx", double(k.full_bytes) / double(k.bytes)) + ")" : std::string()));
+      windows = windows || k.full_bytes != k.bytes;
+    }
+    cells.push_back(std::move(line));
+    if (windows) cells.push_back(std::move(full));
   }
   if (std::any_of(runs.begin(), runs.end(), [](const VariantRun& r) { return r.cache_flushes > 0; })) {
     std::vector<std::string> line{"allocator cache flushes"};  // the device ran full; cached blocks were returned
@@ -484,6 +512,7 @@ engine::RunResult run_workload(engine::LLMEngine& eng, const std::vector<engine:
     all.steps += r.steps;
     all.preemptions += r.preemptions;
     all.cached_tokens += r.cached_tokens;
+    if (r.kv_peak.blocks > all.kv_peak.blocks) all.kv_peak = r.kv_peak;
     all.profile.add(r.profile);
     all.step_shapes.insert(all.step_shapes.end(), r.step_shapes.begin(), r.step_shapes.end());
     for (auto& out : r.outputs) {
@@ -814,10 +843,9 @@ void run(const Options& o, bool max_num_seqs_given) {
       }
       engine::LLMEngine& eng = *engine_ptr;
       run.sizing = eng.kv_cache_sizing();
-      KBN_CHECK(eng.runner().kv_bytes_per_block() == floor_model.kv_bytes_per_token() * ecfg.block_size,
-                "eval: the serial floor counts ", floor_model.kv_bytes_per_token(), " KV bytes per token for ",
-                spec.name, " but its paged cache holds ", eng.runner().kv_bytes_per_block(), " bytes per block of ",
-                ecfg.block_size, " tokens (engine/serial_floor.cpp and the model's cache specs disagree)");
+      KBN_CHECK(eng.runner().kv_bytes_per_token() == floor_model.kv_bytes_per_token(), "eval: the serial floor counts ",
+                floor_model.kv_bytes_per_token(), " KV bytes per token for ", spec.name, " but its paged layers hold ",
+                eng.runner().kv_bytes_per_token(), " (engine/serial_floor.cpp and the model's cache specs disagree)");
       std::printf("  [%s] KV cache: %s\n", variant_name(v), run.sizing.explanation.c_str());
       if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
         run.graph_sizes = graphs->sizes();

@@ -65,10 +65,12 @@ CudaGraphRunner::CudaGraphRunner(CausalLM& model, std::vector<KVCache>& kv_cache
   const int64_t reserved_before = int64_t(cuda_allocator_stats(device.index).reserved_bytes);
   max_batch_ = sizes_.back();
   max_blocks_per_seq_ = (max_model_len + block_size - 1) / block_size;
+  for (const KVCache& c : kv_caches) num_kv_groups_ = std::max<int64_t>(num_kv_groups_, c.kv_group + 1);
+  const int64_t token_rows = 2 + num_kv_groups_;
 
-  const size_t rows_bytes = size_t(3 * max_batch_) * sizeof(int64_t);
+  const size_t rows_bytes = size_t(token_rows * max_batch_) * sizeof(int64_t);
   const size_t seq_lens_bytes = size_t(max_batch_) * sizeof(int32_t);
-  const size_t tables_bytes = size_t(max_batch_ * max_blocks_per_seq_) * sizeof(int32_t);
+  const size_t tables_bytes = size_t(num_kv_groups_ * max_batch_ * max_blocks_per_seq_) * sizeof(int32_t);
   for (const KVCache& c : kv_caches) stateful_ = stateful_ || !c.states.empty();
   const size_t state_bytes = stateful_ ? size_t(2 * max_batch_) * sizeof(int32_t) : 0;
   KBN_CUDA_CHECK(cudaHostAlloc(&host_, rows_bytes + seq_lens_bytes + tables_bytes + state_bytes, cudaHostAllocDefault));
@@ -82,7 +84,7 @@ CudaGraphRunner::CudaGraphRunner(CausalLM& model, std::vector<KVCache>& kv_cache
 
     // Every row starts as padding: token 0 at position 0, not stored (slot -1), no keys (seq_len 0).
     std::memset(host_, 0, rows_bytes + seq_lens_bytes + tables_bytes);
-    std::fill(host_rows_ + 2 * max_batch_, host_rows_ + 3 * max_batch_, int64_t(-1));
+    std::fill(host_rows_ + 2 * max_batch_, host_rows_ + token_rows * max_batch_, int64_t(-1));
     if (stateful_) {  // padding: no state slot (the state ops skip the row); a decode continues its state
       std::fill(host_state_rows_, host_state_rows_ + max_batch_, -1);
       std::fill(host_state_rows_ + max_batch_, host_state_rows_ + 2 * max_batch_, 1);
@@ -90,9 +92,9 @@ CudaGraphRunner::CudaGraphRunner(CausalLM& model, std::vector<KVCache>& kv_cache
       KBN_CUDA_CHECK(
           cudaMemcpyAsync(state_rows_.data_ptr(), host_state_rows_, state_bytes, cudaMemcpyHostToDevice, stream_));
     }
-    token_rows_ = Tensor::empty({3, max_batch_}, DType::i64, device);
+    token_rows_ = Tensor::empty({token_rows, max_batch_}, DType::i64, device);
     seq_lens_ = Tensor::empty({max_batch_}, DType::i32, device);
-    block_tables_ = Tensor::empty({max_batch_, max_blocks_per_seq_}, DType::i32, device);
+    block_tables_ = Tensor::empty({num_kv_groups_, max_batch_, max_blocks_per_seq_}, DType::i32, device);
     query_start_loc_ = Tensor::zeros({1}, DType::i32, device);
     KBN_CUDA_CHECK(cudaMemcpyAsync(token_rows_.data_ptr(), host_rows_, rows_bytes, cudaMemcpyHostToDevice, stream_));
     KBN_CUDA_CHECK(
@@ -135,7 +137,11 @@ AttentionMetadata CudaGraphRunner::decode_metadata(int64_t size) const {
   md.slot_mapping = token_rows_.select(0, 2).slice(0, 0, size);
   md.query_start_loc = query_start_loc_;
   md.seq_lens = seq_lens_.slice(0, 0, size);
-  md.block_tables = block_tables_.slice(0, 0, size);
+  md.block_tables = block_tables_.select(0, 0).slice(0, 0, size);
+  for (int64_t g = 1; g < num_kv_groups_; ++g) {
+    md.more_slot_mappings.push_back(token_rows_.select(0, 2 + g).slice(0, 0, size));
+    md.more_block_tables.push_back(block_tables_.select(0, g).slice(0, 0, size));
+  }
   if (stateful_) {
     md.state_indices = state_rows_.select(0, 0).slice(0, 0, size);
     md.has_initial_state = state_rows_.select(0, 1).slice(0, 0, size);
@@ -211,18 +217,26 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
   KBN_CUDA_CHECK(cudaEventSynchronize(inputs_copied_));
   std::vector<StepSequence> seqs;
   seqs.reserve(size_t(n));
-  for (const ScheduledSequence& e : out.seqs) seqs.push_back({e.num_computed_tokens, 1, &e.seq->block_table, false});
+  for (const ScheduledSequence& e : out.seqs)
+    seqs.push_back({e.num_computed_tokens, 1, &e.seq->block_table, false, -1, &e.seq->more_block_tables});
   const StepLayout layout = build_step_layout(seqs, block_size_);
   const int64_t width = layout.max_blocks;  // block-table columns the real rows need
   KBN_CHECK(width <= max_blocks_per_seq_, "CUDA graphs: a sequence has ", width, " blocks, more than the ",
             max_blocks_per_seq_, " the graphs were captured for");
   int64_t* ids = host_rows_;
   int64_t* positions = host_rows_ + max_batch_;
-  int64_t* slots = host_rows_ + 2 * max_batch_;
+  KBN_CHECK(layout.num_kv_groups() == num_kv_groups_, "CUDA graphs: the step has ", layout.num_kv_groups(),
+            " KV cache groups, the graphs were captured for ", num_kv_groups_);
+  const auto slots = [&](int64_t g) { return host_rows_ + (2 + g) * max_batch_; };
+  const auto tables = [&](int64_t g) { return host_block_tables_ + g * max_batch_ * max_blocks_per_seq_; };
   for (int64_t i = 0; i < n; ++i) {
     ids[i] = out.seqs[size_t(i)].seq->token(out.seqs[size_t(i)].num_computed_tokens);  // the token decoded now
     positions[i] = layout.positions[size_t(i)];
-    slots[i] = layout.slot_mapping[size_t(i)];
+    for (int64_t g = 0; g < num_kv_groups_; ++g) {
+      slots(g)[i] = (g == 0 ? layout.slot_mapping : layout.more_slot_mappings[size_t(g - 1)])[size_t(i)];
+      const std::vector<int32_t>& t = g == 0 ? layout.block_tables : layout.more_block_tables[size_t(g - 1)];
+      std::copy_n(t.begin() + i * width, width, tables(g) + i * max_blocks_per_seq_);
+    }
     host_seq_lens_[i] = layout.seq_lens[size_t(i)];
     if (stateful_) {
       const int32_t slot = out.seqs[size_t(i)].seq->state_slot;
@@ -230,7 +244,6 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
                 " of a recurrent-state model holds no state slot");
       host_state_rows_[i] = slot;
     }
-    std::copy_n(layout.block_tables.begin() + i * width, width, host_block_tables_ + i * max_blocks_per_seq_);
   }
   // Padding rows up to the graph's size: seq_len 0 makes both decode kernels read no key and write zeros
   // (split-KV: every split returns at once and the merge gives 0 for a sequence without keys), and slot -1
@@ -239,7 +252,7 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
   for (int64_t i = n; i < g.size; ++i) {
     ids[i] = 0;
     positions[i] = 0;
-    slots[i] = -1;
+    for (int64_t g = 0; g < num_kv_groups_; ++g) slots(g)[i] = -1;
     host_seq_lens_[i] = 0;
     if (stateful_) host_state_rows_[i] = -1;
   }
@@ -247,11 +260,17 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
   const size_t row_pitch = size_t(max_batch_) * sizeof(int64_t);
   const size_t table_pitch = size_t(max_blocks_per_seq_) * sizeof(int32_t);
   KBN_CUDA_CHECK(cudaMemcpy2DAsync(token_rows_.data_ptr(), row_pitch, host_rows_, row_pitch,
-                                   size_t(g.size) * sizeof(int64_t), 3, cudaMemcpyHostToDevice, stream_));
+                                   size_t(g.size) * sizeof(int64_t), size_t(2 + num_kv_groups_), cudaMemcpyHostToDevice,
+                                   stream_));
   KBN_CUDA_CHECK(cudaMemcpyAsync(seq_lens_.data_ptr(), host_seq_lens_, size_t(g.size) * sizeof(int32_t),
                                  cudaMemcpyHostToDevice, stream_));
-  KBN_CUDA_CHECK(cudaMemcpy2DAsync(block_tables_.data_ptr(), table_pitch, host_block_tables_, table_pitch,
-                                   size_t(width) * sizeof(int32_t), size_t(n), cudaMemcpyHostToDevice, stream_));
+  // The real rows of each group's table: one copy per group (the padding rows are never read).
+  for (int64_t t = 0; t < num_kv_groups_; ++t) {
+    const int64_t offset = t * max_batch_ * max_blocks_per_seq_;
+    KBN_CUDA_CHECK(cudaMemcpy2DAsync(block_tables_.data<int32_t>() + offset, table_pitch, host_block_tables_ + offset,
+                                     table_pitch, size_t(width) * sizeof(int32_t), size_t(n), cudaMemcpyHostToDevice,
+                                     stream_));
+  }
   if (stateful_)  // only the slot row changes between steps (has_initial_state stays 1)
     KBN_CUDA_CHECK(cudaMemcpyAsync(state_rows_.data_ptr(), host_state_rows_, size_t(g.size) * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));

@@ -68,14 +68,17 @@ class CudaGraphRunner {
   int64_t block_size_;
   int64_t max_batch_;
   int64_t max_blocks_per_seq_;
+  int64_t num_kv_groups_ = 1;  // KV cache groups (kbn::KVCacheGroups): a slot mapping and block tables each
   std::vector<int64_t> sizes_;
   double capture_seconds_ = 0;
   int64_t capture_bytes_ = 0;
 
   // Static inputs, sized for the largest captured batch; every graph reads rows [0, its size).
-  Tensor token_rows_;          // [3, max_batch] i64: input_ids, positions, slot_mapping (-1 = padding, not stored)
+  // [2 + groups, max_batch] i64: input_ids, positions, then each KV cache group's slot_mapping (-1 = padding, not
+  // stored)
+  Tensor token_rows_;
   Tensor seq_lens_;            // [max_batch] i32 (0 = padding)
-  Tensor block_tables_;        // [max_batch, max_blocks_per_seq] i32
+  Tensor block_tables_;        // [groups, max_batch, max_blocks_per_seq] i32
   Tensor query_start_loc_;     // [1] i32 = {0}: no prefill
   // Recurrent-state models (some layer holds states): [2, max_batch] i32, the state slots (-1 = padding: the state
   // ops skip the row) and has_initial_state (1: a decoding sequence continues its state). Undefined otherwise.
@@ -85,9 +88,9 @@ class CudaGraphRunner {
 
   // Pinned host mirrors of the static inputs (one allocation), so the copies are truly asynchronous.
   void* host_ = nullptr;
-  int64_t* host_rows_ = nullptr;          // [3, max_batch]
+  int64_t* host_rows_ = nullptr;          // [2 + groups, max_batch]
   int32_t* host_seq_lens_ = nullptr;      // [max_batch]
-  int32_t* host_block_tables_ = nullptr;  // [max_batch, max_blocks_per_seq]
+  int32_t* host_block_tables_ = nullptr;  // [groups, max_batch, max_blocks_per_seq]
   int32_t* host_state_rows_ = nullptr;    // [2, max_batch] (stateful models)
   CUevent_st* inputs_copied_ = nullptr;   // recorded after the last step's copies out of host_
 };

@@ -33,18 +33,25 @@ std::string locate_non_finite(const Tensor& hidden, const AttentionMetadata& md,
     if (!paged(l).empty()) block_size = paged(l).front()->size(1);
   if (block_size > 0 && md.block_tables.defined() && md.seq_lens.defined()) {
     const std::vector<int64_t> lens = md.seq_lens.to(Device::cpu()).to_ints();
-    const Tensor tables = md.block_tables.to(Device::cpu());
-    const int64_t width = tables.dim() == 2 ? tables.size(1) : 0;
-    const std::vector<int64_t> table = tables.to_ints();
+    std::vector<std::vector<int64_t>> group_tables;  // per KV cache group, [num_seqs, width]
+    for (int64_t g = 0; g < md.num_kv_groups(); ++g)
+      group_tables.push_back(md.block_tables_of(g).to(Device::cpu()).to_ints());
+    const int64_t width = md.block_tables.dim() == 2 ? md.block_tables.size(1) : 0;
     for (int64_t l = 0; l < layers; ++l) {
+      const KVCache& c = caches[size_t(l)];
+      if (paged(l).empty() || c.kv_group >= int64_t(group_tables.size())) continue;
+      const std::vector<int64_t>& table = group_tables[size_t(c.kv_group)];
       bool bad = false;
-      for (size_t s = 0; s < lens.size() && !bad; ++s)
-        for (int64_t bi = 0; bi * block_size < lens[s] && bi < width && !bad; ++bi) {
+      for (size_t s = 0; s < lens.size() && !bad; ++s) {
+        // A sliding layer's blocks before the window of the sequence's last token may have been given back.
+        const int64_t first = c.sliding_window > 0 ? std::max<int64_t>(0, lens[s] - c.sliding_window) / block_size : 0;
+        for (int64_t bi = first; bi * block_size < lens[s] && bi < width && !bad; ++bi) {
           const int64_t block = table[s * size_t(width) + size_t(bi)];
           const int64_t rows = std::min(block_size, lens[s] - bi * block_size);
           if (block < 0) continue;
           for (const Tensor* t : paged(l)) bad = bad || block_rows_non_finite(*t, block, rows);
         }
+      }
       if (!bad) continue;
       if (l == 0)
         return "the embedding (layer 0's keys/values of this step's sequences are the first that are not finite, so "

@@ -5,6 +5,7 @@
 #include "engine/clock.h"
 #include "engine/finite_check.h"
 #include "engine/sampler.h"
+#include "kbn/cache_spec.h"
 #include "kbn/step_metadata.h"
 
 namespace kbn::engine {
@@ -19,12 +20,13 @@ std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs
                                         int64_t block_size, Device device, int64_t num_state_slots) {
   KBN_CHECK(num_blocks > 0 && block_size > 0, "allocate_kv_caches: need positive num_blocks and block_size, got ",
             num_blocks, " and ", block_size);
+  // Paged layers read and write the pool tensor their KV cache group gives them: one per layer when every layer sees
+  // the same window, shared across groups otherwise (kbn::KVCacheGroups).
+  const KVCacheGroups groups = kv_cache_groups(specs);
+  std::vector<KVCache> pool(size_t(groups.num_tensors));
   std::vector<KVCache> caches;
   for (size_t l = 0; l < specs.size(); ++l) {
     const LayerCacheSpec& spec = specs[l];
-    // NOTE: a windowed layer gets the same paged cache as a full one: its kernels never read the pages before its
-    // window, but the blocks stay allocated (BlockManager::release_outside_window is not wired into the engine yet:
-    // a model mixing window and full layers needs a block table per window group, as vLLM's hybrid allocator has).
     if (spec.kind == LayerCacheSpec::Kind::state) {
       KBN_CHECK(num_state_slots >= 1, "allocate_kv_caches: layer ", l, " keeps a recurrent state (",
                 spec.describe(), ") but no state slots were asked for");
@@ -37,16 +39,21 @@ std::vector<KVCache> allocate_kv_caches(const std::vector<LayerCacheSpec>& specs
       caches.push_back(std::move(c));
       continue;
     }
-    if (spec.kind == LayerCacheSpec::Kind::paged_latent) {
-      KVCache c;
-      c.latent = Tensor::zeros({num_blocks, block_size, spec.latent_size}, spec.dtype, device);
-      caches.push_back(std::move(c));
-      continue;
+    KBN_CHECK(spec.kind == LayerCacheSpec::Kind::paged_kv || spec.kind == LayerCacheSpec::Kind::paged_latent,
+              "allocate_kv_caches: layer ", l, " declares a ", spec.describe(),
+              " cache, a kind the engine has no cache for");
+    KVCache& t = pool[size_t(groups.layer_tensor[l])];
+    if (spec.kind == LayerCacheSpec::Kind::paged_latent && !t.latent.defined()) {
+      t.latent = Tensor::zeros({num_blocks, block_size, spec.latent_size}, spec.dtype, device);
+    } else if (spec.kind == LayerCacheSpec::Kind::paged_kv && !t.key.defined()) {
+      const Shape s{num_blocks, block_size, spec.num_kv_heads, spec.head_size};
+      t.key = Tensor::zeros(s, spec.dtype, device);
+      t.value = Tensor::zeros(s, spec.dtype, device);
     }
-    KBN_CHECK(spec.kind == LayerCacheSpec::Kind::paged_kv, "allocate_kv_caches: layer ", l, " declares a ",
-              spec.describe(), " cache, a kind the engine has no cache for");
-    Shape s{num_blocks, block_size, spec.num_kv_heads, spec.head_size};
-    caches.push_back({Tensor::zeros(s, spec.dtype, device), Tensor::zeros(s, spec.dtype, device)});
+    KVCache c = t;  // the same storage: a view of the pool tensor
+    c.kv_group = groups.layer_group[l];
+    c.sliding_window = spec.sliding_window;
+    caches.push_back(std::move(c));
   }
   return caches;
 }
@@ -70,12 +77,19 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
   }
   const int64_t bs = opt.block_size, nseq = int64_t(prompts.size());
 
-  // Every sequence reserves the blocks for its whole length up front, consecutive in the cache.
+  // Every sequence reserves the blocks for its whole length up front, consecutive in the cache, in the table of each
+  // KV cache group (kbn::KVCacheGroups; groups share pool tensors, so each needs blocks of its own).
+  const int64_t num_groups = kv_cache_groups(model.cache_specs()).num_groups();
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(nseq));
+  std::vector<std::vector<std::vector<int32_t>>> more_tables(static_cast<size_t>(nseq));
   int64_t total_blocks = 0;
   for (int64_t i = 0; i < nseq; ++i) {
     const int64_t len = int64_t(prompts[size_t(i)].size()) + opt.max_new_tokens;
-    for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) tables[size_t(i)].push_back(int32_t(total_blocks++));
+    more_tables[size_t(i)].resize(size_t(num_groups - 1));
+    for (int64_t g = 0; g < num_groups; ++g) {
+      std::vector<int32_t>& t = g == 0 ? tables[size_t(i)] : more_tables[size_t(i)][size_t(g - 1)];
+      for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) t.push_back(int32_t(total_blocks++));
+    }
   }
   // A model with recurrent-state layers: prompt i keeps its state in slot i.
   const bool stateful = has_state_layers(model.cache_specs());
@@ -107,7 +121,7 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
     for (int64_t i = 0; i < nseq; ++i) {
       const auto& p = prompts[size_t(i)];
       ids.insert(ids.end(), p.begin(), p.end());
-      seqs.push_back({0, int64_t(p.size()), &tables[size_t(i)], true, slot_of(i)});
+      seqs.push_back({0, int64_t(p.size()), &tables[size_t(i)], true, slot_of(i), &more_tables[size_t(i)]});
       lens[size_t(i)] = int64_t(p.size());
     }
     const StepLayout layout = build_step_layout(seqs, bs);
@@ -149,7 +163,8 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
     std::vector<StepSequence> seqs;
     for (int64_t i : running) {
       ids.push_back(res.tokens[size_t(i)].back());
-      seqs.push_back({lens[size_t(i)], 1, &tables[size_t(i)], false, slot_of(i)});  // feeds the token at lens[i]
+      // feeds the token at lens[i]
+      seqs.push_back({lens[size_t(i)], 1, &tables[size_t(i)], false, slot_of(i), &more_tables[size_t(i)]});
       lens[size_t(i)]++;
     }
     const StepLayout layout = build_step_layout(seqs, bs);

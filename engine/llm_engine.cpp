@@ -118,7 +118,8 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   });
   for (auto& r : runners_) r->set_check_finite(config.check_finite);
   runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)
-  blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config_.enable_prefix_caching);
+  blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config_.enable_prefix_caching,
+                                           runners_[0]->kv_group_windows());
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
                       config.reserve_max_tokens, config_.num_state_slots},
@@ -147,6 +148,19 @@ std::vector<RequestOutput> LLMEngine::step() {
   const double t = now();
   std::vector<std::unique_ptr<Sequence>> finished = scheduler_->update(out, sampled, t);
   ++steps_;
+  if (kv_peak_) {
+    // After the step's releases; host integers only.
+    const int64_t held = blocks_->num_blocks() - blocks_->num_free_blocks();
+    if (held > kv_peak_->blocks) {
+      KvPeak& p = *kv_peak_;
+      p.blocks = held;
+      p.bytes = held * runners_[0]->kv_bytes_per_block();
+      p.sequences = scheduler_->num_running();
+      p.tokens = 0;
+      for (const Sequence* s : scheduler_->running()) p.tokens += int64_t(s->block_table.size()) * config_.block_size;
+      p.full_bytes = p.tokens * runners_[0]->kv_bytes_per_token();
+    }
+  }
   std::vector<RequestOutput> outputs;
   for (const auto& s : finished) outputs.push_back(to_output(*s));
   if (step_shapes_ || config_.profile_steps) {
@@ -171,12 +185,17 @@ RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,
   const StepProfile profile0 = profile_;
   res.start_time = now();
   for (const Request& r : requests) add_request(r, res.start_time);
-  // Steps record their shapes into the result while it runs; the guard stops that however the run ends.
+  // Steps record their shapes and the KV peak into the result while it runs; the guard stops that however the run
+  // ends.
   step_shapes_ = &res.step_shapes;
+  kv_peak_ = &res.kv_peak;
   struct StopRecording {
-    std::vector<StepShape>*& sink;
-    ~StopRecording() { sink = nullptr; }
-  } stop_recording{step_shapes_};
+    LLMEngine& e;
+    ~StopRecording() {
+      e.step_shapes_ = nullptr;
+      e.kv_peak_ = nullptr;
+    }
+  } stop_recording{*this};
   res.outputs.resize(requests.size());
   EngineProgress p;
   p.total = int64_t(requests.size());

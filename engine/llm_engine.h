@@ -56,6 +56,16 @@ struct EngineProgress {
   double elapsed_s = 0;
 };
 
+// The KV cache in use at the step after which the engine held the most blocks (one rank's cache with tensor
+// parallelism): what sliding-window KV cache groups save shows as bytes against full_bytes.
+struct KvPeak {
+  int64_t blocks = 0;      // blocks held by running sequences (cached blocks no sequence holds are free)
+  int64_t bytes = 0;       // blocks x bytes per block
+  int64_t sequences = 0;   // running sequences then
+  int64_t tokens = 0;      // their table slots (blocks per table x block size), i.e. tokens they have room for
+  int64_t full_bytes = 0;  // what those slots cost with every layer keeping every block (no window release)
+};
+
 struct RunResult {
   std::vector<RequestOutput> outputs;  // in the order of the requests given
   double start_time = 0;               // steady-clock seconds; every request arrived then
@@ -63,6 +73,7 @@ struct RunResult {
   int64_t steps = 0;
   int64_t preemptions = 0;
   int64_t cached_tokens = 0;  // prefix-cache hits at admission, in tokens
+  KvPeak kv_peak;             // the run's largest KV cache use
   StepProfile profile;  // the run's steps (EngineConfig::profile_steps; all zero otherwise)
   // Every step of the run as scheduled (tokens, contexts, sampling rows): what its serial floor is computed from.
   std::vector<StepShape> step_shapes;
@@ -128,6 +139,7 @@ class LLMEngine {
   int64_t window_ = 0;  // the largest sliding window among the model's layers (0: none)
   StepProfile profile_;
   std::vector<StepShape>* step_shapes_ = nullptr;  // run_to_completion's result while it runs
+  KvPeak* kv_peak_ = nullptr;                      // run_to_completion's result while it runs
 };
 
 }  // namespace kbn::engine

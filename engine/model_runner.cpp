@@ -38,7 +38,12 @@ ExecutionMode parse_execution_mode(const std::string& s) {
 }
 
 ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_t block_size, ExecutionMode mode)
-    : model_(model), device_(device), block_size_(block_size), mode_(mode), sampler_(variant) {
+    : model_(model),
+      device_(device),
+      block_size_(block_size),
+      group_windows_(kv_cache_groups(model.cache_specs()).windows),
+      mode_(mode),
+      sampler_(variant) {
   KBN_CHECK(block_size >= 1, "model runner: block_size must be >= 1, got ", block_size);
   // The record kernels report input errors into (kbn/device_errors.h) is allocated here, never inside a graph
   // capture, where allocating pinned memory is not allowed.
@@ -58,6 +63,12 @@ ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_
 
 int64_t ModelRunner::kv_bytes_per_block() const {
   return paged_bytes_per_block(model_.cache_specs(), block_size_);
+}
+
+int64_t ModelRunner::kv_bytes_per_token() const {
+  int64_t bytes = 0;
+  for (const LayerCacheSpec& s : model_.cache_specs()) bytes += s.bytes_per_token();
+  return bytes;
 }
 
 void ModelRunner::allocate_kv_cache(int64_t num_blocks, int64_t num_state_slots) {
@@ -86,7 +97,7 @@ StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out) const {
   for (size_t i = 0; i < out.seqs.size(); ++i) {
     const ScheduledSequence& e = out.seqs[i];
     seqs.push_back({e.num_computed_tokens, e.num_new_tokens, &e.seq->block_table, int64_t(i) < out.num_prefills,
-                    e.seq->state_slot});
+                    e.seq->state_slot, &e.seq->more_block_tables});
     for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
       ids.push_back(e.seq->token(t));
     if (e.samples) in.logit_rows.push_back(int64_t(ids.size()) - 1);
@@ -239,7 +250,9 @@ int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
   KBN_CHECK(num_seqs >= 1 && num_tokens >= num_seqs, "profile_run: need 1 <= num_seqs <= num_tokens, got ", num_seqs,
             " sequences for ", num_tokens, " tokens");
   const StreamGuard guard(stream());
-  BlockManager blocks((num_tokens + block_size_ - 1) / block_size_ + num_seqs, block_size_);
+  const int64_t groups = int64_t(group_windows_.size());
+  BlockManager blocks(groups * ((num_tokens + block_size_ - 1) / block_size_ + num_seqs), block_size_, false,
+                      group_windows_);
   std::vector<Sequence> seqs(static_cast<size_t>(num_seqs));
   SchedulerOutput out;
   const bool stateful = has_state_layers(model_.cache_specs());
@@ -278,7 +291,7 @@ KVCacheSizing ModelRunner::auto_num_kv_blocks(int64_t max_num_batched_tokens, in
             num_state_slots);
   KVCacheSizing r;
   r.bytes_per_block = kv_bytes_per_block();
-  const int64_t per_seq = (max_model_len + block_size_ - 1) / block_size_;
+  const int64_t per_seq = max_blocks_held(group_windows_, block_size_, max_model_len, max_num_batched_tokens);
   const int64_t per_slot = state_bytes_per_sequence();
   const bool stateful = per_slot > 0;
   const auto state_text = [&] {

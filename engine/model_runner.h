@@ -51,8 +51,14 @@ class ModelRunner {
   ExecutionMode mode() const { return mode_; }
   int64_t block_size() const { return block_size_; }
   int64_t num_kv_blocks() const { return num_kv_blocks_; }
-  // K and V bytes of one block over all layers.
+  // Bytes of one block: a page of every pool tensor (kbn::KVCacheGroups; every paged layer's K and V, or latent,
+  // when all layers see one window).
   int64_t kv_bytes_per_block() const;
+  // Paged bytes of one token over all layers: what a block of block_size tokens would cost if every layer kept its
+  // own page (no KV cache groups sharing pool tensors).
+  int64_t kv_bytes_per_token() const;
+  // The sliding window of each KV cache group (0: full attention), the engine's BlockManager's groups.
+  const std::vector<int64_t>& kv_group_windows() const { return group_windows_; }
   // Recurrent-state bytes of one sequence over all layers (0 for a model without such layers).
   int64_t state_bytes_per_sequence() const;
 
@@ -60,12 +66,13 @@ class ModelRunner {
   // is in use now (weights, the CUDA context, other processes), minus the memory a profile run of the largest
   // step (max_num_batched_tokens tokens in min(max_num_seqs, tokens) sequences) makes the allocator hold.
   // CPU: enough for max_num_seqs sequences of max_model_len tokens, capped at 1 GiB of cache (at least one
-  // max_model_len sequence). A model with no paged layers gets max_num_seqs x max_model_len blocks of nothing
-  // (the block tables still count tokens).
-  // Recurrent-state models: the states of num_state_slots sequences come out of the budget first; 0 = as many
-  // as fit, at most max_num_seqs (one state per running sequence; 1 GiB of states on CPU). On CUDA a state costs
-  // far more than a step's activations (Mamba-Codestral-7B: 132 MB per sequence), so the profile run takes at
-  // most the sequences whose states fit in 3/4 of the budget, and the slots never exceed what it exercised.
+  // max_model_len sequence). A sequence's blocks are engine::max_blocks_held's: with sliding-window groups, a long
+  // sequence holds only the windows' blocks in those groups. A model with no paged layers gets max_num_seqs x
+  // max_model_len blocks of nothing (the block tables still count tokens). Recurrent-state models: the states of
+  // num_state_slots sequences come out of the budget first; 0 = as many as fit, at most max_num_seqs (one state per
+  // running sequence; 1 GiB of states on CPU). On CUDA a state costs far more than a step's activations
+  // (Mamba-Codestral-7B: 132 MB per sequence), so the profile run takes at most the sequences whose states fit in 3/4
+  // of the budget, and the slots never exceed what it exercised.
   KVCacheSizing auto_num_kv_blocks(int64_t max_num_batched_tokens, int64_t max_num_seqs, int64_t max_model_len,
                                    double gpu_memory_utilization, int64_t num_state_slots = 0);
   // Allocates the paged caches and, for recurrent-state layers, num_state_slots states each
@@ -115,6 +122,7 @@ class ModelRunner {
   CausalLM& model_;
   Device device_;
   int64_t block_size_;
+  std::vector<int64_t> group_windows_;
   ExecutionMode mode_;
   Sampler sampler_;
   // Declared before the device tensors and the graphs, so it is destroyed after them; its destructor waits for

@@ -35,9 +35,10 @@ void Scheduler::add(std::unique_ptr<Sequence> seq) {
   seq->sampling.validate();
   // A sequence alone must fit in the whole cache; otherwise preempting everything else could not save it.
   const int64_t max_len = std::min(int64_t(seq->prompt.size()) + seq->sampling.max_tokens, config_.max_model_len);
-  KBN_CHECK(blocks_.blocks_for(max_len) <= blocks_.num_blocks(), "request ", seq->id, ": up to ", max_len,
-            " tokens need ", blocks_.blocks_for(max_len), " KV blocks of ", blocks_.block_size(), " but the cache has ",
-            blocks_.num_blocks(), " (raise the number of KV blocks or lower max_tokens / max_model_len)");
+  const int64_t most = blocks_.max_blocks_held(max_len, config_.max_num_batched_tokens);
+  KBN_CHECK(most <= blocks_.num_blocks(), "request ", seq->id, ": up to ", max_len, " tokens need ", most,
+            " KV blocks of ", blocks_.block_size(), " tokens but the cache has ", blocks_.num_blocks(),
+            " (raise the number of KV blocks or lower max_tokens / max_model_len)");
   for (const auto& o : owned_) KBN_CHECK(o->id != seq->id, "request id ", seq->id, " is already in the engine");
   seq->status = SequenceStatus::waiting;
   seq->num_computed_tokens = 0;
@@ -101,14 +102,19 @@ SchedulerOutput Scheduler::schedule() {
   // is at the front of the queue and would be re-admitted into the same shortage).
   // With prefix caching a request's leading blocks may already be cached: they are taken instead of computed,
   // and only the rest of its tokens count against the budget.
-  // reserve_max_tokens: the blocks the running sequences will still take before they reach max_tokens.
-  auto final_blocks = [&](const Sequence& s) {
-    return blocks_.blocks_for(std::min(int64_t(s.prompt.size()) + s.sampling.max_tokens, config_.max_model_len));
+  // reserve_max_tokens: the blocks the running sequences will still take before they reach max_tokens (a sliding
+  // KV cache group holds its window's blocks at most).
+  auto final_len = [&](const Sequence& s) {
+    return std::min(int64_t(s.prompt.size()) + s.sampling.max_tokens, config_.max_model_len);
+  };
+  // The most tokens s computes in one step from `computed` on: a prefill chunk, then one.
+  auto max_chunk = [&](const Sequence& s, int64_t computed) {
+    return std::clamp<int64_t>(s.num_tokens() - computed, 1, config_.max_num_batched_tokens);
   };
   int64_t reserved = 0;
   if (config_.reserve_max_tokens)
     for (const Sequence* s : running_)
-      reserved += std::max<int64_t>(0, final_blocks(*s) - int64_t(s->block_table.size()));
+      reserved += blocks_.blocks_to_finish(*s, final_len(*s), max_chunk(*s, s->num_computed_tokens));
   const bool stateful = config_.num_state_slots > 0;
   while (out.preempted_ids.empty() && !waiting_.empty() && budget > 0 &&
          int64_t(running_.size()) < config_.max_num_seqs && (!stateful || !free_state_slots_.empty())) {
@@ -117,9 +123,13 @@ SchedulerOutput Scheduler::schedule() {
     const int64_t cached_tokens = cached.num_blocks() * blocks_.block_size();
     const int64_t n = std::min(s->num_tokens() - cached_tokens, budget);
     // Cached blocks no sequence holds are counted free until taken; taking them also removes them from the pool.
-    const int64_t need = blocks_.blocks_for(cached_tokens + n) - cached.num_blocks();
+    // Every KV cache group's table grows by the same number of blocks.
+    const int64_t table_blocks = blocks_.blocks_for(cached_tokens + n);
+    const int64_t need = blocks_.num_groups() * (table_blocks - cached.num_blocks());
     const int64_t later =
-        config_.reserve_max_tokens ? std::max<int64_t>(0, final_blocks(*s) - cached.num_blocks() - need) : 0;
+        config_.reserve_max_tokens
+            ? blocks_.blocks_to_finish(cached, table_blocks, final_len(*s), max_chunk(*s, cached_tokens + n))
+            : 0;
     // FCFS: a later request does not overtake the first
     if (need + later + reserved > blocks_.num_free_blocks() - cached.evictable) break;
     reserved += later;
@@ -155,6 +165,8 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::update(const SchedulerOutput& 
     Sequence* s = e.seq;
     s->num_computed_tokens = e.num_computed_tokens + e.num_new_tokens;
     blocks_.cache_full_blocks(*s);
+    // Sliding-window groups give back the blocks no later token of s can see (registered ones stay cached).
+    blocks_.release_outside_windows(*s);
     if (!e.samples) continue;
     const int64_t token = sampled[k++];
     s->output.push_back(token);

@@ -43,7 +43,9 @@ struct Sequence {
   SequenceStatus status = SequenceStatus::waiting;
   FinishReason finish_reason = FinishReason::none;
   int64_t num_computed_tokens = 0;
-  std::vector<int32_t> block_table;  // physical KV block of each logical block
+  std::vector<int32_t> block_table;  // physical KV block of each logical block (KV cache group 0)
+  // Models whose layers see different sliding windows: the tables of KV cache groups 1.. (BlockManager).
+  std::vector<std::vector<int32_t>> more_block_tables;
   // Prefix caching (BlockManager): the leading full blocks whose chained hash is known, and that hash.
   int64_t num_hashed_blocks = 0;
   uint64_t block_hash = 0;

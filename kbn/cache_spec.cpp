@@ -1,5 +1,9 @@
 #include "kbn/cache_spec.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <map>
+
 #include "kbn/error.h"
 #include "kbn/format.h"
 
@@ -68,9 +72,59 @@ std::string LayerCacheSpec::describe() const {
   return d;
 }
 
+KVCacheGroups kv_cache_groups(const std::vector<LayerCacheSpec>& specs) {
+  KVCacheGroups g;
+  g.layer_group.assign(specs.size(), -1);
+  g.layer_tensor.assign(specs.size(), -1);
+  std::map<int64_t, std::vector<size_t>> by_window;  // ascending: full attention (0) first
+  for (size_t l = 0; l < specs.size(); ++l)
+    if (specs[l].kind != LayerCacheSpec::Kind::state) by_window[specs[l].sliding_window].push_back(l);
+  if (by_window.empty()) {  // no paged layers (a recurrent model): one group of none, so block tables stay uniform
+    g.windows.push_back(0);
+    return g;
+  }
+  if (by_window.size() == 1) {
+    g.windows.push_back(by_window.begin()->first);
+    for (const size_t l : by_window.begin()->second) {
+      g.layer_group[l] = 0;
+      g.layer_tensor[l] = int32_t(g.num_tensors++);
+    }
+    return g;
+  }
+  size_t first = SIZE_MAX;
+  for (const auto& [w, layers] : by_window) {
+    for (const size_t l : layers) {
+      if (first == SIZE_MAX) first = l;
+      const LayerCacheSpec &a = specs[first], &b = specs[l];
+      KBN_CHECK(a.kind == b.kind && a.dtype == b.dtype && a.num_kv_heads == b.num_kv_heads &&
+                    a.head_size == b.head_size && a.latent_size == b.latent_size,
+                "KV cache groups: layers with different sliding windows share pool tensors, so their pages must ",
+                "match; layer ", first, " has ", a.describe(), ", layer ", l, " ", b.describe());
+    }
+  }
+  size_t size = SIZE_MAX;
+  for (const auto& [w, layers] : by_window) size = std::min(size, layers.size());
+  for (const auto& [w, layers] : by_window) {
+    for (size_t at = 0; at < layers.size(); at += size) {
+      const int32_t group = int32_t(g.windows.size());
+      g.windows.push_back(w);
+      for (size_t j = at; j < std::min(layers.size(), at + size); ++j) {
+        g.layer_group[layers[j]] = group;
+        g.layer_tensor[layers[j]] = int32_t(j - at);
+      }
+    }
+  }
+  g.num_tensors = int64_t(size);
+  return g;
+}
+
 int64_t paged_bytes_per_block(const std::vector<LayerCacheSpec>& specs, int64_t block_size) {
+  const KVCacheGroups groups = kv_cache_groups(specs);
+  std::vector<int64_t> tensor_bytes(size_t(groups.num_tensors), 0);
+  for (size_t l = 0; l < specs.size(); ++l)
+    if (groups.layer_tensor[l] >= 0) tensor_bytes[size_t(groups.layer_tensor[l])] = specs[l].bytes_per_token();
   int64_t b = 0;
-  for (const auto& s : specs) b += s.bytes_per_token() * block_size;
+  for (const int64_t t : tensor_bytes) b += t * block_size;
   return b;
 }
 

@@ -37,7 +37,27 @@ struct LayerCacheSpec {
 
 const char* cache_kind_name(LayerCacheSpec::Kind kind);
 
-// The number of layers holding K/V pages and the bytes a block of `block_size` tokens costs over all layers.
+// KV cache groups (vLLM's hybrid KV cache manager): the paged layers of a model, grouped so that each group's layers
+// follow one block table. With one sliding window among them (0, none, included) every paged layer is in group 0 and
+// has a pool tensor of its own, as in a plain paged cache. With several (gpt-oss: 128-key sliding layers between full
+// ones; Gemma-3: five 1024-key local layers per global one), the layers of each window are cut, in layer order, into
+// groups of G layers (G: the fewest layers any window has; a last group may be smaller), and the j-th layer of every
+// group shares pool tensor j: a block is one block_size-token page of each of the G tensors, and a block id means the
+// same memory whichever group's table holds it. A sliding group's table then holds only the blocks its window reaches
+// (engine::BlockManager), so the memory a long sequence costs on sliding layers is window-sized. Groups are ordered by
+// window, full attention (0) first. Several groups need every paged layer to have the same page (kind, heads, head
+// size, latent size, dtype); the error names the first two layers that differ. A model without paged layers has one
+// group of no layers.
+struct KVCacheGroups {
+  std::vector<int64_t> windows;       // per group: its layers' sliding window (0: full attention)
+  std::vector<int32_t> layer_group;   // per layer: its group, -1 for a layer without pages (recurrent state)
+  std::vector<int32_t> layer_tensor;  // per layer: the pool tensor it reads and writes, -1 without pages
+  int64_t num_tensors = 0;            // pool tensors (K/V pairs or latent tensors)
+  int64_t num_groups() const { return int64_t(windows.size()); }
+};
+KVCacheGroups kv_cache_groups(const std::vector<LayerCacheSpec>& specs);
+
+// The bytes one pool block of `block_size` tokens costs: a page of every pool tensor (kv_cache_groups).
 int64_t paged_bytes_per_block(const std::vector<LayerCacheSpec>& specs, int64_t block_size);
 
 }  // namespace kbn

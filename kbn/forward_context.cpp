@@ -19,6 +19,18 @@ const ForwardContext& get_forward_context() {
 
 bool has_forward_context() { return tls_has_ctx; }
 
+const Tensor& AttentionMetadata::slot_mapping_of(int64_t g) const {
+  KBN_CHECK(g >= 0 && g < num_kv_groups(), "attention metadata: KV cache group ", g, " asked for, but the step has ",
+            num_kv_groups(), " group(s) of block tables");
+  return g == 0 ? slot_mapping : more_slot_mappings[size_t(g - 1)];
+}
+
+const Tensor& AttentionMetadata::block_tables_of(int64_t g) const {
+  KBN_CHECK(g >= 0 && g < num_kv_groups(), "attention metadata: KV cache group ", g, " asked for, but the step has ",
+            num_kv_groups(), " group(s) of block tables");
+  return g == 0 ? block_tables : more_block_tables[size_t(g - 1)];
+}
+
 ForwardContextGuard::ForwardContextGuard(const ForwardContext& ctx) : prev_(tls_ctx), had_prev_(tls_has_ctx) {
   tls_ctx = ctx;
   tls_has_ctx = true;

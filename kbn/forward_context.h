@@ -18,6 +18,12 @@ struct KVCache {
   // Recurrent-state layers (LayerCacheSpec::Kind::state): one tensor per entry of the layer's state_shapes,
   // [num_state_slots, ...shape]; a sequence's state is row AttentionMetadata::state_indices[i] of each.
   std::vector<Tensor> states;
+  // The KV cache group whose block table and slot mapping its pages follow (kbn::KVCacheGroups; 0 in a model whose
+  // paged layers all see one window). Layers of different groups may share the same pool tensors.
+  int32_t kv_group = 0;
+  // The layer's sliding window (0: none): its group's table entries before the window of a sequence's next token
+  // may be blocks it gave back (written as block 0), which nothing of this layer reads.
+  int64_t sliding_window = 0;
 };
 
 // Tokens of a step are ordered: all prefill (or chunked-prefill) tokens first, sequence by sequence, then
@@ -42,8 +48,15 @@ struct AttentionMetadata {
   // holds a previous owner's state and the layer starts from zero instead). [num_prefills + num_decodes] i32 each.
   Tensor state_indices;
   Tensor has_initial_state;
+  // KV cache groups 1.. (models whose layers see different sliding windows, kbn::KVCacheGroups): each group's slot
+  // mapping and block tables, shaped as slot_mapping and block_tables (which are group 0's).
+  std::vector<Tensor> more_slot_mappings, more_block_tables;
 
   int64_t num_tokens() const { return num_prefill_tokens + num_decodes; }
+  int64_t num_kv_groups() const { return 1 + int64_t(more_block_tables.size()); }
+  // Group `g`'s slot mapping and block tables; the error names the group and how many the step has.
+  const Tensor& slot_mapping_of(int64_t g) const;
+  const Tensor& block_tables_of(int64_t g) const;
 };
 
 struct ForwardContext {

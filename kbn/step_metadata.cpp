@@ -1,6 +1,7 @@
 #include "kbn/step_metadata.h"
 
 #include <algorithm>
+#include <string>
 
 #include "kbn/error.h"
 
@@ -10,11 +11,20 @@ StepLayout build_step_layout(const std::vector<StepSequence>& seqs, int64_t bloc
   KBN_CHECK(block_size >= 1, "step metadata: block_size must be >= 1, got ", block_size);
   StepLayout l;
   l.query_start_loc.push_back(0);
-  for (const StepSequence& s : seqs) {
+  const auto more = [](const StepSequence& s) { return s.more_block_tables ? s.more_block_tables->size() : size_t(0); };
+  const size_t groups = seqs.empty() ? 1 : 1 + more(seqs[0]);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const StepSequence& s = seqs[i];
     KBN_CHECK(s.block_table != nullptr, "step metadata: a sequence has no block table");
+    KBN_CHECK(1 + more(s) == groups, "step metadata: sequence ", i, " has ", 1 + more(s), " block tables (KV cache ",
+              "groups), sequence 0 has ", groups);
     l.max_blocks = std::max(l.max_blocks, int64_t(s.block_table->size()));
+    for (size_t g = 1; g < groups; ++g)
+      l.max_blocks = std::max(l.max_blocks, int64_t((*s.more_block_tables)[g - 1].size()));
   }
   l.block_tables.assign(seqs.size() * size_t(l.max_blocks), 0);
+  l.more_block_tables.assign(groups - 1, std::vector<int32_t>(seqs.size() * size_t(l.max_blocks), 0));
+  l.more_slot_mappings.assign(groups - 1, {});
   bool decodes_started = false;
   const bool stateful = !seqs.empty() && seqs[0].state_slot >= 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
@@ -38,14 +48,22 @@ StepLayout build_step_layout(const std::vector<StepSequence>& seqs, int64_t bloc
               begin, " cached ones");
     KBN_CHECK(!(s.prefill && decodes_started), "step metadata: sequence ", i,
               " is a prefill after a decode; prefills come first");
-    KBN_CHECK(int64_t(s.block_table->size()) * block_size >= end, "step metadata: sequence ", i, " has ",
-              s.block_table->size(), " blocks for ", end, " tokens");
     decodes_started = decodes_started || !s.prefill;
-    for (int64_t t = begin; t < end; ++t) {
-      l.positions.push_back(t);
-      l.slot_mapping.push_back(int64_t((*s.block_table)[size_t(t / block_size)]) * block_size + t % block_size);
+    for (int64_t t = begin; t < end; ++t) l.positions.push_back(t);
+    for (size_t g = 0; g < groups; ++g) {
+      const std::vector<int32_t>& table = g == 0 ? *s.block_table : (*s.more_block_tables)[g - 1];
+      KBN_CHECK(int64_t(table.size()) * block_size >= end, "step metadata: sequence ", i, " has ", table.size(),
+                " blocks for ", end, " tokens", g > 0 ? " in KV cache group " + std::to_string(g) : std::string());
+      std::vector<int64_t>& slots = g == 0 ? l.slot_mapping : l.more_slot_mappings[g - 1];
+      for (int64_t t = begin; t < end; ++t) {
+        const int32_t b = table[size_t(t / block_size)];
+        KBN_CHECK(b >= 0, "step metadata: sequence ", i, " computes token ", t, " in block ", t / block_size,
+                  " of KV cache group ", g, ", which it released");
+        slots.push_back(int64_t(b) * block_size + t % block_size);
+      }
+      int32_t* row = (g == 0 ? l.block_tables : l.more_block_tables[g - 1]).data() + int64_t(i) * l.max_blocks;
+      for (size_t j = 0; j < table.size(); ++j) row[j] = std::max<int32_t>(table[j], 0);
     }
-    std::copy(s.block_table->begin(), s.block_table->end(), l.block_tables.begin() + int64_t(i) * l.max_blocks);
     l.seq_lens.push_back(int32_t(end));  // cached + new: a chunked prefill attends to its earlier chunks
     if (s.prefill) {
       l.query_start_loc.push_back(l.query_start_loc.back() + int32_t(s.num_new));
@@ -72,6 +90,10 @@ AttentionMetadata upload_step_metadata(const StepLayout& l, Device device) {
   md.query_start_loc = Tensor::from_i32(l.query_start_loc, {int64_t(l.query_start_loc.size())}).to(device);
   md.seq_lens = Tensor::from_i32(l.seq_lens, {seqs}).to(device);
   md.block_tables = Tensor::from_i32(l.block_tables, {seqs, l.max_blocks}).to(device);
+  for (size_t g = 0; g < l.more_block_tables.size(); ++g) {
+    md.more_slot_mappings.push_back(Tensor::from_i64(l.more_slot_mappings[g], {n}).to(device));
+    md.more_block_tables.push_back(Tensor::from_i32(l.more_block_tables[g], {seqs, l.max_blocks}).to(device));
+  }
   md.max_prefill_query_len = l.max_prefill_query_len;
   md.max_prefill_seq_len = l.max_prefill_seq_len;
   md.max_decode_seq_len = l.max_decode_seq_len;

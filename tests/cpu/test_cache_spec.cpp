@@ -47,9 +47,8 @@ TEST(CacheSpec, TheModelDeclaresOneSpecPerLayerAndTheEngineAllocatesThem) {
 }
 
 TEST(CacheSpec, EveryKindGetsItsCache) {
-  // A windowed layer is allocated like a full one (its blocks are not yet returned; its kernels never read them).
   std::vector<LayerCacheSpec> specs = {LayerCacheSpec::paged_kv(2, 16, DType::f32),
-                                       LayerCacheSpec::paged_kv(2, 16, DType::f32, 64)};
+                                       LayerCacheSpec::paged_kv(2, 16, DType::f32)};
   const auto caches = engine::allocate_kv_caches(specs, 4, 16, Device::cpu());
   EXPECT_EQ(caches[1].key.shape(), (Shape{4, 16, 2, 16}));
   LayerCacheSpec state;
@@ -96,4 +95,67 @@ TEST(CacheSpec, AModelRefusesAttentionFeaturesItDoesNotApply) {
   j["attn_logit_softcapping"] = 50.0;
   spec.config = ModelConfig::parse(j.dump(), "soft-capped tiny-qwen3");
   EXPECT_THROW(engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0), Error);
+}
+
+// KV cache groups (vLLM's hybrid KV cache manager): layers of different windows follow tables of their own over one
+// pool whose tensors they share, G layers per group (G: the fewest layers of any window), so that a block costs a
+// page of G layers and a sliding group's blocks can go back to the pool while the full layers keep theirs.
+TEST(CacheSpec, LayersOfDifferentWindowsShareThePoolInGroups) {
+  const auto kv = [](int64_t window) { return LayerCacheSpec::paged_kv(2, 16, DType::f32, window); };
+  // gpt-oss: sliding and full layers alternate. Two groups of two layers, two pool tensors.
+  const std::vector<LayerCacheSpec> gpt_oss = {kv(128), kv(0), kv(128), kv(0)};
+  const KVCacheGroups g = kv_cache_groups(gpt_oss);
+  EXPECT_EQ(g.windows, (std::vector<int64_t>{0, 128}));  // full attention first
+  EXPECT_EQ(g.layer_group, (std::vector<int32_t>{1, 0, 1, 0}));
+  EXPECT_EQ(g.layer_tensor, (std::vector<int32_t>{0, 0, 1, 1}));
+  EXPECT_EQ(g.num_tensors, 2);
+  EXPECT_EQ(paged_bytes_per_block(gpt_oss, 16), 2 * kv(0).bytes_per_token() * 16);  // half of the four layers'
+  const auto caches = engine::allocate_kv_caches(gpt_oss, 5, 16, Device::cpu());
+  ASSERT_EQ(caches.size(), 4u);
+  EXPECT_EQ(caches[0].key.data_ptr(), caches[1].key.data_ptr());  // layer 0 (group 1) and 1 (group 0): tensor 0
+  EXPECT_EQ(caches[2].value.data_ptr(), caches[3].value.data_ptr());
+  EXPECT_NE(caches[0].key.data_ptr(), caches[2].key.data_ptr());
+  EXPECT_EQ(caches[0].kv_group, 1);
+  EXPECT_EQ(caches[0].sliding_window, 128);
+  EXPECT_EQ(caches[3].kv_group, 0);
+
+  // Gemma-3: five local layers per global one. 12 layers: 2 global, so groups of 2 layers: one full group and five
+  // sliding ones.
+  std::vector<LayerCacheSpec> gemma;
+  for (int l = 0; l < 12; ++l) gemma.push_back(kv(l % 6 == 5 ? 0 : 1024));
+  const KVCacheGroups h = kv_cache_groups(gemma);
+  EXPECT_EQ(h.windows, (std::vector<int64_t>{0, 1024, 1024, 1024, 1024, 1024}));
+  EXPECT_EQ(h.num_tensors, 2);
+  EXPECT_EQ(h.layer_group[5], 0);
+  EXPECT_EQ(h.layer_group[11], 0);
+  EXPECT_EQ(h.layer_group[0], 1);
+  EXPECT_EQ(h.layer_group[1], 1);
+  EXPECT_EQ(h.layer_group[2], 2);
+  EXPECT_EQ(h.layer_tensor[2], 0);
+  EXPECT_EQ(h.layer_tensor[3], 1);
+  // Windows whose layer counts do not divide: the last group of a window is smaller.
+  const KVCacheGroups u = kv_cache_groups({kv(8), kv(8), kv(8), kv(0), kv(0)});
+  EXPECT_EQ(u.windows, (std::vector<int64_t>{0, 8, 8}));
+  EXPECT_EQ(u.layer_tensor, (std::vector<int32_t>{0, 1, 0, 0, 1}));
+  // One window for every layer (none, or all sliding): one group, a tensor per layer, as a plain paged cache.
+  const KVCacheGroups one = kv_cache_groups({kv(64), kv(64), kv(64)});
+  EXPECT_EQ(one.windows, (std::vector<int64_t>{64}));
+  EXPECT_EQ(one.num_tensors, 3);
+  // No paged layers (a recurrent model): one group of none.
+  LayerCacheSpec state;
+  state.kind = LayerCacheSpec::Kind::state;
+  state.dtype = DType::f32;
+  state.state_shapes = {{3, 8}};
+  const KVCacheGroups none = kv_cache_groups({state, state});
+  EXPECT_EQ(none.windows, (std::vector<int64_t>{0}));
+  EXPECT_EQ(none.layer_group, (std::vector<int32_t>{-1, -1}));
+  // Layers of different windows must have the same page to share tensors; the error names both layers.
+  try {
+    kv_cache_groups({kv(0), LayerCacheSpec::paged_kv(4, 16, DType::f32, 8)});
+    FAIL() << "layers with different pages were grouped";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("layer 0 has paged K/V 2 x 16 f32, layer 1 paged K/V 4 x 16 f32, window 8"), std::string::npos)
+        << m;
+  }
 }

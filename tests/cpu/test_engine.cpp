@@ -70,24 +70,28 @@ uint64_t prefix_signature(const Sequence& s, int64_t t) {
 }
 
 // Runs `requests` to completion through Scheduler + BlockManager, checking every step's contract and the
-// invariants; the fake KV cache stores (position, token, signature of the whole prefix) per slot and every
-// scheduled sequence reads its whole history back through its block table, so a block shared by prefix caching
-// must hold exactly the reader's own prefix. Returns the outputs by request id.
+// invariants; the fake KV cache stores (KV cache group, position, token, signature of the whole prefix) per slot and
+// every scheduled sequence reads its history back through each group's table (a sliding group: the keys its window
+// shows the step's tokens), so a block shared by prefix caching must hold exactly the reader's own prefix, and a
+// block one group gave back and another took must not be read as the first's. Returns the outputs by request id.
 std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_t num_blocks, int64_t block_size,
                                               const std::vector<Request>& requests, int64_t vocab,
-                                              DriveStats* stats = nullptr, bool prefix_caching = false) {
+                                              DriveStats* stats = nullptr, bool prefix_caching = false,
+                                              const std::vector<int64_t>& windows = {0}) {
   struct Slot {
-    int64_t pos = -1, token = -1;
+    int64_t group = -1, pos = -1, token = -1;
     uint64_t prefix = 0;
   };
-  BlockManager blocks(num_blocks, block_size, prefix_caching);
+  BlockManager blocks(num_blocks, block_size, prefix_caching, windows);
   Scheduler sched(cfg, blocks);
   for (const Request& r : requests) sched.add(std::make_unique<Sequence>(r, 0.0));
   std::vector<Slot> kv(size_t(num_blocks * block_size));
   std::map<int64_t, std::vector<int64_t>> outputs;
   DriveStats st;
-  auto slot = [&](const Sequence& s, int64_t t) {
-    return int64_t(s.block_table[size_t(t / block_size)]) * block_size + t % block_size;
+  auto slot = [&](const Sequence& s, int64_t g, int64_t t) {
+    const int32_t b = BlockManager::table(s, g)[size_t(t / block_size)];
+    KBN_CHECK(b >= 0, "drive: sequence ", s.id, " uses token ", t, " of group ", g, " in a block it gave back");
+    return int64_t(b) * block_size + t % block_size;
   };
   while (sched.has_unfinished()) {
     KBN_CHECK(st.steps < 100000, "drive: no completion after ", st.steps, " steps");
@@ -130,17 +134,23 @@ std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_
     if (std::any_of(out.seqs.begin(), out.seqs.end(), [](const auto& e) { return !e.samples; })) st.chunked_steps++;
     if (out.num_prefills > 0 && out.num_decodes() > 0) st.mixed_steps++;
 
-    // The fake forward: write this step's tokens, then every sequence reads its history back.
+    // The fake forward: every group writes this step's tokens, then every sequence reads back what its tokens see.
+    const int64_t groups = int64_t(windows.size());
     for (const ScheduledSequence& e : out.seqs)
-      for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
-        kv[size_t(slot(*e.seq, t))] = {t, e.seq->token(t), prefix_signature(*e.seq, t)};
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
+          kv[size_t(slot(*e.seq, g, t))] = {g, t, e.seq->token(t), prefix_signature(*e.seq, t)};
     std::vector<int64_t> sampled;
     for (const ScheduledSequence& e : out.seqs) {
-      for (int64_t t = 0; t < e.num_computed_tokens + e.num_new_tokens; ++t) {
-        const Slot& s = kv[size_t(slot(*e.seq, t))];
-        KBN_CHECK(s.pos == t && s.token == e.seq->token(t) && s.prefix == prefix_signature(*e.seq, t),
-                  "drive: sequence ", e.seq->id, " position ", t, " reads back (pos ", s.pos, ", token ", s.token,
-                  ") or another prefix's KV");
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t w = windows[size_t(g)];
+        const int64_t first = w > 0 ? std::max<int64_t>(0, e.num_computed_tokens - w + 1) : 0;
+        for (int64_t t = first; t < e.num_computed_tokens + e.num_new_tokens; ++t) {
+          const Slot& s = kv[size_t(slot(*e.seq, g, t))];
+          KBN_CHECK(s.group == g && s.pos == t && s.token == e.seq->token(t) && s.prefix == prefix_signature(*e.seq, t),
+                    "drive: sequence ", e.seq->id, " position ", t, " of group ", g, " reads back (group ", s.group,
+                    ", pos ", s.pos, ", token ", s.token, ") or another prefix's KV");
+        }
       }
       if (e.samples) sampled.push_back(fake_next_token(all_tokens(*e.seq), vocab));
     }
@@ -383,48 +393,106 @@ TEST(EngineScheduler, PrefixCachingNeverSharesAPartlyComputedBlock) {
 // Sliding windows: a sequence keeps only the blocks its next token's window reaches; the rest return to the pool
 // (a cached one stays cached, evictable), and a shared block stays held by its other holder.
 TEST(EngineBlockManager, SlidingWindowReleasesBlocksBeforeTheWindow) {
-  BlockManager bm(16, 4, /*prefix_caching=*/true);
+  BlockManager bm(16, 4, /*prefix_caching=*/true, {6});
   std::vector<int64_t> prompt(20);
   for (int64_t i = 0; i < 20; ++i) prompt[size_t(i)] = 100 + i;
   Sequence a = computed_sequence(bm, 1, prompt, 20);  // 5 full blocks, registered
-  EXPECT_EQ(bm.release_outside_window(a, 6), 3);      // the next token (20) sees 15..20: blocks 0-2 end before 15
+  EXPECT_EQ(bm.release_outside_windows(a), 3);        // the next token (20) sees 15..20: blocks 0-2 end before 15
   EXPECT_EQ(a.block_table[0], BlockManager::kReleasedBlock);
   EXPECT_EQ(a.block_table[2], BlockManager::kReleasedBlock);
   EXPECT_NE(a.block_table[3], BlockManager::kReleasedBlock);
-  bm.check_invariants({&a}, 6);
-  EXPECT_THROW(bm.check_invariants({&a}), Error);  // no window: released entries are an error
-  EXPECT_EQ(bm.release_outside_window(a, 6), 0);   // idempotent
-  EXPECT_EQ(bm.num_free_blocks(), 16 - 2);         // the 3 released are evictable (cached), so free to take
-  // A second sequence with the same prompt takes the cached blocks back; a's release does not disturb it.
+  bm.check_invariants({&a});
+  EXPECT_EQ(bm.release_outside_windows(a), 0);  // idempotent
+  EXPECT_EQ(bm.num_free_blocks(), 16 - 2);      // the 3 released are evictable (cached), so free to take
+  // A second sequence with the same prompt takes the cached blocks its window needs (its first token to compute,
+  // 16, sees 11..16: blocks 2 and 3; blocks 0-1 are not taken); a's release does not disturb it.
   Sequence b;
   b.id = 2;
   b.prompt = prompt;
-  bm.take_prefix(b, bm.match_prefix(b));
+  const BlockManager::PrefixMatch m = bm.match_prefix(b);
+  EXPECT_EQ(m.num_blocks(), 4);
+  bm.take_prefix(b, m);
   EXPECT_EQ(b.num_computed_tokens, 16);
-  bm.check_invariants({&a, &b}, 6);
-  // A window that covers everything releases nothing; a forged release inside the window is caught.
+  EXPECT_EQ(b.block_table[1], BlockManager::kReleasedBlock);
+  EXPECT_EQ(b.block_table[3], a.block_table[3]);
+  bm.check_invariants({&a, &b});
+  // A forged release inside the window is caught.
   Sequence c = computed_sequence(bm, 3, {1, 2, 3, 4, 5, 6, 7, 8}, 8);
-  EXPECT_EQ(bm.release_outside_window(c, 100), 0);
   const int32_t kept = c.block_table[1];
   c.block_table[1] = BlockManager::kReleasedBlock;
-  EXPECT_THROW(bm.check_invariants({&a, &b, &c}, 6), Error);
+  EXPECT_THROW(bm.check_invariants({&a, &b, &c}), Error);
   c.block_table[1] = kept;
   bm.free(a);
   bm.free(b);
   bm.free(c);
-  bm.check_invariants({}, 6);
+  bm.check_invariants({});
   EXPECT_EQ(bm.num_free_blocks(), 16);
-  EXPECT_THROW(bm.release_outside_window(c, 0), Error);
+  // Without a sliding group nothing is released, and a released entry is an error.
+  BlockManager full(8, 4);
+  Sequence d = computed_sequence(full, 4, prompt, 20);
+  EXPECT_EQ(full.release_outside_windows(d), 0);
+  d.block_table[0] = BlockManager::kReleasedBlock;
+  EXPECT_THROW(full.check_invariants({&d}), Error);
+  EXPECT_THROW(BlockManager(8, 4, false, {}), Error);
+  EXPECT_THROW(BlockManager(8, 4, false, {0, -1}), Error);
 }
 
-// Property: sequences growing chunk by chunk under a window keep at most the window's blocks (plus the partial ones
-// at both ends) and the invariants hold after every operation, with and without prefix caching.
-RC_GTEST_PROP(EngineBlockManager, SlidingWindowKeepsAWindowOfBlocks, ()) {
+// Two KV cache groups (gpt-oss: full layers and 128-key sliding ones): one table per group over one pool, each
+// block in one table; the full group keeps every block, the sliding group its window's; a prefix-cache hit takes
+// the full group's blocks and the sliding group's within the window, never a block registered by the other group.
+TEST(EngineBlockManager, GroupsKeepATableEachOverOnePool) {
+  BlockManager bm(32, 4, /*prefix_caching=*/true, {0, 6});
+  EXPECT_EQ(bm.num_groups(), 2);
+  std::vector<int64_t> prompt(20);
+  for (int64_t i = 0; i < 20; ++i) prompt[size_t(i)] = 7 * i + 1;
+  Sequence a = computed_sequence(bm, 1, prompt, 20);
+  ASSERT_EQ(a.more_block_tables.size(), 1u);
+  EXPECT_EQ(a.block_table.size(), 5u);
+  EXPECT_EQ(a.more_block_tables[0].size(), 5u);
+  EXPECT_EQ(bm.num_free_blocks(), 32 - 10);
+  std::set<int32_t> distinct(a.block_table.begin(), a.block_table.end());
+  distinct.insert(a.more_block_tables[0].begin(), a.more_block_tables[0].end());
+  EXPECT_EQ(distinct.size(), 10u);
+  const std::vector<int32_t> sliding = a.more_block_tables[0];
+  EXPECT_EQ(bm.release_outside_windows(a), 3);  // group 1 only
+  EXPECT_EQ(a.block_table[0] >= 0, true);
+  EXPECT_EQ(a.more_block_tables[0][2], BlockManager::kReleasedBlock);
+  bm.check_invariants({&a});
+  Sequence b;
+  b.id = 2;
+  b.prompt = prompt;
+  const BlockManager::PrefixMatch m = bm.match_prefix(b);
+  ASSERT_EQ(m.num_blocks(), 4);
+  bm.take_prefix(b, m);
+  EXPECT_EQ(b.block_table, std::vector<int32_t>(a.block_table.begin(), a.block_table.begin() + 4));
+  EXPECT_EQ(b.more_block_tables[0][1], BlockManager::kReleasedBlock);
+  EXPECT_EQ(b.more_block_tables[0][2], sliding[2]);  // released by a, but cached: taken back
+  EXPECT_EQ(b.more_block_tables[0][3], a.more_block_tables[0][3]);
+  bm.check_invariants({&a, &b});
+  // Blocks needed count every group: b's tables grow by one block each.
+  EXPECT_EQ(bm.blocks_needed(b, 20), 2);
+  bm.allocate(b, 20);
+  bm.check_invariants({&a, &b});
+  // The bound the scheduler admits by: a full table of max_len, a sliding one of a chunk and the window before it.
+  EXPECT_EQ(bm.max_blocks_held(400, 16), 100 + std::min<int64_t>(100, (16 + 5 + 3) / 4 + 1));
+  bm.free(a);
+  bm.free(b);
+  bm.check_invariants({});
+  EXPECT_EQ(bm.num_free_blocks(), 32);
+}
+
+// Property: sequences growing chunk by chunk over random KV cache groups keep at most each sliding window's blocks
+// (plus the partial ones at both ends), never share a block between groups, take cached prefixes when they can, and
+// the invariants hold after every operation, with and without prefix caching.
+RC_GTEST_PROP(EngineBlockManager, SlidingGroupsKeepAWindowOfBlocks, ()) {
   const int64_t block_size = *rc::gen::inRange<int64_t>(1, 9);
-  const int64_t window = *rc::gen::inRange<int64_t>(1, 40);
+  const auto windows = *rc::gen::container<std::vector<int64_t>>(
+      size_t(*rc::gen::inRange<int64_t>(1, 4)),
+      rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::inRange<int64_t>(1, 40)));
   const bool prefix_caching = *rc::gen::arbitrary<bool>();
   const int64_t n = *rc::gen::inRange<int64_t>(1, 6);
-  BlockManager bm(400, block_size, prefix_caching);
+  const int64_t pool = int64_t(windows.size()) * n * 120;  // every sequence's whole length in every group
+  BlockManager bm(pool, block_size, prefix_caching, windows);
   std::vector<Sequence> seqs(static_cast<size_t>(n));
   std::vector<int64_t> lengths;
   for (int64_t i = 0; i < n; ++i) {
@@ -445,23 +513,29 @@ RC_GTEST_PROP(EngineBlockManager, SlidingWindowKeepsAWindowOfBlocks, ()) {
     for (int64_t i = 0; i < n; ++i) {
       Sequence& s = seqs[size_t(i)];
       if (s.num_computed_tokens >= lengths[size_t(i)]) continue;
+      if (s.num_computed_tokens == 0 && s.block_table.empty()) bm.take_prefix(s, bm.match_prefix(s));
       const int64_t chunk = *rc::gen::inRange<int64_t>(1, 17);
       const int64_t upto = std::min(lengths[size_t(i)], s.num_computed_tokens + chunk);
       bm.allocate(s, upto);
       s.num_computed_tokens = upto;
       bm.cache_full_blocks(s);
-      bm.release_outside_window(s, window);
-      bm.check_invariants(holders(), window);
-      int64_t held = 0;
-      for (int32_t b : s.block_table) held += b != BlockManager::kReleasedBlock;
-      // Keys [upto - window + 1, upto) and the slot of token upto's block: at most window / block_size + 2 blocks.
-      RC_ASSERT(held <= window / block_size + 2);
+      bm.release_outside_windows(s);
+      bm.check_invariants(holders());
+      for (int64_t g = 0; g < bm.num_groups(); ++g) {
+        int64_t held = 0;
+        const Sequence& cs = s;
+        for (int32_t b : BlockManager::table(cs, g)) held += b != BlockManager::kReleasedBlock;
+        // Keys [upto - window + 1, upto) and the slot of token upto's block: at most window / block_size + 2.
+        const int64_t w = windows[size_t(g)];
+        const bool bounded = w == 0 ? held == bm.blocks_for(upto) : held <= w / block_size + 2;
+        RC_ASSERT(bounded);
+      }
       progress = true;
     }
   }
   for (auto& s : seqs) bm.free(s);
-  bm.check_invariants({}, window);
-  RC_ASSERT(bm.num_free_blocks() == 400);
+  bm.check_invariants({});
+  RC_ASSERT(bm.num_free_blocks() == pool);
 }
 
 RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, ()) {
@@ -474,6 +548,12 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
   const int64_t n = *rc::gen::inRange<int64_t>(1, 16);
   const bool prefix_caching = *rc::gen::arbitrary<bool>();
   cfg.reserve_max_tokens = *rc::gen::arbitrary<bool>();
+  // KV cache groups: one full group (most models), or sliding and full groups mixed (gpt-oss, Gemma-3).
+  const auto windows =
+      *rc::gen::oneOf(rc::gen::just(std::vector<int64_t>{0}),
+                      rc::gen::container<std::vector<int64_t>>(
+                          size_t(*rc::gen::inRange<int64_t>(1, 4)),
+                          rc::gen::oneOf(rc::gen::just<int64_t>(0), rc::gen::inRange<int64_t>(1, 30))));
   // Half the prompts start with one of two shared stems (a system prompt), so that prefix caching has hits.
   const auto stems = *rc::gen::container<std::vector<std::vector<int64_t>>>(
       2, rc::gen::container<std::vector<int64_t>>(size_t(cfg.max_model_len), rc::gen::inRange<int64_t>(0, vocab)));
@@ -493,15 +573,17 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
     r.sampling.ignore_eos = *rc::gen::arbitrary<bool>();
     r.sampling.eos_token_ids = {0};
     largest =
-        std::max(largest, (std::min(len + r.sampling.max_tokens, cfg.max_model_len) + block_size - 1) / block_size);
+        std::max(largest, max_blocks_held(windows, block_size, std::min(len + r.sampling.max_tokens, cfg.max_model_len),
+                                          cfg.max_num_batched_tokens));
     reqs.push_back(std::move(r));
   }
   // From "one sequence at a time" (constant preemption) to plenty.
   const int64_t num_blocks = largest + *rc::gen::inRange<int64_t>(0, 3 * largest);
   RC_LOG() << "block_size " << block_size << " num_blocks " << num_blocks << " budget " << cfg.max_num_batched_tokens
-           << " max_num_seqs " << cfg.max_num_seqs << " max_model_len " << cfg.max_model_len << "\n";
+           << " max_num_seqs " << cfg.max_num_seqs << " max_model_len " << cfg.max_model_len << " groups "
+           << windows.size() << "\n";
   DriveStats st;
-  auto outputs = drive(cfg, num_blocks, block_size, reqs, vocab, &st, prefix_caching);
+  auto outputs = drive(cfg, num_blocks, block_size, reqs, vocab, &st, prefix_caching, windows);
   RC_ASSERT(outputs.size() == reqs.size());
   for (const Request& r : reqs) RC_ASSERT(outputs.at(r.id) == expected_fake_output(r, vocab, cfg.max_model_len));
   RC_TAG(st.preemptions > 0 ? "preempted" : "no preemption");

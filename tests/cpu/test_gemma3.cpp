@@ -165,7 +165,7 @@ TEST(Gemma3Model, WindowedPrefillEqualsPrefixesAndChunks) {
   r.sampling.ignore_eos = true;
   engine::EngineConfig cfg;
   cfg.max_model_len = 64;
-  cfg.num_kv_blocks = 16;
+  cfg.num_kv_blocks = 48;  // blocks of one layer's page: three KV cache groups (windows 0, 8, 8) of one layer
   cfg.block_size = 4;
   engine::LLMEngine whole(*model, Variant::baseline, Device::cpu(), cfg);
   const auto a = whole.run_to_completion({r}).outputs.at(0).tokens;

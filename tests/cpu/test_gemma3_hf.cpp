@@ -43,3 +43,43 @@ TEST(Gemma3VsHF, TheTextModelOfAMultimodalCheckpointGivesTheSameLogits) {
     test::check_model_against_hf(*model, fx, spec.name);
   }
 }
+
+// Through the engine, the sliding layers' KV cache groups give their blocks before each window back to the pool:
+// chunked prefills (5 tokens a step), decodes, prefix-cache hits (every prompt twice) and preemption in a pool
+// too small for two full-attention sequences all give transformers' greedy tokens, and the KV cache at its fullest
+// holds less than the same requests' slots in every layer. tiny-gemma3: groups of one layer (windows 0, 8, 8);
+// a 23-token prompt + 16 tokens = 10 blocks of 4 per table, of which a sliding table keeps at most 4 (a 5-token
+// chunk and the 7 keys before it) - 18 blocks for the sequence instead of 30.
+TEST(Gemma3VsHF, SlidingLayersGiveTheirBlocksBackThroughTheEngine) {
+  using namespace kbn;
+  const test::HfFixture fx = test::load_hf_fixture("tiny-gemma3");
+  engine::EngineConfig cfg;
+  cfg.max_model_len = 128;
+  cfg.block_size = 4;
+  cfg.max_num_batched_tokens = 5;
+  cfg.max_num_seqs = 4;
+  cfg.num_kv_blocks = 512;
+  const engine::RunResult roomy = test::check_engine_greedy(fx, cfg, 2);
+  EXPECT_GT(roomy.cached_tokens, 0);
+  EXPECT_GT(roomy.kv_peak.blocks, 0);
+  EXPECT_LT(roomy.kv_peak.bytes, roomy.kv_peak.full_bytes);
+  // 18 blocks admit the longest request alone (max_blocks_held); a pool of three layers per block would need 30.
+  cfg.num_kv_blocks = 18;
+  const engine::RunResult tight = test::check_engine_greedy(fx, cfg, 2);
+  EXPECT_GT(tight.preemptions, 0);
+  EXPECT_LE(tight.kv_peak.blocks, 18);
+  cfg.num_kv_blocks = 17;
+  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  engine::LLMEngine small(*model, Variant::baseline, Device::cpu(), cfg);
+  engine::Request r;
+  r.id = 0;
+  r.prompt = fx.expected["prompts"][3]["prompt_ids"].get<std::vector<int64_t>>();
+  r.sampling.max_tokens = 16;
+  try {
+    small.add_request(r);
+    FAIL() << "a request needing 18 blocks was admitted to a pool of 17";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("need 18 KV blocks of 4 tokens but the cache has 17"), std::string::npos)
+        << e.what();
+  }
+}

@@ -45,3 +45,38 @@ TEST(StepMetadata, RefusesWhatTheKernelsCannotServe) {
   EXPECT_NE(msg({{0, 2, &one, false}}).find("a decode feeds 1"), std::string::npos);
   EXPECT_NE(msg({{0, 0, &one, true}}).find("feeds 0 tokens"), std::string::npos);
 }
+
+// KV cache groups (models mixing sliding and full layers): each group's slot mapping and block table, from its own
+// table; a block a sliding group gave back is written as block 0 (no kernel reads a page before its window), and a
+// token to compute in a given-back block, or tables of other lengths, are refused naming the group.
+TEST(StepMetadata, EveryKvCacheGroupGetsItsSlotsAndTables) {
+  // block size 4. A: 9 cached, decodes token 9; group 0 {4, 5, 6}, group 1 {-1, 8, 9} (block 0 given back).
+  // B: a 3-token prompt; group 0 {1}, group 1 {2}.
+  const std::vector<int32_t> a0{4, 5, 6}, b0{1};
+  const std::vector<std::vector<int32_t>> a1{{-1, 8, 9}}, b1{{2}};
+  const StepLayout l = build_step_layout({{0, 3, &b0, true, -1, &b1}, {9, 1, &a0, false, -1, &a1}}, 4);
+  EXPECT_EQ(l.num_kv_groups(), 2);
+  EXPECT_EQ(l.slot_mapping, (std::vector<int64_t>{4, 5, 6, 6 * 4 + 1}));
+  ASSERT_EQ(l.more_slot_mappings.size(), 1u);
+  EXPECT_EQ(l.more_slot_mappings[0], (std::vector<int64_t>{8, 9, 10, 9 * 4 + 1}));
+  EXPECT_EQ(l.block_tables, (std::vector<int32_t>{1, 0, 0, 4, 5, 6}));
+  EXPECT_EQ(l.more_block_tables[0], (std::vector<int32_t>{2, 0, 0, 0, 8, 9}));
+  const AttentionMetadata md = upload_step_metadata(l, Device::cpu());
+  EXPECT_EQ(md.num_kv_groups(), 2);
+  EXPECT_EQ(md.slot_mapping_of(1).to_ints(), l.more_slot_mappings[0]);
+  EXPECT_EQ(md.block_tables_of(1).shape(), (Shape{2, 3}));
+  EXPECT_THROW(md.block_tables_of(2), Error);
+
+  auto msg = [](const std::vector<StepSequence>& s) {
+    try {
+      build_step_layout(s, 4);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::vector<std::vector<int32_t>> gone{{-1, 8}}, none{};
+  EXPECT_NE(msg({{2, 1, &b0, false, -1, &gone}}).find("of KV cache group 1, which it released"), std::string::npos);
+  EXPECT_NE(msg({{0, 2, &b0, true, -1, &b1}, {0, 2, &b0, true, -1, &none}}).find("has 1 block tables"),
+            std::string::npos);
+}

@@ -40,10 +40,12 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
   KBN_CHECK(num_tokens == md.num_tokens(), "Attention: ", num_tokens, " query tokens but the metadata describes ",
             md.num_tokens());
 
+  // The layer's KV cache group (models mixing sliding and full layers): its pages follow that group's tables.
+  const Tensor& slot_mapping = md.slot_mapping_of(cache.kv_group);
+  const Tensor& block_tables = md.block_tables_of(cache.kv_group);
   Tensor q = split_heads(query, num_heads_, head_size_, "query");
   store_kvcache_.forward(split_heads(key, num_kv_heads_, head_size_, "key"),
-                         split_heads(value, num_kv_heads_, head_size_, "value"), cache.key, cache.value,
-                         md.slot_mapping);
+                         split_heads(value, num_kv_heads_, head_size_, "value"), cache.key, cache.value, slot_mapping);
 
   // NOTE: the attention kernels take q as [tokens, heads, head_size] contiguous; q is a view into the fused
   // qkv output, so this is one copy of q per layer (a fraction of the qkv GEMM's traffic).
@@ -51,7 +53,7 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
   Tensor out_p, out_d;
   if (np > 0) {
     const Tensor qp = q.slice(0, 0, np).contiguous(), lens = md.seq_lens.slice(0, 0, ns),
-                 tables = md.block_tables.slice(0, 0, ns);
+                 tables = block_tables.slice(0, 0, ns);
     out_p = sinks_ ? prefill_.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
                                       md.max_prefill_query_len, md.max_prefill_seq_len, *sinks_)
                    : prefill_.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
@@ -59,7 +61,7 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
   }
   if (nd > 0) {
     const Tensor qd = q.slice(0, np, np + nd).contiguous(), lens = md.seq_lens.slice(0, ns, ns + nd),
-                 tables = md.block_tables.slice(0, ns, ns + nd);
+                 tables = block_tables.slice(0, ns, ns + nd);
     out_d = sinks_ ? decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len, *sinks_)
                    : decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len);
   }
