@@ -544,8 +544,92 @@ TEST(FlashAttnDecodeGpu, FirstAndLastKeysAreSeen) {
   check_decode(s, b);
 }
 
+// ---- decode at head 256 (Gemma-3: 16 query heads per 8 kv heads): the Hopper tensor-core kernel (512-byte bulk
+// copies, a three-stage ring per warp, one block per SM); other GPUs run the generic kernel, which these check too ----
+
+TEST(FlashAttnDecodeGpu, Head256Batch1LongContextSplitsKeys) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f16}) {
+    check_decode(decode_spec({.num_heads = 16,
+                              .num_kv_heads = 8,
+                              .head_size = 256,
+                              .block_size = 16,
+                              .dtype = dt,
+                              .seq_lens = {4500},
+                              .seed = 101}));
+  }
+}
+
+TEST(FlashAttnDecodeGpu, Head256Batch64MixedLengthsGqa8x1) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Group 8: every row of the block's single n-tile of query heads is real.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    check_decode(decode_spec({.num_heads = 8,
+                              .num_kv_heads = 1,
+                              .head_size = 256,
+                              .block_size = 16,
+                              .dtype = dt,
+                              .seq_lens = random_lengths(60, 1500, {4096, 4097, 4200, 4500}, 102),
+                              .seed = 102}));
+  }
+}
+
+TEST(FlashAttnDecodeGpu, Head256ShortSequencesGqa16x8) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Few keys: one split, the output written by the split kernel itself; a page size that is not a power of two.
+  for (const int64_t block_size : {16, 24}) {
+    check_decode(decode_spec({.num_heads = 16,
+                              .num_kv_heads = 8,
+                              .head_size = 256,
+                              .block_size = block_size,
+                              .dtype = DType::bf16,
+                              .seq_lens = {1, 2, 17, 63, 64, 65, 200},
+                              .seed = uint64_t(103 + block_size)}));
+  }
+}
+
+TEST(FlashAttnDecodeGpu, Head256GroupsOf12To20ReadQFromSharedMemory) {
+  KBN_SKIP_WITHOUT_GPU();
+  // More than 8 query heads per kv head: two n-tiles (16 rows) per block, Q read from shared memory (its registers
+  // would spill beside the 128 O^T accumulators). Groups 16 (full), 12 (padding rows) and 20 (a second 16-row head
+  // chunk holding 4 heads); f16 too.
+  for (const int64_t group : {16, 12, 20}) {
+    check_decode(decode_spec({.num_heads = 2 * group,
+                              .num_kv_heads = 2,
+                              .head_size = 256,
+                              .block_size = 32,
+                              .dtype = DType::bf16,
+                              .seq_lens = {5, 300, 1000, 4500},
+                              .seed = uint64_t(110 + group)}));
+  }
+  check_decode(decode_spec({.num_heads = 16,
+                            .num_kv_heads = 1,
+                            .head_size = 256,
+                            .block_size = 16,
+                            .dtype = DType::f16,
+                            .seq_lens = random_lengths(14, 1500, {4100, 4133}, 131),
+                            .seed = 131}));
+}
+
+TEST(FlashAttnDecodeGpu, Head256FirstAndLastKeysAreSeen) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t group : {2, 16}) {  // Q in registers, Q in shared memory
+    const BatchSpec s = decode_spec({.num_heads = 2 * group,
+                                     .num_kv_heads = 2,
+                                     .head_size = 256,
+                                     .block_size = 16,
+                                     .dtype = DType::bf16,
+                                     .seq_lens = {1, 64, 65, 1000, 4097},
+                                     .seed = uint64_t(140 + group)});
+    PagedBatch b = make_batch(s);
+    align_queries_with_keys(
+        b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : 0; }, 2.f);
+    check_decode(s, b);
+  }
+}
+
 // ---- per-layer features: sliding window, logit soft-cap, sinks (the tensor-core kernels for bf16 / f16 at head
-// sizes 64 and 128, the generic kernel otherwise) ----
+// sizes 64 and 128, prefill's at 192 and 256 too, decode's at 256 on Hopper; the generic kernel otherwise) ----
 
 struct Features {
   int64_t window = 0;
@@ -742,6 +826,30 @@ TEST(FlashAttnFeaturesGpu, TensorCoreDecodeWindowsSoftCapAndSinks) {
   const BatchSpec f16 = decode_spec({.num_heads = 8, .num_kv_heads = 1, .head_size = 128, .block_size = 64,
                                      .dtype = DType::f16, .seq_lens = {900, 33}, .seed = 70});
   check_decode_features(f16, {.window = 65, .soft_cap = 20.0, .sinks = true, .sinks_dtype = DType::bf16,
+                              .align_edges = true});
+}
+
+// The same at head 256 (Gemma-3: 16 query heads per 8 kv heads, 1024-key local windows on five layers of six; the
+// Hopper tensor-core kernel, the generic kernel elsewhere): a long sequence whose window is split into partitions,
+// soft cap and sinks through the one-partition merge and the reduce, groups 2, 8 and 16 (Q in shared memory).
+TEST(FlashAttnFeaturesGpu, TensorCoreDecodeHead256WindowsSoftCapAndSinks) {
+  KBN_SKIP_WITHOUT_GPU();
+  const BatchSpec one = decode_spec({.num_heads = 16, .num_kv_heads = 8, .head_size = 256, .block_size = 16,
+                                     .dtype = DType::bf16, .seq_lens = {5000}, .seed = 150});
+  check_decode_features(one, {.window = 1024, .align_edges = true});
+  check_decode_features(one, {.window = 1024, .sinks = true, .align_edges = true});
+  check_decode_features(one, {.window = 128, .soft_cap = 2.0, .align_edges = true});
+  for (const int64_t heads : {16, 32}) {  // groups 8 and 16 over 2 kv heads
+    const BatchSpec many = decode_spec({.num_heads = heads, .num_kv_heads = 2, .head_size = 256, .block_size = 16,
+                                        .dtype = DType::bf16, .seq_lens = {1, 127, 128, 129, 700, 3000, 64, 2},
+                                        .seed = uint64_t(150 + heads)});
+    check_decode_features(many, {.window = 128, .sinks = true, .align_edges = true});
+    check_decode_features(many, {.sinks = true});
+    check_decode_features(many, {.window = 1024, .soft_cap = 1.0});
+  }
+  const BatchSpec f16 = decode_spec({.num_heads = 16, .num_kv_heads = 8, .head_size = 256, .block_size = 64,
+                                     .dtype = DType::f16, .seq_lens = {900, 33, 2100}, .seed = 190});
+  check_decode_features(f16, {.window = 1024, .soft_cap = 20.0, .sinks = true, .sinks_dtype = DType::bf16,
                               .align_edges = true});
 }
 

@@ -416,6 +416,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kWarpKeys = 16;                          // keys per warp tile: the K of one P V mma
 constexpr int kPartitionQuantum = kWarps * kWarpKeys;  // partitions are whole rounds of the four warps
 constexpr int kMinPartitionKeys = 64;
+constexpr int kMaxDynamicSmemBytes = 227 * 1024 - 1024;  // sm_90's per-block opt-in, less the static barriers / sums
 
 // Shared-memory geometry of the split kernel. kNT n-tiles of 8 query heads (1: group <= 8, 2: up to 16).
 // Every warp owns a private ring of kStages tiles; a tile holds the warp's 16 K rows then its 16 V rows, each row
@@ -424,12 +425,27 @@ constexpr int kMinPartitionKeys = 64;
 template <int kHeadDim, int kNT>
 struct DecodeConfig {
   static constexpr int kRows = 8 * kNT;  // query heads per block
-  static constexpr int kStages = kHeadDim == 128 ? 3 : 4;
+  // Tiles in each warp's ring (bytes in flight: kStages - 1 to kStages tiles of 2 * 16 rows per warp; HBM latency x
+  // the per-SM share of bandwidth is a few tens of KiB). Head 64: 4 x 4.5 KiB per warp, 72 KiB per block, three
+  // blocks per SM, ~160-220 KiB in flight per SM. Head 128: 3 x 8.5 KiB, 102 KiB per block, two blocks per SM,
+  // ~140-200 KiB per SM. Head 256: a tile is 16.5 KiB, so one block (four warps) per SM whatever the depth (two
+  // would need 2 x 132 KiB at two stages); three stages (198 KiB per block, under the 227 KiB opt-in) keep 2-3 tiles,
+  // 32-48 KiB, in flight per warp and ~130-200 KiB per SM, as at head 128, where two stages (the same occupancy)
+  // would keep only 64-128 KiB; four would need 264 KiB.
+  static constexpr int kStages = kHeadDim == 64 ? 4 : 3;
   static constexpr int kRowBytes = kHeadDim * 2;
   static constexpr int kPitch = kRowBytes + 16;
   static constexpr int kStageBytes = 2 * kWarpKeys * kPitch;
   static constexpr int kWarpRingBytes = kStages * kStageBytes;
-  static constexpr int kSmemBytes = kWarps * kWarpRingBytes;
+  // Q's A fragments (kHeadDim / 16 x 4 registers per lane) stay in registers for the whole partition, except where
+  // O^T's accumulator (kHeadDim / 16 * kNT * 4 floats) is over 64 floats, i.e. head 256 with 9-16 query heads: its
+  // 128 accumulators plus 64 Q registers spilled past the 255-register cap (ptxas, sm_90a: 255 registers, 20 bytes
+  // of spill stores), so Q is read there from a block-wide [kRows][kPitch] copy after the rings, one more ldmatrix
+  // per 16 dims per tile (212 registers, no spill; shared-memory bandwidth is not what bounds this kernel).
+  static constexpr bool kQInSmem = kHeadDim / 16 * kNT * 4 > 64;
+  static constexpr int kQBytes = kQInSmem ? kRows * kPitch : 0;
+  static constexpr int kSmemBytes = kWarps * kWarpRingBytes + kQBytes;
+  static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "the warps' rings fit in one block's shared memory");
   static constexpr uint32_t kTxBytes = 2 * kWarpKeys * kRowBytes;  // bytes one tile's 32 bulk copies deliver
   // How a tile is copied. Rows of 256 bytes or more: one cp.async.bulk per row (lane), completion counted in bytes
   // on the stage's mbarrier (one arrival: lane 0's arrive.expect_tx). Shorter rows (head 64): the bulk engine's
@@ -474,14 +490,15 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
 // [split * partition_keys, +partition_keys) of one sequence, so every K/V byte of the partition is read from HBM
 // once for the whole group. The partition is cut in 16-key warp tiles dealt round robin to the four warps; each
 // warp streams its own tiles through a private kStages-deep ring completed on a per-(warp, stage) mbarrier, so the
-// warps never wait for each other until the final merge. At head 128 the ring is fed by cp.async.bulk (one
-// 256-byte row per lane: lanes 0-15 K rows, 16-31 V rows; completion counted in bytes); at head 64 by 16-byte
+// warps never wait for each other until the final merge. At heads 128 and 256 the ring is fed by cp.async.bulk (one
+// 256- or 512-byte row per lane: lanes 0-15 K rows, 16-31 V rows; completion counted in bytes); at head 64 by 16-byte
 // cp.async (8 per lane per tile, 8 lanes per 128-byte row) whose per-lane cp.async.mbarrier.arrive.noinc are the
 // barrier's 32 arrivals (DecodeConfig::kBulkRows says which).
 //   S  = Q K^T      (A = Q from registers, rows = heads g / g + 8; B = K via ldmatrix): S[head][key]
 //   O^T += V^T P^T  (A = V^T via ldmatrix.trans, B = P^T, which is exactly S's C fragment of rows g, packed)
 // Keeping O transposed makes its accumulator kHeadDim / 16 * kNT * 4 floats (32 at head 128 with group <= 8, half
-// of an O[16 heads][128] layout whose rows 8-15 would be padding) and halves the P V mmas.
+// of an O[16 heads][128] layout whose rows 8-15 would be padding) and halves the P V mmas. At head 256 that is 64
+// floats (group <= 8) or 128 (group <= 16, where Q moves to shared memory: DecodeConfig::kQInSmem).
 // Rows past the last key are copies of the last valid key's row (finite data); their scores are masked to -inf,
 // so their probabilities are exactly 0 and multiply finite values, as with the zero fill of the mma_path kernel.
 //
@@ -491,7 +508,9 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
 // when block_size is a power of two) and prefetched one tile ahead, and there is no block barrier in the loop.
 // At head 128: one bulk copy per row, 3 stages x 8.5 KiB per warp, 102 KiB per block, two blocks (8 warps) per
 // SM, i.e. 2-3 tiles (17-26 KiB) in flight per warp and ~140-200 KiB per SM, several times HBM latency x the
-// per-SM share of bandwidth. At head 64: 4 stages x 4.5 KiB, 72 KiB per block, three blocks per SM.
+// per-SM share of bandwidth. At head 64: 4 stages x 4.5 KiB, 72 KiB per block, three blocks per SM. At head 256
+// (Gemma-3): one 512-byte bulk copy per row, 3 stages x 16.5 KiB per warp, 198 KiB per block, one block (4 warps)
+// per SM, 2-3 tiles (32-48 KiB) in flight per warp, ~130-200 KiB per SM (DecodeConfig::kStages says why three).
 // The first version (bulk copies at both head sizes, split costs counted in keys whatever the head size) was
 // measured on the H200 (cold, vs the mma_path kernel): head 128 / group 4 at 1.00-1.40x (73-97% of the
 // 4250 GB/s copy bandwidth from B=8 ctx 4096 up; B=1 ctx 8192 and B=8 ctx 1024 even), but head 64 with groups
@@ -606,9 +625,21 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
 
   // Q as the A fragments of S = Q K^T, in registers for the whole partition: qa[kk] = {(g, 2t), (g + 8, 2t),
   // (g, 2t + 8), (g + 8, 2t + 8)} + 16 kk. Rows past the block's heads (all of rows 8-15 when kNT == 1) are zero.
-  uint32_t qa[kDimTiles][4];
-  {
-    const T* q = static_cast<const T*>(p.q) + seq * p.q_stride_seq;
+  // With Cfg::kQInSmem the block copies Q to shared memory instead (rows past its heads zero) and the S loop reads
+  // the same fragments with ldmatrix; 4-byte loads, as the register path, so a q row needs only 4-byte alignment.
+  uint32_t qa[Cfg::kQInSmem ? 1 : kDimTiles][4];  // unused with Cfg::kQInSmem
+  const T* q = static_cast<const T*>(p.q) + seq * p.q_stride_seq;
+  if constexpr (Cfg::kQInSmem) {
+    constexpr int kWords = kHeadDim / 2;  // 4-byte words per row
+    for (int i = tid; i < kRows * kWords; i += kThreads) {
+      const int row = i / kWords, word = i % kWords;
+      const unsigned int v =
+          row < num_rows ? __ldg(reinterpret_cast<const unsigned int*>(q + (head_begin + row) * p.q_stride_head) + word)
+                         : 0u;
+      reinterpret_cast<unsigned int*>(smem + kWarps * Cfg::kWarpRingBytes + row * kPitch)[word] = v;
+    }
+    __syncthreads();  // Q visible to every warp; the rings' copies are already in flight
+  } else {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = g + 8 * r;
@@ -639,6 +670,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   // ldmatrix lane addressing, the same for K (non-transposed: B of S) and V (transposed: A of O^T): matrix
   // lane / 8 covers keys 8 (lane / 16) .. +7 and 16-byte chunk (lane / 8) % 2 of each 16-dim slice.
   const uint32_t ld_off = (lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 16;
+  // Q's (Cfg::kQInSmem): the A operand's, matrix lane / 8 covering rows 8 ((lane / 8) % 2) .. +7, chunk lane / 16.
+  const uint32_t q_ld = smem_addr(smem) + kWarps * Cfg::kWarpRingBytes + (lane % 16) * kPitch + (lane / 16) * 16;
 
   for (int i = 0; i < my_tiles; ++i) {
     const int stage = i % kStages;
@@ -660,8 +693,15 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     for (int kk = 0; kk < kDimTiles; ++kk) {
       uint32_t b[4];
       ldmatrix_x4(b, ks + kk * 32);
-      mma_16816<T>(sc[kk % 2][0], qa[kk], b[0], b[1]);
-      mma_16816<T>(sc[kk % 2][1], qa[kk], b[2], b[3]);
+      if constexpr (Cfg::kQInSmem) {
+        uint32_t a[4];
+        ldmatrix_x4(a, q_ld + kk * 32);
+        mma_16816<T>(sc[kk % 2][0], a, b[0], b[1]);
+        mma_16816<T>(sc[kk % 2][1], a, b[2], b[3]);
+      } else {
+        mma_16816<T>(sc[kk % 2][0], qa[kk], b[0], b[1]);
+        mma_16816<T>(sc[kk % 2][1], qa[kk], b[2], b[3]);
+      }
     }
     float s[2][4];
 #pragma unroll
@@ -806,7 +846,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
 // is memory bound, so an SM's time is the bytes of the blocks it gets, whatever its occupancy), a fixed cost per
 // wave of resident blocks (pipeline fill), and a fixed cost for the reduce launch when split. Costs are in units
 // of a head-128 key (512 bytes of K and V); a key of head_size streams head_size / 128 of that, so at head 64
-// the fixed costs weigh double (the constants were tuned at head 128, whose choices this leaves unchanged).
+// the fixed costs weigh double and at head 256 half (the constants were tuned at head 128, whose choices this
+// leaves unchanged).
 // Choices whose grid leaves SMs idle are taken only when no split count fills them all. Ties between single-wave
 // choices go to more splits (more warps streaming, shorter pipelines). Partitions are whole rounds of the four
 // warps and never shorter than kMinPartitionKeys; at most kMaxSplits. Returns {num_splits, partition_keys}.
@@ -888,6 +929,11 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
 
 }  // namespace hopper_path
 
+// Head 256 (Gemma-3) has a tensor-core decode kernel on Hopper only: mma_path's [16 rows][head_size] accumulator
+// would hold 128 fp32 per lane there (it already takes 198 registers at head 128 with 64; hopper_path's transposed
+// O^T holds 64 at head 256), so other GPUs keep running head 256 on the generic kernel (decode_tensor_core_supports).
+constexpr int kHopperOnlyHeadSize = 256;
+
 // Hopper's kernels or mma_path's, decided once per device: any instantiation of the Hopper kernel tells whether
 // the binary's image for the device is an sm_90 one.
 template <class T, int kHeadDim>
@@ -896,8 +942,31 @@ void launch_flash_attn_decode(const DecodeParams& p, Device device, int64_t num_
   auto* hopper = hopper_path::flash_attn_decode_split_kernel<T, kHeadDim, 1>;
   if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device.index))
     hopper_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+  else if constexpr (kHeadDim == kHopperOnlyHeadSize)  // not reached: decode_tensor_core_supports said generic
+    KBN_FAIL("flash_attn_decode: head_size ", kHeadDim, " has a tensor-core kernel on Hopper (sm_90) only, not on ",
+             device.str());
   else
     mma_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+}
+
+// True when decode runs (dtype, head_size) on tensor cores on `device`: the shared set (attention_mma.cuh) on every
+// GPU, plus kHopperOnlyHeadSize when this binary runs Hopper code there. Otherwise the generic kernel runs. Keep the
+// head sizes in step with dispatch_decode_head_size just below.
+bool decode_tensor_core_supports(DType dt, int64_t head_size, Device device) {
+  if (tensor_core_attention_supports(dt, head_size)) return true;
+  if (head_size != kHopperOnlyHeadSize || (dt != DType::bf16 && dt != DType::f16)) return false;
+  using hopper_path::flash_attn_decode_split_kernel;
+  const void* hopper =
+      dt == DType::bf16
+          ? reinterpret_cast<const void*>(flash_attn_decode_split_kernel<__nv_bfloat16, kHopperOnlyHeadSize, 1>)
+          : reinterpret_cast<const void*>(flash_attn_decode_split_kernel<__half, kHopperOnlyHeadSize, 1>);
+  return runs_sm90_image(hopper, device.index);
+}
+
+template <class F>
+void dispatch_decode_head_size(int64_t head_size, const char* op, F&& f) {
+  if (head_size == kHopperOnlyHeadSize) return f(std::integral_constant<int, kHopperOnlyHeadSize>{});
+  dispatch_head_size(head_size, op, f);
 }
 
 }  // namespace
@@ -990,7 +1059,7 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (!tensor_core_attention_supports(q.dtype(), head_size_)) {
+  if (!decode_tensor_core_supports(q.dtype(), head_size_, q.device())) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens, block_tables,
                                                    num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
@@ -1025,7 +1094,7 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   // A window bounds the keys any sequence reads: the partitions are cut over that span, not max_seq_len.
   const int64_t max_keys = sliding_window_ > 0 ? std::min(max_seq_len, sliding_window_) : max_seq_len;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
-    dispatch_head_size(head_size_, op, [&](auto d) {
+    dispatch_decode_head_size(head_size_, op, [&](auto d) {
       launch_flash_attn_decode<decltype(t), decltype(d)::value>(p, q.device(), num_seqs, num_kv_heads_, max_keys,
                                                                 current_stream());
     });
