@@ -39,7 +39,8 @@
 #              tiny-gpt-oss's op contract, graph mode = eager = transformers' greedy tokens), kb_nano kernels for
 #              fused_experts at gpt-oss-20b's shapes and tools/torch_bench.py --sections moe beside them; the evals:
 #              `EVAL_MODEL=gpt-oss-20b EVAL_MODES=graph ... eval`
-#   gemma3     Gemma-3-12B: the attention GPU tests (head 256 prefill on tensor cores, windows, soft caps), kb_nano
+#   gemma3     Gemma-3-12B: the attention GPU tests (head 256 prefill and decode on tensor cores, windows, soft caps;
+#              the CUDA-graph engine tests, whose gpt-oss case runs two KV cache groups), kb_nano
 #              kernels for its prefill and decode attention and its norms/activation, tools/torch_bench.py --sections
 #              window beside them; the evals: `EVAL_MODEL=gemma-3-12b-it EVAL_MODES=graph ... eval`
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
@@ -179,7 +180,7 @@ for part in "$@"; do
       ;;
     gemma3)
       step gpu_tests_gemma3 200 build/tests/kbn_gpu_tests \
-        --gtest_filter='FlashAttnPrefillGpu.*:FlashAttnFeaturesGpu.*:*tiny_gemma3*:GemmaRmsNorm*:GeluAndMul*' \
+        --gtest_filter='FlashAttnPrefillGpu.*:FlashAttnDecodeGpu.*:FlashAttnFeaturesGpu.*:*tiny_gemma3*:GemmaRmsNorm*:GeluAndMul*:EngineGraphGpu.*' \
         --gtest_output=json:"$out/gpu_tests_gemma3.json"
       for op in flash_attn_prefill flash_attn_decode gemma_rms_norm gemma_fused_add_rms_norm gelu_and_mul; do
         step "kernels_gemma-3-12b-it_$op" 240 build/kb_nano kernels --model gemma-3-12b-it --variant baseline \
