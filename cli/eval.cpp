@@ -70,6 +70,7 @@ struct Options {
   bool no_prefix_caching = false;
   bool check_finite = false;
   std::string admission = "reserve";  // reserve | optimistic
+  std::string kv_cache_dtype = "auto";  // auto | fp8 | fp8_e4m3
   int64_t divergence_samples = 64;
   std::string json;
   std::string csv;
@@ -734,6 +735,8 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.profile_steps = o.step_profile;
   ecfg.check_finite = o.check_finite;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
+  ecfg.kv_cache_dtype = o.kv_cache_dtype;
+  const std::optional<DType> kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, "--kv-cache-dtype");
   KBN_CHECK(!o.kernel_trace || device.is_cuda(), "--kernel-trace: needs a CUDA device (CUPTI), got ", device.str());
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
   KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
@@ -775,9 +778,10 @@ void run(const Options& o, bool max_num_seqs_given) {
   if (!shrunk.empty())
     std::printf("  CPU run, shrunk:%s; --num-requests%s give the %s workload\n", shrunk.c_str(),
                 custom ? "" : " and --scale 1", custom ? "whole" : "canonical");
-  std::printf("  engine: %s, block size %lld, max_num_batched_tokens %lld, max_num_seqs %lld, max_model_len %lld\n",
+  std::printf("  engine: %s, block size %lld, max_num_batched_tokens %lld, max_num_seqs %lld, max_model_len %lld%s\n",
               o.mode.c_str(), (long long)ecfg.block_size, (long long)ecfg.max_num_batched_tokens,
-              (long long)ecfg.max_num_seqs, (long long)ecfg.max_model_len);
+              (long long)ecfg.max_num_seqs, (long long)ecfg.max_model_len,
+              kv_dtype ? (std::string(", KV cache ") + dtype_name(*kv_dtype)).c_str() : "");
   std::printf("  admission %s, prefix caching %s\n",
               ecfg.reserve_max_tokens ? "reserving every running request's max_tokens (no preemption)"
                                       : "optimistic (vLLM's; preemption by recompute)",
@@ -791,7 +795,7 @@ void run(const Options& o, bool max_num_seqs_given) {
   // here before the weights and the KV cache take the device's memory.
   const engine::FloorModel floor_model(
       ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config.language_model()), o.tp),
-      int64_t(dtype_size(popts.dtype)));
+      int64_t(dtype_size(popts.dtype)), int64_t(dtype_size(kv_dtype.value_or(popts.dtype))));
   FloorSetup floor_setup;
   if (!device.is_cuda()) {
     floor_setup.unavailable = "CPU run: no GPU rates to take the floor at";
@@ -953,6 +957,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                    {"clipped_requests", workload.clipped},
                    {"block_size", ecfg.block_size},
                    {"prefix_caching", ecfg.enable_prefix_caching},
+                   {"kv_cache_dtype", o.kv_cache_dtype},
                    {"admission", o.admission},
                    {"reserve_max_tokens", ecfg.reserve_max_tokens},
                    {"num_kv_blocks_requested", o.num_kv_blocks},
@@ -1085,6 +1090,9 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--no-prefix-caching", o->no_prefix_caching,
                 "Turn automatic prefix caching off (on by default, as in vLLM V1): every admitted request, and every "
                 "preempted one coming back, computes all of its tokens");
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                  "auto (default: the model's dtype) or fp8 / fp8_e4m3 (vLLM's: fp8 e4m3 pages, half of a 16-bit "
+                  "cache, scale 1.0; on CUDA the generic attention kernel reads them, not yet the tensor-core ones)");
   cmd->add_option("--admission", o->admission,
                   "reserve (default): admit a request only while every running request can still reach its "
                   "max_tokens, so nothing is preempted (exact for these ignore_eos workloads, whose requests all run to "

@@ -43,6 +43,7 @@ struct Options {
   double top_p = 1.0;
   int64_t max_new_tokens = 16;
   int64_t block_size = 16;
+  std::string kv_cache_dtype = "auto";
   int tp = 1;
   uint64_t seed = 0;
   std::string variant = "baseline";
@@ -169,6 +170,7 @@ void run(const Options& o) {
   engine::GenerateOptions gopts;
   gopts.max_new_tokens = o.max_new_tokens;
   gopts.block_size = o.block_size;
+  gopts.kv_cache_dtype = o.kv_cache_dtype;
   if (o.stop_at_eos || o.chat) gopts.eos_token_ids = spec.config.get_int_list("eos_token_id");
   gopts.sampling.temperature = o.temperature;
   gopts.sampling.top_k = o.top_k;
@@ -335,6 +337,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate per prompt")
       ->check(integer_at_least(1));
   cmd->add_option("--block-size", o->block_size, "KV cache block size")->check(integer_at_least(1));
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                  "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages, scale 1.0)");
   cmd->add_option("--tp", o->tp,
                   "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
                   "CPU (default 1)")

@@ -525,6 +525,7 @@ struct Options {
   int64_t max_num_seqs = 0;
   int64_t max_num_batched_tokens = 0;
   int64_t num_kv_blocks = 0;
+  std::string kv_cache_dtype = "auto";
   int64_t max_body_bytes = 8 << 20;
   int tp = 1;
   double gpu_memory_utilization = 0.9;
@@ -604,6 +605,7 @@ void run(const Options& o) {
   ecfg.num_kv_blocks = o.num_kv_blocks;
   ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
   ecfg.mode = engine::parse_execution_mode(mode_name);
+  ecfg.kv_cache_dtype = o.kv_cache_dtype;
   std::unique_ptr<engine::LLMEngine> engine_ptr;
   if (group) {
     std::vector<CausalLM*> ptrs;
@@ -891,6 +893,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens,
                   "Token budget of one step (0, the default: 8192)")
       ->check(integer_at_least(0));
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                  "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages, scale 1.0)");
   cmd->add_option("--num-kv-blocks", o->num_kv_blocks, "KV cache blocks (0, the default: sized from memory)")
       ->check(integer_at_least(0));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,

@@ -79,7 +79,9 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
 
   // Every sequence reserves the blocks for its whole length up front, consecutive in the cache, in the table of each
   // KV cache group (kbn::KVCacheGroups; groups share pool tensors, so each needs blocks of its own).
-  const int64_t num_groups = kv_cache_groups(model.cache_specs()).num_groups();
+  const std::vector<LayerCacheSpec> specs =
+      with_kv_cache_dtype(model.cache_specs(), parse_kv_cache_dtype(opt.kv_cache_dtype, "generate: kv_cache_dtype"));
+  const int64_t num_groups = kv_cache_groups(specs).num_groups();
   std::vector<std::vector<int32_t>> tables(static_cast<size_t>(nseq));
   std::vector<std::vector<std::vector<int32_t>>> more_tables(static_cast<size_t>(nseq));
   int64_t total_blocks = 0;
@@ -92,9 +94,8 @@ GenerateResult generate_tokens(CausalLM& model, const std::vector<std::vector<in
     }
   }
   // A model with recurrent-state layers: prompt i keeps its state in slot i.
-  const bool stateful = has_state_layers(model.cache_specs());
-  std::vector<KVCache> caches =
-      allocate_kv_caches(model.cache_specs(), total_blocks, bs, device, stateful ? nseq : 0);
+  const bool stateful = has_state_layers(specs);
+  std::vector<KVCache> caches = allocate_kv_caches(specs, total_blocks, bs, device, stateful ? nseq : 0);
   auto slot_of = [&](int64_t i) { return stateful ? int32_t(i) : int32_t(-1); };
 
   Sampler sampler(variant);

@@ -4,6 +4,7 @@
 // continuous-batching engine builds on the same metadata.
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "engine/sequence.h"
@@ -29,6 +30,7 @@ struct GenerateOptions {
   bool return_prompt_logits = false;   // keep the logits of every prompt position
   bool return_last_logits = false;     // keep the logits of each prompt's last position (the first new token's)
   bool check_finite = false;           // every step's logits checked for NaN/Inf (engine/finite_check.h)
+  std::string kv_cache_dtype = "auto";  // the paged K/V's dtype (EngineConfig::kv_cache_dtype)
   // How tokens are chosen (temperature 0: greedy, the default). Its seed is every prompt's: token j of each prompt's
   // output draws Philox(counter = j, key = seed). Its max_tokens and eos fields are unused (the two above rule).
   SamplingParams sampling;

@@ -78,11 +78,12 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   } else {
     config_.num_state_slots = 0;
   }
+  const std::optional<DType> kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, "engine: kv_cache_dtype");
   const int n = int(models.size());
   runners_.resize(size_t(n));
   for_each_rank([&](int r) {
-    runners_[size_t(r)] =
-        std::make_unique<ModelRunner>(*models[size_t(r)], variant, devices[size_t(r)], config.block_size, config.mode);
+    runners_[size_t(r)] = std::make_unique<ModelRunner>(*models[size_t(r)], variant, devices[size_t(r)],
+                                                        config.block_size, config.mode, kv_dtype);
   });
   if (config.num_kv_blocks > 0) {
     sizing_.num_blocks = config.num_kv_blocks;

@@ -46,6 +46,9 @@ struct EngineConfig {
   // many as fit in memory, at most max_num_seqs; max_num_seqs when num_kv_blocks is given). Prefix caching is
   // turned off for them (a cached prefix has no state to resume from).
   int64_t num_state_slots = 0;
+  // vLLM's kv_cache_dtype (kbn::parse_kv_cache_dtype): "auto" keeps the model's dtype; "fp8" / "fp8_e4m3" stores
+  // the paged K/V in fp8 e4m3 (half a 16-bit page; scale 1.0), read by the attention ops as they are.
+  std::string kv_cache_dtype = "auto";
 };
 
 struct EngineProgress {

@@ -37,11 +37,13 @@ ExecutionMode parse_execution_mode(const std::string& s) {
   KBN_FAIL("execution mode: expected eager or graph, got '", s, "'");
 }
 
-ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_t block_size, ExecutionMode mode)
+ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_t block_size, ExecutionMode mode,
+                         std::optional<DType> kv_cache_dtype)
     : model_(model),
       device_(device),
       block_size_(block_size),
-      group_windows_(kv_cache_groups(model.cache_specs()).windows),
+      specs_(with_kv_cache_dtype(model.cache_specs(), kv_cache_dtype)),
+      group_windows_(kv_cache_groups(specs_).windows),
       mode_(mode),
       sampler_(variant) {
   KBN_CHECK(block_size >= 1, "model runner: block_size must be >= 1, got ", block_size);
@@ -61,20 +63,18 @@ ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_
 #endif
 }
 
-int64_t ModelRunner::kv_bytes_per_block() const {
-  return paged_bytes_per_block(model_.cache_specs(), block_size_);
-}
+int64_t ModelRunner::kv_bytes_per_block() const { return paged_bytes_per_block(specs_, block_size_); }
 
 int64_t ModelRunner::kv_bytes_per_token() const {
   int64_t bytes = 0;
-  for (const LayerCacheSpec& s : model_.cache_specs()) bytes += s.bytes_per_token();
+  for (const LayerCacheSpec& s : specs_) bytes += s.bytes_per_token();
   return bytes;
 }
 
 void ModelRunner::allocate_kv_cache(int64_t num_blocks, int64_t num_state_slots) {
   KBN_CHECK(kv_caches_.empty(), "model runner: the KV cache is already allocated");
   const StreamGuard guard(stream());
-  kv_caches_ = allocate_kv_caches(model_.cache_specs(), num_blocks, block_size_, device_, num_state_slots);
+  kv_caches_ = allocate_kv_caches(specs_, num_blocks, block_size_, device_, num_state_slots);
   num_kv_blocks_ = num_blocks;
 }
 
@@ -255,7 +255,7 @@ int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
                       group_windows_);
   std::vector<Sequence> seqs(static_cast<size_t>(num_seqs));
   SchedulerOutput out;
-  const bool stateful = has_state_layers(model_.cache_specs());
+  const bool stateful = has_state_layers(specs_);
   for (int64_t i = 0; i < num_seqs; ++i) {
     // Token counts differ by at most one; token id 0 exists in every vocabulary.
     const int64_t len = num_tokens / num_seqs + (i < num_tokens % num_seqs ? 1 : 0);
@@ -271,7 +271,7 @@ int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
   std::stable_partition(out.seqs.begin(), out.seqs.end(), prefill);
   out.num_prefills = std::count_if(out.seqs.begin(), out.seqs.end(), prefill);
   std::vector<KVCache> caches =
-      allocate_kv_caches(model_.cache_specs(), blocks.num_blocks(), block_size_, device_, stateful ? num_seqs : 0);
+      allocate_kv_caches(specs_, blocks.num_blocks(), block_size_, device_, stateful ? num_seqs : 0);
   run(out, caches);
   synchronize(device_);
   return state_bytes_per_sequence() * (stateful ? num_seqs : 0);
@@ -279,7 +279,7 @@ int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
 
 int64_t ModelRunner::state_bytes_per_sequence() const {
   int64_t bytes = 0;
-  for (const LayerCacheSpec& s : model_.cache_specs()) bytes += s.bytes_per_sequence();
+  for (const LayerCacheSpec& s : specs_) bytes += s.bytes_per_sequence();
   return bytes;
 }
 

@@ -44,8 +44,9 @@ class ModelRunner {
   // Graph mode needs a CUDA device; the runner then creates a non-blocking stream of its own and runs all its
   // device work on it (sizing, KV allocation, capture, every step), after waiting for the device to drain the
   // work queued on other streams (the weights).
+  // kv_cache_dtype: the paged K/V layers' page dtype (kbn::parse_kv_cache_dtype; nullopt: the model's).
   ModelRunner(CausalLM& model, Variant variant, Device device, int64_t block_size,
-              ExecutionMode mode = ExecutionMode::eager);
+              ExecutionMode mode = ExecutionMode::eager, std::optional<DType> kv_cache_dtype = std::nullopt);
 
   Device device() const { return device_; }
   ExecutionMode mode() const { return mode_; }
@@ -57,6 +58,8 @@ class ModelRunner {
   // Paged bytes of one token over all layers: what a block of block_size tokens would cost if every layer kept its
   // own page (no KV cache groups sharing pool tensors).
   int64_t kv_bytes_per_token() const;
+  // What each layer keeps, as allocated: the model's cache_specs() with the paged K/V in the kv_cache_dtype.
+  const std::vector<LayerCacheSpec>& cache_specs() const { return specs_; }
   // The sliding window of each KV cache group (0: full attention), the engine's BlockManager's groups.
   const std::vector<int64_t>& kv_group_windows() const { return group_windows_; }
   // Recurrent-state bytes of one sequence over all layers (0 for a model without such layers).
@@ -122,6 +125,7 @@ class ModelRunner {
   CausalLM& model_;
   Device device_;
   int64_t block_size_;
+  std::vector<LayerCacheSpec> specs_;
   std::vector<int64_t> group_windows_;
   ExecutionMode mode_;
   Sampler sampler_;

@@ -37,8 +37,13 @@ StepShape step_shape(const SchedulerOutput& out, int64_t window) {
   return s;
 }
 
-FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
-    : es_(element_bytes), hidden_(view.hidden_size), vocab_(view.vocab_size), tp_(view.tp), layers_(view.num_layers) {
+FloorModel::FloorModel(const ModelView& view, int64_t element_bytes, int64_t kv_element_bytes)
+    : es_(element_bytes),
+      kv_es_(kv_element_bytes > 0 ? kv_element_bytes : element_bytes),
+      hidden_(view.hidden_size),
+      vocab_(view.vocab_size),
+      tp_(view.tp),
+      layers_(view.num_layers) {
   KBN_CHECK(element_bytes > 0, "serial floor: element size must be positive, got ", element_bytes);
   KBN_CHECK(view.tp >= 1 && view.hidden_size > 0 && view.vocab_size > 0 && view.num_layers > 0,
             "serial floor: model view '", view.name, "' lacks its sizes (hidden_size, vocab_size, num_hidden_layers)");
@@ -49,7 +54,7 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
     attention = H * (a.num_heads + 2 * a.num_kv_heads) * a.head_dim + a.num_heads * a.head_dim * H;
     heads_ = a.num_heads;
     head_dim_ = a.head_dim;
-    kv_bytes_per_token_ = 2 * layers_ * a.num_kv_heads * a.head_dim * es_;
+    kv_bytes_per_token_ = 2 * layers_ * a.num_kv_heads * a.head_dim * kv_es_;
     sliding_layers_ = a.sliding_window > 0 ? a.num_sliding_layers : 0;
     decode_pair_flops_ = prefill_pair_flops_ = 4.0 * double(a.head_dim) * double(a.num_heads);
   }
@@ -60,7 +65,7 @@ FloorModel::FloorModel(const ModelView& view, int64_t element_bytes)
                 L * N * (a.qk_nope_head_dim + a.v_head_dim) + N * a.v_head_dim * H;
     heads_ = N;
     mla_ = true;
-    kv_bytes_per_token_ = layers_ * W * es_;  // one latent row per token per layer
+    kv_bytes_per_token_ = layers_ * W * kv_es_;  // one latent row per token per layer
     decode_pair_flops_ = 2.0 * double(N) * double(W + L);
     prefill_pair_flops_ = 2.0 * double(N) * double(q + a.v_head_dim);
   }

@@ -86,7 +86,8 @@ struct StepWork {
 class FloorModel {
  public:
   // Errors name the config key the floor lacks (e.g. a dense layer without 'intermediate_size').
-  FloorModel(const ModelView& view, int64_t element_bytes);
+  // element_bytes: the weights'; kv_element_bytes: the paged cache's (fp8 pages: 1; 0: element_bytes).
+  FloorModel(const ModelView& view, int64_t element_bytes, int64_t kv_element_bytes = 0);
   StepWork work(const StepShape& step) const;
   // K and V bytes of one token over every layer (the paged cache's bytes per block / block size).
   int64_t kv_bytes_per_token() const { return kv_bytes_per_token_; }
@@ -96,6 +97,7 @@ class FloorModel {
 
  private:
   int64_t es_ = 2;
+  int64_t kv_es_ = 2;  // bytes of a paged K/V or latent element
   int64_t hidden_ = 0, vocab_ = 0, tp_ = 1, layers_ = 0;
   int64_t dense_layer_weights_ = 0;  // attention projections + dense MLPs, summed over layers
   int64_t router_weights_ = 0;       // H x E per sparse layer (+ DeepSeek's shared experts), summed over layers

@@ -118,6 +118,25 @@ KVCacheGroups kv_cache_groups(const std::vector<LayerCacheSpec>& specs) {
   return g;
 }
 
+std::optional<DType> parse_kv_cache_dtype(const std::string& value, const std::string& what) {
+  if (value == "auto") return std::nullopt;
+  if (value == "fp8" || value == "fp8_e4m3") return DType::fp8e4m3;
+  KBN_FAIL(what, ": expected auto, fp8 or fp8_e4m3, got '", value, "'",
+           value == "fp8_e5m2" ? " (no kernel reads e5m2 pages; fp8_e4m3 is the fp8 format here)" : "");
+}
+
+std::vector<LayerCacheSpec> with_kv_cache_dtype(std::vector<LayerCacheSpec> specs, std::optional<DType> dtype) {
+  if (!dtype) return specs;
+  for (size_t l = 0; l < specs.size(); ++l) {
+    LayerCacheSpec& s = specs[l];
+    KBN_CHECK(s.kind != LayerCacheSpec::Kind::paged_latent, "kv_cache_dtype ", dtype_name(*dtype), ": layer ", l,
+              " keeps a ", s.describe(), " cache, which has no ", dtype_name(*dtype),
+              " path (the latent kernels read 16-bit rows); use auto");
+    if (s.kind == LayerCacheSpec::Kind::paged_kv) s.dtype = *dtype;
+  }
+  return specs;
+}
+
 int64_t paged_bytes_per_block(const std::vector<LayerCacheSpec>& specs, int64_t block_size) {
   const KVCacheGroups groups = kv_cache_groups(specs);
   std::vector<int64_t> tensor_bytes(size_t(groups.num_tensors), 0);

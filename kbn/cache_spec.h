@@ -4,6 +4,7 @@
 // with no branch on the model: a family whose layers need something new declares a new kind, and the engine
 // gains a cache manager for that kind, not an `if` for that family.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,14 @@ struct KVCacheGroups {
   int64_t num_groups() const { return int64_t(windows.size()); }
 };
 KVCacheGroups kv_cache_groups(const std::vector<LayerCacheSpec>& specs);
+
+// vLLM's kv_cache_dtype: "auto" (the pages keep the model's dtype: nullopt), "fp8" or "fp8_e4m3" (fp8 e4m3 pages,
+// per-tensor scale 1.0: vLLM's default for a checkpoint without k_scale / v_scale). Anything else, fp8_e5m2 included
+// (no kernel reads e5m2 pages), is an error naming `what` (the flag or field) and the accepted values.
+std::optional<DType> parse_kv_cache_dtype(const std::string& value, const std::string& what = "kv_cache_dtype");
+// `specs` with the paged K/V layers' pages in `dtype` (nullopt: unchanged). A paged latent layer (MLA) has no fp8
+// path: the error names the layer.
+std::vector<LayerCacheSpec> with_kv_cache_dtype(std::vector<LayerCacheSpec> specs, std::optional<DType> dtype);
 
 // The bytes one pool block of `block_size` tokens costs: a page of every pool tensor (kv_cache_groups).
 int64_t paged_bytes_per_block(const std::vector<LayerCacheSpec>& specs, int64_t block_size);

@@ -52,6 +52,7 @@ double tolerance(DType dt) { return dt == DType::bf16 ? 2e-2 : dt == DType::f16 
 struct BatchSpec {
   int64_t num_heads = 8, num_kv_heads = 8, head_size = 128, block_size = 16;
   DType dtype = DType::bf16;
+  DType cache_dtype = DType::f32;  // f32 here: the pages take `dtype`; fp8e4m3: --kv-cache-dtype fp8_e4m3 pages
   std::vector<int> q_lens, seq_lens;
   uint64_t seed = 1;
   float q_std = 1.5f;  // logits ~ N(0, q_std^2) with scale 1/sqrt(head_size): a softmax neither flat nor one-hot
@@ -107,8 +108,9 @@ PagedBatch make_batch(const BatchSpec& s) {
     }
   }
   const kbn::Shape cache_shape{num_blocks, s.block_size, s.num_kv_heads, s.head_size};
-  b.key_cache = Tensor::from_floats(keys, cache_shape, s.dtype);
-  b.value_cache = Tensor::from_floats(values, cache_shape, s.dtype);
+  const DType pages = s.cache_dtype == DType::fp8e4m3 ? DType::fp8e4m3 : s.dtype;
+  b.key_cache = Tensor::from_floats(keys, cache_shape, pages);
+  b.value_cache = Tensor::from_floats(values, cache_shape, pages);
   b.block_tables = Tensor::from_i32(b.table, {num_seqs, b.max_blocks_per_seq});
   b.seq_lens = Tensor::from_i32(s.seq_lens, {num_seqs});
   std::vector<int> starts{0};
@@ -450,6 +452,31 @@ std::vector<int> random_lengths(int count, int max_len, std::vector<int> extra, 
   out.insert(out.end(), extra.begin(), extra.end());
   std::shuffle(out.begin(), out.end(), rng);
   return out;
+}
+
+// fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) under bf16 and f16 queries: the generic kernel reads them; the oracle
+// reads the same fp8 pages on the CPU.
+TEST(FlashAttnDecodeGpu, Fp8PagesRunTheGenericKernel) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (DType dt : {DType::bf16, DType::f16})
+    check_decode(decode_spec({.num_heads = 8,
+                              .num_kv_heads = 2,
+                              .head_size = 128,
+                              .block_size = 16,
+                              .dtype = dt,
+                              .cache_dtype = DType::fp8e4m3,
+                              .seq_lens = random_lengths(12, 700, {2100}, 31)}));
+}
+
+TEST(FlashAttnPrefillGpu, Fp8PagesRunTheGenericKernel) {
+  KBN_SKIP_WITHOUT_GPU();
+  check_prefill({.num_heads = 8,
+                 .num_kv_heads = 2,
+                 .head_size = 64,
+                 .block_size = 16,
+                 .cache_dtype = DType::fp8e4m3,
+                 .q_lens = {37, 1, 130},
+                 .seq_lens = {37, 90, 200}});
 }
 
 TEST(FlashAttnDecodeGpu, GenericKernelCoversOtherHeadSizesAndF32) {

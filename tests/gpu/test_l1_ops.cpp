@@ -534,6 +534,34 @@ TEST(StoreKVCacheGpu, BitwiseEqualToOracleAndSkipsPadding) {
   }
 }
 
+// fp8 e4m3 caches (--kv-cache-dtype fp8_e4m3): every element converted once, rounded to nearest even and saturated
+// at +-448 (keys scaled past it here), bit for bit the CPU oracle's; padding rows and other slots untouched.
+TEST(StoreKVCacheGpu, Fp8CachesRoundLikeTheOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  StoreKVCache op;
+  uint64_t seed = 850;
+  for (DType dt : kFloatTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const int64_t tokens = 300, kvh = 8, hd = 128, blocks = 40, bs = 16;
+    const Pair qkv = randn({tokens, 3 * kvh * hd}, dt, seed++, 300.0);  // std 300: many elements saturate
+    const Pair key = qkv_view(qkv, {tokens, kvh, hd}, 0), value = qkv_view(qkv, {tokens, kvh, hd}, kvh * hd);
+    std::vector<int64_t> slots(static_cast<size_t>(blocks * bs));
+    std::iota(slots.begin(), slots.end(), 0);
+    std::mt19937_64 rng(seed++);
+    std::shuffle(slots.begin(), slots.end(), rng);
+    slots.resize(size_t(tokens));
+    for (size_t t = 5; t < slots.size(); t += 9) slots[t] = -1;
+    const Pair slot_mapping = from_host(Tensor::from_i64(slots, {tokens}));
+    const Shape shape{blocks, bs, kvh, hd};
+    const Pair kc{Tensor::zeros(shape, DType::fp8e4m3, kCpu), Tensor::zeros(shape, DType::fp8e4m3, kGpu)};
+    const Pair vc{Tensor::zeros(shape, DType::fp8e4m3, kCpu), Tensor::zeros(shape, DType::fp8e4m3, kGpu)};
+    op.forward(key.gpu, value.gpu, kc.gpu, vc.gpu, slot_mapping.gpu);
+    op.forward(key.cpu, value.cpu, kc.cpu, vc.cpu, slot_mapping.cpu);
+    expect_bitwise_equal(kc.gpu, kc.cpu, "fp8 key_cache");
+    expect_bitwise_equal(vc.gpu, vc.cpu, "fp8 value_cache");
+  }
+}
+
 TEST(StoreKVCacheGpu, AllPaddingLeavesCachesUntouched) {
   KBN_SKIP_WITHOUT_GPU();
   StoreKVCache op;

@@ -1,10 +1,11 @@
 #pragma once
 // Generic paged attention on CUDA, for what the tensor-core kernels do not cover: f32, head sizes other than 64
-// and 128 (up to 256), and the per-layer features (sliding window, logit soft-cap, sinks; reference::
-// AttentionFeatures has their definitions). Correct for every shape, not fast: one block of 4 warps per (query token,
-// query head); warp w takes keys w, w + 4, ...; each lane owns head dims lane, lane + 32, ...; an online
-// softmax per warp, merged across warps at the end. Decode is the case query_start_loc == nullptr (token t
-// is sequence t, one query each). Included by flash_attn_prefill.cu and flash_attn_decode.cu.
+// and 128 (up to 256), fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3: read and widened per element, scale 1.0), and the
+// per-layer features (sliding window, logit soft-cap, sinks; reference::AttentionFeatures has their definitions).
+// Correct for every shape, not fast: one block of 4 warps per (query token, query head); warp w takes keys w, w + 4,
+// ...; each lane owns head dims lane, lane + 32, ...; an online softmax per warp, merged across warps at the end.
+// Decode is the case query_start_loc == nullptr (token t is sequence t, one query each). Included by
+// flash_attn_prefill.cu and flash_attn_decode.cu.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
@@ -79,7 +80,8 @@ inline void set_generic_features(GenericAttnParams& g, const AttnFeatures& f, do
   g.sinks = f.sinks;
 }
 
-template <class T>
+// T: q and out; KV: the pages (T, or __nv_fp8_e4m3).
+template <class T, class KV>
 __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(GenericAttnParams p) {
   constexpr int kPerLane = kGenericMaxHead / 32;
   const int token = blockIdx.x, head = blockIdx.y, kv_head = head / p.group_size;
@@ -115,10 +117,10 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
   const int* table = p.block_tables + int64_t(seq) * p.block_table_stride;
   for (int j = first_key + warp; j <= last_key; j += kGenericWarps) {
     const int64_t block = table[j / p.block_size], slot = j % p.block_size;
-    const T* k = static_cast<const T*>(p.key_cache) + block * p.k_stride_block + slot * p.k_stride_slot +
-                 kv_head * p.k_stride_head;
-    const T* v = static_cast<const T*>(p.value_cache) + block * p.v_stride_block + slot * p.v_stride_slot +
-                 kv_head * p.v_stride_head;
+    const KV* k = static_cast<const KV*>(p.key_cache) + block * p.k_stride_block + slot * p.k_stride_slot +
+                  kv_head * p.k_stride_head;
+    const KV* v = static_cast<const KV*>(p.value_cache) + block * p.v_stride_block + slot * p.v_stride_slot +
+                  kv_head * p.v_stride_head;
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
@@ -160,8 +162,9 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
   }
 }
 
-inline void launch_generic_attention(const GenericAttnParams& p, DType dt, int64_t num_tokens, int64_t num_heads,
-                                     const char* op, Stream stream) {
+// dt: q's dtype; cache_dt: the pages' (dt, or fp8e4m3).
+inline void launch_generic_attention(const GenericAttnParams& p, DType dt, DType cache_dt, int64_t num_tokens,
+                                     int64_t num_heads, const char* op, Stream stream) {
   KBN_CHECK(p.head_size <= kGenericMaxHead, op, ": head_size ", p.head_size,
             " has no CUDA kernel; supported: 64 "
             "and 128 on tensor cores (f16, bf16), any size up to ",
@@ -170,7 +173,11 @@ inline void launch_generic_attention(const GenericAttnParams& p, DType dt, int64
   if (num_tokens == 0) return;
   const dim3 grid{unsigned(num_tokens), unsigned(num_heads)};
   dispatch_float16_32(dt, op, "q", [&](auto t) {
-    generic_attention_kernel<decltype(t)><<<grid, kGenericWarps * 32, 0, stream>>>(p);
+    using T = decltype(t);
+    if (cache_dt == DType::fp8e4m3)
+      generic_attention_kernel<T, __nv_fp8_e4m3><<<grid, kGenericWarps * 32, 0, stream>>>(p);
+    else
+      generic_attention_kernel<T, T><<<grid, kGenericWarps * 32, 0, stream>>>(p);
     KBN_CUDA_CHECK_LAUNCH();
   });
 }

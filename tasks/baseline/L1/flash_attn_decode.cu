@@ -1016,11 +1016,13 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
     check_rank(*cache, op, name, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
     check_size(*cache, op, name, 2, num_kv_heads_, "num_kv_heads");
     check_size(*cache, op, name, 3, head_size_, "head_size");
-    check_same_dtype(*cache, q, op, name, "q");
+    // fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) are read by the generic kernel on CUDA, as they are on CPU.
+    if (cache->dtype() != DType::fp8e4m3) check_same_dtype(*cache, q, op, name, "q");
     check_same_device(*cache, q, op, name, "q");
   }
   KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
             " must have the shape of 'key_cache' ", key_cache.str());
+  check_same_dtype(value_cache, key_cache, op, "value_cache", "key_cache");
   KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ", key_cache.str());
   const int64_t num_seqs = q.size(0);
   check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
@@ -1059,11 +1061,11 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (!decode_tensor_core_supports(q.dtype(), head_size_, q.device())) {
+  if (key_cache.dtype() == DType::fp8e4m3 || !decode_tensor_core_supports(q.dtype(), head_size_, q.device())) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens, block_tables,
                                                    num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
-    launch_generic_attention(g, q.dtype(), num_seqs, num_heads_, op, current_stream());
+    launch_generic_attention(g, q.dtype(), key_cache.dtype(), num_seqs, num_heads_, op, current_stream());
     return out;
   }
   DecodeParams p{};

@@ -883,11 +883,13 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
     check_rank(*cache, op, name, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
     check_size(*cache, op, name, 2, num_kv_heads_, "num_kv_heads");
     check_size(*cache, op, name, 3, head_size_, "head_size");
-    check_same_dtype(*cache, q, op, name, "q");
+    // fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) are read by the generic kernel on CUDA, as they are on CPU.
+    if (cache->dtype() != DType::fp8e4m3) check_same_dtype(*cache, q, op, name, "q");
     check_same_device(*cache, q, op, name, "q");
   }
   KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
             " must have the shape of 'key_cache' ", key_cache.str());
+  check_same_dtype(value_cache, key_cache, op, "value_cache", "key_cache");
   KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ", key_cache.str());
   check_rank(query_start_loc, op, "query_start_loc", 1, "[num_seqs + 1]");
   check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
@@ -933,11 +935,11 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (!prefill_tensor_core_supports(q.dtype(), head_size_)) {
+  if (key_cache.dtype() == DType::fp8e4m3 || !prefill_tensor_core_supports(q.dtype(), head_size_)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
                                                    block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
-    launch_generic_attention(g, q.dtype(), num_tokens, num_heads_, op, current_stream());
+    launch_generic_attention(g, q.dtype(), key_cache.dtype(), num_tokens, num_heads_, op, current_stream());
     return out;
   }
   PrefillParams p{};

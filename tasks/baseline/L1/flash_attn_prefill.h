@@ -8,8 +8,9 @@ namespace kbn::KBN_VARIANT {
 class FlashAttnPrefill : public Module {
  public:
   // sliding_window > 0: a query at position i sees keys i - sliding_window + 1 .. i (vLLM's
-  // per_layer_sliding_window); logits_soft_cap > 0: scores become cap * tanh(score / cap). Either feature runs on
-  // the generic CUDA kernel (correct for every shape, not yet fast).
+  // per_layer_sliding_window); logits_soft_cap > 0: scores become cap * tanh(score / cap). The tensor-core kernels
+  // apply both (and sinks) and never read a page before a window. The pages may be fp8 e4m3 (--kv-cache-dtype
+  // fp8_e4m3, scale 1.0) whatever q's dtype: on CUDA the generic kernel reads them (correct, not yet fast).
   FlashAttnPrefill(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, int64_t sliding_window = 0,
         double logits_soft_cap = 0);
 
@@ -20,7 +21,7 @@ class FlashAttnPrefill : public Module {
   Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& query_start_loc,
                  const Tensor& seq_lens, const Tensor& block_tables, int64_t max_query_len, int64_t max_seq_len);
   // With attention sinks (gpt-oss; vLLM's s_aux): sinks [num_heads] (f32, f16 or bf16), a logit per query head that
-  // joins the softmax denominator and has no value. Runs on the generic CUDA kernel.
+  // joins the softmax denominator and has no value.
   Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& query_start_loc,
                  const Tensor& seq_lens, const Tensor& block_tables, int64_t max_query_len, int64_t max_seq_len,
                  const Tensor& sinks);

@@ -6,7 +6,12 @@
 #include "kbn/checks.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -95,6 +100,27 @@ void launch_store_kvcache(StoreKVCacheParams p, int64_t num_tokens, int64_t head
   KBN_CUDA_CHECK_LAUNCH();
 }
 
+// An fp8 (e4m3) cache (--kv-cache-dtype fp8_e4m3): each element is converted, rounded to nearest even and saturated
+// to +-448 (__nv_fp8_e4m3's constructor, __NV_SATFINITE; NaN stays NaN), as the CPU path's float_to_fp8e4m3 does.
+// The pages hold the values unscaled (per-tensor scale 1.0, vLLM's default for a checkpoint without k_scale /
+// v_scale). One block per token, a thread per element: a plain conversion, not the tuned copy above.
+template <class T>
+__global__ void __launch_bounds__(kThreads) store_kvcache_fp8_kernel(StoreKVCacheParams p, int head_size) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = p.slot_mapping[t * p.slot_stride];
+  if (slot < 0 || slot >= p.num_slots) return;
+  const int row = p.num_kv_heads * head_size;
+  const T* key = static_cast<const T*>(p.key);
+  const T* value = static_cast<const T*>(p.value);
+  __nv_fp8_e4m3* key_cache = static_cast<__nv_fp8_e4m3*>(p.key_cache) + slot * row;
+  __nv_fp8_e4m3* value_cache = static_cast<__nv_fp8_e4m3*>(p.value_cache) + slot * row;
+  for (int i = threadIdx.x; i < row; i += kThreads) {
+    const int head = i / head_size, d = i - head * head_size;
+    key_cache[i] = __nv_fp8_e4m3(float(key[t * p.key_token_stride + head * p.key_head_stride + d]));
+    value_cache[i] = __nv_fp8_e4m3(float(value[t * p.value_token_stride + head * p.value_head_stride + d]));
+  }
+}
+
 }  // namespace
 #endif  // KBN_WITH_CUDA
 
@@ -111,8 +137,9 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
   check_dtype(key, op, "key", {DType::f32, DType::f16, DType::bf16});
   check_dtype(slot_mapping, op, "slot_mapping", {DType::i64});
   check_same_dtype(key, value, op, "key", "value");
-  check_same_dtype(key, key_cache, op, "key", "key_cache");
-  check_same_dtype(key, value_cache, op, "key", "value_cache");
+  // The caches hold the keys' dtype, or fp8 e4m3 (--kv-cache-dtype fp8_e4m3: each element rounded once).
+  if (key_cache.dtype() != DType::fp8e4m3) check_same_dtype(key, key_cache, op, "key", "key_cache");
+  check_same_dtype(key_cache, value_cache, op, "key_cache", "value_cache");
   check_same_device(key, value, op, "key", "value");
   check_same_device(key, key_cache, op, "key", "key_cache");
   check_same_device(key, value_cache, op, "key", "value_cache");
@@ -136,6 +163,28 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
 #ifdef KBN_WITH_CUDA
   const int64_t num_tokens = key.size(0), num_kv_heads = key.size(1), head_size = key.size(2);
   if (num_tokens == 0 || num_kv_heads == 0 || head_size == 0) return;
+  if (key_cache.dtype() == DType::fp8e4m3) {
+    KBN_CHECK(num_kv_heads * head_size <= std::numeric_limits<int>::max(), op,
+              ": a token row of 'key' is too wide, got ", key.str());
+    const StoreKVCacheParams p{.key = key.data_ptr(),
+                               .value = value.data_ptr(),
+                               .key_cache = key_cache.data_ptr(),
+                               .value_cache = value_cache.data_ptr(),
+                               .slot_mapping = slot_mapping.data<int64_t>(),
+                               .key_token_stride = key.stride(0),
+                               .key_head_stride = key.stride(1),
+                               .value_token_stride = value.stride(0),
+                               .value_head_stride = value.stride(1),
+                               .slot_stride = slot_mapping.stride(0),
+                               .num_slots = key_cache.size(0) * key_cache.size(1),
+                               .num_kv_heads = int(num_kv_heads),
+                               .head_units = 0};
+    dispatch_float16_32(key.dtype(), op, "key", [&](auto t) {
+      store_kvcache_fp8_kernel<decltype(t)><<<unsigned(num_tokens), kThreads, 0, current_stream()>>>(p, int(head_size));
+      KBN_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
   const size_t es = key.element_size();
   const int64_t head_bytes = head_size * int64_t(es);
   KBN_CHECK(num_kv_heads * head_bytes / 2 <= std::numeric_limits<int>::max(), op,

@@ -9,7 +9,8 @@ class StoreKVCache : public Module {
  public:
   StoreKVCache() = default;
   // key, value: [num_tokens, num_kv_heads, head_size] (token stride may exceed num_kv_heads * head_size);
-  // key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size] contiguous;
+  // key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size] contiguous, of key's dtype or fp8 e4m3
+  // (vLLM's kv_cache_dtype "fp8_e4m3": each element rounded to nearest even, saturated to +-448, scale 1.0);
   // slot_mapping: [num_tokens] i64. Mutates key_cache and value_cache.
   void forward(const Tensor& key, const Tensor& value, const Tensor& key_cache, const Tensor& value_cache,
                const Tensor& slot_mapping);
