@@ -42,8 +42,7 @@ ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_
     : model_(model),
       device_(device),
       block_size_(block_size),
-      specs_(with_kv_cache_dtype(model.cache_specs(), kv_cache_dtype)),
-      group_windows_(kv_cache_groups(specs_).windows),
+      kv_cache_dtype_(kv_cache_dtype),
       mode_(mode),
       sampler_(variant) {
   KBN_CHECK(block_size >= 1, "model runner: block_size must be >= 1, got ", block_size);
@@ -63,18 +62,24 @@ ModelRunner::ModelRunner(CausalLM& model, Variant variant, Device device, int64_
 #endif
 }
 
-int64_t ModelRunner::kv_bytes_per_block() const { return paged_bytes_per_block(specs_, block_size_); }
+std::vector<LayerCacheSpec> ModelRunner::cache_specs() const {
+  return with_kv_cache_dtype(model_.cache_specs(), kv_cache_dtype_);
+}
+
+std::vector<int64_t> ModelRunner::kv_group_windows() const { return kv_cache_groups(cache_specs()).windows; }
+
+int64_t ModelRunner::kv_bytes_per_block() const { return paged_bytes_per_block(cache_specs(), block_size_); }
 
 int64_t ModelRunner::kv_bytes_per_token() const {
   int64_t bytes = 0;
-  for (const LayerCacheSpec& s : specs_) bytes += s.bytes_per_token();
+  for (const LayerCacheSpec& s : cache_specs()) bytes += s.bytes_per_token();
   return bytes;
 }
 
 void ModelRunner::allocate_kv_cache(int64_t num_blocks, int64_t num_state_slots) {
   KBN_CHECK(kv_caches_.empty(), "model runner: the KV cache is already allocated");
   const StreamGuard guard(stream());
-  kv_caches_ = allocate_kv_caches(specs_, num_blocks, block_size_, device_, num_state_slots);
+  kv_caches_ = allocate_kv_caches(cache_specs(), num_blocks, block_size_, device_, num_state_slots);
   num_kv_blocks_ = num_blocks;
 }
 
@@ -250,12 +255,12 @@ int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
   KBN_CHECK(num_seqs >= 1 && num_tokens >= num_seqs, "profile_run: need 1 <= num_seqs <= num_tokens, got ", num_seqs,
             " sequences for ", num_tokens, " tokens");
   const StreamGuard guard(stream());
-  const int64_t groups = int64_t(group_windows_.size());
-  BlockManager blocks(groups * ((num_tokens + block_size_ - 1) / block_size_ + num_seqs), block_size_, false,
-                      group_windows_);
+  const std::vector<int64_t> windows = kv_group_windows();
+  const int64_t groups = int64_t(windows.size());
+  BlockManager blocks(groups * ((num_tokens + block_size_ - 1) / block_size_ + num_seqs), block_size_, false, windows);
   std::vector<Sequence> seqs(static_cast<size_t>(num_seqs));
   SchedulerOutput out;
-  const bool stateful = has_state_layers(specs_);
+  const bool stateful = has_state_layers(cache_specs());
   for (int64_t i = 0; i < num_seqs; ++i) {
     // Token counts differ by at most one; token id 0 exists in every vocabulary.
     const int64_t len = num_tokens / num_seqs + (i < num_tokens % num_seqs ? 1 : 0);
@@ -271,7 +276,7 @@ int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
   std::stable_partition(out.seqs.begin(), out.seqs.end(), prefill);
   out.num_prefills = std::count_if(out.seqs.begin(), out.seqs.end(), prefill);
   std::vector<KVCache> caches =
-      allocate_kv_caches(specs_, blocks.num_blocks(), block_size_, device_, stateful ? num_seqs : 0);
+      allocate_kv_caches(cache_specs(), blocks.num_blocks(), block_size_, device_, stateful ? num_seqs : 0);
   run(out, caches);
   synchronize(device_);
   return state_bytes_per_sequence() * (stateful ? num_seqs : 0);
@@ -279,7 +284,7 @@ int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {
 
 int64_t ModelRunner::state_bytes_per_sequence() const {
   int64_t bytes = 0;
-  for (const LayerCacheSpec& s : specs_) bytes += s.bytes_per_sequence();
+  for (const LayerCacheSpec& s : cache_specs()) bytes += s.bytes_per_sequence();
   return bytes;
 }
 
@@ -291,7 +296,7 @@ KVCacheSizing ModelRunner::auto_num_kv_blocks(int64_t max_num_batched_tokens, in
             num_state_slots);
   KVCacheSizing r;
   r.bytes_per_block = kv_bytes_per_block();
-  const int64_t per_seq = max_blocks_held(group_windows_, block_size_, max_model_len, max_num_batched_tokens);
+  const int64_t per_seq = max_blocks_held(kv_group_windows(), block_size_, max_model_len, max_num_batched_tokens);
   const int64_t per_slot = state_bytes_per_sequence();
   const bool stateful = per_slot > 0;
   const auto state_text = [&] {

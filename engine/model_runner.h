@@ -58,10 +58,11 @@ class ModelRunner {
   // Paged bytes of one token over all layers: what a block of block_size tokens would cost if every layer kept its
   // own page (no KV cache groups sharing pool tensors).
   int64_t kv_bytes_per_token() const;
-  // What each layer keeps, as allocated: the model's cache_specs() with the paged K/V in the kv_cache_dtype.
-  const std::vector<LayerCacheSpec>& cache_specs() const { return specs_; }
+  // What each layer keeps, as allocated: the model's cache_specs() (read anew: a model may change them before the
+  // cache is allocated) with the paged K/V in the kv_cache_dtype.
+  std::vector<LayerCacheSpec> cache_specs() const;
   // The sliding window of each KV cache group (0: full attention), the engine's BlockManager's groups.
-  const std::vector<int64_t>& kv_group_windows() const { return group_windows_; }
+  std::vector<int64_t> kv_group_windows() const;
   // Recurrent-state bytes of one sequence over all layers (0 for a model without such layers).
   int64_t state_bytes_per_sequence() const;
 
@@ -125,8 +126,7 @@ class ModelRunner {
   CausalLM& model_;
   Device device_;
   int64_t block_size_;
-  std::vector<LayerCacheSpec> specs_;
-  std::vector<int64_t> group_windows_;
+  std::optional<DType> kv_cache_dtype_;
   ExecutionMode mode_;
   Sampler sampler_;
   // Declared before the device tensors and the graphs, so it is destroyed after them; its destructor waits for

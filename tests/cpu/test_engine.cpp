@@ -455,7 +455,7 @@ TEST(EngineBlockManager, GroupsKeepATableEachOverOnePool) {
   EXPECT_EQ(distinct.size(), 10u);
   const std::vector<int32_t> sliding = a.more_block_tables[0];
   EXPECT_EQ(bm.release_outside_windows(a), 3);  // group 1 only
-  EXPECT_EQ(a.block_table[0] >= 0, true);
+  EXPECT_GE(a.block_table[0], 0);
   EXPECT_EQ(a.more_block_tables[0][2], BlockManager::kReleasedBlock);
   bm.check_invariants({&a});
   Sequence b;

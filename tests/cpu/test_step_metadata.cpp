@@ -7,6 +7,20 @@
 
 using namespace kbn;
 
+namespace {
+
+// The error building the layout of `s` at block size 4 gives ("" when it builds).
+std::string layout_error(const std::vector<StepSequence>& s) {
+  try {
+    build_step_layout(s, 4);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
 TEST(StepMetadata, MixedStepByHand) {
   // block size 4. A: 5 cached, 3 new (chunked prefill) in blocks {7, 2}; B: a 2-token prompt in {5};
   // C: 4 cached, decodes its 5th token in {1, 9}; D: 0 cached, decodes its first in {3}.
@@ -32,18 +46,10 @@ TEST(StepMetadata, MixedStepByHand) {
 
 TEST(StepMetadata, RefusesWhatTheKernelsCannotServe) {
   const std::vector<int32_t> one{0};
-  auto msg = [](const std::vector<StepSequence>& s) {
-    try {
-      build_step_layout(s, 4);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_NE(msg({{0, 1, &one, false}, {0, 2, &one, true}}).find("prefills come first"), std::string::npos);
-  EXPECT_NE(msg({{3, 2, &one, true}}).find("1 blocks for 5 tokens"), std::string::npos);
-  EXPECT_NE(msg({{0, 2, &one, false}}).find("a decode feeds 1"), std::string::npos);
-  EXPECT_NE(msg({{0, 0, &one, true}}).find("feeds 0 tokens"), std::string::npos);
+  EXPECT_NE(layout_error({{0, 1, &one, false}, {0, 2, &one, true}}).find("prefills come first"), std::string::npos);
+  EXPECT_NE(layout_error({{3, 2, &one, true}}).find("1 blocks for 5 tokens"), std::string::npos);
+  EXPECT_NE(layout_error({{0, 2, &one, false}}).find("a decode feeds 1"), std::string::npos);
+  EXPECT_NE(layout_error({{0, 0, &one, true}}).find("feeds 0 tokens"), std::string::npos);
 }
 
 // KV cache groups (models mixing sliding and full layers): each group's slot mapping and block table, from its own
@@ -67,16 +73,9 @@ TEST(StepMetadata, EveryKvCacheGroupGetsItsSlotsAndTables) {
   EXPECT_EQ(md.block_tables_of(1).shape(), (Shape{2, 3}));
   EXPECT_THROW(md.block_tables_of(2), Error);
 
-  auto msg = [](const std::vector<StepSequence>& s) {
-    try {
-      build_step_layout(s, 4);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   const std::vector<std::vector<int32_t>> gone{{-1, 8}}, none{};
-  EXPECT_NE(msg({{2, 1, &b0, false, -1, &gone}}).find("of KV cache group 1, which it released"), std::string::npos);
-  EXPECT_NE(msg({{0, 2, &b0, true, -1, &b1}, {0, 2, &b0, true, -1, &none}}).find("has 1 block tables"),
+  EXPECT_NE(layout_error({{2, 1, &b0, false, -1, &gone}}).find("of KV cache group 1, which it released"),
+            std::string::npos);
+  EXPECT_NE(layout_error({{0, 2, &b0, true, -1, &b1}, {0, 2, &b0, true, -1, &none}}).find("has 1 block tables"),
             std::string::npos);
 }

@@ -225,6 +225,25 @@ std::vector<std::vector<int64_t>> tokens_of(const engine::RunResult& r) {
   return t;
 }
 
+// `reqs` through the engine at TP 1 and at TP 2 on CPU ranks, with a pool too small for them all (16 blocks of 4
+// tokens: preemption) and 7 tokens a step (chunked prefill at offsets that are not multiples of the chunk).
+std::pair<engine::RunResult, engine::RunResult> run_at_tp1_and_tp2(const engine::ModelSpec& spec,
+                                                                   const std::vector<engine::Request>& reqs) {
+  engine::EngineConfig cfg;
+  cfg.max_model_len = 256;
+  cfg.block_size = 4;
+  cfg.num_kv_blocks = 16;
+  cfg.max_num_batched_tokens = 7;
+  auto single = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  engine::LLMEngine one(*single, Variant::baseline, Device::cpu(), cfg);
+  engine::RunResult r1 = one.run_to_completion(reqs);
+  engine::TensorParallelGroup group(2, Device::cpu());
+  const auto shards = engine::build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
+  engine::LLMEngine two({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);
+  EXPECT_EQ(two.tp_size(), 2);
+  return {std::move(r1), two.run_to_completion(reqs)};
+}
+
 }  // namespace
 
 // Continuous batching with chunked prefill and preemption (a small KV pool) at TP 2 gives the tokens of TP 1,
@@ -243,22 +262,7 @@ TEST(TensorParallelEngine, Tp2EqualsTp1WithChunkingAndPreemption) {
     for (int64_t j = 0; j < 9 + 5 * i; ++j) p.push_back((i * 97 + j * 31 + 5) % 512);
     reqs.push_back(tp_request(100 + i, p, 12));
   }
-  engine::EngineConfig cfg;
-  cfg.max_model_len = 256;
-  cfg.block_size = 4;
-  cfg.num_kv_blocks = 16;
-  cfg.max_num_batched_tokens = 7;
-
-  auto single = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-  engine::LLMEngine one(*single, Variant::baseline, Device::cpu(), cfg);
-  const engine::RunResult r1 = one.run_to_completion(reqs);
-
-  engine::TensorParallelGroup group(2, Device::cpu());
-  const auto shards = engine::build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
-  engine::LLMEngine two({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);
-  EXPECT_EQ(two.tp_size(), 2);
-  const engine::RunResult r2 = two.run_to_completion(reqs);
-
+  const auto [r1, r2] = run_at_tp1_and_tp2(spec, reqs);
   EXPECT_GT(r1.preemptions, 0);
   EXPECT_EQ(tokens_of(r2), tokens_of(r1));
   for (size_t i = 0; i < expected["prompts"].size(); ++i)
@@ -369,21 +373,7 @@ TEST(TensorParallelMamba2, EngineTp2EqualsTp1WithChunkingAndPreemption) {
     const engine::ModelSpec spec = random_mamba2_checkpoint(overrides, dir);
     std::vector<engine::Request> reqs;
     for (int64_t i = 0; i < 6; ++i) reqs.push_back(tp_request(i, test_prompt(5 + 7 * i, i), 10));
-    engine::EngineConfig cfg;
-    cfg.max_model_len = 256;
-    cfg.block_size = 4;
-    cfg.num_kv_blocks = 16;
-    cfg.max_num_batched_tokens = 7;
-
-    auto single = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-    engine::LLMEngine one(*single, Variant::baseline, Device::cpu(), cfg);
-    const engine::RunResult r1 = one.run_to_completion(reqs);
-
-    engine::TensorParallelGroup group(2, Device::cpu());
-    const auto shards = engine::build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
-    engine::LLMEngine two({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);
-    const engine::RunResult r2 = two.run_to_completion(reqs);
-
+    const auto [r1, r2] = run_at_tp1_and_tp2(spec, reqs);
     EXPECT_GT(r1.preemptions, 0) << overrides;
     EXPECT_EQ(tokens_of(r2), tokens_of(r1)) << overrides;
     std::filesystem::remove_all(dir);

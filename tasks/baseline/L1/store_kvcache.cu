@@ -163,32 +163,6 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
 #ifdef KBN_WITH_CUDA
   const int64_t num_tokens = key.size(0), num_kv_heads = key.size(1), head_size = key.size(2);
   if (num_tokens == 0 || num_kv_heads == 0 || head_size == 0) return;
-  if (key_cache.dtype() == DType::fp8e4m3) {
-    KBN_CHECK(num_kv_heads * head_size <= std::numeric_limits<int>::max(), op,
-              ": a token row of 'key' is too wide, got ", key.str());
-    const StoreKVCacheParams p{.key = key.data_ptr(),
-                               .value = value.data_ptr(),
-                               .key_cache = key_cache.data_ptr(),
-                               .value_cache = value_cache.data_ptr(),
-                               .slot_mapping = slot_mapping.data<int64_t>(),
-                               .key_token_stride = key.stride(0),
-                               .key_head_stride = key.stride(1),
-                               .value_token_stride = value.stride(0),
-                               .value_head_stride = value.stride(1),
-                               .slot_stride = slot_mapping.stride(0),
-                               .num_slots = key_cache.size(0) * key_cache.size(1),
-                               .num_kv_heads = int(num_kv_heads),
-                               .head_units = 0};
-    dispatch_float16_32(key.dtype(), op, "key", [&](auto t) {
-      store_kvcache_fp8_kernel<decltype(t)><<<unsigned(num_tokens), kThreads, 0, current_stream()>>>(p, int(head_size));
-      KBN_CUDA_CHECK_LAUNCH();
-    });
-    return;
-  }
-  const size_t es = key.element_size();
-  const int64_t head_bytes = head_size * int64_t(es);
-  KBN_CHECK(num_kv_heads * head_bytes / 2 <= std::numeric_limits<int>::max(), op,
-            ": a token row of 'key' is too wide, got ", key.str());
   const StoreKVCacheParams p{.key = key.data_ptr(),
                              .value = value.data_ptr(),
                              .key_cache = key_cache.data_ptr(),
@@ -202,6 +176,19 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
                              .num_slots = key_cache.size(0) * key_cache.size(1),
                              .num_kv_heads = int(num_kv_heads),
                              .head_units = 0};
+  if (key_cache.dtype() == DType::fp8e4m3) {
+    KBN_CHECK(num_kv_heads * head_size <= std::numeric_limits<int>::max(), op,
+              ": a token row of 'key' is too wide, got ", key.str());
+    dispatch_float16_32(key.dtype(), op, "key", [&](auto t) {
+      store_kvcache_fp8_kernel<decltype(t)><<<unsigned(num_tokens), kThreads, 0, current_stream()>>>(p, int(head_size));
+      KBN_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+  const size_t es = key.element_size();
+  const int64_t head_bytes = head_size * int64_t(es);
+  KBN_CHECK(num_kv_heads * head_bytes / 2 <= std::numeric_limits<int>::max(), op,
+            ": a token row of 'key' is too wide, got ", key.str());
   const bool vec = head_bytes % 16 == 0 && aligned16(p.key, p.key_token_stride, es) &&
                    aligned16(p.key, p.key_head_stride, es) && aligned16(p.value, p.value_token_stride, es) &&
                    aligned16(p.value, p.value_head_stride, es) && aligned16(p.key_cache, 0, es) &&
