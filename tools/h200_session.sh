@@ -18,7 +18,8 @@
 #   eval       kb_nano eval on $EVAL_MODEL (default llama-3.1-8b-instruct): $EVAL_WORKLOADS (default latency-b1
 #              latency-b32 balanced) in
 #              $EVAL_MODES (default eager graph), with $EVAL_FLAGS added (e.g. --admission optimistic) and
-#              $EVAL_SUFFIX appended to the file names
+#              $EVAL_SUFFIX appended to the file names; each run under $EVAL_LIMIT seconds (default 300; Gemma-3-12B's
+#              1000-request workloads took 150-200 s on an H100 and decode-heavy longer: give it 450 in a call of its own)
 #   step-profile  kb_nano eval --step-profile in graph mode on $EVAL_WORKLOADS (default balanced)
 #   peer       transformers generate vs kb_nano eval at batch 1 and 32 on the same weights (tools/hf_latency_peer.py)
 #   tp         the TP GPU tests, Llama-3.1-8B generate at --tp 2, eval latency-b1/b32 at --tp 1, at --tp 2 and at
@@ -134,7 +135,7 @@ for part in "$@"; do
           len=4096
           [[ $w == long-context ]] && len=33024  # prompts up to 32k + 320 output tokens
           # shellcheck disable=SC2086  # EVAL_FLAGS is a list of flags
-          step "eval_${w}_$mode${EVAL_SUFFIX:-}" 300 build/kb_nano eval --model "${EVAL_MODEL:-llama-3.1-8b-instruct}" \
+          step "eval_${w}_$mode${EVAL_SUFFIX:-}" ${EVAL_LIMIT:-300} build/kb_nano eval --model "${EVAL_MODEL:-llama-3.1-8b-instruct}" \
             --workload "$w" --mode "$mode" --variant baseline --max-model-len "$len" ${EVAL_FLAGS:-} \
             --json "$out/eval_${w}_$mode${EVAL_SUFFIX:-}.json"
         done
