@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Packs the CUDA build for the device machine (the device tool's `run` with carry=["build-dev"]; its 64 MiB carry
+# limit is why the binaries travel stripped and gzipped): build-dev/ gets kb_nano, tests/kbn_gpu_tests and the shared
+# libraries kb_nano loads from build/lib (cpp-httplib, brotli: without them it does not start there), plus
+# build-dev/unpack.sh, which the device command runs first to put them back under build/.
+# Usage, from the repo root after `cmake --build build`:  tools/pack_device_build.sh
+# Then on the device:  build-dev/unpack.sh && export LD_LIBRARY_PATH=$PWD/build/lib:$LD_LIBRARY_PATH && ...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for f in build/kb_nano build/tests/kbn_gpu_tests; do
+  [ -x "$f" ] || { echo "pack_device_build: $f is missing: build the CUDA tree first (cmake --build build)" >&2; exit 2; }
+done
+rm -rf build-dev
+mkdir -p build-dev/lib
+strip -o build-dev/kb_nano build/kb_nano
+strip -o build-dev/kbn_gpu_tests build/tests/kbn_gpu_tests
+gzip -1 build-dev/kb_nano build-dev/kbn_gpu_tests
+if compgen -G "build/lib/*.so*" >/dev/null; then cp -L build/lib/*.so* build-dev/lib/; fi
+cat >build-dev/unpack.sh <<'UNPACK'
+#!/usr/bin/env bash
+# Puts the carried binaries back under build/ (kb_nano, tests/kbn_gpu_tests, lib/).
+set -e
+mkdir -p build/tests build/lib
+gunzip -c build-dev/kb_nano.gz >build/kb_nano
+gunzip -c build-dev/kbn_gpu_tests.gz >build/tests/kbn_gpu_tests
+chmod +x build/kb_nano build/tests/kbn_gpu_tests
+cp -L build-dev/lib/* build/lib/ 2>/dev/null || true
+UNPACK
+chmod +x build-dev/unpack.sh
+echo "pack_device_build: build-dev/ is $(du -sh build-dev | cut -f1) (the carry limit is 64 MiB)"
