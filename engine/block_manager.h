@@ -45,7 +45,6 @@ class BlockManager {
   int64_t block_size() const { return block_size_; }
   bool prefix_caching() const { return prefix_caching_; }
   int64_t num_groups() const { return int64_t(windows_.size()); }
-  int64_t window(int64_t group) const { return windows_.at(size_t(group)); }
   // Blocks an allocation can take: never-registered free blocks plus cached blocks no sequence holds.
   int64_t num_free_blocks() const { return int64_t(free_.size() + evictable_.size()); }
   // Registered blocks (held or not), i.e. how many blocks of KV the prefix cache can serve.

@@ -117,6 +117,7 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
                                    config.max_num_batched_tokens),
           config.max_model_len);
   });
+  kv_bytes_per_token_ = runners_[0]->kv_bytes_per_token();
   for (auto& r : runners_) r->set_check_finite(config.check_finite);
   runners_[0]->set_profiling(config.profile_steps);  // rank 0's times stand for the step (ranks run in lockstep)
   blocks_ = std::make_unique<BlockManager>(sizing_.num_blocks, config.block_size, config_.enable_prefix_caching,
@@ -150,16 +151,16 @@ std::vector<RequestOutput> LLMEngine::step() {
   std::vector<std::unique_ptr<Sequence>> finished = scheduler_->update(out, sampled, t);
   ++steps_;
   if (kv_peak_) {
-    // After the step's releases; host integers only.
+    // After the step's releases; host integers only (the byte sizes were taken once, at start-up).
     const int64_t held = blocks_->num_blocks() - blocks_->num_free_blocks();
     if (held > kv_peak_->blocks) {
       KvPeak& p = *kv_peak_;
       p.blocks = held;
-      p.bytes = held * runners_[0]->kv_bytes_per_block();
+      p.bytes = held * sizing_.bytes_per_block;
       p.sequences = scheduler_->num_running();
       p.tokens = 0;
       for (const Sequence* s : scheduler_->running()) p.tokens += int64_t(s->block_table.size()) * config_.block_size;
-      p.full_bytes = p.tokens * runners_[0]->kv_bytes_per_token();
+      p.full_bytes = p.tokens * kv_bytes_per_token_;
     }
   }
   std::vector<RequestOutput> outputs;

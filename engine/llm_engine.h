@@ -140,6 +140,7 @@ class LLMEngine {
   int64_t vocab_size_;
   int64_t steps_ = 0;
   int64_t window_ = 0;  // the largest sliding window among the model's layers (0: none)
+  int64_t kv_bytes_per_token_ = 0;  // rank 0's paged bytes of one token over all layers (KvPeak::full_bytes)
   StepProfile profile_;
   std::vector<StepShape>* step_shapes_ = nullptr;  // run_to_completion's result while it runs
   KvPeak* kv_peak_ = nullptr;                      // run_to_completion's result while it runs
