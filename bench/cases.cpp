@@ -59,7 +59,7 @@ std::shared_ptr<const ModelConfig> config_with(const ModelConfig& base, const nl
 }  // namespace
 
 std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like, int count, uint64_t seed,
-                                    bool small, DType dtype) {
+                                    bool small, DType dtype, std::optional<DType> kv_cache_dtype) {
   KBN_CHECK(count >= 0, "--random: expected a count >= 0, got ", count);
   const OpEntry& e = registry(Variant::baseline).get(op);
   const bool block = e.level >= 2;
@@ -98,6 +98,7 @@ std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like
     if (m.attention) m.attention->sinks = m.has_feature("attention_sinks");
     CaseOptions o;
     o.dtype = dtype;
+    o.kv_cache_dtype = kv_cache_dtype;
     o.random = true;
     o.small = small;
     // Blocks: small decode batches (the cache holds 1024 tokens per sequence) or a short prefill.

@@ -36,7 +36,7 @@ std::vector<BenchCase> cases_for(const std::string& op, const ModelView& m, cons
 // token count, all drawn from `seed`, through the op's own facts. Labels start with "random#i". `small` keeps
 // them cheap enough for CPU ops and the CPU oracle.
 std::vector<BenchCase> random_cases(const std::string& op, const ModelView& like, int count, uint64_t seed,
-                                    bool small, DType dtype);
+                                    bool small, DType dtype, std::optional<DType> kv_cache_dtype = std::nullopt);
 
 // Builds `entry`'s op for case `c` on `device` with the case's dtype and seeded weights N(0, 0.02) (same seed:
 // same weights for every variant and device); an op with a step context runs every call under it.

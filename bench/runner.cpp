@@ -442,7 +442,8 @@ json case_key_json(const CaseKey& k) {
           {"tokens", k.tokens}, {"random", k.random},
           {"random_count", k.random_count},
           {"shape_seed", k.shape_seed},
-          {"small", k.small},   {"dtype", dtype_name(k.dtype)}};
+          {"small", k.small},   {"dtype", dtype_name(k.dtype)},
+          {"kv_cache_dtype", k.kv_cache_dtype ? dtype_name(*k.kv_cache_dtype) : ""}};
 }
 
 CaseKey case_key_from(const json& j) {
@@ -457,6 +458,8 @@ CaseKey case_key_from(const json& j) {
   k.shape_seed = j.at("shape_seed");
   k.small = j.at("small");
   k.dtype = parse_dtype(j.at("dtype").get<std::string>());
+  const std::string kv = j.at("kv_cache_dtype");
+  if (!kv.empty()) k.kv_cache_dtype = parse_dtype(kv);
   return k;
 }
 

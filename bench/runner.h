@@ -103,6 +103,7 @@ struct CaseKey {
   uint64_t shape_seed = 0;   // the seed the random shapes were drawn from
   bool small = false;        // CPU-sized cases
   DType dtype = DType::bf16;
+  std::optional<DType> kv_cache_dtype;  // kernels --kv-cache-dtype, when not auto
 };
 
 // The op under test in a worker process: `argv` runs this binary's worker (e.g. {"/proc/self/exe",

@@ -27,6 +27,7 @@
 #include "cli/commands.h"
 #include "engine/model_loader.h"
 #include "kbn/allocator.h"
+#include "kbn/cache_spec.h"
 #include "kbn/format.h"
 #include "kbn/module.h"
 #include "kbn/registry.h"
@@ -45,6 +46,7 @@ struct Options {
   std::vector<std::string> case_labels;
   std::string mode = "cold";
   std::string dtype = "bf16";
+  std::string kv_cache_dtype = "auto";  // the pages of the attention ops that read a paged cache
   std::string variant = "auto";  // both when a candidate is built, else baseline
   std::string device = "auto";   // cuda when a GPU is visible, else an error pointing at --device cpu
   int random = -1;               // property-based random shapes per op (-1: 3 on the GPU, 2 on the CPU)
@@ -244,6 +246,7 @@ Selection build_cases(const Options& o, bool small) {
   bench::CaseOptions copts;
   copts.tokens = parse_tokens(o.tokens);
   copts.dtype = parse_dtype(o.dtype);
+  copts.kv_cache_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, "--kv-cache-dtype");
   copts.small = small;
   const std::vector<int64_t> tps = o.tps.empty() ? std::vector<int64_t>{1} : o.tps;
   const int random = o.random >= 0 ? o.random : (small ? 2 : 3);
@@ -258,7 +261,7 @@ Selection build_cases(const Options& o, bool small) {
         requested.insert(op);
         for (auto& c : bench::cases_for(op, view, copts)) sel.cases.push_back(std::move(c));
         if (tp != tps.front() || random == 0) continue;  // random shapes once per (model, op)
-        for (auto& c : bench::random_cases(op, view, random, o.seed, small, copts.dtype)) {
+        for (auto& c : bench::random_cases(op, view, random, o.seed, small, copts.dtype, copts.kv_cache_dtype)) {
           c.model = spec.name;
           sel.cases.push_back(std::move(c));
         }
@@ -266,6 +269,13 @@ Selection build_cases(const Options& o, bool small) {
     }
   }
   sel.requested.assign(requested.begin(), requested.end());
+  if (copts.kv_cache_dtype) {
+    // An op whose cases ignore the option would be timed on 16-bit pages under an fp8 heading.
+    for (const auto& c : sel.cases)
+      KBN_CHECK(c.kv_cache_dtype == copts.kv_cache_dtype, "--kv-cache-dtype ", o.kv_cache_dtype, ": ", c.op,
+                " does not read the paged KV cache; the option applies to flash_attn_decode and flash_attn_prefill "
+                "(pick them with --target)");
+  }
   // An L1 candidate's gain must survive composition: the blocks and layer that include its file run too
   // (baseline blocks vs blocks built with the candidate), at their default step shapes.
   if (o.composition && !o.list && comparing(o) && o.case_labels.empty()) {
@@ -316,6 +326,7 @@ std::string rerun_command(const bench::BenchCase& c, const Options& o) {
     cmd += " --random " + std::to_string(o.random >= 0 ? o.random : 3);
   else
     cmd += " --tokens " + std::to_string(c.tokens);
+  if (c.kv_cache_dtype) cmd += " --kv-cache-dtype " + o.kv_cache_dtype;
   cmd += " --mode " + o.mode + " --seed " + std::to_string(o.seed) + " --secret-seed " +
          std::to_string(o.secret_seed.value_or(0)) + " --dtype " + dtype_name(c.dtype) + " --variant " + o.variant +
          " --device " + o.device + " --case " + bench::shell_join({c.label});
@@ -415,6 +426,7 @@ bench::CaseKey case_key(const bench::BenchCase& c, const Options& o, bool small)
   k.shape_seed = o.seed;
   k.small = small;
   k.dtype = c.dtype;
+  k.kv_cache_dtype = c.kv_cache_dtype;
   return k;
 }
 
@@ -818,12 +830,14 @@ bench::BenchCase rebuild_case(const bench::CaseKey& key) {
   const ModelView view = bench::model_view(spec.name, spec.config, key.tp);
   std::vector<bench::BenchCase> found;
   if (key.random) {
-    found = bench::random_cases(key.op, view, key.random_count, key.shape_seed, key.small, key.dtype);
+    found = bench::random_cases(key.op, view, key.random_count, key.shape_seed, key.small, key.dtype,
+                                key.kv_cache_dtype);
     for (auto& c : found) c.model = spec.name;
   } else {
     bench::CaseOptions co;
     co.tokens = {key.tokens};
     co.dtype = key.dtype;
+    co.kv_cache_dtype = key.kv_cache_dtype;
     co.small = key.small;
     found = bench::cases_for(key.op, view, co);
   }
@@ -991,6 +1005,11 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--case", o->case_labels, "Only the case with this exact label (repeatable; see --list)");
   cmd->add_option("--mode", o->mode, "cold (flush L2, rotate inputs; default), hot, or graph (CUDA graph of 20 calls)");
   cmd->add_option("--dtype", o->dtype, "Activation and weight dtype: bf16 (default), f16 or f32");
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
+                  "Pages of the paged-attention ops (flash_attn_decode, flash_attn_prefill): auto (default: --dtype), "
+                  "fp8 or fp8_e4m3 (scale 1.0, as the engine's option). The oracle reads the same fp8 pages, so "
+                  "the 16-bit output tolerance applies; what fp8 itself costs in accuracy is measured end to end "
+                  "(tests/cpu/test_kv_cache_dtype.cpp)");
   cmd->add_option("--variant", o->variant,
                   "baseline, or both (baseline vs candidate); default: both when a candidate is built");
   cmd->add_option("--device", o->device, "cuda (default when a GPU is visible) or cpu (the CPU ops: harness checks)");

@@ -33,6 +33,9 @@ struct BenchCase {
   std::string label;   // unique within (op, model, tp), e.g. "T=4096 H=4096"
   OpArgs args;         // constructor arguments; the caller sets args.opts (dtype, device) before make()
   DType dtype = DType::bf16;
+  // The KV pages' dtype when the case reads a paged cache of another dtype than `dtype` (kernels --kv-cache-dtype
+  // fp8_e4m3); empty for every other case.
+  std::optional<DType> kv_cache_dtype;
   // The forward's tensors in OpEntry::args order, on `device`, drawn from `seed`: activations N(0, 1),
   // weights N(0, 0.02), ids uniform in the rank's vocabulary shard, positions < max_position_embeddings,
   // slot mappings and block tables from a seeded permutation of the cache's slots/blocks.
@@ -58,6 +61,9 @@ struct CaseOptions {
   DType dtype = DType::bf16;
   bool random = false;  // a random-shape case (one random token count in `tokens`)
   bool small = false;   // sized for CPU ops and the CPU oracle
+  // The paged KV cache's dtype where it is not `dtype` (kernels --kv-cache-dtype fp8_e4m3): the attention ops that
+  // read pages honour it and set BenchCase::kv_cache_dtype; the others ignore it.
+  std::optional<DType> kv_cache_dtype;
 };
 
 namespace cases {

@@ -1,6 +1,7 @@
 // GPU side of kbn/rng.h: the same (seed, index) -> value function as the CPU path.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 
@@ -23,6 +24,10 @@ __device__ __forceinline__ void put(__half* p, int64_t i, double v) {
 template <>
 __device__ __forceinline__ void put(__nv_bfloat16* p, int64_t i, double v) {
   p[i] = __float2bfloat16_rn(float(v));
+}
+template <>
+__device__ __forceinline__ void put(__nv_fp8_e4m3* p, int64_t i, double v) {
+  p[i] = __nv_fp8_e4m3(float(v));  // round to nearest even, saturating: float_to_fp8e4m3 on the host
 }
 template <>
 __device__ __forceinline__ void put(int32_t* p, int64_t i, double v) {
@@ -69,6 +74,9 @@ void fill_random(Tensor& t, uint64_t seed, int kind, double a, double b) {
       break;
     case DType::bf16:
       fill_random_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_bfloat16*>(t.data_ptr()), n, seed, kind, a, b);
+      break;
+    case DType::fp8e4m3:
+      fill_random_kernel<<<grid, 256, 0, s>>>(static_cast<__nv_fp8_e4m3*>(t.data_ptr()), n, seed, kind, a, b);
       break;
     case DType::i32:
       fill_random_kernel<<<grid, 256, 0, s>>>(t.data<int32_t>(), n, seed, kind, a, b);

@@ -29,6 +29,9 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
   const AttentionShape& a = *m.attention;
   const DType dt = o.dtype;
   const int64_t es = int64_t(dtype_size(dt)), Hq = a.num_heads, Hk = a.num_kv_heads, D = a.head_dim;
+  const DType kv = o.kv_cache_dtype.value_or(dt);  // the pages' (kernels --kv-cache-dtype)
+  const int64_t kv_es = int64_t(dtype_size(kv));
+  const std::string kv_label = o.kv_cache_dtype ? std::string(" kv_cache=") + dtype_name(kv) : "";
   const int64_t bs = cases::kKvBlockSize;
   std::vector<int64_t> batches = o.tokens.empty() ? cases::decode_attention_batches() : o.tokens;
   if (o.random)
@@ -45,7 +48,8 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
         const int64_t keys = v.window > 0 ? std::min(ctx, v.window) : ctx;
         BenchCase b = cases::base("flash_attn_decode", m, B, dt);
         b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(Hq) + " kv=" +
-                  cases::str(Hk) + " D=" + cases::str(D) + v.label();
+                  cases::str(Hk) + " D=" + cases::str(D) + v.label() + kv_label;
+        b.kv_cache_dtype = o.kv_cache_dtype;
         b.args.values = {{"num_heads", double(Hq)},
                          {"head_size", double(D)},
                          {"scale", 1.0 / std::sqrt(double(D))},
@@ -57,8 +61,8 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
         b.make_inputs = [=](Device d, uint64_t seed) {
           std::vector<Tensor> in{
               cases::normal({B, Hq, D}, dt, d, seed, "q", 1.0),
-              cases::normal({blocks, bs, Hk, D}, dt, d, seed, "key_cache", 1.0),
-              cases::normal({blocks, bs, Hk, D}, dt, d, seed, "value_cache", 1.0),
+              cases::normal({blocks, bs, Hk, D}, kv, d, seed, "key_cache", 1.0),
+              cases::normal({blocks, bs, Hk, D}, kv, d, seed, "value_cache", 1.0),
               cases::filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
               cases::permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
           if (sinks) in.push_back(cases::normal({Hq}, DType::f32, d, seed, "sinks", 1.0));
@@ -66,9 +70,9 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
         };
         const int64_t metadata = B * 4 + B * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
         // The K/V read dominates: every sequence's visible keys and values once; plus q read, out written.
-        b.bytes = 2 * B * keys * Hk * D * es + 2 * B * Hq * D * es + metadata;
+        b.bytes = 2 * B * keys * Hk * D * kv_es + 2 * B * Hq * D * es + metadata;
         b.flops = 4 * Hq * D * B * keys;
-        b.input_bytes = B * Hq * D * es + 2 * blocks * bs * Hk * D * es + metadata;
+        b.input_bytes = B * Hq * D * es + 2 * blocks * bs * Hk * D * kv_es + metadata;
         b.output_numel = B * Hq * D;
         out.push_back(std::move(b));
       }

@@ -34,6 +34,9 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
   const AttentionShape& a = m.attention ? *m.attention : mla_heads;
   const DType dt = o.dtype;
   const int64_t es = int64_t(dtype_size(dt)), Hq = a.num_heads, Hk = a.num_kv_heads, D = a.head_dim;
+  const DType kv = o.kv_cache_dtype.value_or(dt);  // the pages' (kernels --kv-cache-dtype)
+  const int64_t kv_es = int64_t(dtype_size(kv));
+  const std::string kv_label = o.kv_cache_dtype ? std::string(" kv_cache=") + dtype_name(kv) : "";
   const int64_t bs = cases::kKvBlockSize, L_max = cases::kPrefillSequence;
   const std::vector<int64_t> tokens = o.tokens.empty() ? cases::prefill_token_counts() : o.tokens;
   std::vector<BenchCase> out;
@@ -47,7 +50,8 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
         const bool sinks = v.sinks;
         BenchCase b = cases::base("flash_attn_prefill", m, T, dt);
         b.label = "seqs=" + cases::str(seqs) + "x" + cases::str(L) + " heads=" + cases::str(Hq) + " kv=" +
-                  cases::str(Hk) + " D=" + cases::str(D) + v.label();
+                  cases::str(Hk) + " D=" + cases::str(D) + v.label() + kv_label;
+        b.kv_cache_dtype = o.kv_cache_dtype;
         // NOTE: the launch maxima are host facts of the case, passed as constructor arguments so the adapter does
         // no device-to-host read inside the timed call (and the call can be captured in a CUDA graph).
         b.args.values = {{"num_heads", double(Hq)},     {"head_size", double(D)},
@@ -61,8 +65,8 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
           for (int64_t i = 0; i <= seqs; ++i) starts[size_t(i)] = int32_t(i * L);
           // The new keys are already in the cache (stored by store_kvcache before attention runs).
           std::vector<Tensor> in{cases::normal({T, Hq, D}, dt, d, seed, "q", 1.0),
-                                 cases::normal({blocks, bs, Hk, D}, dt, d, seed, "key_cache", 1.0),
-                                 cases::normal({blocks, bs, Hk, D}, dt, d, seed, "value_cache", 1.0),
+                                 cases::normal({blocks, bs, Hk, D}, kv, d, seed, "key_cache", 1.0),
+                                 cases::normal({blocks, bs, Hk, D}, kv, d, seed, "value_cache", 1.0),
                                  cases::filled_i32(starts, d),
                                  cases::filled_i32(lens, d),
                                  cases::permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
@@ -73,9 +77,9 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
         const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
         // q read, out written, each sequence's keys and values read once (every key is in some query's window),
         // metadata read.
-        b.bytes = 2 * T * Hq * D * es + 2 * seqs * L * Hk * D * es + metadata;
+        b.bytes = 2 * T * Hq * D * es + 2 * seqs * L * Hk * D * kv_es + metadata;
         b.flops = 4 * Hq * D * seqs * cases::attention_pairs(L, 0, W);  // QK^T and PV over the visible pairs
-        b.input_bytes = T * Hq * D * es + 2 * blocks * bs * Hk * D * es + metadata;
+        b.input_bytes = T * Hq * D * es + 2 * blocks * bs * Hk * D * kv_es + metadata;
         b.output_numel = T * Hq * D;
         out.push_back(std::move(b));
       }
