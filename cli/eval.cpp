@@ -71,6 +71,7 @@ struct Options {
   bool check_finite = false;
   std::string admission = "reserve";  // reserve | optimistic
   std::string kv_cache_dtype = "auto";  // auto | fp8 | fp8_e4m3
+  bool compare_kv_cache_dtype = false;  // run the baseline with auto KV, then with kv_cache_dtype, and align them
   int64_t divergence_samples = 64;
   std::string json;
   std::string csv;
@@ -83,6 +84,8 @@ struct Options {
 
 struct VariantRun {
   Variant variant;
+  std::string name;            // the variant's name, or with --compare-kv-cache-dtype "baseline+kv-fp8e4m3"
+  std::string kv_cache_dtype;  // the engine's --kv-cache-dtype for this run
   engine::RunResult result;
   engine::ServingMetrics metrics;
   engine::KVCacheSizing sizing;
@@ -169,7 +172,7 @@ void print_cells(const std::vector<std::vector<std::string>>& cells) {
 void print_step_profile(const VariantRun& r, Device device) {
   const engine::StepProfile& p = r.result.profile;
   std::printf("\nwhere the time went [%s] (seconds summed over steps; forward and logits are %s):\n",
-              variant_name(r.variant), device.is_cuda() ? "device spans by CUDA events" : "wall time");
+              r.name.c_str(), device.is_cuda() ? "device spans by CUDA events" : "wall time");
   std::vector<std::vector<std::string>> cells = {{"steps", "count", "tokens", "prefill tokens", "wall", "schedule",
                                                   "prepare", "forward", "logits", "sample+wait", "update",
                                                   "forward tok/s"}};
@@ -194,7 +197,7 @@ void print_kernel_trace(const VariantRun& r) {
   for (const auto& [d, b] : t.busy_s)
     busy += fmt(" cuda:%g", double(d)) + fmt(" %.1f%%", t.wall_s > 0 ? 100.0 * b / t.wall_s : 0.0);
   std::printf("\nkernel time [%s] (CUPTI, %lld kernels, %.3f s of kernels in %.3f s of wall time; busy:%s):\n",
-              variant_name(r.variant), (long long)t.kernels, t.kernel_s, t.wall_s, busy.c_str());
+              r.name.c_str(), (long long)t.kernels, t.kernel_s, t.wall_s, busy.c_str());
   std::vector<std::vector<std::string>> ops = {{"op", "kernels", "seconds", "share", "mean us"}};
   if (floor) ops[0].insert(ops[0].end(), {"serial floor s", "floor / seconds"});
   for (const auto& k : t.by_op) {
@@ -321,7 +324,7 @@ void write_csv(const std::string& path, const std::vector<VariantRun>& runs, con
   auto num = [](double v) { return fmt("%.6g", v); };
   for (const auto& r : runs) {
     const engine::ServingMetrics& m = r.metrics;
-    std::vector<std::string> f = {model, workload, mode, variant_name(r.variant), std::to_string(m.num_requests),
+    std::vector<std::string> f = {model, workload, mode, r.name, std::to_string(m.num_requests),
                                   std::to_string(m.prompt_tokens), std::to_string(m.output_tokens),
                                   num(m.duration_s), num(m.output_tokens_per_s), num(m.total_tokens_per_s),
                                   num(m.requests_per_s)};
@@ -376,8 +379,8 @@ void print_table(const std::vector<VariantRun>& runs) {
   };
   // Cells first, so that every column is as wide as its widest cell.
   std::vector<std::vector<std::string>> cells = {{""}};
-  for (const auto& r : runs) cells[0].push_back(variant_name(r.variant));
-  if (runs.size() == 2) cells[0].push_back("candidate/baseline");
+  for (const auto& r : runs) cells[0].push_back(r.name);
+  if (runs.size() == 2) cells[0].push_back(runs[1].name + "/" + runs[0].name);
   for (const Row& row : rows) {
     std::vector<std::string> line{row.name};
     for (const auto& r : runs) line.push_back(row.value(r.metrics));
@@ -459,7 +462,7 @@ void print_serial_floor(const std::vector<VariantRun>& runs, const FloorSetup& s
     std::printf(
         "  [%s] %.3f s = GEMMs %.3f s (%.3g GB of weights, %.3g TFLOP; %lld of %lld steps FLOP-bound) + KV reads %.3f "
         "s (%.3g GB) + attention FLOPs %.3f s (%.3g TFLOP); measured %.3f s: %.1f%% of the floor's speed\n",
-        variant_name(r.variant), f.floor_s, f.gemm_s, f.weight_bytes / 1e9, f.gemm_flops / 1e12,
+        r.name.c_str(), f.floor_s, f.gemm_s, f.weight_bytes / 1e9, f.gemm_flops / 1e12,
         (long long)f.compute_bound_steps, (long long)f.steps, f.kv_read_s, f.kv_bytes / 1e9, f.attention_flops_s,
         f.attention_flops / 1e12, r.metrics.duration_s, 100.0 * f.achieved(r.metrics.duration_s));
   }
@@ -689,6 +692,25 @@ void run(const Options& o, bool max_num_seqs_given) {
   } else {
     KBN_FAIL("--variant: expected baseline, candidate or both, got '", o.variant, "'");
   }
+  // The runs: each variant with --kv-cache-dtype, or (--compare-kv-cache-dtype) the baseline with the model's dtype
+  // in its pages, then with --kv-cache-dtype's, aligned like a candidate with its baseline.
+  struct Pass {
+    Variant variant;
+    std::string kv_cache_dtype, name;
+  };
+  std::vector<Pass> passes;
+  if (o.compare_kv_cache_dtype) {
+    const std::optional<DType> kv = parse_kv_cache_dtype(o.kv_cache_dtype, "--kv-cache-dtype");
+    KBN_CHECK(kv.has_value(), "--compare-kv-cache-dtype: compares the pages of --kv-cache-dtype with the model's "
+              "dtype; give --kv-cache-dtype fp8 (got auto)");
+    KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-kv-cache-dtype: runs the baseline "
+              "twice (two KV dtypes); it does not combine with --variant ", o.variant.empty() ? "both" : o.variant,
+              " (pass --variant baseline)");
+    passes = {{Variant::baseline, "auto", "baseline"},
+              {Variant::baseline, o.kv_cache_dtype, std::string("baseline+kv-") + dtype_name(*kv)}};
+  } else {
+    for (Variant v : variants) passes.push_back({v, o.kv_cache_dtype, variant_name(v)});
+  }
 
   engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
   if (!o.weights.empty()) spec.weights_path = o.weights;
@@ -793,9 +815,13 @@ void run(const Options& o, bool max_num_seqs_given) {
 
   // The serial floor: the model's per-step work from its shapes (one rank's under --tp), and the rates, measured
   // here before the weights and the KV cache take the device's memory.
-  const engine::FloorModel floor_model(
-      ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config.language_model()), o.tp),
-      int64_t(dtype_size(popts.dtype)), int64_t(dtype_size(kv_dtype.value_or(popts.dtype))));
+  const ModelView floor_view =
+      ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config.language_model()), o.tp);
+  auto floor_model_for = [&](const std::string& kv_cache_dtype) {
+    const std::optional<DType> kv = parse_kv_cache_dtype(kv_cache_dtype, "--kv-cache-dtype");
+    return engine::FloorModel(floor_view, int64_t(dtype_size(popts.dtype)),
+                              int64_t(dtype_size(kv.value_or(popts.dtype))));
+  };
   FloorSetup floor_setup;
   if (!device.is_cuda()) {
     floor_setup.unavailable = "CPU run: no GPU rates to take the floor at";
@@ -828,9 +854,14 @@ void run(const Options& o, bool max_num_seqs_given) {
                   o.tp);
   }
   std::vector<VariantRun> runs;
-  for (Variant v : variants) {
+  for (const Pass& pass : passes) {
+    const Variant v = pass.variant;
     VariantRun run;
     run.variant = v;
+    run.name = pass.name;
+    run.kv_cache_dtype = pass.kv_cache_dtype;
+    ecfg.kv_cache_dtype = pass.kv_cache_dtype;
+    const engine::FloorModel floor_model = floor_model_for(pass.kv_cache_dtype);
     {
       // Same seed for every variant: the same weights (a checkpoint is the same anyway).
       std::unique_ptr<CausalLM> model;
@@ -850,13 +881,13 @@ void run(const Options& o, bool max_num_seqs_given) {
       KBN_CHECK(eng.runner().kv_bytes_per_token() == floor_model.kv_bytes_per_token(), "eval: the serial floor counts ",
                 floor_model.kv_bytes_per_token(), " KV bytes per token for ", spec.name, " but its paged layers hold ",
                 eng.runner().kv_bytes_per_token(), " (engine/serial_floor.cpp and the model's cache specs disagree)");
-      std::printf("  [%s] KV cache: %s\n", variant_name(v), run.sizing.explanation.c_str());
+      std::printf("  [%s] KV cache: %s\n", run.name.c_str(), run.sizing.explanation.c_str());
       if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
         run.graph_sizes = graphs->sizes();
         run.graph_capture_s = graphs->capture_seconds();
         run.graph_capture_bytes = graphs->capture_bytes();
         std::printf("  [%s] CUDA graphs: %zu decode batch sizes (%lld..%lld) captured in %.2f s, %.1f MiB\n",
-                    variant_name(v), run.graph_sizes.size(), (long long)run.graph_sizes.front(),
+                    run.name.c_str(), run.graph_sizes.size(), (long long)run.graph_sizes.front(),
                     (long long)run.graph_sizes.back(), run.graph_capture_s,
                     double(run.graph_capture_bytes) / double(1 << 20));
       }
@@ -869,7 +900,7 @@ void run(const Options& o, bool max_num_seqs_given) {
       warm.sampling.max_tokens = 4;
       warm.sampling.ignore_eos = true;
       eng.run_to_completion({warm});
-      Progress progress(variant_name(v));
+      Progress progress(run.name.c_str());
       const int64_t graph_steps_before = eng.runner().num_graph_steps();
       const auto flushes = [&] {
         return device.is_cuda() ? int64_t(cuda_allocator_stats(device.index).num_cache_flushes) : int64_t(0);
@@ -911,9 +942,9 @@ void run(const Options& o, bool max_num_seqs_given) {
     }
     al = engine::align(base, cand);
     std::printf(
-        "\ngreedy alignment, candidate vs baseline: %lld/%lld requests identical (%.1f%%); matching prefix mean %.1f "
+        "\ngreedy alignment, %s vs %s: %lld/%lld requests identical (%.1f%%); matching prefix mean %.1f "
         "tokens (%.1f%% of the baseline output), min %lld\n",
-        (long long)al.exact, (long long)al.requests, al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0,
+        runs[1].name.c_str(), runs[0].name.c_str(), (long long)al.exact, (long long)al.requests, al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0,
         al.mean_prefix, 100.0 * al.mean_prefix_frac, (long long)al.min_prefix);
     if (al.exact < al.requests && o.divergence_samples > 0 && !group) {
       // The baseline model again (same seed, same weights), alone on the device, judges the first divergences.
@@ -958,6 +989,7 @@ void run(const Options& o, bool max_num_seqs_given) {
                    {"block_size", ecfg.block_size},
                    {"prefix_caching", ecfg.enable_prefix_caching},
                    {"kv_cache_dtype", o.kv_cache_dtype},
+                   {"compare_kv_cache_dtype", o.compare_kv_cache_dtype},
                    {"admission", o.admission},
                    {"reserve_max_tokens", ecfg.reserve_max_tokens},
                    {"num_kv_blocks_requested", o.num_kv_blocks},
@@ -973,10 +1005,12 @@ void run(const Options& o, bool max_num_seqs_given) {
                      {"prompt_len", {{"min", in_min}, {"max", in_max}, {"mean", double(prompt_tokens) / n}}},
                      {"output_len", {{"min", out_min}, {"max", out_max}, {"mean", double(output_tokens) / n}}}};
     for (const auto& r : runs) {
-      j["results"][variant_name(r.variant)] = metrics_json(r);
-      j["results"][variant_name(r.variant)]["serial_floor"] = serial_floor_json(r, floor_setup);
-      if (o.step_profile) j["results"][variant_name(r.variant)]["step_profile"] = step_profile_json(r.result.profile);
-      if (r.traced) j["results"][variant_name(r.variant)]["kernel_trace"] = kernel_trace_json(r.trace);
+      nlohmann::json& jr = j["results"][r.name];
+      jr = metrics_json(r);
+      jr["serial_floor"] = serial_floor_json(r, floor_setup);
+      jr["kv_cache_dtype"] = r.kv_cache_dtype;
+      if (o.step_profile) jr["step_profile"] = step_profile_json(r.result.profile);
+      if (r.traced) jr["kernel_trace"] = kernel_trace_json(r.trace);
     }
     if (runs.size() == 2) {
       j["alignment"] = {{"requests", al.requests},
@@ -1092,7 +1126,10 @@ void add_eval_command(CLI::App& app) {
                 "preempted one coming back, computes all of its tokens");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
                   "auto (default: the model's dtype) or fp8 / fp8_e4m3 (vLLM's: fp8 e4m3 pages, half of a 16-bit "
-                  "cache, scale 1.0; on CUDA the generic attention kernel reads them, not yet the tensor-core ones)");
+                  "cache, scale 1.0; on Hopper decode reads them on tensor cores, prefill on the generic kernel)");
+  cmd->add_flag("--compare-kv-cache-dtype", o->compare_kv_cache_dtype,
+                "Run the baseline twice, with the model's dtype in the KV pages and then with --kv-cache-dtype's, and "
+                "report both and their greedy alignment with the first divergences scored (fp8 KV's accuracy cost)");
   cmd->add_option("--admission", o->admission,
                   "reserve (default): admit a request only while every running request can still reach its "
                   "max_tokens, so nothing is preempted (exact for these ignore_eos workloads, whose requests all run to "
