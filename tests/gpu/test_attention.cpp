@@ -287,6 +287,28 @@ TEST(FlashAttnPrefillGpu, Gqa4x1Head64Block32F16) {
                  .seed = 4});
 }
 
+// Heads 192 (DeepSeek MLA's decompressed prefill: 16 heads, no GQA) and 256 (Gemma-3-12B: 16 query heads per 8 kv
+// heads) on Hopper's wgmma kernel: 64-key tiles, O of 64 x head_size per warpgroup. Varlen with a cached context, more
+// query tiles than blocks (persistent grid, next item's Q prefetched), pages of 16, 32 and 64 keys (tensor-map boxes),
+// and 128-key pages, which the 64-key tile cannot hold: the mma.sync fallback.
+TEST(FlashAttnPrefillGpu, Heads192And256VarlenAndPageSizes) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t head_size : {192, 256}) {
+    for (const int64_t bs : {16, 32, 64, 128}) {
+      for (const DType dt : {DType::bf16, DType::f16}) {
+        check_prefill({.num_heads = 16,
+                       .num_kv_heads = head_size == 192 ? 16 : 8,
+                       .head_size = head_size,
+                       .block_size = bs,
+                       .dtype = dt,
+                       .q_lens = {1, 65, 200, 37, 513},
+                       .seq_lens = {1, 65, 263, 600, 513},
+                       .seed = uint64_t(40 + bs + head_size)});
+      }
+    }
+  }
+}
+
 TEST(FlashAttnPrefillGpu, NoGqaHead64Block32) {
   KBN_SKIP_WITHOUT_GPU();
   check_prefill({.num_heads = 8,
@@ -357,19 +379,23 @@ TEST(FlashAttnPrefillGpu, GroupLargerThanOneWarpOfRows) {
 
 TEST(FlashAttnPrefillGpu, CausalBoundaryIsExact) {
   KBN_SKIP_WITHOUT_GPU();
-  // Even heads look for their own position's key (must be seen), odd heads for the next one (must be masked).
-  const BatchSpec s{.num_heads = 4,
-                    .num_kv_heads = 2,
-                    .head_size = 64,
-                    .block_size = 16,
-                    .dtype = DType::bf16,
-                    .q_lens = {70, 64},
-                    .seq_lens = {110, 64},
-                    .seed = 8};
-  PagedBatch b = make_batch(s);
-  align_queries_with_keys(
-      b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : std::min(pos + 1, s.seq_lens[seq] - 1); }, 2.f);
-  check_prefill(s, b);
+  // Even heads look for their own position's key (must be seen), odd heads for the next one (must be masked); at the
+  // wgmma head sizes (128- and 64-key tiles).
+  for (const int64_t head_size : {64, 128, 192, 256}) {
+    const BatchSpec s{.num_heads = 4,
+                      .num_kv_heads = 2,
+                      .head_size = head_size,
+                      .block_size = 16,
+                      .dtype = DType::bf16,
+                      .q_lens = {70, 64},
+                      .seq_lens = {110, 64},
+                      .seed = 8};
+    PagedBatch b = make_batch(s);
+    align_queries_with_keys(
+        b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : std::min(pos + 1, s.seq_lens[seq] - 1); },
+        2.f);
+    check_prefill(s, b);
+  }
 }
 
 TEST(FlashAttnPrefillGpu, EmptyBatchLaunchesNothing) {
@@ -454,26 +480,104 @@ std::vector<int> random_lengths(int count, int max_len, std::vector<int> extra, 
   return out;
 }
 
-// fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) under bf16 and f16 queries: the generic kernel reads them; the oracle
-// reads the same fp8 pages on the CPU.
-TEST(FlashAttnDecodeGpu, Fp8PagesRunTheGenericKernel) {
+// ---- decode over fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) under bf16 and f16 queries: on Hopper the tensor-core
+// kernel (each tile widened to f16 in shared memory, f16 mmas, bf16 q rounded to f16), elsewhere the generic kernel;
+// the oracle reads the same fp8 pages on the CPU. Tolerance as for 16-bit pages, tolerance(q's dtype): the pages are
+// exact in f16, q's bf16 values are exact in f16 at these magnitudes (~N(0, 1.5^2), far inside f16's normal range),
+// and P is rounded to f16 (11 bits, finer than the 8 of bf16 P on 16-bit bf16 pages), so the error is the output's
+// rounding to q's dtype plus P's, as with 16-bit pages; a widening or layout bug is off by O(1) ----
+
+TEST(FlashAttnDecodeGpu, Fp8PagesBatch1LongContextSplitsKeys) {
   KBN_SKIP_WITHOUT_GPU();
-  for (DType dt : {DType::bf16, DType::f16})
-    check_decode(decode_spec({.num_heads = 8,
-                              .num_kv_heads = 2,
-                              .head_size = 128,
-                              .block_size = 16,
-                              .dtype = dt,
-                              .cache_dtype = DType::fp8e4m3,
-                              .seq_lens = random_lengths(12, 700, {2100}, 31)}));
+  // One sequence, several splits and the reduce. Head 64 with group 4 (16-byte cp.async of 64-byte rows), head 128
+  // with group 1 (128-byte rows, cp.async), head 256 with group 16 (256-byte rows by bulk copies, Q in shared memory).
+  struct Case {
+    int64_t head, num_heads, num_kv_heads;
+  };
+  for (const Case c : {Case{64, 32, 8}, Case{128, 8, 8}, Case{256, 16, 1}}) {
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      check_decode(decode_spec({.num_heads = c.num_heads,
+                                .num_kv_heads = c.num_kv_heads,
+                                .head_size = c.head,
+                                .block_size = 16,
+                                .dtype = dt,
+                                .cache_dtype = DType::fp8e4m3,
+                                .seq_lens = {4500},
+                                .seed = uint64_t(200 + c.head)}));
+    }
+  }
 }
 
-TEST(FlashAttnPrefillGpu, Fp8PagesRunTheGenericKernel) {
+TEST(FlashAttnDecodeGpu, Fp8PagesBatch64MixedLengthsOneSplit) {
   KBN_SKIP_WITHOUT_GPU();
+  // 64 sequences x 4 kv heads: 256 blocks, one split on a 132-SM H100 / H200 (choose_splits), so the split kernel
+  // writes the output itself. Groups 8 (head 64), 4 (head 128 and 256) and 12 (head 256: Q in shared memory, 4
+  // padding rows); pages of 32 and 16 keys; f16 and bf16 q.
+  struct Case {
+    int64_t head, group, block;
+    DType dt;
+  };
+  for (const Case c : {Case{64, 8, 32, DType::f16}, Case{128, 4, 16, DType::bf16}, Case{256, 12, 32, DType::bf16},
+                       Case{256, 4, 16, DType::f16}}) {
+    const uint64_t seed = uint64_t(210 + c.head + c.group);
+    check_decode(decode_spec({.num_heads = 4 * c.group,
+                              .num_kv_heads = 4,
+                              .head_size = c.head,
+                              .block_size = c.block,
+                              .dtype = c.dt,
+                              .cache_dtype = DType::fp8e4m3,
+                              .seq_lens = random_lengths(62, 800, {1500, 1501}, seed),
+                              .seed = seed}));
+  }
+}
+
+TEST(FlashAttnDecodeGpu, Fp8PagesFirstAndLastKeysAreSeen) {
+  KBN_SKIP_WITHOUT_GPU();
+  // Even heads copy their sequence's newest key, odd heads its first: a key lost or misplaced at a tile, page or
+  // split edge (or a chunk widened into the wrong place) changes those rows completely.
+  for (const int64_t head : {64, 128, 256}) {
+    for (const int64_t group : {2, 16}) {
+      const BatchSpec s = decode_spec({.num_heads = 2 * group,
+                                       .num_kv_heads = 2,
+                                       .head_size = head,
+                                       .block_size = 16,
+                                       .dtype = DType::bf16,
+                                       .cache_dtype = DType::fp8e4m3,
+                                       .seq_lens = {1, 64, 65, 1000, 4097},
+                                       .seed = uint64_t(220 + head + group)});
+      PagedBatch b = make_batch(s);
+      align_queries_with_keys(
+          b, s, [&](int seq, int pos, int h) { return h % 2 == 0 ? pos : 0; }, 2.f);
+      check_decode(s, b);
+    }
+  }
+}
+
+// Prefill over fp8 e4m3 pages: the mma.sync kernel widens each landed tile to f16 in shared memory (f16 mmas, a bf16
+// Q tile rounded to f16 in place), at every tensor-core head size; f32 q takes the generic kernel. Tolerance as for
+// 16-bit pages (the widening is exact, bf16 q of these magnitudes is exact in f16, P keeps 11 bits); the oracle reads
+// the same fp8 pages. Varlen with a chunk after cached context, more query tiles than one, GQA 4 and none (windows and
+// sinks: FlashAttnFeaturesGpu.Fp8PrefillWindowAndSinks).
+TEST(FlashAttnPrefillGpu, Fp8PagesOnTensorCores) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t head_size : {64, 128, 192, 256}) {
+    for (const DType dt : {DType::bf16, DType::f16}) {
+      check_prefill({.num_heads = 8,
+                     .num_kv_heads = head_size == 192 ? 8 : 2,
+                     .head_size = head_size,
+                     .block_size = 16,
+                     .dtype = dt,
+                     .cache_dtype = DType::fp8e4m3,
+                     .q_lens = {37, 1, 130, 300},
+                     .seq_lens = {37, 90, 200, 333},
+                     .seed = uint64_t(60 + head_size)});
+    }
+  }
   check_prefill({.num_heads = 8,
                  .num_kv_heads = 2,
                  .head_size = 64,
                  .block_size = 16,
+                 .dtype = DType::f32,
                  .cache_dtype = DType::fp8e4m3,
                  .q_lens = {37, 1, 130},
                  .seq_lens = {37, 90, 200}});
@@ -684,8 +788,8 @@ void poison_pages_outside_windows(PagedBatch& b, const BatchSpec& s, int64_t win
       std::fill_n(values.begin() + block * s.block_size * row, s.block_size * row, kNaN);
     }
   }
-  b.key_cache = Tensor::from_floats(keys, b.key_cache.shape(), s.dtype);
-  b.value_cache = Tensor::from_floats(values, b.value_cache.shape(), s.dtype);
+  b.key_cache = Tensor::from_floats(keys, b.key_cache.shape(), b.key_cache.dtype());  // q's dtype or fp8 e4m3
+  b.value_cache = Tensor::from_floats(values, b.value_cache.shape(), b.value_cache.dtype());
 }
 
 // The host batch of a features case: aligned edges first (they read keys the poison would overwrite), then poison.
@@ -763,6 +867,14 @@ void check_decode_features(const BatchSpec& s, const Features& f) {
   expect_bitwise_equal(gpu, again, what);
 }
 
+TEST(FlashAttnFeaturesGpu, Fp8PrefillWindowAndSinks) {
+  KBN_SKIP_WITHOUT_GPU();
+  const BatchSpec w{.num_heads = 16, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .dtype = DType::bf16,
+                    .cache_dtype = DType::fp8e4m3, .q_lens = {200, 7}, .seq_lens = {200, 250}, .seed = 61};
+  check_prefill_features(w, {.window = 24, .sinks = true, .align_edges = true});
+  check_prefill_features(w, {.soft_cap = 2.0});
+}
+
 TEST(FlashAttnFeaturesGpu, GptOssLikeWindowAndSinks) {
   KBN_SKIP_WITHOUT_GPU();
   // gpt-oss: head_dim 64, 8 query heads per kv head, 128-token windows (here 24, shorter than the sequences), sinks.
@@ -785,7 +897,7 @@ TEST(FlashAttnFeaturesGpu, GemmaLikeHead256WindowAndSoftCap) {
   check_prefill_features(s, {.window = 32});
   check_prefill_features(s, {.window = 32, .soft_cap = 50.0});
   check_prefill_features(s, {.soft_cap = 1.0});
-  // Several query tiles and two-stage K/V rings on the mma.sync kernel (head 256 has no wgmma instantiation), a chunk
+  // Several query tiles and two-stage K/V rings (Hopper's wgmma kernel: 64-key tiles; other GPUs: mma.sync), a chunk
   // after cached context, f16 too.
   for (const DType dt : {DType::bf16, DType::f16}) {
     const BatchSpec big{.num_heads = 8, .num_kv_heads = 4, .head_size = 256, .block_size = 16, .dtype = dt,
@@ -878,6 +990,33 @@ TEST(FlashAttnFeaturesGpu, TensorCoreDecodeHead256WindowsSoftCapAndSinks) {
                                      .dtype = DType::f16, .seq_lens = {900, 33, 2100}, .seed = 190});
   check_decode_features(f16, {.window = 1024, .soft_cap = 20.0, .sinks = true, .sinks_dtype = DType::bf16,
                               .align_edges = true});
+}
+
+// The same over fp8 e4m3 pages (Hopper: the tensor-core kernel's widened tiles; the generic kernel elsewhere), heads
+// 64, 128 and 256: a long sequence whose 4096-key window is split into partitions (sinks through the reduce; a
+// 128-key window and a soft cap in one partition), eight sequences of mixed lengths with group 16 (Q in shared memory
+// at head 256) and f16 q, and 64 sequences x 4 kv heads whose 128-key windows make one split (the split kernel's own
+// output, with its sinks and soft cap). Tolerance: see the fp8 decode tests above.
+TEST(FlashAttnFeaturesGpu, TensorCoreDecodeFp8PagesWindowsSoftCapAndSinks) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t head : {64, 128, 256}) {
+    const BatchSpec one = decode_spec({.num_heads = 16, .num_kv_heads = 2, .head_size = head, .block_size = 16,
+                                       .dtype = DType::bf16, .cache_dtype = DType::fp8e4m3, .seq_lens = {5000},
+                                       .seed = uint64_t(230 + head)});
+    check_decode_features(one, {.window = 4096, .sinks = true, .align_edges = true});
+    check_decode_features(one, {.window = 128, .soft_cap = 2.0, .sinks = true});
+    const BatchSpec many = decode_spec({.num_heads = 32, .num_kv_heads = 2, .head_size = head, .block_size = 32,
+                                        .dtype = DType::f16, .cache_dtype = DType::fp8e4m3,
+                                        .seq_lens = {1, 127, 128, 129, 700, 3000, 64, 2},
+                                        .seed = uint64_t(240 + head)});
+    check_decode_features(many, {.window = 128, .soft_cap = 20.0, .sinks = true, .sinks_dtype = DType::bf16,
+                                 .align_edges = true});
+    const BatchSpec batch = decode_spec({.num_heads = 16, .num_kv_heads = 4, .head_size = head, .block_size = 16,
+                                         .dtype = DType::bf16, .cache_dtype = DType::fp8e4m3,
+                                         .seq_lens = random_lengths(64, 700, {}, uint64_t(250 + head)),
+                                         .seed = uint64_t(250 + head)});
+    check_decode_features(batch, {.window = 128, .soft_cap = 2.0, .sinks = true});
+  }
 }
 
 TEST(FlashAttnFeaturesGpu, BadFeaturesNameTheArgument) {

@@ -1,7 +1,8 @@
 #pragma once
 // Generic paged attention on CUDA, for what the tensor-core kernels do not cover: f32, head sizes other than 64
-// and 128 (up to 256), fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3: read and widened per element, scale 1.0), and the
-// per-layer features (sliding window, logit soft-cap, sinks; reference::AttentionFeatures has their definitions).
+// and 128 (up to 256), fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3: read and widened per element, scale 1.0; all of
+// prefill's, and decode's off Hopper and outside its tensor-core head sizes), and the per-layer features (sliding
+// window, logit soft-cap, sinks; reference::AttentionFeatures has their definitions).
 // Correct for every shape, not fast: one block of 4 warps per (query token, query head); warp w takes keys w, w + 4,
 // ...; each lane owns head dims lane, lane + 32, ...; an online softmax per warp, merged across warps at the end.
 // Decode is the case query_start_loc == nullptr (token t is sequence t, one query each). Included by

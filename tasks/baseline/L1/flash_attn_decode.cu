@@ -418,13 +418,18 @@ constexpr int kPartitionQuantum = kWarps * kWarpKeys;  // partitions are whole r
 constexpr int kMinPartitionKeys = 64;
 constexpr int kMaxDynamicSmemBytes = 227 * 1024 - 1024;  // sm_90's per-block opt-in, less the static barriers / sums
 
-// Shared-memory geometry of the split kernel. kNT n-tiles of 8 query heads (1: group <= 8, 2: up to 16).
-// Every warp owns a private ring of kStages tiles; a tile holds the warp's 16 K rows then its 16 V rows, each row
-// padded by 16 bytes so that the eight rows an ldmatrix phase reads fall in eight different bank groups (the
-// bulk copies cannot swizzle).
-template <int kHeadDim, int kNT>
+// Shared-memory geometry of the split kernel. kNT n-tiles of 8 query heads (1: group <= 8, 2: up to 16); pages of
+// kPageBytes per value (2: the query's 16-bit type; 1: fp8 e4m3).
+// Every warp owns a private ring of kStages tiles; a tile holds the warp's 16 K rows then its 16 V rows as copied from
+// the pages. The ldmatrix / mma code reads 16-bit tiles whose rows are padded by 16 bytes so that the eight rows an
+// ldmatrix phase reads fall in eight different bank groups (the bulk copies cannot swizzle): for 16-bit pages the
+// ring's stages themselves; for fp8 pages a per-warp staging tile of that layout, into which the warp widens each
+// stage to f16 once it has landed (kConvert; the ring's fp8 rows are dense, see the conversion in the kernel).
+template <int kHeadDim, int kNT, int kPageBytes>
 struct DecodeConfig {
+  static_assert(kPageBytes == 1 || kPageBytes == 2, "16-bit or fp8 e4m3 pages");
   static constexpr int kRows = 8 * kNT;  // query heads per block
+  static constexpr bool kConvert = kPageBytes == 1;
   // Tiles in each warp's ring (bytes in flight: kStages - 1 to kStages tiles of 2 * 16 rows per warp; HBM latency x
   // the per-SM share of bandwidth is a few tens of KiB). Head 64: 4 x 4.5 KiB per warp, 72 KiB per block, three
   // blocks per SM, ~160-220 KiB in flight per SM. Head 128: 3 x 8.5 KiB, 102 KiB per block, two blocks per SM,
@@ -432,26 +437,41 @@ struct DecodeConfig {
   // would need 2 x 132 KiB at two stages); three stages (198 KiB per block, under the 227 KiB opt-in) keep 2-3 tiles,
   // 32-48 KiB, in flight per warp and ~130-200 KiB per SM, as at head 128, where two stages (the same occupancy)
   // would keep only 64-128 KiB; four would need 264 KiB.
-  static constexpr int kStages = kHeadDim == 64 ? 4 : 3;
-  static constexpr int kRowBytes = kHeadDim * 2;
-  static constexpr int kPitch = kRowBytes + 16;
-  static constexpr int kStageBytes = 2 * kWarpKeys * kPitch;
+  // fp8 pages: a tile is half the bytes (2, 4, 8 KiB at heads 64, 128, 256, rows unpadded), each warp adds a 16-bit
+  // staging tile (4.5, 8.5, 16.5 KiB), and a stage is refilled as soon as it is widened, before the tile's math, so
+  // kStages tiles are in flight for most of a tile. Depths for about the 16-bit kernel's bytes in flight per SM, at
+  // an SM's 228 KiB (each block also takes its static barriers / sums and 1 KiB reserved):
+  //   head 64:  7 x 2 + 4.5 = 18.5 KiB per warp, 74 KiB per block, three blocks per SM (8 stages: 82 KiB, two),
+  //             12 warps x 12-14 KiB = 144-168 KiB in flight per SM;
+  //   head 128: 4 x 4 + 8.5 = 24.5 KiB per warp, 98 KiB per block, two blocks per SM (5 stages: 114 KiB, one),
+  //             8 warps x 12-16 KiB = 96-128 KiB per SM;
+  //   head 256: 4 x 8 + 16.5 = 48.5 KiB per warp, 194 KiB per block (202.25 with the 16-row Q copy), one block per
+  //             SM as at 16 bits (5 stages: 226 KiB, over the opt-in with the Q copy), 4 warps x 24-32 KiB =
+  //             96-128 KiB per SM.
+  static constexpr int kStages = kPageBytes == 2 ? (kHeadDim == 64 ? 4 : 3) : (kHeadDim == 64 ? 7 : 4);
+  static constexpr int kRowBytes = kHeadDim * kPageBytes;  // a page row, as copied
+  static constexpr int kPitch = kHeadDim * 2 + 16;         // a row of the 16-bit tiles ldmatrix reads
+  static constexpr int kRingPitch = kConvert ? kRowBytes : kPitch;
+  static constexpr int kStageBytes = 2 * kWarpKeys * kRingPitch;
   static constexpr int kWarpRingBytes = kStages * kStageBytes;
+  static constexpr int kStagingBytes = kConvert ? 2 * kWarpKeys * kPitch : 0;
+  static constexpr int kWarpBytes = kWarpRingBytes + kStagingBytes;  // a warp's ring, then its staging tile
   // Q's A fragments (kHeadDim / 16 x 4 registers per lane) stay in registers for the whole partition, except where
   // O^T's accumulator (kHeadDim / 16 * kNT * 4 floats) is over 64 floats, i.e. head 256 with 9-16 query heads: its
   // 128 accumulators plus 64 Q registers spilled past the 255-register cap (ptxas, sm_90a: 255 registers, 20 bytes
-  // of spill stores), so Q is read there from a block-wide [kRows][kPitch] copy after the rings, one more ldmatrix
-  // per 16 dims per tile (212 registers, no spill; shared-memory bandwidth is not what bounds this kernel).
+  // of spill stores), so Q is read there from a block-wide [kRows][kPitch] copy after the warps' rings, one more
+  // ldmatrix per 16 dims per tile (212 registers, no spill; shared-memory bandwidth is not what bounds this kernel).
   static constexpr bool kQInSmem = kHeadDim / 16 * kNT * 4 > 64;
   static constexpr int kQBytes = kQInSmem ? kRows * kPitch : 0;
-  static constexpr int kSmemBytes = kWarps * kWarpRingBytes + kQBytes;
+  static constexpr int kSmemBytes = kWarps * kWarpBytes + kQBytes;
   static_assert(kSmemBytes <= kMaxDynamicSmemBytes, "the warps' rings fit in one block's shared memory");
   static constexpr uint32_t kTxBytes = 2 * kWarpKeys * kRowBytes;  // bytes one tile's 32 bulk copies deliver
-  // How a tile is copied. Rows of 256 bytes or more: one cp.async.bulk per row (lane), completion counted in bytes
-  // on the stage's mbarrier (one arrival: lane 0's arrive.expect_tx). Shorter rows (head 64): the bulk engine's
-  // per-copy cost caps an SM at ~55% of HBM bandwidth with 128-byte copies (first version measured), so the warp
-  // copies the tile with 16-byte cp.async instead, kChunks lanes per row, kRowsPerPass rows per instruction, and
-  // every lane's cp.async.mbarrier.arrive.noinc is one of the stage barrier's 32 arrivals.
+  // How a tile is copied. Rows of 256 bytes or more (heads 128 and 256 at 16 bits, head 256 in fp8): one
+  // cp.async.bulk per row (lane), completion counted in bytes on the stage's mbarrier (one arrival: lane 0's
+  // arrive.expect_tx). Shorter rows: the bulk engine's per-copy cost caps an SM at ~55% of HBM bandwidth with
+  // 128-byte copies (first version measured), so the warp copies the tile with 16-byte cp.async instead, kChunks
+  // lanes per row, kRowsPerPass rows per instruction, and every lane's cp.async.mbarrier.arrive.noinc is one of the
+  // stage barrier's 32 arrivals.
   static constexpr bool kBulkRows = kRowBytes >= 256;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // read by the kernel body only
   static constexpr uint32_t kBarArrivals = kBulkRows ? 1 : 32;
@@ -461,8 +481,10 @@ struct DecodeConfig {
   static constexpr int kKeyPasses = kWarpKeys / kRowsPerPass;       // passes over the K rows (as many for V)
   static_assert(kBulkRows || (32 % kChunks == 0 && kKeyPasses * kRowsPerPass == kWarpKeys), "whole cp.async passes");
   static_assert(kTxBytes == 2u * kWarpKeys * kChunks * 16, "a tile is 2 * kWarpKeys rows of kChunks chunks");
+  // The fp8 widening: one 16-byte chunk (16 values) per lane per pass, 32 / kChunks rows per pass, kChunks passes.
+  static_assert(!kConvert || (kChunks % 4 == 0 && 32 % kChunks == 0), "whole conversion passes of chunk quads");
   static constexpr int kMergePitch = kHeadDim + 4;                 // floats; conflict-free fragment stores
-  static_assert(kRows * kMergePitch * sizeof(float) <= kWarpRingBytes, "a warp's merge rows fit in its own ring");
+  static_assert(kRows * kMergePitch * sizeof(float) <= kWarpBytes, "a warp's merge rows fit in its own ring");
 };
 
 // ---- sm_90 bulk-copy helpers (cp.async.bulk: global -> shared, completion counted in bytes; barriers: mbarrier.cuh) ----
@@ -481,6 +503,36 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+
+// Four e4m3 values (the bytes of `v`, lowest first) as f16 pairs: lo = {0, 1}, hi = {2, 3}, the lower index in the
+// lower half as in every 16-bit fragment. Exact: every e4m3 value (|x| <= 448, subnormals down to 2^-9) is an f16
+// normal or zero, and NaN stays NaN.
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  asm("{\n"
+      ".reg .b16 l, h;\n"
+      "mov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n"
+      "}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(v));
+}
+
+// Two query values of type T (one 4-byte word) as the tensor cores' input type M: unchanged, or bf16 rounded to f16
+// (to nearest, saturated to +-65504; NaN stays NaN) for the f16 mma of fp8 pages.
+template <class T, class M>
+__device__ __forceinline__ uint32_t mma_word(uint32_t w) {
+  if constexpr (std::is_same_v<T, M>) {
+    return w;
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16> && std::is_same_v<M, __half>, "bf16 q, f16 mma");
+    uint32_t d;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n"
+        : "=r"(d)
+        : "f"(__uint_as_float(w & 0xffff0000u)), "f"(__uint_as_float(w << 16)));
+    return d;
+  }
 }
 #endif  // __CUDA_ARCH__ >= 900
 
@@ -501,6 +553,14 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
 // floats (group <= 8) or 128 (group <= 16, where Q moves to shared memory: DecodeConfig::kQInSmem).
 // Rows past the last key are copies of the last valid key's row (finite data); their scores are masked to -inf,
 // so their probabilities are exactly 0 and multiply finite values, as with the zero fill of the mma_path kernel.
+// KV is the pages' type: T, or __nv_fp8_e4m3 (--kv-cache-dtype fp8_e4m3, scale 1.0), whose tiles are half the bytes
+// (decode is memory bound: that is the point of fp8 pages). Their rows take the same feed rule by bytes (head 256's
+// 256-byte rows by bulk copies, heads 64 and 128 by cp.async). Once a stage has landed the warp widens its 32 rows
+// to f16 (cvt.rn.f16x2.e4m3x2, exact) into its staging tile, laid out as a 16-bit stage, and refills the stage at
+// once; the S and O^T code below then reads the staging tile unchanged. The mmas run in f16 whatever T is (sm_90
+// converts e4m3 to f16 only, and P keeps 11 bits): Q is rounded to f16 when loaded (exact for bf16 values in f16's
+// normal range; saturated at +-65504), P is packed as f16, the accumulators stay fp32 and the output is T. Other
+// GPUs (mma_path) read fp8 pages with the generic kernel.
 //
 // NOTE: the kernel is memory bound by design; what matters is bytes in flight per SM and few issue slots per
 // byte. The mma_path kernel spent ~16 cp.async + a key / block_size division + a 64-bit address per 16 bytes per
@@ -524,16 +584,19 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
 // The number of splits comes from a small cost model of whole waves over the SMs (choose_splits), in bytes
 // rather than keys so that head 64's fixed costs weigh double; large batches get one split per (sequence, kv
 // head) and skip the reduce launch when the blocks balance over the SMs.
-template <class T, int kHeadDim, int kNT>
+template <class T, class KV, int kHeadDim, int kNT>
 __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Cfg = DecodeConfig<kHeadDim, kNT>;
+  using Cfg = DecodeConfig<kHeadDim, kNT, int(sizeof(KV))>;
+  using M = std::conditional_t<Cfg::kConvert, __half, T>;  // the mmas' input type
   constexpr int kRows = Cfg::kRows;
   constexpr int kStages = Cfg::kStages;
   constexpr int kPitch = Cfg::kPitch;
+  constexpr int kRingPitch = Cfg::kRingPitch;
   constexpr int kDimTiles = kHeadDim / 16;
 
-  extern __shared__ __align__(128) unsigned char smem[];  // [kWarps][kStages][K rows, V rows] of kPitch bytes
+  // [kWarps][kStages tiles of K rows then V rows of kRingPitch bytes, staging tile][Q copy (Cfg::kQInSmem)]
+  extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) uint64_t bars[kWarps * kStages];
   __shared__ float warp_max_sum[kWarps][kRows][2];
 
@@ -561,12 +624,12 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   // This lane's bulk copy: row `copy_row` of the K (lanes 0-15) or V (lanes 16-31) half of each warp tile.
   const bool copies_v = lane >= kWarpKeys;
   const int copy_row = lane % kWarpKeys;
-  const T* copy_base = copies_v ? static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head
-                                : static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
+  const KV* copy_base = copies_v ? static_cast<const KV*>(p.value_cache) + kv_head * p.v_stride_head
+                                 : static_cast<const KV*>(p.key_cache) + kv_head * p.k_stride_head;
   const int64_t copy_stride_block = copies_v ? p.v_stride_block : p.k_stride_block;
   const int64_t copy_stride_slot = copies_v ? p.v_stride_slot : p.k_stride_slot;
-  const uint32_t ring = smem_addr(smem) + warp * Cfg::kWarpRingBytes;
-  const uint32_t copy_dst = ring + (copies_v ? kWarpKeys * kPitch : 0) + copy_row * kPitch;
+  const uint32_t ring = smem_addr(smem) + warp * Cfg::kWarpBytes;
+  const uint32_t copy_dst = ring + (copies_v ? kWarpKeys * kRingPitch : 0) + copy_row * kRingPitch;
   const uint32_t bar0 = smem_addr(&bars[warp * kStages]);
   const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
   const int block_shift = p.block_shift;
@@ -586,16 +649,17 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     if constexpr (Cfg::kBulkRows) {
       const int key = tile_key(i);
       const int slot = block_shift >= 0 ? key & (p.block_size - 1) : key % p.block_size;
-      const T* src = copy_base + int64_t(block) * copy_stride_block + int64_t(slot) * copy_stride_slot;
+      const KV* src = copy_base + int64_t(block) * copy_stride_block + int64_t(slot) * copy_stride_slot;
       if (lane == 0) mbar_arrive_expect_tx(bar, Cfg::kTxBytes);
       __syncwarp();
       bulk_copy_g2s(copy_dst + stage * Cfg::kStageBytes, src, Cfg::kRowBytes, bar);
     } else {
       // Pass j: lanes cover chunk lane % kChunks of key rows j * kRowsPerPass + lane / kChunks, K then V.
+      constexpr int kChunkValues = 16 / int(sizeof(KV));
       const int chunk = lane % Cfg::kChunks;
       const uint32_t dst = ring + stage * Cfg::kStageBytes + chunk * 16;
-      const T* k_base = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head + chunk * 8;
-      const T* v_base = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head + chunk * 8;
+      const KV* k_base = static_cast<const KV*>(p.key_cache) + kv_head * p.k_stride_head + chunk * kChunkValues;
+      const KV* v_base = static_cast<const KV*>(p.value_cache) + kv_head * p.v_stride_head + chunk * kChunkValues;
       const int tile_key0 = key_begin + (warp + i * kWarps) * kWarpKeys;
 #pragma unroll
       for (int j = 0; j < Cfg::kKeyPasses; ++j) {
@@ -603,9 +667,9 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
         const int row_block = __shfl_sync(0xffffffffu, block, row);  // lane `row` looked up key row `row`
         const int key = min(tile_key0 + row, key_end - 1);
         const int slot = block_shift >= 0 ? key & (p.block_size - 1) : key % p.block_size;
-        cp_async_16_g2s(dst + row * kPitch,
+        cp_async_16_g2s(dst + row * kRingPitch,
                         k_base + int64_t(row_block) * p.k_stride_block + int64_t(slot) * p.k_stride_slot);
-        cp_async_16_g2s(dst + (kWarpKeys + row) * kPitch,
+        cp_async_16_g2s(dst + (kWarpKeys + row) * kRingPitch,
                         v_base + int64_t(row_block) * p.v_stride_block + int64_t(slot) * p.v_stride_slot);
       }
       cp_async_mbar_arrive_noinc(bar);
@@ -627,6 +691,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   // (g, 2t + 8), (g + 8, 2t + 8)} + 16 kk. Rows past the block's heads (all of rows 8-15 when kNT == 1) are zero.
   // With Cfg::kQInSmem the block copies Q to shared memory instead (rows past its heads zero) and the S loop reads
   // the same fragments with ldmatrix; 4-byte loads, as the register path, so a q row needs only 4-byte alignment.
+  // Either way Q is held as M (rounded to f16 for fp8 pages with bf16 q: mma_word).
   uint32_t qa[Cfg::kQInSmem ? 1 : kDimTiles][4];  // unused with Cfg::kQInSmem
   const T* q = static_cast<const T*>(p.q) + seq * p.q_stride_seq;
   if constexpr (Cfg::kQInSmem) {
@@ -634,9 +699,10 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     for (int i = tid; i < kRows * kWords; i += kThreads) {
       const int row = i / kWords, word = i % kWords;
       const unsigned int v =
-          row < num_rows ? __ldg(reinterpret_cast<const unsigned int*>(q + (head_begin + row) * p.q_stride_head) + word)
+          row < num_rows ? mma_word<T, M>(__ldg(
+                               reinterpret_cast<const unsigned int*>(q + (head_begin + row) * p.q_stride_head) + word))
                          : 0u;
-      reinterpret_cast<unsigned int*>(smem + kWarps * Cfg::kWarpRingBytes + row * kPitch)[word] = v;
+      reinterpret_cast<unsigned int*>(smem + kWarps * Cfg::kWarpBytes + row * kPitch)[word] = v;
     }
     __syncthreads();  // Q visible to every warp; the rings' copies are already in flight
   } else {
@@ -647,8 +713,8 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       const T* q_row = q + (head_begin + (valid ? row : 0)) * p.q_stride_head + 2 * t4;
 #pragma unroll
       for (int kk = 0; kk < kDimTiles; ++kk) {
-        qa[kk][r] = valid ? __ldg(reinterpret_cast<const unsigned int*>(q_row + 16 * kk)) : 0u;
-        qa[kk][r + 2] = valid ? __ldg(reinterpret_cast<const unsigned int*>(q_row + 16 * kk + 8)) : 0u;
+        qa[kk][r] = valid ? mma_word<T, M>(__ldg(reinterpret_cast<const unsigned int*>(q_row + 16 * kk))) : 0u;
+        qa[kk][r + 2] = valid ? mma_word<T, M>(__ldg(reinterpret_cast<const unsigned int*>(q_row + 16 * kk + 8))) : 0u;
       }
     }
   }
@@ -671,7 +737,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
   // lane / 8 covers keys 8 (lane / 16) .. +7 and 16-byte chunk (lane / 8) % 2 of each 16-dim slice.
   const uint32_t ld_off = (lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 16;
   // Q's (Cfg::kQInSmem): the A operand's, matrix lane / 8 covering rows 8 ((lane / 8) % 2) .. +7, chunk lane / 16.
-  const uint32_t q_ld = smem_addr(smem) + kWarps * Cfg::kWarpRingBytes + (lane % 16) * kPitch + (lane / 16) * 16;
+  const uint32_t q_ld = smem_addr(smem) + kWarps * Cfg::kWarpBytes + (lane % 16) * kPitch + (lane / 16) * 16;
 
   for (int i = 0; i < my_tiles; ++i) {
     const int stage = i % kStages;
@@ -679,7 +745,46 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     int next_block = 0;
     if (refill) next_block = lookup_block(i + kStages);  // issued early: its latency hides under this tile's math
     mbar_wait(bar0 + stage * 8, uint32_t(i / kStages) & 1u);
-    const uint32_t ks = ring + stage * Cfg::kStageBytes + ld_off;
+    if constexpr (Cfg::kConvert) {
+      // Lane -> (row, chunk) of the widening, chunk = 16 fp8 values (16 bytes in, 32 out): pass j covers the
+      // 32 / kChunks rows from j * 32 / kChunks. An 8-lane phase of a 16-byte access (lane / 8) takes four chunks of
+      // each of two neighbour rows (h = (lane / 4) % 2): with 8 or 16 chunks per row, quad a ^ h of row h (a: the
+      // phase's quad of the pair), with 4 the row's only quad. Then a phase's eight ring reads fall in eight bank
+      // groups (dense fp8 rows: group 4 h + i at 4 chunks a row, 4 (a ^ h) + i at 8 or 16, i = lane % 4), and so do
+      // its eight 16-byte staging writes of each of the two stores (row r, 16-bit chunk 2 c or 2 c + 1: group r + 2 i
+      // or r + 2 i + 1 mod 8, the two rows of opposite parity).
+      constexpr int kQuads = Cfg::kChunks / 4;
+      const int h = (lane / 4) % 2;
+      const int row = 2 * ((lane / 8) / kQuads) + h;
+      const int chunk = 4 * (kQuads > 1 ? ((lane / 8) % kQuads) ^ h : 0) + lane % 4;
+      unsigned char* const warp_smem = smem + warp * Cfg::kWarpBytes;
+      const unsigned char* src = warp_smem + stage * Cfg::kStageBytes + row * kRingPitch + chunk * 16;
+      unsigned char* dst = warp_smem + Cfg::kWarpRingBytes + row * kPitch + chunk * 32;
+      __syncwarp();  // every lane's ldmatrix reads of the previous tile's staging are done
+#pragma unroll
+      for (int j = 0; j < Cfg::kChunks; ++j) {
+        const int rows = j * (32 / Cfg::kChunks);
+        const uint4 v = *reinterpret_cast<const uint4*>(src + rows * kRingPitch);
+        uint4 lo, hi;
+        e4m3x4_to_f16x4(v.x, lo.x, lo.y);
+        e4m3x4_to_f16x4(v.y, lo.z, lo.w);
+        e4m3x4_to_f16x4(v.z, hi.x, hi.y);
+        e4m3x4_to_f16x4(v.w, hi.z, hi.w);
+        uint4* out = reinterpret_cast<uint4*>(dst + rows * kPitch);
+        out[0] = lo;
+        out[1] = hi;
+      }
+      // The staging tile is complete for every lane's ldmatrix, and the stage's bytes are consumed: refill it now,
+      // before the math, so that all kStages tiles are in flight meanwhile (the fence orders the generic reads
+      // before the bulk copies' async-proxy writes; harmless for cp.async).
+      __syncwarp();
+      if (refill) {
+        fence_proxy_async_shared();
+        issue(i + kStages, next_block);
+      }
+    }
+    // fp8 pages: the warp's staging tile, after its ring.
+    const uint32_t ks = ring + (Cfg::kConvert ? Cfg::kWarpRingBytes : stage * Cfg::kStageBytes) + ld_off;
     const uint32_t vs = ks + kWarpKeys * kPitch;
 
     // S = Q K^T for the warp's 16 keys (2 n-tiles of 8 keys), as two independent mma chains (even / odd kk).
@@ -696,11 +801,11 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
       if constexpr (Cfg::kQInSmem) {
         uint32_t a[4];
         ldmatrix_x4(a, q_ld + kk * 32);
-        mma_16816<T>(sc[kk % 2][0], a, b[0], b[1]);
-        mma_16816<T>(sc[kk % 2][1], a, b[2], b[3]);
+        mma_16816<M>(sc[kk % 2][0], a, b[0], b[1]);
+        mma_16816<M>(sc[kk % 2][1], a, b[2], b[3]);
       } else {
-        mma_16816<T>(sc[kk % 2][0], qa[kk], b[0], b[1]);
-        mma_16816<T>(sc[kk % 2][1], qa[kk], b[2], b[3]);
+        mma_16816<M>(sc[kk % 2][0], qa[kk], b[0], b[1]);
+        mma_16816<M>(sc[kk % 2][1], qa[kk], b[2], b[3]);
       }
     }
     float s[2][4];
@@ -761,18 +866,18 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     uint32_t pb[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
-      pb[nt][0] = pack2<T>(s[0][2 * nt], s[0][2 * nt + 1]);
-      pb[nt][1] = pack2<T>(s[1][2 * nt], s[1][2 * nt + 1]);
+      pb[nt][0] = pack2<M>(s[0][2 * nt], s[0][2 * nt + 1]);
+      pb[nt][1] = pack2<M>(s[1][2 * nt], s[1][2 * nt + 1]);
     }
 #pragma unroll
     for (int m = 0; m < kDimTiles; ++m) {
       uint32_t a[4];
       ldmatrix_x4_trans(a, vs + m * 32);
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) mma_16816<T>(o[m][nt], a, pb[nt][0], pb[nt][1]);
+      for (int nt = 0; nt < kNT; ++nt) mma_16816<M>(o[m][nt], a, pb[nt][0], pb[nt][1]);
     }
 
-    if (refill) {
+    if (!Cfg::kConvert && refill) {
       // Every lane's ldmatrix reads of this stage are done (and ordered before the async proxy, which the bulk
       // copies write through; harmless for cp.async) before the barrier is re-armed and the lanes overwrite it.
       __syncwarp();
@@ -781,10 +886,10 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     }
   }
 
-  // Merge the warps. Every copy a warp issued has been waited on, so each warp can reuse its own ring for
-  // its O^T (as [kRows][kMergePitch] fp32, bank-conflict free) without waiting for the others.
+  // Merge the warps. Every copy a warp issued has been waited on, so each warp can reuse its own ring (and staging
+  // tile) for its O^T (as [kRows][kMergePitch] fp32, bank-conflict free) without waiting for the others.
   __syncwarp();
-  float* warp_out = reinterpret_cast<float*>(smem + warp * Cfg::kWarpRingBytes);
+  float* warp_out = reinterpret_cast<float*>(smem + warp * Cfg::kWarpBytes);
 #pragma unroll
   for (int r = 0; r < kNT; ++r) {
     float sum = row_sum[r];
@@ -819,7 +924,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float weight = exp2f(warp_max_sum[w][row][0] - max);
-      const float* wo = reinterpret_cast<const float*>(smem + w * Cfg::kWarpRingBytes);
+      const float* wo = reinterpret_cast<const float*>(smem + w * Cfg::kWarpBytes);
       sum += weight * warp_max_sum[w][row][1];
       acc += weight * wo[row * Cfg::kMergePitch + d];
     }
@@ -845,18 +950,18 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
 // How many key partitions, from a small cost model of an SM's time: the blocks spread over the SMs (the kernel
 // is memory bound, so an SM's time is the bytes of the blocks it gets, whatever its occupancy), a fixed cost per
 // wave of resident blocks (pipeline fill), and a fixed cost for the reduce launch when split. Costs are in units
-// of a head-128 key (512 bytes of K and V); a key of head_size streams head_size / 128 of that, so at head 64
-// the fixed costs weigh double and at head 256 half (the constants were tuned at head 128, whose choices this
-// leaves unchanged).
+// of a 16-bit head-128 key (512 bytes of K and V); a key streams key_cost / 128 of that (key_cost: its K and V bytes
+// / 4, i.e. head_size for 16-bit pages, head_size / 2 for fp8), so at 16-bit head 64 the fixed costs weigh double
+// and at head 256 half (the constants were tuned at 16-bit head 128, whose choices this leaves unchanged).
 // Choices whose grid leaves SMs idle are taken only when no split count fills them all. Ties between single-wave
 // choices go to more splits (more warps streaming, shorter pipelines). Partitions are whole rounds of the four
 // warps and never shorter than kMinPartitionKeys; at most kMaxSplits. Returns {num_splits, partition_keys}.
 std::pair<int, int> choose_splits(int64_t max_seq_len, int64_t blocks_per_split, int num_sms, int blocks_per_sm,
-                                  int head_size) {
+                                  int key_cost) {
   constexpr int64_t kWaveCostKeys = 64, kReduceCostKeys = 256, kCostUnitHead = 128;
   const int64_t sms = std::max(num_sms, 1);
   const int64_t slots = sms * std::max(blocks_per_sm, 1);
-  const int64_t key_cost = std::max(head_size, 1);  // per key, in 1 / kCostUnitHead of a head-128 key
+  const int64_t per_key = std::max(key_cost, 1);  // in 1 / kCostUnitHead of a 16-bit head-128 key
   const int64_t max_splits = std::clamp<int64_t>((max_seq_len + kMinPartitionKeys - 1) / kMinPartitionKeys, 1,
                                                  kMaxSplits);
   for (const bool fill_sms : {true, false}) {
@@ -868,7 +973,7 @@ std::pair<int, int> choose_splits(int64_t max_seq_len, int64_t blocks_per_split,
       const int64_t blocks = blocks_per_split * splits;
       if (fill_sms && blocks < sms) continue;
       const int64_t waves = (blocks + slots - 1) / slots;
-      const int64_t cost = (blocks + sms - 1) / sms * partition * key_cost +
+      const int64_t cost = (blocks + sms - 1) / sms * partition * per_key +
                            (waves * kWaveCostKeys + (splits > 1 ? kReduceCostKeys : 0)) * kCostUnitHead;
       if (best_cost < 0 || cost < best_cost || (cost == best_cost && waves == 1)) {
         best_cost = cost;
@@ -881,20 +986,20 @@ std::pair<int, int> choose_splits(int64_t max_seq_len, int64_t blocks_per_split,
   return {1, int((max_seq_len + kPartitionQuantum - 1) / kPartitionQuantum * kPartitionQuantum)};  // not reached
 }
 
-template <class T, int kHeadDim, int kNT>
+template <class T, class KV, int kHeadDim, int kNT>
 void launch_flash_attn_decode_rows(DecodeParams p, Device device, int64_t num_seqs, int64_t num_kv_heads,
                                    int64_t max_seq_len, Stream stream) {
-  using Cfg = DecodeConfig<kHeadDim, kNT>;
+  using Cfg = DecodeConfig<kHeadDim, kNT, int(sizeof(KV))>;
   constexpr size_t smem = Cfg::kSmemBytes;
   p.head_chunks = (p.group_size + Cfg::kRows - 1) / Cfg::kRows;
-  auto* kernel = flash_attn_decode_split_kernel<T, kHeadDim, kNT>;
+  auto* kernel = flash_attn_decode_split_kernel<T, KV, kHeadDim, kNT>;
   const KernelLaunchFacts& facts =
       kernel_launch_facts(reinterpret_cast<const void*>(kernel), device.index, kThreads, smem);
   const int num_sms = facts.num_sms, blocks_per_sm = facts.blocks_per_sm;
 
   const int64_t blocks_per_split = num_seqs * num_kv_heads * p.head_chunks;
   const auto [num_splits, partition_keys] =
-      choose_splits(max_seq_len, blocks_per_split, num_sms, blocks_per_sm, kHeadDim);
+      choose_splits(max_seq_len, blocks_per_split, num_sms, blocks_per_sm, kHeadDim * int(sizeof(KV)) / 2);
   p.num_splits = num_splits;
   p.partition_keys = partition_keys;
   Tensor partial_out, partial_max_sum;
@@ -918,13 +1023,13 @@ void launch_flash_attn_decode_rows(DecodeParams p, Device device, int64_t num_se
 }
 
 // One n-tile of 8 query heads per block when the GQA group fits (every model we serve), else two (16 per block).
-template <class T, int kHeadDim>
+template <class T, class KV, int kHeadDim>
 void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, int64_t num_kv_heads,
                               int64_t max_seq_len, Stream stream) {
   if (p.group_size <= 8)
-    launch_flash_attn_decode_rows<T, kHeadDim, 1>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+    launch_flash_attn_decode_rows<T, KV, kHeadDim, 1>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
   else
-    launch_flash_attn_decode_rows<T, kHeadDim, 2>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+    launch_flash_attn_decode_rows<T, KV, kHeadDim, 2>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
 }
 
 }  // namespace hopper_path
@@ -935,31 +1040,36 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
 constexpr int kHopperOnlyHeadSize = 256;
 
 // Hopper's kernels or mma_path's, decided once per device: any instantiation of the Hopper kernel tells whether
-// the binary's image for the device is an sm_90 one.
-template <class T, int kHeadDim>
+// the binary's image for the device is an sm_90 one. KV: the pages' type, T or __nv_fp8_e4m3 (Hopper only).
+template <class T, class KV, int kHeadDim>
 void launch_flash_attn_decode(const DecodeParams& p, Device device, int64_t num_seqs, int64_t num_kv_heads,
                               int64_t max_seq_len, Stream stream) {
-  auto* hopper = hopper_path::flash_attn_decode_split_kernel<T, kHeadDim, 1>;
+  auto* hopper = hopper_path::flash_attn_decode_split_kernel<T, KV, kHeadDim, 1>;
   if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device.index))
-    hopper_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
-  else if constexpr (kHeadDim == kHopperOnlyHeadSize)  // not reached: decode_tensor_core_supports said generic
-    KBN_FAIL("flash_attn_decode: head_size ", kHeadDim, " has a tensor-core kernel on Hopper (sm_90) only, not on ",
-             device.str());
+    hopper_path::launch_flash_attn_decode<T, KV, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
+  else if constexpr (kHeadDim == kHopperOnlyHeadSize || !std::is_same_v<KV, T>)  // not reached: the generic kernel ran
+    KBN_FAIL("flash_attn_decode: head_size ", kHeadDim, std::is_same_v<KV, T> ? "" : " with fp8 pages",
+             " has a tensor-core kernel on Hopper (sm_90) only, not on ", device.str());
   else
     mma_path::launch_flash_attn_decode<T, kHeadDim>(p, device, num_seqs, num_kv_heads, max_seq_len, stream);
 }
 
-// True when decode runs (dtype, head_size) on tensor cores on `device`: the shared set (attention_mma.cuh) on every
-// GPU, plus kHopperOnlyHeadSize when this binary runs Hopper code there. Otherwise the generic kernel runs. Keep the
-// head sizes in step with dispatch_decode_head_size just below.
-bool decode_tensor_core_supports(DType dt, int64_t head_size, Device device) {
-  if (tensor_core_attention_supports(dt, head_size)) return true;
-  if (head_size != kHopperOnlyHeadSize || (dt != DType::bf16 && dt != DType::f16)) return false;
+// True when decode runs (q's dtype, the pages' dtype, head_size) on tensor cores on `device`. Pages of q's dtype: the
+// shared set (attention_mma.cuh) on every GPU, plus kHopperOnlyHeadSize when this binary runs Hopper code there (any
+// instantiation of the Hopper kernel tells). fp8 e4m3 pages: those head sizes (64, 128, 256) when it runs Hopper code
+// there; mma_path has no fp8 feed, so other GPUs read fp8 pages with the generic kernel. Otherwise the generic kernel
+// runs. Keep the head sizes in step with dispatch_decode_head_size just below.
+bool decode_tensor_core_supports(DType dt, DType pages, int64_t head_size, Device device) {
+  const bool fp8 = pages == DType::fp8e4m3;
+  if (!fp8 && tensor_core_attention_supports(dt, head_size)) return true;
+  if (dt != DType::bf16 && dt != DType::f16) return false;
+  if (head_size != kHopperOnlyHeadSize && !(fp8 && tensor_core_attention_supports(dt, head_size))) return false;
   using hopper_path::flash_attn_decode_split_kernel;
   const void* hopper =
       dt == DType::bf16
-          ? reinterpret_cast<const void*>(flash_attn_decode_split_kernel<__nv_bfloat16, kHopperOnlyHeadSize, 1>)
-          : reinterpret_cast<const void*>(flash_attn_decode_split_kernel<__half, kHopperOnlyHeadSize, 1>);
+          ? reinterpret_cast<const void*>(
+                flash_attn_decode_split_kernel<__nv_bfloat16, __nv_bfloat16, kHopperOnlyHeadSize, 1>)
+          : reinterpret_cast<const void*>(flash_attn_decode_split_kernel<__half, __half, kHopperOnlyHeadSize, 1>);
   return runs_sm90_image(hopper, device.index);
 }
 
@@ -1016,7 +1126,8 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
     check_rank(*cache, op, name, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
     check_size(*cache, op, name, 2, num_kv_heads_, "num_kv_heads");
     check_size(*cache, op, name, 3, head_size_, "head_size");
-    // fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) are read by the generic kernel on CUDA, as they are on CPU.
+    // fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) go with any q: Hopper's tensor-core kernel reads them at heads 64,
+    // 128 and 256 with f16 / bf16 q, the generic kernel otherwise (decode_tensor_core_supports), as on CPU the oracle.
     if (cache->dtype() != DType::fp8e4m3) check_same_dtype(*cache, q, op, name, "q");
     check_same_device(*cache, q, op, name, "q");
   }
@@ -1061,11 +1172,12 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (key_cache.dtype() == DType::fp8e4m3 || !decode_tensor_core_supports(q.dtype(), head_size_, q.device())) {
+  const DType pages = key_cache.dtype();  // q's dtype, or fp8 e4m3
+  if (!decode_tensor_core_supports(q.dtype(), pages, head_size_, q.device())) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens, block_tables,
                                                    num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
-    launch_generic_attention(g, q.dtype(), key_cache.dtype(), num_seqs, num_heads_, op, current_stream());
+    launch_generic_attention(g, q.dtype(), pages, num_seqs, num_heads_, op, current_stream());
     return out;
   }
   DecodeParams p{};
@@ -1096,9 +1208,14 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   // A window bounds the keys any sequence reads: the partitions are cut over that span, not max_seq_len.
   const int64_t max_keys = sliding_window_ > 0 ? std::min(max_seq_len, sliding_window_) : max_seq_len;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
+    using T = decltype(t);
     dispatch_decode_head_size(head_size_, op, [&](auto d) {
-      launch_flash_attn_decode<decltype(t), decltype(d)::value>(p, q.device(), num_seqs, num_kv_heads_, max_keys,
-                                                                current_stream());
+      constexpr int kHeadDim = decltype(d)::value;
+      if (pages == DType::fp8e4m3)
+        launch_flash_attn_decode<T, __nv_fp8_e4m3, kHeadDim>(p, q.device(), num_seqs, num_kv_heads_, max_keys,
+                                                             current_stream());
+      else
+        launch_flash_attn_decode<T, T, kHeadDim>(p, q.device(), num_seqs, num_kv_heads_, max_keys, current_stream());
     });
   });
 #endif

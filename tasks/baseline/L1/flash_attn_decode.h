@@ -10,7 +10,9 @@ class FlashAttnDecode : public Module {
   // sliding_window > 0: a query at position i sees keys i - sliding_window + 1 .. i (vLLM's
   // per_layer_sliding_window); logits_soft_cap > 0: scores become cap * tanh(score / cap). The tensor-core kernels
   // apply both (and sinks) and never read a page before a window. The pages may be fp8 e4m3 (--kv-cache-dtype
-  // fp8_e4m3, scale 1.0) whatever q's dtype: on CUDA the generic kernel reads them (correct, not yet fast).
+  // fp8_e4m3, scale 1.0) whatever q's dtype. On Hopper (sm_90) the tensor-core kernel reads them at head sizes 64,
+  // 128 and 256 with f16 / bf16 q (half the bytes of 16-bit pages; its mmas run in f16, so bf16 q is rounded to f16
+  // there, saturating at +-65504); other GPUs, and other dtypes or head sizes, read them with the generic kernel.
   FlashAttnDecode(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, int64_t sliding_window = 0,
         double logits_soft_cap = 0);
 

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda_fp8.h>
+
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
 #include "L1/mbarrier.cuh"
@@ -79,16 +81,40 @@ constexpr int kStages = kHeadDim > 192 ? 2 : 3;
 //    memory would trim the integer work per tile.
 //  - Causal load balance: query tiles are issued heaviest-first per (seq, kv head); a persistent-kernel tile
 //    scheduler across sequences would remove the remaining tail for very uneven varlen batches.
-template <class T, int kHeadDim>
+//
+// KV is the pages' type: T, or __nv_fp8_e4m3 (--kv-cache-dtype fp8_e4m3, scale 1.0; on Hopper too, whose TMA kernel
+// reads 16-bit pages only). fp8 tiles land dense in their own kStages ring (16-byte cp.async, 16 values each); once
+// a tile has landed every thread widens its share to f16 (exact) into the one 16-bit K and V tile the mma code reads,
+// behind a second barrier. The mmas then run in f16 whatever T is (P keeps 11 bits), with a bf16 Q tile rounded to
+// f16 in place once it has landed (exact for bf16 values in f16's normal range; beyond +-65504 it becomes inf and the
+// output NaN, never a silently clipped score); the output is T.
+template <int kHeadDim, class T, class KV>
+constexpr size_t prefill_mma_smem_bytes() {
+  constexpr bool kConvert = !std::is_same_v<KV, T>;
+  constexpr size_t kTileElems = size_t(kBlockN) * kHeadDim;
+  // Q and the 16-bit K/V tiles (a ring of them for 16-bit pages, one pair for fp8), then the fp8 ring.
+  return (size_t(kBlockM) * kHeadDim + 2 * (kConvert ? 1 : kStages<kHeadDim>) * kTileElems) * 2 +
+         (kConvert ? 2 * kStages<kHeadDim> * kTileElems : 0);
+}
+
+template <class T, class KV, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(PrefillParams p) {
-  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  constexpr bool kConvert = !std::is_same_v<KV, T>;
+  static_assert(!kConvert || std::is_same_v<KV, __nv_fp8_e4m3>, "16-bit pages of q's type, or fp8 e4m3");
+  using M = std::conditional_t<kConvert, __half, T>;  // the mmas' input type
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per 16-bit row
+  constexpr int kChunks8 = kHeadDim / 16;  // 16-byte chunks per fp8 row
   constexpr int kTileElems = kBlockN * kHeadDim;
+  constexpr int kTiles16 = kConvert ? 1 : kStages<kHeadDim>;  // 16-bit K (and V) tiles the mma code reads
   static_assert(kBlockN * kChunks % kThreads == 0 && kBlockM * kChunks % kThreads == 0, "whole copy rounds");
+  static_assert(!kConvert || kBlockN * kChunks8 % kThreads == 0, "whole fp8 copy rounds");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* q_smem = reinterpret_cast<T*>(smem);     // [kBlockM, kHeadDim]
-  T* k_smem = q_smem + kBlockM * kHeadDim;    // [kStages<kHeadDim>, kBlockN, kHeadDim]
-  T* v_smem = k_smem + kStages<kHeadDim> * kTileElems;  // [kStages<kHeadDim>, kBlockN, kHeadDim]
+  M* q_smem = reinterpret_cast<M*>(smem);           // [kBlockM, kHeadDim] (q's values as M)
+  M* k_smem = q_smem + kBlockM * kHeadDim;          // [kTiles16, kBlockN, kHeadDim]
+  M* v_smem = k_smem + kTiles16 * kTileElems;       // [kTiles16, kBlockN, kHeadDim]
+  // fp8 pages: [kStages<kHeadDim>][K tile, V tile] of dense kBlockN x kHeadDim byte rows.
+  unsigned char* ring8 = reinterpret_cast<unsigned char*>(v_smem + kTiles16 * kTileElems);
 
   const int kv_head = blockIdx.x;
   const int seq = blockIdx.z;
@@ -117,8 +143,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
   const int lane = tid % 32;
 
   const T* q = static_cast<const T*>(p.q);
-  const T* k_head = static_cast<const T*>(p.key_cache) + kv_head * p.k_stride_head;
-  const T* v_head = static_cast<const T*>(p.value_cache) + kv_head * p.v_stride_head;
+  const KV* k_head = static_cast<const KV*>(p.key_cache) + kv_head * p.k_stride_head;
+  const KV* v_head = static_cast<const KV*>(p.value_cache) + kv_head * p.v_stride_head;
   const int* block_table = p.block_tables + int64_t(seq) * p.block_table_stride;
 
   // Q tile: rows past the sequence's last token are zero-filled.
@@ -140,26 +166,47 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
   // K and V tile `tile` into stage `stage` (tiles start at key_begin); keys at or past key_end (never visible,
   // possibly unallocated pages) are zero-filled so that masked probabilities multiply zeros, not garbage.
   auto load_kv = [&](int tile, int stage) {
-    T* ks = k_smem + stage * kTileElems;
-    T* vs = v_smem + stage * kTileElems;
     const int n0 = key_begin + tile * kBlockN;
+    if constexpr (kConvert) {
+      unsigned char* k8 = ring8 + stage * 2 * kTileElems;
 #pragma unroll
-    for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
-      const int i = tid + j * kThreads;
-      const int r = i / kChunks, c = i % kChunks;
-      const int key = n0 + r;
-      const bool valid = key < key_end;
-      const T* k_src = k_head;
-      const T* v_src = v_head;
-      if (valid) {
-        const int64_t block = block_table[key / p.block_size];
-        const int64_t slot = key % p.block_size;
-        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
-        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+      for (int j = 0; j < kBlockN * kChunks8 / kThreads; ++j) {
+        const int i = tid + j * kThreads;
+        const int r = i / kChunks8, c = i % kChunks8;
+        const int key = n0 + r;
+        const bool valid = key < key_end;
+        const KV* k_src = k_head;
+        const KV* v_src = v_head;
+        if (valid) {
+          const int64_t block = block_table[key / p.block_size];
+          const int64_t slot = key % p.block_size;
+          k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 16;
+          v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 16;
+        }
+        cp_async_16(smem_addr(k8 + r * kHeadDim + c * 16), k_src, valid);
+        cp_async_16(smem_addr(k8 + kTileElems + r * kHeadDim + c * 16), v_src, valid);
       }
-      const int dst = swizzle<kHeadDim>(r, c);
-      cp_async_16(smem_addr(ks + dst), k_src, valid);
-      cp_async_16(smem_addr(vs + dst), v_src, valid);
+    } else {
+      M* ks = k_smem + stage * kTileElems;
+      M* vs = v_smem + stage * kTileElems;
+#pragma unroll
+      for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
+        const int i = tid + j * kThreads;
+        const int r = i / kChunks, c = i % kChunks;
+        const int key = n0 + r;
+        const bool valid = key < key_end;
+        const KV* k_src = k_head;
+        const KV* v_src = v_head;
+        if (valid) {
+          const int64_t block = block_table[key / p.block_size];
+          const int64_t slot = key % p.block_size;
+          k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
+          v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
+        }
+        const int dst = swizzle<kHeadDim>(r, c);
+        cp_async_16(smem_addr(ks + dst), k_src, valid);
+        cp_async_16(smem_addr(vs + dst), v_src, valid);
+      }
     }
   };
 
@@ -201,8 +248,46 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
     if (next < num_tiles) load_kv(next, next % kStages<kHeadDim>);
     cp_async_commit();
 
-    const T* ks = k_smem + (tile % kStages<kHeadDim>) * kTileElems;
-    const T* vs = v_smem + (tile % kStages<kHeadDim>) * kTileElems;
+    if constexpr (kConvert) {
+      // Widen the landed fp8 tile into the 16-bit K and V tiles (every warp is past the previous tile's reads of
+      // them: the barrier above), and a bf16 Q tile to f16 in place before its first use.
+      const unsigned char* k8 = ring8 + (tile % kStages<kHeadDim>) * 2 * kTileElems;
+#pragma unroll
+      for (int j = 0; j < kBlockN * kChunks8 / kThreads; ++j) {
+        const int i = tid + j * kThreads;
+        const int r = i / kChunks8, c = i % kChunks8;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // K, then V
+          const uint4 v = *reinterpret_cast<const uint4*>(k8 + half * kTileElems + r * kHeadDim + c * 16);
+          M* dst = half == 0 ? k_smem : v_smem;
+          const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+          uint32_t wide[8];
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[w] & 0xffffu), __NV_E4M3);
+            const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(words[w] >> 16), __NV_E4M3);
+            wide[2 * w] = uint32_t(lo.x) | (uint32_t(lo.y) << 16);
+            wide[2 * w + 1] = uint32_t(hi.x) | (uint32_t(hi.y) << 16);
+          }
+          *reinterpret_cast<uint4*>(dst + swizzle<kHeadDim>(r, 2 * c)) = make_uint4(wide[0], wide[1], wide[2], wide[3]);
+          *reinterpret_cast<uint4*>(dst + swizzle<kHeadDim>(r, 2 * c + 1)) =
+              make_uint4(wide[4], wide[5], wide[6], wide[7]);
+        }
+      }
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if (tile == 0) {
+          for (int i = tid; i < kBlockM * kHeadDim / 2; i += kThreads) {
+            uint32_t& word = reinterpret_cast<uint32_t*>(q_smem)[i];
+            const float lo = __uint_as_float(word << 16), hi = __uint_as_float(word & 0xffff0000u);
+            const __half2 h = __floats2half2_rn(lo, hi);
+            word = *reinterpret_cast<const uint32_t*>(&h);
+          }
+        }
+      }
+      __syncthreads();  // the 16-bit tiles (and Q) are complete for every warp's ldmatrix
+    }
+    const M* ks = k_smem + (kConvert ? 0 : tile % kStages<kHeadDim>) * kTileElems;
+    const M* vs = v_smem + (kConvert ? 0 : tile % kStages<kHeadDim>) * kTileElems;
 
     // S = Q K^T: 16 rows x 64 keys per warp, as 8 n-tiles of 8 keys.
     float s[kBlockN / 8][4];
@@ -216,8 +301,8 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
       for (int np = 0; np < kBlockN / 16; ++np) {
         uint32_t b[4];  // {keys 0-7: d lo, d hi}, {keys 8-15: d lo, d hi} of this 16-key pair
         ldmatrix_x4(b, smem_addr(ks + swizzle<kHeadDim>(np * 16 + k_row, 2 * kk + k_chunk)));
-        mma_16816<T>(s[2 * np], a, b[0], b[1]);
-        mma_16816<T>(s[2 * np + 1], a, b[2], b[3]);
+        mma_16816<M>(s[2 * np], a, b[0], b[1]);
+        mma_16816<M>(s[2 * np + 1], a, b[2], b[3]);
       }
     }
 
@@ -267,16 +352,16 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t a[4];
-      a[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      a[0] = pack2<M>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<M>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<M>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<M>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int dp = 0; dp < kHeadDim / 16; ++dp) {
         uint32_t b[4];  // {d 0-7: keys lo, keys hi}, {d 8-15: keys lo, keys hi} of this 16-wide d pair
         ldmatrix_x4_trans(b, smem_addr(vs + swizzle<kHeadDim>(kk * 16 + v_row, 2 * dp + v_chunk)));
-        mma_16816<T>(o[2 * dp], a, b[0], b[1]);
-        mma_16816<T>(o[2 * dp + 1], a, b[2], b[3]);
+        mma_16816<M>(o[2 * dp], a, b[0], b[1]);
+        mma_16816<M>(o[2 * dp + 1], a, b[2], b[3]);
       }
     }
   }
@@ -295,13 +380,14 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
     sum += sink_term(p.feat, kv_head * group + m % group, row_max[r]);
     inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
   }
-  // Stage this warp's 16 normalised rows in its own Q rows, then write 16-byte chunks.
+  // Stage this warp's 16 normalised rows in its own Q rows (as T), then write 16-byte chunks.
+  T* o_smem = reinterpret_cast<T*>(smem);
 #pragma unroll
   for (int n = 0; n < kHeadDim / 8; ++n) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = warp * 16 + g + 8 * r;
-      *reinterpret_cast<uint32_t*>(q_smem + swizzle<kHeadDim>(row, n) + 2 * t4) =
+      *reinterpret_cast<uint32_t*>(o_smem + swizzle<kHeadDim>(row, n) + 2 * t4) =
           pack2<T>(o[n][2 * r] * inv_sum[r], o[n][2 * r + 1] * inv_sum[r]);
     }
   }
@@ -316,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
       const int token = q_begin + m / group;
       const int head = kv_head * group + m % group;
       *reinterpret_cast<uint4*>(out + token * p.out_stride_token + head * p.out_stride_head + c * 8) =
-          *reinterpret_cast<const uint4*>(q_smem + swizzle<kHeadDim>(row, c));
+          *reinterpret_cast<const uint4*>(o_smem + swizzle<kHeadDim>(row, c));
     }
   }
 }
@@ -354,8 +440,15 @@ constexpr int kConsumerThreads = 256;  // warps 0-7: two warpgroups
 constexpr int kProducerThreads = 128;  // warps 8-11: the producer warpgroup (one thread issues)
 constexpr int kThreads = kConsumerThreads + kProducerThreads;
 constexpr int kBlockM = 128;
-constexpr int kBlockN = 128;
-constexpr int kStages = 3;
+// Keys per K/V tile and K/V tiles in flight. Heads 64 and 128: 128-key tiles, three stages (head 128: Q 32 KiB + 3 x
+// 64 KiB). Heads 192 (DeepSeek MLA's decompressed prefill, V zero-padded to 192) and 256: 64-key tiles, S 64 x 64 per
+// warpgroup; head 192 three stages (Q 48 KiB + 3 x 48 KiB = 192 KiB; two 128-key stages would need 240), head 256 two
+// (Q 64 KiB + 2 x 64 KiB = 192 KiB; one 128-key tile of K and V alone would be 128 KiB). O is 64 x head_size per
+// warpgroup: 96 or 128 accumulators per consumer thread.
+template <int kHeadDim>
+constexpr int kBlockN = kHeadDim >= 192 ? 64 : 128;
+template <int kHeadDim>
+constexpr int kStages = kHeadDim == 256 ? 2 : 3;
 
 // Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -385,6 +478,7 @@ struct Work {
 };
 // Work item `item` of the launch, in (kv head fastest, sequence, query tile last: the tiles of every sequence with the
 // longest causal span come first) order; false when the tile lies past its sequence's rows (varlen batches).
+template <int kN>
 __device__ __forceinline__ bool load_work(const PrefillParams& p, int item, int num_kv_heads, int num_seqs,
                                           int m_tiles, Work& w) {
   w.kv_head = item % num_kv_heads;
@@ -403,7 +497,7 @@ __device__ __forceinline__ bool load_work(const PrefillParams& p, int item, int 
   w.key_begin = max(window_first_key(p.feat, first_token + w.offset), 0);
   w.window_full = window_first_key(p.feat, last_token + w.offset);
   w.key_base = w.key_begin / p.block_size * p.block_size;
-  w.num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_base, kBlockN) : 0;
+  w.num_tiles = w.key_end > w.key_begin ? ceil_div(w.key_end - w.key_base, kN) : 0;
   return true;
 }
 
@@ -424,26 +518,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 #error "flash_attn_prefill: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a, not compute_90"
 #endif
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kN = kBlockN<kHeadDim>;
+  constexpr int kSt = kStages<kHeadDim>;
   constexpr int kChunks = kHeadDim / 8;
   constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
-  constexpr uint32_t kTileBytes = kBlockN * kHeadDim * 2;
-  constexpr int kSAcc = kBlockN / 2;
+  constexpr uint32_t kTileBytes = kN * kHeadDim * 2;
+  constexpr int kSAcc = kN / 2;
   constexpr int kOAcc = kHeadDim / 2;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "wgmma shapes instantiated for head sizes 64 and 128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "wgmma shapes for head sizes 64, 128, 192, 256");
 
   extern __shared__ unsigned char smem_raw[];
   // The swizzle atoms must start 1024-byte aligned; the launcher adds 1024 bytes of slack.
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
   const uint32_t kv_s = q_s + kQBytes;                        // [kStages][K tile, V tile]
-  const uint32_t full_bar = kv_s + kStages * 2 * kTileBytes;  // [kStages] mbarriers, 8 bytes each
-  const uint32_t empty_bar = full_bar + kStages * 8;          // [kStages]
+  const uint32_t full_bar = kv_s + kSt * 2 * kTileBytes;  // [kStages] mbarriers, 8 bytes each
+  const uint32_t empty_bar = full_bar + kSt * 8;          // [kStages]
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   if (tid == 0) {
 #pragma unroll
-    for (int st = 0; st < kStages; ++st) {
+    for (int st = 0; st < kSt; ++st) {
       mbar_init(full_bar + 8 * st, 1);  // the producer's arrive.expect_tx; the TMA copies complete the bytes
       mbar_init(empty_bar + 8 * st, kConsumerThreads / 32);  // lane 0 of every consumer warp, once it is done
     }
@@ -460,22 +557,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int k = 0; k * int(gridDim.x) < num_items; ++k) {
         const int item = snake_item(k, blockIdx.x, gridDim.x);
         Work w;
-        if (item >= num_items || !load_work(p, item, num_kv_heads, num_seqs, m_tiles, w)) continue;
+        if (item >= num_items || !load_work<kN>(p, item, num_kv_heads, num_seqs, m_tiles, w)) continue;
         const int* block_table = p.block_tables + int64_t(w.seq) * p.block_table_stride;
         for (int tile = 0; tile < w.num_tiles; ++tile, ++it) {
-          const int stage = it % kStages;
-          if (it >= kStages) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kStages - 1) & 1));
+          const int stage = it % kSt;
+          if (it >= kSt) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kSt - 1) & 1));
           const uint32_t ks = kv_s + stage * 2 * kTileBytes;
           const uint32_t vs = ks + kTileBytes;
-          const int n0 = w.key_base + tile * kBlockN;
-          const int pages = (min(w.key_end - n0, kBlockN) + bs - 1) / bs;  // pages holding keys below key_end
+          const int n0 = w.key_base + tile * kN;
+          const int pages = (min(w.key_end - n0, kN) + bs - 1) / bs;  // pages holding keys below key_end
           const uint32_t bar = full_bar + 8 * stage;
           mbar_arrive_expect_tx(bar, uint32_t(pages * bs * kHeadDim * 2 * 2));
           for (int j = 0; j < pages; ++j) {
             const int block = block_table[n0 / bs + j];
 #pragma unroll
             for (int half = 0; half < kHeadDim / 64; ++half) {
-              const uint32_t off = half * (kBlockN * 128) + j * bs * 128;
+              const uint32_t off = half * (kN * 128) + j * bs * 128;
               tma_load_4d(ks + off, &k_map, bar, half * 64, w.kv_head, 0, block);
               tma_load_4d(vs + off, &v_map, bar, half * 64, w.kv_head, 0, block);
             }
@@ -522,20 +619,24 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto next_work = [&](int& k, Work& w) {
     for (++k; k * int(gridDim.x) < num_items; ++k) {
       const int item = snake_item(k, blockIdx.x, gridDim.x);
-      if (item < num_items && load_work(p, item, num_kv_heads, num_seqs, m_tiles, w)) return true;
+      if (item < num_items && load_work<kN>(p, item, num_kv_heads, num_seqs, m_tiles, w)) return true;
     }
     return false;
   };
 
-  uint32_t pa[kBlockN / 16][4];  // P of the previous tile as A fragments: keys 16kk..16kk+15 of the tile
+  uint32_t pa[kN / 16][4];  // P of the previous tile as A fragments: keys 16kk..16kk+15 of the tile
   float o[kOAcc];
   // O += P V of the tile whose V sits in shared address `vs` (V rows are the K of each step, head_size columns the N,
   // in 64-column blocks kBlockN * 128 bytes apart).
   auto issue_pv = [&](uint32_t vs) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kBlockN * 128, 1024);
-      if constexpr (kHeadDim == 128) {
+    for (int kk = 0; kk < kN / 16; ++kk) {
+      const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kN * 128, 1024);
+      if constexpr (kHeadDim == 256) {
+        wgmma_rs_n256_tb<T>(o, pa[kk], dv);
+      } else if constexpr (kHeadDim == 192) {
+        wgmma_rs_n192_tb<T>(o, pa[kk], dv);
+      } else if constexpr (kHeadDim == 128) {
         wgmma_rs_n128_tb<T>(o, pa[kk], dv);
       } else {
         wgmma_rs_n64_tb<T>(o, pa[kk], dv);
@@ -580,8 +681,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // before it: a separate instantiation, so that no wgmma group is conditional.
     auto step = [&](int tile, auto with_pv) {
       constexpr bool kWithPv = decltype(with_pv)::value;
-      const int stage = it % kStages;
-      mbar_wait(full_bar + 8 * stage, uint32_t((it / kStages) & 1));
+      const int stage = it % kSt;
+      mbar_wait(full_bar + 8 * stage, uint32_t((it / kSt) & 1));
       const uint32_t ks = kv_s + stage * 2 * kTileBytes;
 
       // S: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a 64-column
@@ -593,12 +694,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
         const uint64_t da = sw128_desc(q_wg + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
-        const uint64_t db = sw128_desc(ks + (kk / 4) * (kBlockN * 128) + col, 16, 1024);
-        wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
+        const uint64_t db = sw128_desc(ks + (kk / 4) * (kN * 128) + col, 16, 1024);
+        if constexpr (kN == 64) {
+          wgmma_ss_n64<T>(s, da, db, kk > 0 ? 1 : 0);
+        } else {
+          wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
+        }
       }
       wgmma_commit();
       if constexpr (kWithPv) {
-        issue_pv(kv_s + ((it - 1) % kStages) * 2 * kTileBytes + kTileBytes);
+        issue_pv(kv_s + ((it - 1) % kSt) * 2 * kTileBytes + kTileBytes);
         wgmma_commit();
       }
       if (!(wg == 1 && tile == w.num_tiles - 1 && !have_next))
@@ -613,11 +718,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (tile == w.num_tiles - 1 && have_next) load_q(next);
 
       if (soft_cap) soft_cap_scores<kSAcc>(s, p.feat);
-      const int n0 = w.key_base + tile * kBlockN;
+      const int n0 = w.key_base + tile * kN;
       // The tile crosses the causal diagonal or the window's lower edge of some row.
-      if (n0 + kBlockN > w.unmasked_end || n0 < w.window_full) {
+      if (n0 + kN > w.unmasked_end || n0 < w.window_full) {
 #pragma unroll
-        for (int n = 0; n < kBlockN / 8; ++n) {
+        for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int key = n0 + n * 8 + 2 * t4 + (e & 1);
@@ -634,7 +739,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // cannot hide with two math warps per scheduler.
         float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-        for (int n = 0; n < kBlockN / 8; ++n)
+        for (int n = 0; n < kN / 8; ++n)
           part[n % 4] = fmaxf(part[n % 4], fmaxf(s[4 * n + 2 * r], s[4 * n + 2 * r + 1]));
         float tile_max = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
         tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
@@ -646,7 +751,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         row_max[r] = new_max;
         float sums[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int n = 0; n < kBlockN / 8; ++n) {
+        for (int n = 0; n < kN / 8; ++n) {
           s[4 * n + 2 * r] = exp2_ftz(fmaf(s[4 * n + 2 * r], score_scale, -base));
           s[4 * n + 2 * r + 1] = exp2_ftz(fmaf(s[4 * n + 2 * r + 1], score_scale, -base));
           sums[n % 4] += s[4 * n + 2 * r] + s[4 * n + 2 * r + 1];
@@ -661,7 +766,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
-        release((it - 1) % kStages);
+        release((it - 1) % kSt);
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int n = 0; n < kHeadDim / 8; ++n) {
@@ -674,7 +779,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // S accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
 #pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < kN / 16; ++kk) {
         pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
         pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
         pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
@@ -685,18 +790,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (w.num_tiles > 0) step(0, std::false_type{});
     for (int tile = 1; tile < w.num_tiles; ++tile) step(tile, std::true_type{});
     if (w.num_tiles > 0) {  // the last tile's P V
-      const int last = (it - 1) % kStages;
+      const int last = (it - 1) % kSt;
       const uint32_t vs = kv_s + last * 2 * kTileBytes + kTileBytes;
       // Rows of the last tile at or past key_end hold what the cache holds beyond the sequence (whole pages are
       // copied) or an earlier tile's keys (pages not copied): their probabilities are 0, but 0 x NaN is NaN. Both
       // warpgroups read every V row, so they zero the rows together and meet before the multiply.
-      const int n_last = w.key_base + (w.num_tiles - 1) * kBlockN;
-      if (w.key_end - n_last < kBlockN) {
+      const int n_last = w.key_base + (w.num_tiles - 1) * kN;
+      if (w.key_end - n_last < kN) {
         unsigned char* vz = smem_raw + (vs - raw_addr);
         const int first = w.key_end - n_last;
-        for (int i = tid; i < (kBlockN - first) * kChunks; i += kConsumerThreads) {
+        for (int i = tid; i < (kN - first) * kChunks; i += kConsumerThreads) {
           const int r = first + i / kChunks, c = i % kChunks;
-          *reinterpret_cast<uint4*>(vz + sw128_offset<kBlockN>(r, c)) = make_uint4(0, 0, 0, 0);
+          *reinterpret_cast<uint4*>(vz + sw128_offset<kN>(r, c)) = make_uint4(0, 0, 0, 0);
         }
         fence_proxy_async_shared();
         named_sync(kBarVZeroed, kConsumerThreads);
@@ -770,29 +875,30 @@ inline bool encode_cache_map(CUtensorMap& map, const void* base, DType dt, int64
 
 }  // namespace hopper_path
 
-template <class T, int kHeadDim>
+// KV: the pages' type (T, or __nv_fp8_e4m3, which the mma.sync kernel alone reads).
+template <class T, class KV, int kHeadDim>
 void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
                                int64_t num_blocks, Stream stream) {
   int device = 0;
   KBN_CUDA_CHECK(cudaGetDevice(&device));
   // The Hopper kernel runs when this binary holds sm_90a code for the device (runs_sm90_image) and the caches allow
-  // tensor maps; any other GPU or cache layout runs the mma.sync kernel.
-  // Heads 192 (DeepSeek MLA's decompressed prefill) and 256 (Gemma-3) have no wgmma instantiation: the mma.sync
-  // kernel runs them everywhere.
-  if constexpr (kHeadDim != 192 && kHeadDim != 256) {
+  // tensor maps; any other GPU, cache layout or fp8 pages run the mma.sync kernel (the braces keep hopper_path's
+  // names, which mma_path shares, to this block).
+  if constexpr (std::is_same_v<KV, T>) {
     auto* hopper = hopper_path::flash_attn_prefill_tma_kernel<T, kHeadDim>;
     if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
       using namespace hopper_path;
       const int bs = p.block_size;
       const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
       CUtensorMap k_map{}, v_map{};
-      if (bs >= 8 && bs % 8 == 0 && kBlockN % bs == 0 &&
+      if (bs >= 8 && bs % 8 == 0 && kBlockN<kHeadDim> % bs == 0 &&
           encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
                            p.k_stride_slot, p.k_stride_head) &&
           encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.v_stride_block,
                            p.v_stride_slot, p.v_stride_head)) {
         // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 16 per stage: its two mbarriers.
-        const size_t smem = size_t(kBlockM + 2 * kStages * kBlockN) * kHeadDim * sizeof(T) + 1024 + 16 * kStages;
+        const size_t smem = size_t(kBlockM + 2 * kStages<kHeadDim> * kBlockN<kHeadDim>) * kHeadDim * sizeof(T) + 1024 +
+                           16 * kStages<kHeadDim>;
         const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
         const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
         KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
@@ -813,8 +919,8 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
   const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
   KBN_CHECK(m_tiles <= 65535, "flash_attn_prefill: max_query_len ", max_query_len, " x ", p.group_size,
             " query heads per kv head needs ", m_tiles, " query tiles of ", kBlockM, " rows; at most 65535 supported");
-  auto* kernel = flash_attn_prefill_mma_kernel<T, kHeadDim>;
-  const size_t smem = size_t(kBlockM + 2 * kStages<kHeadDim> * kBlockN) * kHeadDim * sizeof(T);
+  auto* kernel = flash_attn_prefill_mma_kernel<T, KV, kHeadDim>;
+  constexpr size_t smem = prefill_mma_smem_bytes<kHeadDim, T, KV>();
   (void)kernel_launch_facts(reinterpret_cast<const void*>(kernel), device, kThreads, smem);  // smem opt-in, once
   const dim3 grid{unsigned(num_kv_heads), unsigned(m_tiles), unsigned(num_seqs)};
   kernel<<<grid, kThreads, smem, stream>>>(p);
@@ -822,7 +928,7 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
 }
 
 // The head sizes prefill runs on tensor cores: the shared set (attention_mma.cuh) plus 192 (DeepSeek MLA's
-// decompressed prefill) and 256 (Gemma-3), which the mma.sync kernel alone takes (launch_flash_attn_prefill).
+// decompressed prefill) and 256 (Gemma-3): Hopper's wgmma kernel, else mma.sync.
 bool prefill_tensor_core_supports(DType dt, int64_t head_size) {
   const bool sixteen_bit = dt == DType::bf16 || dt == DType::f16;
   return tensor_core_attention_supports(dt, head_size) || ((head_size == 192 || head_size == 256) && sixteen_bit);
@@ -883,7 +989,8 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
     check_rank(*cache, op, name, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
     check_size(*cache, op, name, 2, num_kv_heads_, "num_kv_heads");
     check_size(*cache, op, name, 3, head_size_, "head_size");
-    // fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) are read by the generic kernel on CUDA, as they are on CPU.
+    // fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3): the mma.sync kernel widens them per tile (16-bit q), the generic
+    // kernel otherwise.
     if (cache->dtype() != DType::fp8e4m3) check_same_dtype(*cache, q, op, name, "q");
     check_same_device(*cache, q, op, name, "q");
   }
@@ -935,7 +1042,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (key_cache.dtype() == DType::fp8e4m3 || !prefill_tensor_core_supports(q.dtype(), head_size_)) {
+  if (!prefill_tensor_core_supports(q.dtype(), head_size_)) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
                                                    block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
@@ -966,11 +1073,16 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   p.group_size = int(num_heads_ / num_kv_heads_);
   p.scale_log2 = float(scale_ * 1.4426950408889634);
   p.feat = feat;
+  const bool fp8_pages = key_cache.dtype() == DType::fp8e4m3;
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
+    using T = decltype(t);
     dispatch_prefill_head_size(head_size_, op, [&](auto d) {
-      launch_flash_attn_prefill<decltype(t), decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
-                                                                 key_cache.size(0),
-                                                                 current_stream());
+      if (fp8_pages)
+        launch_flash_attn_prefill<T, __nv_fp8_e4m3, decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
+                                                                         key_cache.size(0), current_stream());
+      else
+        launch_flash_attn_prefill<T, T, decltype(d)::value>(p, num_seqs, num_kv_heads_, max_query_len,
+                                                            key_cache.size(0), current_stream());
     });
   });
 #endif
