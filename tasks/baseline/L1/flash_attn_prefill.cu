@@ -166,47 +166,34 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
   // K and V tile `tile` into stage `stage` (tiles start at key_begin); keys at or past key_end (never visible,
   // possibly unallocated pages) are zero-filled so that masked probabilities multiply zeros, not garbage.
   auto load_kv = [&](int tile, int stage) {
+    constexpr int kRowChunks = kConvert ? kChunks8 : kChunks;  // 16-byte chunks per page row
+    constexpr int kChunkValues = 16 / int(sizeof(KV));
     const int n0 = key_begin + tile * kBlockN;
-    if constexpr (kConvert) {
-      unsigned char* k8 = ring8 + stage * 2 * kTileElems;
 #pragma unroll
-      for (int j = 0; j < kBlockN * kChunks8 / kThreads; ++j) {
-        const int i = tid + j * kThreads;
-        const int r = i / kChunks8, c = i % kChunks8;
-        const int key = n0 + r;
-        const bool valid = key < key_end;
-        const KV* k_src = k_head;
-        const KV* v_src = v_head;
-        if (valid) {
-          const int64_t block = block_table[key / p.block_size];
-          const int64_t slot = key % p.block_size;
-          k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 16;
-          v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 16;
-        }
-        cp_async_16(smem_addr(k8 + r * kHeadDim + c * 16), k_src, valid);
-        cp_async_16(smem_addr(k8 + kTileElems + r * kHeadDim + c * 16), v_src, valid);
+    for (int j = 0; j < kBlockN * kRowChunks / kThreads; ++j) {
+      const int i = tid + j * kThreads;
+      const int r = i / kRowChunks, c = i % kRowChunks;
+      const int key = n0 + r;
+      const bool valid = key < key_end;
+      const KV* k_src = k_head;
+      const KV* v_src = v_head;
+      if (valid) {
+        const int64_t block = block_table[key / p.block_size];
+        const int64_t slot = key % p.block_size;
+        k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * kChunkValues;
+        v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * kChunkValues;
       }
-    } else {
-      M* ks = k_smem + stage * kTileElems;
-      M* vs = v_smem + stage * kTileElems;
-#pragma unroll
-      for (int j = 0; j < kBlockN * kChunks / kThreads; ++j) {
-        const int i = tid + j * kThreads;
-        const int r = i / kChunks, c = i % kChunks;
-        const int key = n0 + r;
-        const bool valid = key < key_end;
-        const KV* k_src = k_head;
-        const KV* v_src = v_head;
-        if (valid) {
-          const int64_t block = block_table[key / p.block_size];
-          const int64_t slot = key % p.block_size;
-          k_src = k_head + block * p.k_stride_block + slot * p.k_stride_slot + c * 8;
-          v_src = v_head + block * p.v_stride_block + slot * p.v_stride_slot + c * 8;
-        }
-        const int dst = swizzle<kHeadDim>(r, c);
-        cp_async_16(smem_addr(ks + dst), k_src, valid);
-        cp_async_16(smem_addr(vs + dst), v_src, valid);
+      // 16-bit pages straight into the stage's swizzled tiles; fp8 pages as dense rows of the fp8 ring.
+      uint32_t k_dst, v_dst;
+      if constexpr (kConvert) {
+        k_dst = smem_addr(ring8 + stage * 2 * kTileElems + r * kHeadDim + c * 16);
+        v_dst = k_dst + kTileElems;
+      } else {
+        k_dst = smem_addr(k_smem + stage * kTileElems + swizzle<kHeadDim>(r, c));
+        v_dst = smem_addr(v_smem + stage * kTileElems + swizzle<kHeadDim>(r, c));
       }
+      cp_async_16(k_dst, k_src, valid);
+      cp_async_16(v_dst, v_src, valid);
     }
   };
 
