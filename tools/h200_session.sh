@@ -44,6 +44,11 @@
 #              the CUDA-graph engine tests, whose gpt-oss case runs two KV cache groups), kb_nano
 #              kernels for its prefill and decode attention and its norms/activation, tools/torch_bench.py --sections
 #              window beside them; the evals: `EVAL_MODEL=gemma-3-12b-it EVAL_MODES=graph ... eval`
+#   fp8-kv     issue 20's fp8 KV cache: the attention GPU tests (fp8 pages on the tensor-core decode and prefill
+#              kernels), kb_nano kernels for decode and prefill attention with 16-bit and fp8 pages side by side at
+#              $FP8_MODELS (default Llama-3.1-8B, Gemma-3-12B, gpt-oss-20b), and eval --compare-kv-cache-dtype (16-bit
+#              then fp8 pages: both runs, their greedy alignment, the first divergences) on $EVAL_MODEL's
+#              $EVAL_WORKLOADS (default balanced), graph mode
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -190,6 +195,26 @@ for part in "$@"; do
       done
       step torch_window_gemma3 240 python3 tools/torch_bench.py --model models/gemma-3-12b-it.json --sections window \
         --json "$out/torch_window_gemma-3-12b-it.json"
+      ;;
+    fp8-kv)
+      step gpu_tests_fp8_kv 240 build/tests/kbn_gpu_tests \
+        --gtest_filter='FlashAttnPrefillGpu.*:FlashAttnDecodeGpu.*:FlashAttnFeaturesGpu.*:StoreKVCacheGpu.*' \
+        --gtest_output=json:"$out/gpu_tests_fp8_kv.json"
+      for m in ${FP8_MODELS:-llama-3.1-8b-instruct gemma-3-12b-it gpt-oss-20b}; do
+        for kv in auto fp8; do  # decode: --tokens are batch sizes; prefill: tokens of one sequence
+          for op_tokens in flash_attn_decode:1,8,64,128 flash_attn_prefill:4096,8192; do
+            op=${op_tokens%%:*}
+            step "kernels_${m}_${op}_kv_$kv" 180 build/kb_nano kernels --model "$m" --variant baseline --target "$op" \
+              --tokens "${op_tokens#*:}" --kv-cache-dtype "$kv" --random 0 --seeds 1 \
+              --json "$out/kernels_${m}_${op}_kv_$kv.json" --markdown "$out/kernels_${m}_${op}_kv_$kv.md"
+          done
+        done
+      done
+      for w in ${EVAL_WORKLOADS:-balanced}; do
+        step "eval_${w}_compare_kv_fp8" "${EVAL_LIMIT:-300}" build/kb_nano eval --model "${EVAL_MODEL:-llama-3.1-8b-instruct}" \
+          --workload "$w" --mode graph --variant baseline --kv-cache-dtype fp8 --compare-kv-cache-dtype \
+          --max-model-len 4096 --json "$out/eval_${w}_compare_kv_fp8.json"
+      done
       ;;
     mamba)
       step gpu_tests_mamba 150 build/tests/kbn_gpu_tests \
