@@ -1,5 +1,7 @@
 #include "kbn/dtype.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "kbn/error.h"
@@ -111,37 +113,46 @@ f16_t float_to_f16(float f) {
   return f16_t{uint16_t(sign | h)};
 }
 
-float fp8e4m3_to_float(fp8e4m3_t v) {
-  uint32_t sign = v.bits & 0x80u;
-  uint32_t exp = (v.bits >> 3) & 0xf;
-  uint32_t man = v.bits & 0x7;
-  float out;
-  if (exp == 0xf && man == 0x7) {
-    out = std::nanf("");
-  } else if (exp == 0) {
-    out = std::ldexp(float(man), -9);  // subnormal: man/8 * 2^-6
-  } else {
-    out = std::ldexp(1.0f + float(man) / 8.0f, int(exp) - 7);
-  }
-  return sign ? -out : out;
+namespace {
+
+// The value of every fp8 e4m3 code (sign, 4 exponent bits of bias 7, 3 mantissa bits; subnormals at exponent 0;
+// 0x7f and 0xff are NaN, there are no infinities).
+const std::array<float, 256>& fp8e4m3_values() {
+  static const std::array<float, 256> values = [] {
+    std::array<float, 256> t{};
+    for (uint32_t bits = 0; bits < 256; ++bits) {
+      const uint32_t exp = (bits >> 3) & 0xf, man = bits & 0x7;
+      float out;
+      if (exp == 0xf && man == 0x7)
+        out = std::nanf("");
+      else if (exp == 0)
+        out = std::ldexp(float(man), -9);  // subnormal: man/8 * 2^-6
+      else
+        out = std::ldexp(1.0f + float(man) / 8.0f, int(exp) - 7);
+      t[bits] = (bits & 0x80u) ? -out : out;
+    }
+    return t;
+  }();
+  return values;
 }
+
+}  // namespace
+
+float fp8e4m3_to_float(fp8e4m3_t v) { return fp8e4m3_values()[v.bits]; }
 
 fp8e4m3_t float_to_fp8e4m3(float f) {
   if (std::isnan(f)) return fp8e4m3_t{0x7f};
-  uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  float a = std::fabs(f);
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
   if (a >= 448.0f) return fp8e4m3_t{uint8_t(sign | 0x7e)};  // saturate to max finite
-  // Brute force nearest-even over the 127 non-negative codes: exact and obviously correct.
-  uint8_t best = 0;
-  float best_err = a;
-  for (uint8_t c = 1; c < 0x7f; ++c) {
-    float v = fp8e4m3_to_float(fp8e4m3_t{c});
-    float err = std::fabs(v - a);
-    if (err < best_err || (err == best_err && (c & 1) == 0 && (best & 1) == 1)) {
-      best = c;
-      best_err = err;
-    }
-  }
+  // Codes 0..0x7e hold the non-negative finite values in increasing order: the nearest of the two around `a`, ties
+  // to the even code (round to nearest even).
+  const float* v = fp8e4m3_values().data();
+  const uint8_t hi = uint8_t(std::lower_bound(v, v + 0x7f, a) - v);  // v[hi] >= a; hi <= 0x7e as a < 448
+  if (hi == 0) return fp8e4m3_t{sign};
+  const uint8_t lo = hi - 1;
+  const float below = a - v[lo], above = v[hi] - a;
+  const uint8_t best = below < above ? lo : above < below ? hi : ((lo & 1) == 0 ? lo : hi);
   return fp8e4m3_t{uint8_t(sign | best)};
 }
 
