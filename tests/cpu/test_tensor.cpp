@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kbn/checks.h"
 #include "kbn/rng.h"
@@ -31,6 +32,39 @@ TEST(DType, Fp8E4M3) {
   EXPECT_EQ(float_to_fp8e4m3(1000.0f).bits, 0x7e);  // saturates
   EXPECT_EQ(fp8e4m3_to_float(float_to_fp8e4m3(1.0f)), 1.0f);
   EXPECT_TRUE(std::isnan(fp8e4m3_to_float(fp8e4m3_t{0x7f})));
+}
+
+// float_to_fp8e4m3 rounds to the nearest code, ties to the even code, saturating at +-448: checked against a plain
+// scan of every code at each code, each midpoint between neighbours and a float either side of both, every f16
+// value, and signed zeros.
+TEST(DType, Fp8E4M3RoundsToNearestEvenEverywhere) {
+  auto scan = [](float f) {
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+    const float a = std::fabs(f);
+    if (a >= 448.0f) return uint8_t(sign | 0x7e);
+    uint8_t best = 0;
+    float best_err = a;
+    for (uint8_t c = 1; c < 0x7f; ++c) {
+      const float err = std::fabs(fp8e4m3_to_float(fp8e4m3_t{c}) - a);
+      if (err < best_err || (err == best_err && (c & 1) == 0 && (best & 1) == 1)) {
+        best = c;
+        best_err = err;
+      }
+    }
+    return uint8_t(sign | best);
+  };
+  std::vector<float> probes;
+  for (int c = 0; c < 0x7f; ++c) {
+    const float v = fp8e4m3_to_float(fp8e4m3_t{uint8_t(c)});
+    const float mid = c + 1 < 0x7f ? (v + fp8e4m3_to_float(fp8e4m3_t{uint8_t(c + 1)})) / 2 : 460.0f;
+    for (const float x : {v, mid}) probes.insert(probes.end(), {x, std::nextafter(x, 0.f), std::nextafter(x, 1e9f)});
+  }
+  for (uint32_t b = 0; b < 0x7c00; ++b) probes.push_back(f16_to_float(f16_t{uint16_t(b)}));
+  for (const float x : probes) {
+    for (const float f : {x, -x}) ASSERT_EQ(float_to_fp8e4m3(f).bits, scan(f)) << f;
+  }
+  EXPECT_EQ(float_to_fp8e4m3(-0.0f).bits, 0x80);
+  EXPECT_EQ(float_to_fp8e4m3(0.0f).bits, 0x00);
 }
 
 TEST(DType, ParseNamesTheBadValue) {
