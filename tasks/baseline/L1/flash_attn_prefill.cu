@@ -416,7 +416,10 @@ namespace hopper_path {
 //
 // Measured on the H200 (causal, 32/8 heads, d128, one sequence, bench/results/h200/): 507 TFLOP/s at 8k tokens, 524
 // at 16k (the cp.async-fed wgmma kernel this replaced: 309 / 319; ncu: tensor pipe 54% -> most consumer stalls are
-// now waits on wgmma).
+// now waits on wgmma). Heads 192 and 256 (64-key tiles), on an H100 (bench/results/h100/attention-heads-fp8/): 536
+// TFLOP/s at 8k for DeepSeek-V2-Lite's 16 heads of 192, 344 for Gemma-3's 16/8 heads of 256 (the mma.sync kernel:
+// ~200). At head 256 ptxas spills 392 bytes per consumer thread (O 128 + S 32 + P 16 fp32/b32 under 240 registers)
+// and the ring holds two 64-key stages: the first places to look for its missing ~25%.
 // NOTE: where the next gains are (measure first):
 //  - Short sequences (1k tokens: 249 TFLOP/s) are bounded by the per-item prologue and the causal tail; a tile
 //    scheduler that splits heavy items, or 64-row tiles for them, would help the engine's many-sequence prefills.
