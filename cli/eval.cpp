@@ -83,7 +83,6 @@ struct Options {
 };
 
 struct VariantRun {
-  Variant variant;
   std::string name;            // the variant's name, or with --compare-kv-cache-dtype "baseline+kv-fp8e4m3"
   std::string kv_cache_dtype;  // the engine's --kv-cache-dtype for this run
   engine::RunResult result;
@@ -757,7 +756,6 @@ void run(const Options& o, bool max_num_seqs_given) {
   ecfg.profile_steps = o.step_profile;
   ecfg.check_finite = o.check_finite;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
-  ecfg.kv_cache_dtype = o.kv_cache_dtype;
   const std::optional<DType> kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, "--kv-cache-dtype");
   KBN_CHECK(!o.kernel_trace || device.is_cuda(), "--kernel-trace: needs a CUDA device (CUPTI), got ", device.str());
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
@@ -803,7 +801,10 @@ void run(const Options& o, bool max_num_seqs_given) {
   std::printf("  engine: %s, block size %lld, max_num_batched_tokens %lld, max_num_seqs %lld, max_model_len %lld%s\n",
               o.mode.c_str(), (long long)ecfg.block_size, (long long)ecfg.max_num_batched_tokens,
               (long long)ecfg.max_num_seqs, (long long)ecfg.max_model_len,
-              kv_dtype ? (std::string(", KV cache ") + dtype_name(*kv_dtype)).c_str() : "");
+              kv_dtype ? (std::string(", KV cache ") +
+                          (o.compare_kv_cache_dtype ? std::string(dtype_name(popts.dtype)) + ", then " : "") +
+                          dtype_name(*kv_dtype)).c_str()
+                       : "");
   std::printf("  admission %s, prefix caching %s\n",
               ecfg.reserve_max_tokens ? "reserving every running request's max_tokens (no preemption)"
                                       : "optimistic (vLLM's; preemption by recompute)",
@@ -857,7 +858,6 @@ void run(const Options& o, bool max_num_seqs_given) {
   for (const Pass& pass : passes) {
     const Variant v = pass.variant;
     VariantRun run;
-    run.variant = v;
     run.name = pass.name;
     run.kv_cache_dtype = pass.kv_cache_dtype;
     ecfg.kv_cache_dtype = pass.kv_cache_dtype;
@@ -944,7 +944,8 @@ void run(const Options& o, bool max_num_seqs_given) {
     std::printf(
         "\ngreedy alignment, %s vs %s: %lld/%lld requests identical (%.1f%%); matching prefix mean %.1f "
         "tokens (%.1f%% of the baseline output), min %lld\n",
-        runs[1].name.c_str(), runs[0].name.c_str(), (long long)al.exact, (long long)al.requests, al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0,
+        runs[1].name.c_str(), runs[0].name.c_str(), (long long)al.exact, (long long)al.requests,
+        al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0,
         al.mean_prefix, 100.0 * al.mean_prefix_frac, (long long)al.min_prefix);
     if (al.exact < al.requests && o.divergence_samples > 0 && !group) {
       // The baseline model again (same seed, same weights), alone on the device, judges the first divergences.
@@ -1126,7 +1127,8 @@ void add_eval_command(CLI::App& app) {
                 "preempted one coming back, computes all of its tokens");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
                   "auto (default: the model's dtype) or fp8 / fp8_e4m3 (vLLM's: fp8 e4m3 pages, half of a 16-bit "
-                  "cache, scale 1.0; on Hopper decode reads them on tensor cores, prefill on the generic kernel)");
+                  "cache, scale 1.0; the attention ops read them on tensor cores: decode on Hopper's kernel, prefill on the "
+                  "mma.sync kernel)");
   cmd->add_flag("--compare-kv-cache-dtype", o->compare_kv_cache_dtype,
                 "Run the baseline twice, with the model's dtype in the KV pages and then with --kv-cache-dtype's, and "
                 "report both and their greedy alignment with the first divergences scored (fp8 KV's accuracy cost)");
