@@ -402,7 +402,10 @@ namespace hopper_path {
 // Three warpgroups per block. The producer (setmaxnreg 24) has one thread copy each K/V tile page by page with TMA
 // (cp.async.bulk.tensor through 4-D tensor maps over the caches: one box = one page of one kv head x 64 columns, the
 // 128-byte swizzle wgmma wants done by the copy engine) into a kStages ring, completing a "full" mbarrier in bytes;
-// consumer warps hand stages back on an "empty" mbarrier. The two consumer warpgroups (setmaxnreg 240) own 64 query
+// consumer warps hand stages back on an "empty" mbarrier. K and V have their own barriers, and K runs a tile ahead
+// of V: K_t goes back as soon as S_t is done, so K_{t+2} and V_{t+1} are in flight a whole tile before they are read
+// (one shared barrier per stage held K_t until P_t V_t finished, which at head 256's two stages left no tile of
+// prefetch). The two consumer warpgroups (setmaxnreg 240) own 64 query
 // rows each of a 128-row tile and never issue a load: per K/V tile, S = Q K^T by wgmma from shared memory (swizzled
 // descriptors, wgmma.cuh), online softmax in the exp2 domain (running max / sum per row, 4 lanes per row), then
 // O += P V by wgmma with P re-packed from the S accumulators as the register A operand and V read transposed. P V
@@ -418,8 +421,8 @@ namespace hopper_path {
 // at 16k (the cp.async-fed wgmma kernel this replaced: 309 / 319; ncu: tensor pipe 54% -> most consumer stalls are
 // now waits on wgmma). Heads 192 and 256 (64-key tiles), on an H100 (bench/results/h100/attention-heads-fp8/): 536
 // TFLOP/s at 8k for DeepSeek-V2-Lite's 16 heads of 192, 344 for Gemma-3's 16/8 heads of 256 (the mma.sync kernel:
-// ~200). At head 256 ptxas spills 392 bytes per consumer thread (O 128 + S 32 + P 16 fp32/b32 under 240 registers)
-// and the ring holds two 64-key stages: the first places to look for its missing ~25%.
+// ~200); both before K and V got their own barriers and before the head-256 consumers' 392 bytes of spills were
+// removed (see `step`): not measured since.
 // NOTE: where the next gains are (measure first):
 //  - Short sequences (1k tokens: 249 TFLOP/s) are bounded by the per-item prologue and the causal tail; a tile
 //    scheduler that splits heavy items, or 64-row tiles for them, would help the engine's many-sequence prefills.
@@ -497,7 +500,7 @@ __device__ __forceinline__ int snake_item(int k, int b, int g) { return k * g + 
 
 #endif  // __CUDA_ARCH__ >= 900
 
-// grid = min(work items, one block per SM); block = kThreads; dynamic smem = Q tile + kStages K/V tiles + 2 kStages
+// grid = min(work items, one block per SM); block = kThreads; dynamic smem = Q tile + kStages K/V tiles + 4 kStages
 // mbarriers + 1024 bytes of alignment slack. Block b takes the items snake_item(k, b, gridDim.x), k = 0, 1, ...
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -523,14 +526,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
   const uint32_t kv_s = q_s + kQBytes;                        // [kStages][K tile, V tile]
-  const uint32_t full_bar = kv_s + kSt * 2 * kTileBytes;  // [kStages] mbarriers, 8 bytes each
-  const uint32_t empty_bar = full_bar + kSt * 8;          // [kStages]
+  // K and V have their own barriers (K_t is released once S_t is done, V_t once P_t V_t is): [K, V][kStages] each.
+  const uint32_t full_bar = kv_s + kSt * 2 * kTileBytes;  // 8 bytes each
+  const uint32_t empty_bar = full_bar + 2 * kSt * 8;
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
   if (tid == 0) {
 #pragma unroll
-    for (int st = 0; st < kSt; ++st) {
+    for (int st = 0; st < 2 * kSt; ++st) {
       mbar_init(full_bar + 8 * st, 1);  // the producer's arrive.expect_tx; the TMA copies complete the bytes
       mbar_init(empty_bar + 8 * st, kConsumerThreads / 32);  // lane 0 of every consumer warp, once it is done
     }
@@ -543,32 +547,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters) : "memory");
     if (tid == kConsumerThreads) {
       const int bs = p.block_size;
-      int it = 0;  // K/V tiles issued by this block so far
+      // Tile `tile` of the ring (counted over the block's items): K or V (v = 1) pages [0, pages) into its stage.
+      auto issue = [&](int tile, int v, const int* block_table, int kv_head, int n0, int pages) {
+        const int stage = tile % kSt;
+        if (tile >= kSt) mbar_wait(empty_bar + 8 * (v * kSt + stage), uint32_t((tile / kSt - 1) & 1));
+        const uint32_t dst = kv_s + stage * 2 * kTileBytes + v * kTileBytes;
+        const uint32_t bar = full_bar + 8 * (v * kSt + stage);
+        const CUtensorMap* map = v ? &v_map : &k_map;
+        mbar_arrive_expect_tx(bar, uint32_t(pages * bs * kHeadDim * 2));
+        for (int j = 0; j < pages; ++j) {
+          const int block = block_table[n0 / bs + j];
+#pragma unroll
+          for (int half = 0; half < kHeadDim / 64; ++half)
+            tma_load_4d(dst + half * (kN * 128) + j * bs * 128, map, bar, half * 64, kv_head, 0, block);
+        }
+      };
+      // K runs one tile ahead of V, the order the consumers read them in: K_t, then V_{t-1} (P V lags S by a tile).
+      int it = 0;  // K tiles issued by this block so far
+      const int* prev_table = nullptr;
+      int prev_head = 0, prev_n0 = 0, prev_pages = 0;
       for (int k = 0; k * int(gridDim.x) < num_items; ++k) {
         const int item = snake_item(k, blockIdx.x, gridDim.x);
         Work w;
         if (item >= num_items || !load_work<kN>(p, item, num_kv_heads, num_seqs, m_tiles, w)) continue;
         const int* block_table = p.block_tables + int64_t(w.seq) * p.block_table_stride;
         for (int tile = 0; tile < w.num_tiles; ++tile, ++it) {
-          const int stage = it % kSt;
-          if (it >= kSt) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kSt - 1) & 1));
-          const uint32_t ks = kv_s + stage * 2 * kTileBytes;
-          const uint32_t vs = ks + kTileBytes;
           const int n0 = w.key_base + tile * kN;
           const int pages = (min(w.key_end - n0, kN) + bs - 1) / bs;  // pages holding keys below key_end
-          const uint32_t bar = full_bar + 8 * stage;
-          mbar_arrive_expect_tx(bar, uint32_t(pages * bs * kHeadDim * 2 * 2));
-          for (int j = 0; j < pages; ++j) {
-            const int block = block_table[n0 / bs + j];
-#pragma unroll
-            for (int half = 0; half < kHeadDim / 64; ++half) {
-              const uint32_t off = half * (kN * 128) + j * bs * 128;
-              tma_load_4d(ks + off, &k_map, bar, half * 64, w.kv_head, 0, block);
-              tma_load_4d(vs + off, &v_map, bar, half * 64, w.kv_head, 0, block);
-            }
-          }
+          issue(it, 0, block_table, w.kv_head, n0, pages);
+          if (it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
+          prev_table = block_table, prev_head = w.kv_head, prev_n0 = n0, prev_pages = pages;
         }
       }
+      if (it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
     }
     return;
   }
@@ -588,8 +599,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // This warpgroup's 64 Q rows of work w, by cp.async (rows past the sequence's last token are zero-filled). Issued
   // for the next item as soon as the last S = Q K^T of the current one has read Q, so it overlaps the last P V.
+  // Not unrolled: it runs inside the last tile's step, where O, S and P hold 176 registers at head 256, and unrolled
+  // its 16 source addresses were computed up front and spilled.
   auto load_q = [&](const Work& w) {
-#pragma unroll
+#pragma unroll 1
     for (int j = 0; j < 64 * kChunks / 128; ++j) {
       const int i = wg_tid + j * 128;
       const int r = wg * 64 + i / kChunks, c = i % kChunks;
@@ -619,6 +632,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // O += P V of the tile whose V sits in shared address `vs` (V rows are the K of each step, head_size columns the N,
   // in 64-column blocks kBlockN * 128 bytes apart).
   auto issue_pv = [&](uint32_t vs) {
+    asm volatile("" : "+r"(vs));  // see the note on descriptors in `step`
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kN * 128, 1024);
@@ -633,9 +647,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  auto release = [&](int stage) {  // this warp is done with `stage`
+  auto release = [&](int v, int stage) {  // this warp is done with K (v = 0) or V of `stage`
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+    if (lane == 0) mbar_arrive(empty_bar + 8 * (v * kSt + stage));
   };
 
   int item = -1;  // k of the current item
@@ -672,8 +686,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto step = [&](int tile, auto with_pv) {
       constexpr bool kWithPv = decltype(with_pv)::value;
       const int stage = it % kSt;
-      mbar_wait(full_bar + 8 * stage, uint32_t((it / kSt) & 1));
-      const uint32_t ks = kv_s + stage * 2 * kTileBytes;
+      mbar_wait(full_bar + 8 * stage, uint32_t((it / kSt) & 1));  // K_t
+      if constexpr (kWithPv) mbar_wait(full_bar + 8 * (kSt + (it - 1) % kSt), uint32_t(((it - 1) / kSt) & 1));  // V_{t-1}
+      // The tile's shared addresses pass through an empty asm: otherwise the compiler hoists the Q and K descriptors
+      // (16 each at head 256) of every stage out of the tile loop as invariants, and ptxas spilled them (with
+      // load_q's addresses: 392 bytes per consumer thread at head 256, 88 at 192, 32 at 128; none now at any head).
+      uint32_t ks = kv_s + stage * 2 * kTileBytes;
+      uint32_t qw = q_wg;
+      asm volatile("" : "+r"(ks), "+r"(qw));
 
       // S: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a 64-column
       // block).
@@ -683,7 +703,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
-        const uint64_t da = sw128_desc(q_wg + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
+        const uint64_t da = sw128_desc(qw + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
         const uint64_t db = sw128_desc(ks + (kk / 4) * (kN * 128) + col, 16, 1024);
         if constexpr (kN == 64) {
           wgmma_ss_n64<T>(s, da, db, kk > 0 ? 1 : 0);
@@ -704,6 +724,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
       }
       fence_regs(s);
+      release(0, stage);  // K_t is read
       // Q is read for this item: fetch the next item's rows behind the softmax and the last P V.
       if (tile == w.num_tiles - 1 && have_next) load_q(next);
 
@@ -756,7 +777,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
-        release((it - 1) % kSt);
+        release(1, (it - 1) % kSt);
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int n = 0; n < kHeadDim / 8; ++n) {
@@ -782,6 +803,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (w.num_tiles > 0) {  // the last tile's P V
       const int last = (it - 1) % kSt;
       const uint32_t vs = kv_s + last * 2 * kTileBytes + kTileBytes;
+      mbar_wait(full_bar + 8 * (kSt + last), uint32_t(((it - 1) / kSt) & 1));
       // Rows of the last tile at or past key_end hold what the cache holds beyond the sequence (whole pages are
       // copied) or an earlier tile's keys (pages not copied): their probabilities are 0, but 0 x NaN is NaN. Both
       // warpgroups read every V row, so they zero the rows together and meet before the multiply.
@@ -802,7 +824,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
-      release(last);
+      release(1, last);
     } else if (have_next) {  // no visible key (seq_lens below the query length): O stays 0
       load_q(next);
     }
@@ -886,9 +908,9 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
                            p.k_stride_slot, p.k_stride_head) &&
           encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.v_stride_block,
                            p.v_stride_slot, p.v_stride_head)) {
-        // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 16 per stage: its two mbarriers.
+        // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 32 per stage: its four mbarriers.
         const size_t smem = size_t(kBlockM + 2 * kStages<kHeadDim> * kBlockN<kHeadDim>) * kHeadDim * sizeof(T) + 1024 +
-                           16 * kStages<kHeadDim>;
+                           32 * kStages<kHeadDim>;
         const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
         const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
         KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
