@@ -113,11 +113,15 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
   const int64_t np = md.num_prefill_tokens, nd = md.num_decodes, ns = md.num_prefills;
   Tensor out = Tensor::empty({T, H, v_dim_}, q.dtype(), q.device());
   if (np > 0) {
-    // Decompress the prefill sequences' rows, one slot of Lmax rows per sequence, into per-head K [k_nope | k_pe]
-    // and V (zero-padded to D), viewed as a paged cache of one block per sequence.
-    const int64_t Lmax = md.max_prefill_seq_len, rows = ns * Lmax;
+    // Decompress the prefill sequences' rows, Lpad (Lmax rounded up to a page) per sequence, into per-head K
+    // [k_nope | k_pe] and V (zero-padded to D), viewed as a paged cache of 16-row pages, sequence s owning pages
+    // s * pages .. s * pages + pages - 1. Pages of 16 (not one page of Lmax per sequence) are what Hopper's TMA
+    // prefill kernel reads (pages of 8..64 rows dividing its 64-key tiles); other page sizes run the mma.sync kernel.
+    constexpr int64_t kPage = 16;
+    const int64_t Lmax = md.max_prefill_seq_len, Lpad = (Lmax + kPage - 1) / kPage * kPage, pages = Lpad / kPage;
+    const int64_t rows = ns * Lpad;
     const Tensor lens = md.seq_lens.slice(0, 0, ns), tables = md.block_tables.slice(0, 0, ns);
-    const Tensor rows_lat = gather_.forward(latent, tables, lens, Lmax).view({rows, W});
+    const Tensor rows_lat = gather_.forward(latent, tables, lens, Lpad).view({rows, W});
     const Tensor kv = kv_b_proj.forward(rows_lat.slice(1, 0, rank_)).first.view({rows, H, nope_ + v_dim_});
     Tensor key = Tensor::empty({rows, H, D}, q.dtype(), q.device());
     Tensor value = Tensor::empty({rows, H, D}, q.dtype(), q.device());
@@ -125,10 +129,10 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
     key.slice(2, nope_, D).copy_(rows_lat.as_strided({rows, H, rope_}, {W, 0, 1}, rows_lat.offset() + rank_));
     value.zero_();
     value.slice(2, 0, v_dim_).copy_(kv.slice(2, nope_, nope_ + v_dim_));
-    const Tensor ids = block_ids(ns, q.device()).slice(0, 0, ns).view({ns, 1});
-    const Tensor o =
-        prefill_.forward(q.slice(0, 0, np).contiguous(), key.view({ns, Lmax, H, D}), value.view({ns, Lmax, H, D}),
-                         md.query_start_loc, lens, ids, md.max_prefill_query_len, Lmax);
+    const Tensor ids = block_ids(ns * pages, q.device()).slice(0, 0, ns * pages).view({ns, pages});
+    const Tensor o = prefill_.forward(q.slice(0, 0, np).contiguous(), key.view({ns * pages, kPage, H, D}),
+                                      value.view({ns * pages, kPage, H, D}), md.query_start_loc, lens, ids,
+                                      md.max_prefill_query_len, Lmax);
     out.slice(0, 0, np).copy_(o.slice(2, 0, v_dim_));
   }
   if (nd > 0) {

@@ -67,7 +67,7 @@ class DeepseekV2MLAAttention : public Module {
   Bmm bmm_;
   MlaDecode decode_;
   FlashAttnPrefill prefill_;
-  Tensor block_ids_;  // 0, 1, 2, ...: the prefill's decompressed keys are one block per sequence
+  Tensor block_ids_;  // 0, 1, 2, ...: the block tables of the prefill's decompressed keys (16-row pages)
 };
 
 }  // namespace kbn::KBN_VARIANT
