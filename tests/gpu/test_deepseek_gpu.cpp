@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
@@ -183,6 +184,43 @@ TEST(MlaDecodeGpu, KernelsMatchTheOracleOverRaggedLengths) {
       const Tolerance tol = c.dt == DType::f32 ? Tolerance{1e-4, 1e-4, 0} : Tolerance{2e-2, 2e-2, 0};
       const CompareStats st = compare_close(got.to(kCpu).to(DType::f32), want.to(DType::f32), tol);
       EXPECT_EQ(st.bad, 0) << what << " max_len " << max_len << ": " << st.describe();
+    }
+  }
+}
+
+// Pages of 1 and 64 rows (every row its own lookup; a tile one page), and a cache whose rows outside the sequences
+// are NaN: no kernel may read them, and the rows of a partial tile that the Hopper kernel does not copy must not
+// reach P V (0 x NaN). Sequences short enough that their only tile is partial.
+TEST(MlaDecodeGpu, PageSizesAndNaNOutsideTheSequences) {
+  KBN_SKIP_WITHOUT_GPU();
+  const std::vector<int32_t> lens{5, 64, 130, 1, 700};
+  const int64_t W = 576, S = int64_t(lens.size());
+  for (const int64_t bs : {int64_t(1), int64_t(64)}) {
+    int64_t bps = 1, max_len = 0;
+    for (int32_t n : lens) {
+      bps = std::max<int64_t>(bps, (n + bs - 1) / bs);
+      max_len = std::max<int64_t>(max_len, n);
+    }
+    const int64_t blocks = S * bps + 5;
+    std::vector<int32_t> table(size_t(S * bps));
+    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 5 + 3) % size_t(blocks));
+    // Every row NaN, then each sequence's rows from a random tensor.
+    Tensor cache = Tensor::full({blocks, bs, W}, std::nan(""), DType::bf16);
+    const Tensor rows = randn({blocks, bs, W}, 21, DType::bf16);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t key = 0; key < lens[size_t(s)]; ++key) {
+        const int64_t blk = table[size_t(s * bps + key / bs)], slot = key % bs;
+        cache.select(0, blk).select(0, slot).copy_(rows.select(0, blk).select(0, slot));
+      }
+    const Tensor tables = Tensor::from_i32(table, {S, bps}), seq_lens = Tensor::from_i32(lens, {S});
+    const Tensor q = randn({S, 16, W}, 22, DType::bf16);
+    MlaDecode op(16, 512, 64, 0.07);
+    const Tensor want = op.forward(q, cache, seq_lens, tables, max_len);
+    for (const int64_t grid_len : {max_len, int64_t(4096)}) {
+      const Tensor got = op.forward(q.to(kGpu), cache.to(kGpu), seq_lens.to(kGpu), tables.to(kGpu), grid_len);
+      synchronize(kGpu);
+      const CompareStats st = compare_close(got.to(kCpu).to(DType::f32), want.to(DType::f32), {2e-2, 2e-2, 0});
+      EXPECT_EQ(st.bad, 0) << "block_size " << bs << " max_len " << grid_len << ": " << st.describe();
     }
   }
 }

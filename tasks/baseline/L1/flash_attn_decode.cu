@@ -14,6 +14,7 @@
 #include "L1/attention_generic.cuh"
 #include "L1/attention_mma.cuh"
 #include "L1/mbarrier.cuh"
+#include "L1/tma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #endif
@@ -498,11 +499,6 @@ __device__ __forceinline__ void cp_async_16_g2s(uint32_t dst, const void* src) {
 }
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
 }
 
 // Four e4m3 values (the bytes of `v`, lowest first) as f16 pairs: lo = {0, 1}, hi = {2, 3}, the lower index in the

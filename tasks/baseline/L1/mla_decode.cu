@@ -8,6 +8,8 @@
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include "L1/attention_mma.cuh"
+#include "L1/mbarrier.cuh"
+#include "L1/tma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #endif
@@ -48,6 +50,36 @@ constexpr int kMlaWidth = 576, kMlaRank = 512, kMlaRows = 16, kMlaWarps = 4, kMl
               kMlaChunks = kMlaWidth / 8, kMlaKeys = 64, kMlaStages = 2;
 constexpr size_t kMlaSmem = size_t(kMlaRows + kMlaStages * kMlaKeys) * kMlaWidth * 2 + size_t(kMlaRows) * kMlaKeys * 2 +
                             2 * kMlaWarps * kMlaRows * sizeof(float);
+
+// A block's normalised O (16 heads x 512, this thread's fragments of warp `warp`'s 128 columns; l = the row sums):
+// straight to `out` when the sequence has one split, else to the split's fp32 partial with its (max, sum).
+template <class T>
+__device__ __forceinline__ void store_mla_output(const MlaDecodeParams& p, const float (&o)[16][4],
+                                                 const float (&m_run)[2], const float (&l)[2], int seq, int split,
+                                                 int head0, int warp, int g, int t4) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = head0 + g + 8 * r;
+    if (head >= p.num_heads) continue;
+    const float inv = 1.f / l[r];
+    if (p.num_splits == 1) {
+      T* dst = static_cast<T*>(p.out) + (int64_t(seq) * p.num_heads + head) * kMlaRank + warp * 128 + 2 * t4;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+    } else {
+      const int64_t row = (int64_t(seq) * p.num_heads + head) * p.num_splits + split;
+      float* dst = p.partial_out + row * kMlaRank + warp * 128 + 2 * t4;
+#pragma unroll
+      for (int n = 0; n < 16; ++n)
+        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+      if (warp == 0 && t4 == 0) {
+        p.partial_max_sum[2 * row] = m_run[r];
+        p.partial_max_sum[2 * row + 1] = l[r];
+      }
+    }
+  }
+}
 
 template <class T>
 __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecodeParams p) {
@@ -231,28 +263,238 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
     l[0] += sSum[w * kMlaRows + g];
     l[1] += sSum[w * kMlaRows + g + 8];
   }
+  store_mla_output<T>(p, o, m_run, l, seq, split, head0, warp, g, t4);
+}
+
+// Hopper: the same math with the loads taken off the math warps. A fifth (producer) warp copies each latent row of a
+// tile with its own bulk copy (cp.async.bulk: the copy engine moves the 1152 bytes, no per-thread 16-byte requests)
+// into a kMlaBulkStages-deep ring, completing a "full" mbarrier in bytes; the four math warps hand a stage back on an
+// "empty" mbarrier once their P V has read it, and meet on a named barrier (the producer never joins them). Rows are
+// kMlaRowStride values apart in shared memory (1168 bytes: consecutive rows start 16 bytes apart modulo 128, so the
+// eight rows of an ldmatrix phase hit eight bank groups without a swizzle a row copy could not apply). Rows of a
+// tile past the partition's last key are zeroed by the producer (P is 0 there, and 0 x a stale NaN would not be).
+// The scores' 36 k-steps accumulate in two independent chains (even and odd steps), halving their mma latency chain.
+// P is double-buffered by tile parity, so a warp may write tile t+1's P while another still reads tile t's.
+// NOTE: the cp.async kernel above reached 36-51% of the copy rate on the H200 at DeepSeek-V2-Lite's 16 heads, with
+// its four warps both loading and computing (one 64-key tile in flight per SM).
+constexpr int kMlaRowStride = kMlaWidth + 8, kMlaBulkStages = 2, kMlaBulkThreads = kMlaThreads + 32;
+constexpr uint32_t kMlaRowBytes = kMlaWidth * 2, kMlaStageBytes = uint32_t(kMlaKeys) * kMlaRowStride * 2;
+constexpr size_t kMlaBulkSmem = size_t(kMlaBulkStages) * kMlaStageBytes + size_t(kMlaRows) * kMlaWidth * 2 +
+                                2 * size_t(kMlaRows) * kMlaKeys * 2 + 2 * kMlaWarps * kMlaRows * sizeof(float) +
+                                2 * kMlaBulkStages * 8;
+constexpr int kMlaBarMath = 1;  // named barrier of the four math warps (0 is __syncthreads)
+
+template <class T>
+__global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(MlaDecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kKeys = kMlaKeys, kStages = kMlaBulkStages;
+  constexpr int kWarpKeys = kKeys / kMlaWarps, kNT = kWarpKeys / 8;
+  auto p_at = [](int row, int col) { return swizzle<kKeys>(row, col / 8) + col % 8; };
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* sKV = reinterpret_cast<T*>(smem);                              // [kStages][kKeys][kMlaRowStride]
+  T* sQ = sKV + kStages * kKeys * kMlaRowStride;                    // [kMlaRows][kMlaWidth], swizzled
+  T* sP = sQ + kMlaRows * kMlaWidth;                                // [2][kMlaRows][kKeys]
+  float* sMax = reinterpret_cast<float*>(sP + 2 * kMlaRows * kKeys);  // [kMlaWarps][kMlaRows]
+  float* sSum = sMax + kMlaWarps * kMlaRows;
+  const uint32_t full_bar = smem_addr(sSum + kMlaWarps * kMlaRows);  // [kStages], then empty: [kStages]
+  const uint32_t empty_bar = full_bar + 8 * kStages;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int split = blockIdx.x, head0 = blockIdx.y * kMlaRows, seq = blockIdx.z;
+  const int seq_len = p.seq_lens[seq];
+  const int key_begin = split * p.partition_keys;
+  const int key_end = min(seq_len, key_begin + p.partition_keys);
+  T* out = static_cast<T*>(p.out);
+
+  if (key_begin >= key_end) {  // no keys: only a lone split writes (zeros); the reduce skips empty splits
+    if (p.num_splits == 1)
+      for (int i = tid; i < kMlaRows * kMlaRank; i += kMlaBulkThreads) {
+        const int row = i / kMlaRank, head = head0 + row;
+        if (head < p.num_heads) out[(int64_t(seq) * p.num_heads + head) * kMlaRank + i % kMlaRank] = T(0.f);
+      }
+    return;
+  }
+  if (tid == 0) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head0 + g + 8 * r;
-    if (head >= p.num_heads) continue;
-    const float inv = 1.f / l[r];
-    if (p.num_splits == 1) {
-      T* dst = out + (int64_t(seq) * p.num_heads + head) * kMlaRank + warp * 128 + 2 * t4;
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(full_bar + 8 * st, 1);           // the producer's arrive.expect_tx; the copies complete the bytes
+      mbar_init(empty_bar + 8 * st, kMlaWarps);  // lane 0 of each math warp after its P V
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const int num_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
+  const T* cache = static_cast<const T*>(p.kv_cache);
+
+  if (warp == kMlaWarps) {
+    // ---- producer warp: lane l copies rows l and l + 32 of every tile ----
+    const int32_t* table = p.block_tables + int64_t(seq) * p.block_table_stride;
+    auto slot_of = [&](int tile, int row) -> int64_t {  // -1: past the partition's last key
+      const int key = key_begin + tile * kKeys + row;
+      if (tile >= num_tiles || key >= key_end) return -1;
+      return int64_t(table[key / p.block_size]) * p.block_size + key % p.block_size;
+    };
+    int64_t slot[2] = {slot_of(0, lane), slot_of(0, lane + 32)};
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      // The next tile's lookups go out before this tile's wait, so no block-table read delays a copy.
+      const int64_t next[2] = {slot_of(tile + 1, lane), slot_of(tile + 1, lane + 32)};
+      const int stage = tile % kStages;
+      if (tile >= kStages) mbar_wait(empty_bar + 8 * stage, uint32_t((tile / kStages - 1) & 1));
+      T* dst = sKV + stage * kKeys * kMlaRowStride;
+      const int valid = min(kKeys, key_end - key_begin - tile * kKeys);
+      if (valid < kKeys) {  // the partition's last tile: zero the rows it does not copy
+        for (int i = lane; i < (kKeys - valid) * (kMlaWidth / 8); i += 32) {
+          const int r = valid + i / (kMlaWidth / 8), c = i % (kMlaWidth / 8);
+          *reinterpret_cast<uint4*>(dst + r * kMlaRowStride + c * 8) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async_shared();  // before later bulk copies overwrite these rows
+      }
+      __syncwarp();
+      // The arrive (release) orders the zero rows before the phase the math warps wait on; the copies complete after.
+      if (lane == 0) mbar_arrive_expect_tx(full_bar + 8 * stage, uint32_t(valid) * kMlaRowBytes);
+      __syncwarp();
 #pragma unroll
-      for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    } else {
-      const int64_t row = (int64_t(seq) * p.num_heads + head) * p.num_splits + split;
-      float* dst = p.partial_out + row * kMlaRank + warp * 128 + 2 * t4;
+      for (int h = 0; h < 2; ++h)
+        if (slot[h] >= 0)
+          bulk_copy_g2s(smem_addr(dst + (lane + 32 * h) * kMlaRowStride), cache + slot[h] * kMlaWidth, kMlaRowBytes,
+                        full_bar + 8 * stage);
+      slot[0] = next[0];
+      slot[1] = next[1];
+    }
+    return;
+  }
+
+  // ---- math warps ----
+  const T* q = static_cast<const T*>(p.q) + int64_t(seq) * p.q_stride_seq;
+  for (int i = tid; i < kMlaRows * kMlaChunks; i += kMlaThreads) {
+    const int row = i / kMlaChunks, ch = i % kMlaChunks;
+    const bool valid = head0 + row < p.num_heads;
+    const T* src = q + int64_t(valid ? head0 + row : 0) * p.q_stride_head + ch * 8;
+    cp_async_16(smem_addr(sQ + swizzle<kMlaWidth>(row, ch)), src, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  named_sync(kMlaBarMath, kMlaThreads);
+
+  float o[16][4];  // O[16 heads, 128w + 8n + {2t4, 2t4+1}] for rows g (0, 1) and g + 8 (2, 3)
 #pragma unroll
-      for (int n = 0; n < 16; ++n)
-        *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-      if (warp == 0 && t4 == 0) {
-        p.partial_max_sum[2 * row] = m_run[r];
-        p.partial_max_sum[2 * row + 1] = l[r];
+  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile % kStages;
+    mbar_wait(full_bar + 8 * stage, uint32_t((tile / kStages) & 1));
+    const T* kv = sKV + stage * kKeys * kMlaRowStride;
+    T* pt = sP + (tile & 1) * kMlaRows * kKeys;
+
+    // Scores of this warp's keys (kNT n-tiles of 8), even and odd k-steps in separate accumulators.
+    float s[kNT][4], s_odd[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[j][c] = s_odd[j][c] = 0.f;
+    const int key_row = warp * kWarpKeys + lane % 8 + (lane / 16) * 8;
+#pragma unroll 4
+    for (int kk = 0; kk < kMlaChunks / 2; kk += 2) {
+      uint32_t a[4], b[4], a2[4], b2[4];
+      ldmatrix_x4(a, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + lane / 16)));
+      ldmatrix_x4(b, smem_addr(kv + key_row * kMlaRowStride + (2 * kk + (lane / 8) % 2) * 8));
+      ldmatrix_x4(a2, smem_addr(sQ + swizzle<kMlaWidth>(lane % 16, 2 * kk + 2 + lane / 16)));
+      ldmatrix_x4(b2, smem_addr(kv + key_row * kMlaRowStride + (2 * kk + 2 + (lane / 8) % 2) * 8));
+      mma_16816<T>(s[0], a, b[0], b[1]);
+      mma_16816<T>(s[1], a, b[2], b[3]);
+      mma_16816<T>(s_odd[0], a2, b2[0], b2[1]);
+      mma_16816<T>(s_odd[1], a2, b2[2], b2[3]);
+    }
+    // Mask keys past the end, scale into the exp2 domain, and take this warp's row maxima.
+    const int tile_key0 = key_begin + tile * kKeys + warp * kWarpKeys;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int key = tile_key0 + 8 * j + 2 * t4 + (c & 1);
+        s[j][c] = key < key_end ? (s[j][c] + s_odd[j][c]) * p.scale_log2 : -INFINITY;
+        mx[c / 2] = fmaxf(mx[c / 2], s[j][c]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    if (t4 == 0) {
+      sMax[warp * kMlaRows + g] = mx[0];
+      sMax[warp * kMlaRows + g + 8] = mx[1];
+    }
+    named_sync(kMlaBarMath, kMlaThreads);
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float m = m_run[r];
+#pragma unroll
+      for (int w = 0; w < kMlaWarps; ++w) m = fmaxf(m, sMax[w * kMlaRows + g + 8 * r]);
+      alpha[r] = exp2f(m_run[r] - m);  // the tile has a valid key, so m is finite
+      m_run[r] = m;
+      l_run[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      const float p0 = exp2f(s[j][0] - m_run[0]), p1 = exp2f(s[j][1] - m_run[0]);
+      const float p2 = exp2f(s[j][2] - m_run[1]), p3 = exp2f(s[j][3] - m_run[1]);
+      l_run[0] += p0 + p1;
+      l_run[1] += p2 + p3;
+      const int col = warp * kWarpKeys + 8 * j + 2 * t4;
+      *reinterpret_cast<uint32_t*>(pt + p_at(g, col)) = pack2<T>(p0, p1);
+      *reinterpret_cast<uint32_t*>(pt + p_at(g + 8, col)) = pack2<T>(p2, p3);
+    }
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    named_sync(kMlaBarMath, kMlaThreads);
+
+    // O[:, 128w .. 128w + 127] += P V over the tile's keys (k-steps of 16).
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      uint32_t a[4];
+      ldmatrix_x4(a, smem_addr(pt + p_at(lane % 16, 16 * kk + (lane / 16) * 8)));
+      const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+      for (int n = 0; n < 16; n += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_addr(kv + key * kMlaRowStride + (warp * 16 + n + lane / 16) * 8));
+        mma_16816<T>(o[n], a, b[0], b[1]);
+        mma_16816<T>(o[n + 1], a, b[2], b[3]);
       }
     }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar + 8 * stage);  // this warp is done with the stage
   }
+
+  // Row sums: over the quad, then over the four warps.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  if (t4 == 0) {
+    sSum[warp * kMlaRows + g] = l_run[0];
+    sSum[warp * kMlaRows + g + 8] = l_run[1];
+  }
+  named_sync(kMlaBarMath, kMlaThreads);
+  float l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int w = 0; w < kMlaWarps; ++w) {
+    l[0] += sSum[w * kMlaRows + g];
+    l[1] += sSum[w * kMlaRows + g + 8];
+  }
+  store_mla_output<T>(p, o, m_run, l, seq, split, head0, warp, g, t4);
+#else
+  __trap();  // not launched: the host picks this kernel only when the binary holds sm_90 code for the device
+#endif
 }
 
 // Any width, rank and float dtype: one block per (head, sequence), 128 threads over the row's values (up to
@@ -429,10 +671,14 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
   }
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     using T = decltype(t);
-    constexpr size_t smem = kMlaSmem;
-    auto* kernel = mla_decode_mma_kernel<T>;
+    // Hopper (this binary holding sm_90 code for the device): the bulk-copy kernel; other GPUs the cp.async one.
+    auto* bulk = mla_decode_bulk_kernel<T>;
+    const bool hopper = runs_sm90_image(reinterpret_cast<const void*>(bulk), q.device().index);
+    auto* kernel = hopper ? bulk : mla_decode_mma_kernel<T>;
+    const size_t smem = hopper ? kMlaBulkSmem : kMlaSmem;
+    const int threads = hopper ? kMlaBulkThreads : kMlaThreads;
     const KernelLaunchFacts& facts =
-        kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index, kMlaThreads, smem);
+        kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index, threads, smem);
     const int64_t head_groups = (num_heads_ + kMlaRows - 1) / kMlaRows;
     const auto [num_splits, partition] =
         choose_mla_splits(max_seq_len, B * head_groups, facts.num_sms, facts.blocks_per_sm);
@@ -445,7 +691,7 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
       p.partial_out = partial_out.data<float>();
       p.partial_max_sum = partial_max_sum.data<float>();
     }
-    kernel<<<dim3(unsigned(num_splits), unsigned(head_groups), unsigned(B)), kMlaThreads, smem, stream>>>(p);
+    kernel<<<dim3(unsigned(num_splits), unsigned(head_groups), unsigned(B)), threads, smem, stream>>>(p);
     KBN_CUDA_CHECK_LAUNCH();
     if (num_splits > 1) {
       mla_decode_reduce_kernel<T><<<dim3(unsigned(num_heads_), unsigned(B)), kReduceThreads, 0, stream>>>(p);

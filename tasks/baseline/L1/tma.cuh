@@ -2,7 +2,8 @@
 // Hopper tensor-memory-accelerator copies: the host encodes a tensor map (cuTensorMapEncodeTiled, fetched from the
 // driver so nothing links libcuda), a kernel takes it as a `const __grid_constant__ CUtensorMap` parameter and one
 // thread copies a box of it into shared memory with cp.async.bulk.tensor, completing the bytes on an mbarrier
-// (L1/mbarrier.cuh). Included by the Hopper kernels' .cu files under KBN_WITH_CUDA.
+// (L1/mbarrier.cuh); bulk_copy_g2s copies contiguous bytes the same way without a map. Included by the Hopper
+// kernels' .cu files under KBN_WITH_CUDA.
 #include <cuda.h>  // CUtensorMap and cuTensorMapEncodeTiled's types
 #include <cuda_runtime.h>
 
@@ -31,6 +32,13 @@ inline EncodeTiled encode_tiled() {
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// `bytes` (a multiple of 16; 16-byte-aligned addresses) from global to shared memory, completing on mbarrier `bar`:
+// a bulk copy without a tensor map.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 // One box of a 2-D tensor map at (c0 = the contiguous dimension, c1); out-of-range elements land as zeros.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
   asm volatile(
