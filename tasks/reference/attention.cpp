@@ -29,11 +29,13 @@ int64_t check_heads(const char* op, const Tensor& out, const Tensor& q, const Te
   check_rank(key_cache, op, "key_cache", 4, "[num_blocks, block_size, num_kv_heads, head_size]");
   check_dtype(key_cache, op, "key_cache", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
   check_cpu(key_cache, op, "key_cache");
-  check_rank(value_cache, op, "value_cache", 4, "[num_blocks, block_size, num_kv_heads, head_size]");
+  check_rank(value_cache, op, "value_cache", 4, "[num_blocks, block_size, num_kv_heads, head_size_v]");
   check_dtype(value_cache, op, "value_cache", {DType::f32, DType::f16, DType::bf16, DType::fp8e4m3});
   check_cpu(value_cache, op, "value_cache");
-  KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
-            " must have the shape of 'key_cache' ", key_cache.str());
+  // Values may be narrower or wider than keys (DeepSeek's MLA prefill: keys 192, values 128); the rest must agree.
+  for (int64_t d = 0; d < 3; ++d)
+    KBN_CHECK(value_cache.size(d) == key_cache.size(d), op, ": argument 'value_cache' ", value_cache.str(),
+              " must match 'key_cache' ", key_cache.str(), " in every dimension but the last (head_size_v)");
   check_size(key_cache, op, "key_cache", 3, q.size(2), "head_size = q.size(2)");
   const int64_t num_heads = q.size(1), num_kv_heads = key_cache.size(2);
   KBN_CHECK(num_kv_heads > 0 && num_heads % num_kv_heads == 0, op, ": argument 'key_cache' has ", num_kv_heads,
@@ -41,7 +43,9 @@ int64_t check_heads(const char* op, const Tensor& out, const Tensor& q, const Te
   check_rank(out, op, "out", 3, q_layout);
   check_dtype(out, op, "out", {DType::f32, DType::f16, DType::bf16});
   check_cpu(out, op, "out");
-  KBN_CHECK(out.shape() == q.shape(), op, ": argument 'out' ", out.str(), " must have the shape of 'q' ", q.str());
+  KBN_CHECK(out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == value_cache.size(3), op,
+            ": argument 'out' ", out.str(), " must be [", q.size(0), ", ", q.size(1), ", head_size_v = ",
+            value_cache.size(3), "] (q ", q.str(), ", value_cache ", value_cache.str(), ")");
   return num_heads / num_kv_heads;
 }
 
@@ -120,10 +124,10 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
             const std::vector<double>& sinks) {
   const int64_t window = features.sliding_window;
   const double cap = features.logits_soft_cap;
-  const int64_t num_tokens = q.size(0), num_heads = q.size(1), head_size = q.size(2);
+  const int64_t num_tokens = q.size(0), num_heads = q.size(1), head_size = q.size(2), head_size_v = value_cache.size(3);
   const int64_t num_kv_heads = key_cache.size(2);
   const std::vector<double> qv = q.to_doubles();
-  std::vector<float> o(size_t(num_tokens * num_heads * head_size));
+  std::vector<float> o(size_t(num_tokens * num_heads * head_size_v));
   const int64_t num_seqs = int64_t(batch.seq_lens.size());
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t q_begin = batch.query_start[size_t(b)], q_len = batch.query_start[size_t(b) + 1] - q_begin;
@@ -153,17 +157,17 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
           weights[size_t(p)] = std::exp(weights[size_t(p)] - max_score);
           denom += weights[size_t(p)];
         }
-        for (int64_t d = 0; d < head_size; ++d) {
+        for (int64_t d = 0; d < head_size_v; ++d) {
           double acc = 0;
           for (int64_t p = first; p <= position; ++p) {
-            acc += weights[size_t(p)] * values[size_t((p * num_kv_heads + kv_head) * head_size + d)];
+            acc += weights[size_t(p)] * values[size_t((p * num_kv_heads + kv_head) * head_size_v + d)];
           }
-          o[size_t((row * num_heads + h) * head_size + d)] = float(acc / denom);
+          o[size_t((row * num_heads + h) * head_size_v + d)] = float(acc / denom);
         }
       }
     }
   }
-  out.copy_(Tensor::from_floats(o, q.shape(), DType::f32));
+  out.copy_(Tensor::from_floats(o, {num_tokens, num_heads, head_size_v}, DType::f32));
 }
 
 }  // namespace

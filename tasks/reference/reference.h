@@ -91,7 +91,9 @@ void check_attention_sinks(const char* op, const Tensor& sinks, int64_t num_head
 // [query_start_loc[b], query_start_loc[b+1]) and seq_lens[b] keys (context + its new tokens, which must
 // already be in the cache); query row j of b sits at position seq_lens[b] - q_len + j and sees keys
 // 0..that position. GQA: query head h reads kv head h / (num_heads / num_kv_heads).
-// q, out: [num_tokens, num_heads, head_size]; query_start_loc: [num_seqs + 1] i32; seq_lens: [num_seqs] i32;
+// q: [num_tokens, num_heads, head_size]; out: [num_tokens, num_heads, head_size_v], head_size_v = value_cache.size(3)
+// (values may differ in width from keys; every other dimension of the caches agrees); query_start_loc: [num_seqs + 1]
+// i32; seq_lens: [num_seqs] i32;
 // block_tables: [num_seqs, max_blocks_per_seq] i32
 // `features` narrows the keys (sliding window), caps the scores and adds sinks.
 void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,

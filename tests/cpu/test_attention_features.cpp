@@ -130,6 +130,25 @@ TEST(AttentionFeatures, OracleMatchesDenseAttentionWithEveryFeature) {
   }
 }
 
+// Values narrower than keys (flash_attn_varlen_func's v; DeepSeek's MLA prefill): the op's output takes the values'
+// width, and each of its columns is the one dense attention gives with the full-width values.
+TEST(AttentionFeatures, ValuesNarrowerThanKeysKeepEveryFeature) {
+  const Batch b = make_batch();
+  constexpr int64_t kDimV = 5;
+  const Tensor narrow = b.value_cache.slice(3, 0, kDimV).contiguous();
+  const std::vector<double> sinks = {0.5, -1.0, 2.0, 0.0};
+  const Tensor sinks_t = Tensor::from_floats({0.5f, -1.f, 2.f, 0.f}, {kHeads});
+  const double scale = 0.3;
+  baseline::FlashAttnPrefill op(kHeads, kDim, scale, kKvHeads, /*sliding_window=*/3, /*logits_soft_cap=*/2.0);
+  const Tensor got = op.forward(b.q, b.key_cache, narrow, b.query_start_loc, b.seq_lens, b.block_tables, 5, 7, sinks_t);
+  ASSERT_EQ(got.shape(), (Shape{b.q.size(0), kHeads, kDimV}));
+  const std::vector<double> full = dense(b, scale, 3, 2.0, sinks);
+  std::vector<double> want;
+  for (size_t i = 0; i < full.size(); ++i)
+    if (int64_t(i % kDim) < kDimV) want.push_back(full[i]);
+  expect_near_all(got.to_doubles(), want, 1e-5, "values 5 wide, keys 8");
+}
+
 TEST(AttentionFeatures, EachFeatureOnItsOwn) {
   const Batch b = make_batch();
   const double scale = 0.3;

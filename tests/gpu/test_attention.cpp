@@ -309,6 +309,45 @@ TEST(FlashAttnPrefillGpu, Heads192And256VarlenAndPageSizes) {
   }
 }
 
+// Values narrower than keys (DeepSeek's MLA prefill: keys 192, values 128): Hopper's kernel at 16-bit pages it can
+// copy, the generic kernel for f32 and for pages of 128; each against the oracle on the same narrow values, and the
+// oracle against itself on values zero-padded to 192 (the layout this path replaces).
+TEST(FlashAttnPrefillGpu, ValuesNarrowerThanKeys) {
+  KBN_SKIP_WITHOUT_GPU();
+  for (const int64_t bs : {16, 64, 128}) {
+    for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      const BatchSpec s{.num_heads = 16,
+                        .num_kv_heads = 16,
+                        .head_size = 192,
+                        .block_size = bs,
+                        .dtype = dt,
+                        .q_lens = {1, 65, 150, 37},
+                        .seq_lens = {1, 65, 213, 300},
+                        .seed = uint64_t(90 + bs)};
+      const std::string what = describe(s, "flash_attn_prefill") + " values 128";
+      PagedBatch b = make_batch(s);
+      const Tensor narrow = b.value_cache.slice(3, 0, 128).contiguous();
+      Tensor padded = Tensor::zeros(b.value_cache.shape(), b.value_cache.dtype());
+      padded.slice(3, 0, 128).copy_(narrow);
+      FlashAttnPrefill op(s.num_heads, s.head_size, 1.0 / std::sqrt(192.0), s.num_kv_heads);
+      const Tensor oracle = op.forward(b.q, b.key_cache, narrow, b.query_start_loc, b.seq_lens, b.block_tables,
+                                       b.max_query_len, b.max_seq_len);
+      ASSERT_EQ(oracle.size(2), 128) << what;
+      const Tensor oracle_padded = op.forward(b.q, b.key_cache, padded, b.query_start_loc, b.seq_lens, b.block_tables,
+                                              b.max_query_len, b.max_seq_len);
+      expect_bitwise_equal(oracle, oracle_padded.slice(2, 0, 128).contiguous(), what + " (oracle, padded)");
+      b.value_cache = narrow;
+      const DeviceBatch d = to_device(b);
+      const Tensor gpu = op.forward(d.q, d.key_cache, d.value_cache, d.query_start_loc, d.seq_lens, d.block_tables,
+                                    b.max_query_len, b.max_seq_len);
+      ASSERT_EQ(gpu.size(2), 128) << what;
+      expect_matches_oracle(gpu, oracle, dt, what);
+    }
+  }
+  const bool hopper = FlashAttnPrefill::value_width_on_tensor_cores(DType::bf16, 192, 128, Device::cuda());
+  std::printf("values 128 / keys 192 on tensor cores here: %s\n", hopper ? "yes (Hopper)" : "no (generic kernel)");
+}
+
 TEST(FlashAttnPrefillGpu, NoGqaHead64Block32) {
   KBN_SKIP_WITHOUT_GPU();
   check_prefill({.num_heads = 8,
@@ -1094,6 +1133,12 @@ TEST(FlashAttnArguments, PrefillRefusesInconsistentInputs) {
                  "block_tables");
   expect_refusal([&] { call(b.q, b.key_cache, b.query_start_loc, b.seq_lens, b.block_tables, 0); }, "max_query_len");
   expect_refusal([] { FlashAttnPrefill(6, 64, 0.1, 4); }, "num_kv_heads");
+  expect_refusal(
+      [&] {
+        op.forward(b.q, b.key_cache, b.value_cache.slice(1, 0, 8).contiguous(), b.query_start_loc, b.seq_lens,
+                   b.block_tables, 5, b.max_seq_len);
+      },
+      "'value_cache'");
 }
 
 TEST(FlashAttnArguments, DecodeRefusesInconsistentInputs) {

@@ -25,8 +25,8 @@ constexpr int kGenericWarps = 4;
 struct GenericAttnParams {
   const void* q;          // [num_tokens, num_heads, head_size], strides below
   const void* key_cache;  // [num_blocks, block_size, num_kv_heads, head_size]
-  const void* value_cache;
-  void* out;                   // [num_tokens, num_heads, head_size]
+  const void* value_cache;  // [num_blocks, block_size, num_kv_heads, head_size_v]
+  void* out;                   // [num_tokens, num_heads, head_size_v]
   const int* query_start_loc;  // [num_seqs + 1], or nullptr for decode
   const int* seq_lens;         // [num_seqs]
   const int* block_tables;     // [num_seqs, max_blocks] row stride block_table_stride
@@ -34,7 +34,7 @@ struct GenericAttnParams {
   int64_t k_stride_block, k_stride_slot, k_stride_head;
   int64_t v_stride_block, v_stride_slot, v_stride_head;
   int64_t block_table_stride;
-  int num_seqs, block_size, group_size, head_size;
+  int num_seqs, block_size, group_size, head_size, head_size_v;
   float scale;
   int sliding_window;     // > 0: keys position - window + 1 .. position; 0: all
   float logits_soft_cap;  // > 0: scores become cap * tanh(score / cap)
@@ -69,6 +69,7 @@ inline GenericAttnParams generic_attention_params(const Tensor& q, const Tensor&
   g.block_size = int(key_cache.size(1));
   g.group_size = int(num_heads / num_kv_heads);
   g.head_size = int(head_size);
+  g.head_size_v = int(value_cache.size(3));
   g.scale = float(scale);
   return g;
 }
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       const int d = lane + 32 * i;
-      acc[i] = acc[i] * correction + (d < p.head_size ? w * to_f32(v[d]) : 0.f);
+      acc[i] = acc[i] * correction + (d < p.head_size_v ? w * to_f32(v[d]) : 0.f);
     }
     m = m_new;
   }
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
   float l_all = p.sinks ? __expf(sink - m_all) : 0.f;
   for (int w = 0; w < kGenericWarps; ++w) l_all += s_l[w] * __expf(s_m[w] - m_all);
   T* out = static_cast<T*>(p.out) + token * p.out_stride_token + head * p.out_stride_head;
-  for (int d = threadIdx.x; d < p.head_size; d += kGenericWarps * 32) {
+  for (int d = threadIdx.x; d < p.head_size_v; d += kGenericWarps * 32) {
     float o = 0.f;
     for (int w = 0; w < kGenericWarps; ++w) o += s_acc[w][d] * __expf(s_m[w] - m_all);
     out[d] = from_f32<T>(l_all > 0.f ? o / l_all : 0.f);
@@ -166,10 +167,9 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
 // dt: q's dtype; cache_dt: the pages' (dt, or fp8e4m3).
 inline void launch_generic_attention(const GenericAttnParams& p, DType dt, DType cache_dt, int64_t num_tokens,
                                      int64_t num_heads, const char* op, Stream stream) {
-  KBN_CHECK(p.head_size <= kGenericMaxHead, op, ": head_size ", p.head_size,
-            " has no CUDA kernel; supported: 64 "
-            "and 128 on tensor cores (f16, bf16), any size up to ",
-            kGenericMaxHead, " on the generic kernel");
+  KBN_CHECK(p.head_size <= kGenericMaxHead && p.head_size_v <= kGenericMaxHead, op, ": head_size ", p.head_size,
+            " (values ", p.head_size_v, ") has no CUDA kernel; supported: 64 and 128 on tensor cores (f16, bf16), any "
+            "size up to ", kGenericMaxHead, " on the generic kernel");
   KBN_CHECK(num_heads <= 65535, op, ": at most 65535 heads, got ", num_heads);
   if (num_tokens == 0) return;
   const dim3 grid{unsigned(num_tokens), unsigned(num_heads)};

@@ -502,7 +502,8 @@ __device__ __forceinline__ int snake_item(int k, int b, int g) { return k * g + 
 
 // grid = min(work items, one block per SM); block = kThreads; dynamic smem = Q tile + kStages K/V tiles + 4 kStages
 // mbarriers + 1024 bytes of alignment slack. Block b takes the items snake_item(k, b, gridDim.x), k = 0, 1, ...
-template <class T, int kHeadDim>
+// kHeadDimV: the values' width (DeepSeek's MLA prefill: keys 192, values 128; else kHeadDim).
+template <class T, int kHeadDim, int kHeadDimV>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attn_prefill_tma_kernel(PrefillParams p, const __grid_constant__ CUtensorMap k_map,
                                   const __grid_constant__ CUtensorMap v_map, int num_items, int num_kv_heads,
@@ -515,9 +516,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kSt = kStages<kHeadDim>;
   constexpr int kChunks = kHeadDim / 8;
   constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
-  constexpr uint32_t kTileBytes = kN * kHeadDim * 2;
+  constexpr uint32_t kTileBytes = kN * kHeadDim * 2;            // a K tile
+  constexpr uint32_t kVTileBytes = kN * kHeadDimV * 2;          // a V tile
+  constexpr uint32_t kStageBytes = kTileBytes + kVTileBytes;  // [K tile, V tile]
   constexpr int kSAcc = kN / 2;
-  constexpr int kOAcc = kHeadDim / 2;
+  constexpr int kOAcc = kHeadDimV / 2;
+  static_assert(kHeadDimV == kHeadDim || (kHeadDim == 192 && kHeadDimV == 128), "values as wide as keys, or 192/128");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
                 "wgmma shapes for head sizes 64, 128, 192, 256");
 
@@ -527,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
   const uint32_t kv_s = q_s + kQBytes;                        // [kStages][K tile, V tile]
   // K and V have their own barriers (K_t is released once S_t is done, V_t once P_t V_t is): [K, V][kStages] each.
-  const uint32_t full_bar = kv_s + kSt * 2 * kTileBytes;  // 8 bytes each
+  const uint32_t full_bar = kv_s + kSt * kStageBytes;  // 8 bytes each
   const uint32_t empty_bar = full_bar + 2 * kSt * 8;
 
   const int tid = threadIdx.x;
@@ -551,14 +555,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       auto issue = [&](int tile, int v, const int* block_table, int kv_head, int n0, int pages) {
         const int stage = tile % kSt;
         if (tile >= kSt) mbar_wait(empty_bar + 8 * (v * kSt + stage), uint32_t((tile / kSt - 1) & 1));
-        const uint32_t dst = kv_s + stage * 2 * kTileBytes + v * kTileBytes;
+        const uint32_t dst = kv_s + stage * kStageBytes + v * kTileBytes;
+        const int width = v ? kHeadDimV : kHeadDim;
         const uint32_t bar = full_bar + 8 * (v * kSt + stage);
         const CUtensorMap* map = v ? &v_map : &k_map;
-        mbar_arrive_expect_tx(bar, uint32_t(pages * bs * kHeadDim * 2));
+        mbar_arrive_expect_tx(bar, uint32_t(pages * bs * width * 2));
         for (int j = 0; j < pages; ++j) {
           const int block = block_table[n0 / bs + j];
 #pragma unroll
-          for (int half = 0; half < kHeadDim / 64; ++half)
+          for (int half = 0; half < width / 64; ++half)
             tma_load_4d(dst + half * (kN * 128) + j * bs * 128, map, bar, half * 64, kv_head, 0, block);
         }
       };
@@ -636,11 +641,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kN * 128, 1024);
-      if constexpr (kHeadDim == 256) {
+      if constexpr (kHeadDimV == 256) {
         wgmma_rs_n256_tb<T>(o, pa[kk], dv);
-      } else if constexpr (kHeadDim == 192) {
+      } else if constexpr (kHeadDimV == 192) {
         wgmma_rs_n192_tb<T>(o, pa[kk], dv);
-      } else if constexpr (kHeadDim == 128) {
+      } else if constexpr (kHeadDimV == 128) {
         wgmma_rs_n128_tb<T>(o, pa[kk], dv);
       } else {
         wgmma_rs_n64_tb<T>(o, pa[kk], dv);
@@ -691,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The tile's shared addresses pass through an empty asm: otherwise the compiler hoists the Q and K descriptors
       // (16 each at head 256) of every stage out of the tile loop as invariants, and ptxas spilled them (with
       // load_q's addresses: 392 bytes per consumer thread at head 256, 88 at 192, 32 at 128; none now at any head).
-      uint32_t ks = kv_s + stage * 2 * kTileBytes;
+      uint32_t ks = kv_s + stage * kStageBytes;
       uint32_t qw = q_wg;
       asm volatile("" : "+r"(ks), "+r"(qw));
 
@@ -713,7 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_commit();
       if constexpr (kWithPv) {
-        issue_pv(kv_s + ((it - 1) % kSt) * 2 * kTileBytes + kTileBytes);
+        issue_pv(kv_s + ((it - 1) % kSt) * kStageBytes + kTileBytes);
         wgmma_commit();
       }
       if (!(wg == 1 && tile == w.num_tiles - 1 && !have_next))
@@ -780,7 +785,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         release(1, (it - 1) % kSt);
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-          for (int n = 0; n < kHeadDim / 8; ++n) {
+          for (int n = 0; n < kHeadDimV / 8; ++n) {
             o[4 * n + 0] *= alpha[0];
             o[4 * n + 1] *= alpha[0];
             o[4 * n + 2] *= alpha[1];
@@ -802,7 +807,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int tile = 1; tile < w.num_tiles; ++tile) step(tile, std::true_type{});
     if (w.num_tiles > 0) {  // the last tile's P V
       const int last = (it - 1) % kSt;
-      const uint32_t vs = kv_s + last * 2 * kTileBytes + kTileBytes;
+      const uint32_t vs = kv_s + last * kStageBytes + kTileBytes;
       mbar_wait(full_bar + 8 * (kSt + last), uint32_t(((it - 1) / kSt) & 1));
       // Rows of the last tile at or past key_end hold what the cache holds beyond the sequence (whole pages are
       // copied) or an earlier tile's keys (pages not copied): their probabilities are 0, but 0 x NaN is NaN. Both
@@ -811,8 +816,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (w.key_end - n_last < kN) {
         unsigned char* vz = smem_raw + (vs - raw_addr);
         const int first = w.key_end - n_last;
-        for (int i = tid; i < (kN - first) * kChunks; i += kConsumerThreads) {
-          const int r = first + i / kChunks, c = i % kChunks;
+        constexpr int kVChunks = kHeadDimV / 8;
+        for (int i = tid; i < (kN - first) * kVChunks; i += kConsumerThreads) {
+          const int r = first + i / kVChunks, c = i % kVChunks;
           *reinterpret_cast<uint4*>(vz + sw128_offset<kN>(r, c)) = make_uint4(0, 0, 0, 0);
         }
         fence_proxy_async_shared();
@@ -848,7 +854,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int head = w.kv_head * p.group_size + m % p.group_size;
         T* dst = out + token * p.out_stride_token + head * p.out_stride_head + 2 * t4;
 #pragma unroll
-        for (int n = 0; n < kHeadDim / 8; ++n)
+        for (int n = 0; n < kHeadDimV / 8; ++n)
           *reinterpret_cast<uint32_t*>(dst + 8 * n) =
               pack2<T>(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
       }
@@ -887,45 +893,52 @@ inline bool encode_cache_map(CUtensorMap& map, const void* base, DType dt, int64
 
 }  // namespace hopper_path
 
-// KV: the pages' type (T, or __nv_fp8_e4m3, which the mma.sync kernel alone reads).
+// Hopper's TMA/wgmma kernel on 16-bit pages, when this binary holds sm_90a code for the device (runs_sm90_image) and
+// the caches allow its tensor maps (pages of 8..kBlockN keys dividing kBlockN, 16-byte strides); false, launching
+// nothing, otherwise. kHeadDimV: the values' width.
+template <class T, int kHeadDim, int kHeadDimV>
+bool launch_hopper_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
+                           int64_t num_blocks, int device, Stream stream) {
+  using namespace hopper_path;
+  auto* hopper = flash_attn_prefill_tma_kernel<T, kHeadDim, kHeadDimV>;
+  if (!runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) return false;
+  const int bs = p.block_size;
+  const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+  CUtensorMap k_map{}, v_map{};
+  if (!(bs >= 8 && bs % 8 == 0 && kBlockN<kHeadDim> % bs == 0 &&
+        encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
+                         p.k_stride_slot, p.k_stride_head) &&
+        encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDimV, p.v_stride_block,
+                         p.v_stride_slot, p.v_stride_head)))
+    return false;
+  // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 32 per stage: its four mbarriers.
+  const size_t smem = (size_t(kBlockM) * kHeadDim + size_t(kStages<kHeadDim>) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV)) *
+                          sizeof(T) + 1024 + 32 * kStages<kHeadDim>;
+  const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
+  const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
+  KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
+            " rows (max_query_len ", max_query_len, " x ", p.group_size, " query heads per kv head x ", num_kv_heads,
+            " kv heads x ", num_seqs, " sequences) exceed 2^31 - 1");
+  const KernelLaunchFacts& facts = kernel_launch_facts(reinterpret_cast<const void*>(hopper), device, kThreads, smem);
+  const int64_t resident = int64_t(facts.num_sms) * std::max(facts.blocks_per_sm, 1);
+  const int64_t grid = std::min(num_items, resident);
+  hopper<<<unsigned(grid), kThreads, smem, stream>>>(p, k_map, v_map, int(num_items), int(num_kv_heads),
+                                                      int(num_seqs), int(m_tiles));
+  KBN_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
+// KV: the pages' type (T, or __nv_fp8_e4m3, which the mma.sync kernel alone reads). Hopper's kernel when it can run
+// (16-bit pages), else the mma.sync kernel.
 template <class T, class KV, int kHeadDim>
 void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
                                int64_t num_blocks, Stream stream) {
   int device = 0;
   KBN_CUDA_CHECK(cudaGetDevice(&device));
-  // The Hopper kernel runs when this binary holds sm_90a code for the device (runs_sm90_image) and the caches allow
-  // tensor maps; any other GPU, cache layout or fp8 pages run the mma.sync kernel (the braces keep hopper_path's
-  // names, which mma_path shares, to this block).
   if constexpr (std::is_same_v<KV, T>) {
-    auto* hopper = hopper_path::flash_attn_prefill_tma_kernel<T, kHeadDim>;
-    if (runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) {
-      using namespace hopper_path;
-      const int bs = p.block_size;
-      const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
-      CUtensorMap k_map{}, v_map{};
-      if (bs >= 8 && bs % 8 == 0 && kBlockN<kHeadDim> % bs == 0 &&
-          encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
-                           p.k_stride_slot, p.k_stride_head) &&
-          encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.v_stride_block,
-                           p.v_stride_slot, p.v_stride_head)) {
-        // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 32 per stage: its four mbarriers.
-        const size_t smem = size_t(kBlockM + 2 * kStages<kHeadDim> * kBlockN<kHeadDim>) * kHeadDim * sizeof(T) + 1024 +
-                           32 * kStages<kHeadDim>;
-        const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
-        const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
-        KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
-                  " rows (max_query_len ", max_query_len, " x ", p.group_size, " query heads per kv head x ",
-                  num_kv_heads, " kv heads x ", num_seqs, " sequences) exceed 2^31 - 1");
-        const KernelLaunchFacts& facts =
-            kernel_launch_facts(reinterpret_cast<const void*>(hopper), device, kThreads, smem);
-        const int64_t resident = int64_t(facts.num_sms) * std::max(facts.blocks_per_sm, 1);
-        const int64_t grid = std::min(num_items, resident);
-        hopper<<<unsigned(grid), kThreads, smem, stream>>>(p, k_map, v_map, int(num_items), int(num_kv_heads),
-                                                            int(num_seqs), int(m_tiles));
-        KBN_CUDA_CHECK_LAUNCH();
-        return;
-      }
-    }
+    if (launch_hopper_prefill<T, kHeadDim, kHeadDim>(p, num_seqs, num_kv_heads, max_query_len, num_blocks, device,
+                                                     stream))
+      return;
   }
   using namespace mma_path;
   const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
@@ -957,6 +970,20 @@ void dispatch_prefill_head_size(int64_t head_size, const char* op, F&& f) {
 #endif  // KBN_WITH_CUDA
 
 // ---- op layer ----
+
+bool FlashAttnPrefill::value_width_on_tensor_cores(DType dt, int64_t head_size, int64_t head_size_v, Device device) {
+#ifdef KBN_WITH_CUDA
+  if (!device.is_cuda() || head_size != 192 || head_size_v != 128 || (dt != DType::bf16 && dt != DType::f16))
+    return false;
+  const void* kernel = dt == DType::bf16
+                           ? reinterpret_cast<const void*>(hopper_path::flash_attn_prefill_tma_kernel<__nv_bfloat16, 192, 128>)
+                           : reinterpret_cast<const void*>(hopper_path::flash_attn_prefill_tma_kernel<__half, 192, 128>);
+  return runs_sm90_image(kernel, device.index);
+#else
+  (void)dt, (void)head_size, (void)head_size_v, (void)device;
+  return false;
+#endif
+}
 
 FlashAttnPrefill::FlashAttnPrefill(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads,
                                     int64_t sliding_window, double logits_soft_cap)
@@ -1000,15 +1027,20 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   for (const auto& [cache, name] : {std::pair{&key_cache, "key_cache"}, std::pair{&value_cache, "value_cache"}}) {
     check_rank(*cache, op, name, 4, "[num_blocks, block_size, num_kv_heads, head_size]");
     check_size(*cache, op, name, 2, num_kv_heads_, "num_kv_heads");
-    check_size(*cache, op, name, 3, head_size_, "head_size");
+    if (cache == &key_cache) check_size(*cache, op, name, 3, head_size_, "head_size");
     // fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3): the mma.sync kernel widens them per tile (16-bit q), the generic
     // kernel otherwise.
     if (cache->dtype() != DType::fp8e4m3) check_same_dtype(*cache, q, op, name, "q");
     check_same_device(*cache, q, op, name, "q");
   }
-  KBN_CHECK(value_cache.shape() == key_cache.shape(), op, ": argument 'value_cache' ", value_cache.str(),
-            " must have the shape of 'key_cache' ", key_cache.str());
+  // The values' width may differ from the keys' (flash_attn_varlen_func's v: DeepSeek's MLA prefill has keys of 192 and
+  // values of 128); the output takes it.
+  KBN_CHECK(value_cache.size(0) == key_cache.size(0) && value_cache.size(1) == key_cache.size(1) &&
+                value_cache.size(3) > 0,
+            op, ": argument 'value_cache' ", value_cache.str(), " must match 'key_cache' ", key_cache.str(),
+            " in num_blocks, block_size and num_kv_heads, with a positive head_size_v");
   check_same_dtype(value_cache, key_cache, op, "value_cache", "key_cache");
+  const int64_t head_size_v = value_cache.size(3);
   KBN_CHECK(key_cache.size(1) > 0, op, ": argument 'key_cache' must have a positive block_size, got ", key_cache.str());
   check_rank(query_start_loc, op, "query_start_loc", 1, "[num_seqs + 1]");
   check_rank(seq_lens, op, "seq_lens", 1, "[num_seqs]");
@@ -1027,7 +1059,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   }
 
   const int64_t num_tokens = q.size(0);
-  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  Tensor out = Tensor::empty({num_tokens, num_heads_, head_size_v}, q.dtype(), q.device());
   if (num_tokens == 0) return out;
   KBN_CHECK(max_query_len > 0, op, ": argument 'max_query_len' must be positive when q has tokens, got ", max_query_len,
             " for ", q.str());
@@ -1054,13 +1086,14 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
   const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
-  if (!prefill_tensor_core_supports(q.dtype(), head_size_)) {
+  auto generic = [&] {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
                                                    block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
     set_generic_features(g, feat, logits_soft_cap_);
     launch_generic_attention(g, q.dtype(), key_cache.dtype(), num_tokens, num_heads_, op, current_stream());
     return out;
-  }
+  };
+  if (!prefill_tensor_core_supports(q.dtype(), head_size_)) return generic();
   PrefillParams p{};
   p.q = q.data_ptr();
   p.key_cache = key_cache.data_ptr();
@@ -1086,6 +1119,20 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   p.scale_log2 = float(scale_ * 1.4426950408889634);
   p.feat = feat;
   const bool fp8_pages = key_cache.dtype() == DType::fp8e4m3;
+  if (head_size_v != head_size_) {
+    // Keys 192 / values 128 (DeepSeek's MLA) on Hopper's kernel with 16-bit pages; any other pair, GPU, page size or
+    // fp8 pages: the generic kernel (the mma.sync kernel reads values as wide as keys only).
+    bool launched = false;
+    if (head_size_ == 192 && head_size_v == 128 && !fp8_pages) {
+      int device = 0;
+      KBN_CUDA_CHECK(cudaGetDevice(&device));
+      dispatch_float16(q.dtype(), op, "q", [&](auto t) {
+        launched = launch_hopper_prefill<decltype(t), 192, 128>(p, num_seqs, num_kv_heads_, max_query_len,
+                                                                key_cache.size(0), device, current_stream());
+      });
+    }
+    return launched ? out : generic();
+  }
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     using T = decltype(t);
     dispatch_prefill_head_size(head_size_, op, [&](auto d) {

@@ -15,10 +15,12 @@ class FlashAttnPrefill : public Module {
   FlashAttnPrefill(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, int64_t sliding_window = 0,
         double logits_soft_cap = 0);
 
-  // q: [num_tokens, num_heads, head_size]; key_cache, value_cache: [num_blocks, block_size, num_kv_heads,
-  // head_size]; query_start_loc: [num_seqs + 1] i32; seq_lens: [num_seqs] i32 (cached + new keys, the new
-  // ones already stored); block_tables: [num_seqs, max_blocks_per_seq] i32; max_query_len / max_seq_len:
-  // maxima over the batch (host values, used for the launch grid) -> new [num_tokens, num_heads, head_size]
+  // q: [num_tokens, num_heads, head_size]; key_cache: [num_blocks, block_size, num_kv_heads, head_size];
+  // value_cache: [num_blocks, block_size, num_kv_heads, head_size_v] (head_size_v may differ from head_size, as
+  // flash_attn_varlen_func's v may); query_start_loc: [num_seqs + 1] i32; seq_lens: [num_seqs] i32 (cached + new
+  // keys, the new ones already stored); block_tables: [num_seqs, max_blocks_per_seq] i32; max_query_len /
+  // max_seq_len: maxima over the batch (host values, used for the launch grid) -> new [num_tokens, num_heads,
+  // head_size_v]
   Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& query_start_loc,
                  const Tensor& seq_lens, const Tensor& block_tables, int64_t max_query_len, int64_t max_seq_len);
   // With attention sinks (gpt-oss; vLLM's s_aux): sinks [num_heads] (f32, f16 or bf16), a logit per query head that
@@ -26,6 +28,11 @@ class FlashAttnPrefill : public Module {
   Tensor forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const Tensor& query_start_loc,
                  const Tensor& seq_lens, const Tensor& block_tables, int64_t max_query_len, int64_t max_seq_len,
                  const Tensor& sinks);
+
+  // Whether values narrower than keys run on tensor cores for q of dtype `dt` on `device` (16-bit pages of 8..64 keys):
+  // keys 192 / values 128 on Hopper's kernel. Elsewhere such values take the generic kernel, and a caller that can
+  // pad its values to the keys' width (DeepSeek's MLA prefill) runs faster padded.
+  static bool value_width_on_tensor_cores(DType dt, int64_t head_size, int64_t head_size_v, Device device);
 
   int64_t num_heads() const { return num_heads_; }
   int64_t head_size() const { return head_size_; }

@@ -114,7 +114,8 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
   Tensor out = Tensor::empty({T, H, v_dim_}, q.dtype(), q.device());
   if (np > 0) {
     // Decompress the prefill sequences' rows, Lpad (Lmax rounded up to a page) per sequence, into per-head K
-    // [k_nope | k_pe] and V (zero-padded to D), viewed as a paged cache of 16-row pages, sequence s owning pages
+    // [k_nope | k_pe] and V (v_head_dim wide where the prefill kernel takes values narrower than keys: the CPU, and
+    // Hopper at 192 / 128; zero-padded to D elsewhere), viewed as a paged cache of 16-row pages, sequence s owning pages
     // s * pages .. s * pages + pages - 1. Pages of 16 (not one page of Lmax per sequence) are what Hopper's TMA
     // prefill kernel reads (pages of 8..64 rows dividing its 64-key tiles); other page sizes run the mma.sync kernel.
     constexpr int64_t kPage = 16;
@@ -124,14 +125,16 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
     const Tensor rows_lat = gather_.forward(latent, tables, lens, Lpad).view({rows, W});
     const Tensor kv = kv_b_proj.forward(rows_lat.slice(1, 0, rank_)).first.view({rows, H, nope_ + v_dim_});
     Tensor key = Tensor::empty({rows, H, D}, q.dtype(), q.device());
-    Tensor value = Tensor::empty({rows, H, D}, q.dtype(), q.device());
+    const bool narrow_v = q.is_cpu() || FlashAttnPrefill::value_width_on_tensor_cores(q.dtype(), D, v_dim_, q.device());
+    const int64_t Dv = narrow_v ? v_dim_ : D;
+    Tensor value = Tensor::empty({rows, H, Dv}, q.dtype(), q.device());
     key.slice(2, 0, nope_).copy_(kv.slice(2, 0, nope_));
     key.slice(2, nope_, D).copy_(rows_lat.as_strided({rows, H, rope_}, {W, 0, 1}, rows_lat.offset() + rank_));
-    value.zero_();
+    if (!narrow_v) value.zero_();
     value.slice(2, 0, v_dim_).copy_(kv.slice(2, nope_, nope_ + v_dim_));
     const Tensor ids = block_ids(ns * pages, q.device()).slice(0, 0, ns * pages).view({ns, pages});
     const Tensor o = prefill_.forward(q.slice(0, 0, np).contiguous(), key.view({ns * pages, kPage, H, D}),
-                                      value.view({ns * pages, kPage, H, D}), md.query_start_loc, lens, ids,
+                                      value.view({ns * pages, kPage, H, Dv}), md.query_start_loc, lens, ids,
                                       md.max_prefill_query_len, Lmax);
     out.slice(0, 0, np).copy_(o.slice(2, 0, v_dim_));
   }

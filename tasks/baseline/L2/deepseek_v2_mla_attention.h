@@ -6,8 +6,9 @@
 //   rope (GPT-J interleaved pairs; DeepSeek's YaRN) on q's rope part and on k_pe;
 //   the latent row kv_c_normed | k_pe stored in the layer's paged latent cache (concat_and_cache_mla);
 //   prefill tokens: their sequences' latent rows gathered (gather_cache) and decompressed through kv_b_proj into
-//     per-head keys [k_nope | k_pe] and values, then causal varlen attention (FlashAttnPrefill at qk_head_dim, the
-//     values zero-padded to it as vLLM pads V for its non-MLA prefill);
+//     per-head keys [k_nope | k_pe] and values, then causal varlen attention (FlashAttnPrefill at qk_head_dim with
+//     values of v_head_dim where it runs them natively - the CPU, Hopper at 192 / 128 - else the values zero-padded
+//     to qk_head_dim, as vLLM pads V for FlashAttention builds without a separate value width);
 //   decode tokens: the up-projections absorbed (vLLM's W_UK_T / W_UV, made from kv_b_proj after loading):
 //     q_nope @ W_UK -> [T, heads, kv_lora_rank], then mla_decode over the latent cache, then @ W_UV per head;
 //   o_proj over [T, heads * v_head_dim].
