@@ -23,10 +23,12 @@ KBN_REQUIRE_METHOD(FlashAttnPrefill, Tensor, forward,
 namespace {
 
 // The attention's prefill shapes; for multi-head latent attention (DeepSeek) the decompressed prefill it runs here:
-// every head its own key and value of qk_head_dim (values zero-padded to it).
+// every head its own key of qk_head_dim and value of v_head_dim (the values' width is the value cache's).
 std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
   AttentionShape mla_heads;
+  int64_t v_dim = 0;  // the values' width when it differs from the keys' (MLA)
   if (!m.attention && m.mla) {
+    v_dim = m.mla->v_head_dim;
     mla_heads.num_heads = mla_heads.num_kv_heads = m.mla->num_heads;
     mla_heads.head_dim = m.mla->qk_head_dim();
   }
@@ -34,6 +36,7 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
   const AttentionShape& a = m.attention ? *m.attention : mla_heads;
   const DType dt = o.dtype;
   const int64_t es = int64_t(dtype_size(dt)), Hq = a.num_heads, Hk = a.num_kv_heads, D = a.head_dim;
+  const int64_t Dv = v_dim > 0 ? v_dim : D;
   const DType kv = o.kv_cache_dtype.value_or(dt);  // the pages' (kernels --kv-cache-dtype)
   const int64_t kv_es = int64_t(dtype_size(kv));
   const std::string kv_label = o.kv_cache_dtype ? std::string(" kv_cache=") + dtype_name(kv) : "";
@@ -50,7 +53,8 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
         const bool sinks = v.sinks;
         BenchCase b = cases::base("flash_attn_prefill", m, T, dt);
         b.label = "seqs=" + cases::str(seqs) + "x" + cases::str(L) + " heads=" + cases::str(Hq) + " kv=" +
-                  cases::str(Hk) + " D=" + cases::str(D) + v.label() + kv_label;
+                  cases::str(Hk) + " D=" + cases::str(D) + (Dv != D ? " Dv=" + cases::str(Dv) : "") + v.label() +
+                  kv_label;
         b.kv_cache_dtype = o.kv_cache_dtype;
         // NOTE: the launch maxima are host facts of the case, passed as constructor arguments so the adapter does
         // no device-to-host read inside the timed call (and the call can be captured in a CUDA graph).
@@ -66,7 +70,7 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
           // The new keys are already in the cache (stored by store_kvcache before attention runs).
           std::vector<Tensor> in{cases::normal({T, Hq, D}, dt, d, seed, "q", 1.0),
                                  cases::normal({blocks, bs, Hk, D}, kv, d, seed, "key_cache", 1.0),
-                                 cases::normal({blocks, bs, Hk, D}, kv, d, seed, "value_cache", 1.0),
+                                 cases::normal({blocks, bs, Hk, Dv}, kv, d, seed, "value_cache", 1.0),
                                  cases::filled_i32(starts, d),
                                  cases::filled_i32(lens, d),
                                  cases::permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
@@ -77,10 +81,10 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
         const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
         // q read, out written, each sequence's keys and values read once (every key is in some query's window),
         // metadata read.
-        b.bytes = 2 * T * Hq * D * es + 2 * seqs * L * Hk * D * kv_es + metadata;
-        b.flops = 4 * Hq * D * seqs * cases::attention_pairs(L, 0, W);  // QK^T and PV over the visible pairs
-        b.input_bytes = T * Hq * D * es + 2 * blocks * bs * Hk * D * kv_es + metadata;
-        b.output_numel = T * Hq * D;
+        b.bytes = T * Hq * (D + Dv) * es + seqs * L * Hk * (D + Dv) * kv_es + metadata;
+        b.flops = 2 * Hq * (D + Dv) * seqs * cases::attention_pairs(L, 0, W);  // QK^T and PV over the visible pairs
+        b.input_bytes = T * Hq * D * es + blocks * bs * Hk * (D + Dv) * kv_es + metadata;
+        b.output_numel = T * Hq * Dv;
         out.push_back(std::move(b));
       }
     }
