@@ -17,6 +17,8 @@ Mixture-of-experts families (Mixtral, Qwen3-MoE) work the same way:
 
     python3 tools/hf_reference.py --config models/tiny-mixtral.json --out tests/fixtures/tiny-mixtral
     python3 tools/hf_reference.py --config models/tiny-qwen3-moe.json --out tests/fixtures/tiny-qwen3-moe
+    python3 tools/hf_reference.py --config models/tiny-deepseek-v3.json --out tests/fixtures/tiny-deepseek-v3 \
+        --hidden-states
 
 kb-nano reads the per-expert checkpoint names the published checkpoints use (Mixtral `experts.{e}.w1/w3/w2`,
 Qwen3-MoE `experts.{e}.gate_proj/up_proj/down_proj`), which is what transformers 5.17 saves; a checkpoint saved with
@@ -88,6 +90,11 @@ def main():
                 p.copy_(torch.empty(p.shape).normal_(0.0, 1.0, generator=gen))
             else:
                 p.copy_(torch.empty(p.shape).normal_(0.0, config.initializer_range, generator=gen))
+        # DeepSeek-V3's router score-correction bias is a buffer (zeros at init, so it would test nothing): N(0, 0.1),
+        # about the spread of the sigmoid scores it shifts, so it changes which groups and experts win.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.empty(b.shape).normal_(0.0, 0.1, generator=gen))
     model.eval()
 
     os.makedirs(args.out, exist_ok=True)
