@@ -123,6 +123,11 @@ std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, co
   check_attention_features(spec, entry);
   std::unique_ptr<CausalLM> model = entry.make_model(spec.config, opts);
   if (!spec.weights_path.empty()) {
+    // Quantized checkpoints (DeepSeek-V3's block-scaled fp8: quantization_config.quant_method "fp8") hold weights and
+    // scale tensors this loader would not read correctly; random weights for the same config are 16-bit and fine.
+    KBN_CHECK(!spec.config.has("quantization_config"), "model config ", spec.config_path,
+              ": the checkpoint is quantized ('quantization_config'); kb-nano loads 16- and 32-bit checkpoints only "
+              "(run the config with random weights, or a dequantized checkpoint)");
     Checkpoint ckpt = Checkpoint::open(spec.weights_path);
     model->load_weights([&](const WeightVisitor& visit) { ckpt.for_each(visit); });
   } else {

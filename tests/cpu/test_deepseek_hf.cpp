@@ -20,6 +20,13 @@ using namespace kbn;
 
 TEST(DeepseekV2VsHF, TinyLogitsAndGreedyTokens) { kbn::test::check_against_hf("tiny-deepseek-v2"); }
 
+// DeepSeek-V3's differences from V2 against transformers' DeepseekV3ForCausalLM (fixture made by tools/hf_reference.py
+// --config models/tiny-deepseek-v3.json --hidden-states): the query through q_a_proj -> q_a_layernorm -> q_b_proj
+// (q_lora_rank 24), and noaux_tc routing: sigmoid scores plus the score-correction bias (drawn from N(0, 0.1), not
+// left at zero) pick 2 of 4 groups of 2 experts by their top-2 sums, then the top-2 experts of those, weighted by
+// their bias-free scores renormalised and scaled by routed_scaling_factor 2.5; one shared expert.
+TEST(DeepseekV3VsHF, TinyLogitsAndGreedyTokens) { kbn::test::check_against_hf("tiny-deepseek-v3"); }
+
 TEST(DeepseekV2VsHF, ChunkedPrefillAcrossStepsGivesTheGreedyTokens) {
   const test::HfFixture fx = test::load_hf_fixture("tiny-deepseek-v2");
   engine::EngineConfig cfg;

@@ -442,6 +442,10 @@ template <int kHeadDim>
 constexpr int kBlockN = kHeadDim >= 192 ? 64 : 128;
 template <int kHeadDim>
 constexpr int kStages = kHeadDim == 256 ? 2 : 3;
+// K_t goes back to the producer once S_t is done (true), or with V_t once P_t V_t is (false: one release point per
+// stage, the order the ring had before K and V got their own barriers).
+template <int kHeadDim>
+constexpr bool kReleaseKAfterS = true;
 
 // Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -637,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // O += P V of the tile whose V sits in shared address `vs` (V rows are the K of each step, head_size columns the N,
   // in 64-column blocks kBlockN * 128 bytes apart).
   auto issue_pv = [&](uint32_t vs) {
-    asm volatile("" : "+r"(vs));  // see the note on descriptors in `step`
+    if constexpr (kHeadDim == 256) asm volatile("" : "+r"(vs));  // see the note on descriptors in `step`
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
       const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kN * 128, 1024);
@@ -693,12 +697,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int stage = it % kSt;
       mbar_wait(full_bar + 8 * stage, uint32_t((it / kSt) & 1));  // K_t
       if constexpr (kWithPv) mbar_wait(full_bar + 8 * (kSt + (it - 1) % kSt), uint32_t(((it - 1) / kSt) & 1));  // V_{t-1}
-      // The tile's shared addresses pass through an empty asm: otherwise the compiler hoists the Q and K descriptors
-      // (16 each at head 256) of every stage out of the tile loop as invariants, and ptxas spilled them (with
-      // load_q's addresses: 392 bytes per consumer thread at head 256, 88 at 192, 32 at 128; none now at any head).
+      // At head 256 the tile's shared addresses pass through an empty asm: otherwise the compiler hoists the 16 Q and
+      // 16 K descriptors of every stage out of the tile loop as invariants, and ptxas spilled them (with load_q's
+      // addresses: 392 bytes per consumer thread; none now at any head). Smaller heads keep them hoisted: they fit,
+      // and recomputing them between the turn barrier and the first wgmma cost head 128 time (measure first).
       uint32_t ks = kv_s + stage * kStageBytes;
       uint32_t qw = q_wg;
-      asm volatile("" : "+r"(ks), "+r"(qw));
+      if constexpr (kHeadDim == 256) asm volatile("" : "+r"(ks), "+r"(qw));
 
       // S: 64 rows x kBlockN keys per warpgroup, K = head_size in steps of 16 (32 bytes within a row of a 64-column
       // block).
@@ -729,7 +734,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
       }
       fence_regs(s);
-      release(0, stage);  // K_t is read
+      if constexpr (kReleaseKAfterS<kHeadDim>) release(0, stage);  // K_t is read
       // Q is read for this item: fetch the next item's rows behind the softmax and the last P V.
       if (tile == w.num_tiles - 1 && have_next) load_q(next);
 
@@ -783,6 +788,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_regs(o);
         fence_regs(pa);
         release(1, (it - 1) % kSt);
+        if constexpr (!kReleaseKAfterS<kHeadDim>) release(0, (it - 1) % kSt);
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int n = 0; n < kHeadDimV / 8; ++n) {
@@ -831,6 +837,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       fence_regs(o);
       fence_regs(pa);
       release(1, last);
+      if constexpr (!kReleaseKAfterS<kHeadDim>) release(0, last);
     } else if (have_next) {  // no visible key (seq_lens below the query length): O stays 0
       load_q(next);
     }

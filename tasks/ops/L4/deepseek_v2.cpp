@@ -1,6 +1,6 @@
 // deepseek_v2_for_causal_lm: DeepseekV2ForCausalLM (tasks/baseline/L4/deepseek_v2.h), serving HF
-// "DeepseekV2ForCausalLM"; measured end to end by `kb_nano eval`; tests/cpu/test_deepseek_hf.cpp matches the
-// transformers fixture of the tiny config (tests/fixtures/tiny-deepseek-v2).
+// "DeepseekV2ForCausalLM" and "DeepseekV3ForCausalLM"; measured end to end by `kb_nano eval`;
+// tests/cpu/test_deepseek_hf.cpp matches the transformers fixture of the tiny config (tests/fixtures/tiny-deepseek-v2).
 #include "L4/deepseek_v2.h"
 #include "ops/op.h"
 
@@ -27,7 +27,8 @@ KBN_REGISTER_OPS(r) {
              "deepseek_v2_for_causal_lm", 2,
              [](const OpArgs& a) { return std::make_unique<DeepseekV2ForCausalLM>(a.model_config(), a.opts); },
              [](DeepseekV2ForCausalLM& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
-         .architectures = {"DeepseekV2ForCausalLM"},
+         // V3 (and R1) is V2's code with a q_lora query and noaux_tc routing, as vLLM's DeepseekV3ForCausalLM is.
+         .architectures = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<DeepseekV2ForCausalLM>(c, o);
          }});
