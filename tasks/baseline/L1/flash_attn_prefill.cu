@@ -443,9 +443,12 @@ constexpr int kBlockN = kHeadDim >= 192 ? 64 : 128;
 template <int kHeadDim>
 constexpr int kStages = kHeadDim == 256 ? 2 : 3;
 // K_t goes back to the producer once S_t is done (true), or with V_t once P_t V_t is (false: one release point per
-// stage, the order the ring had before K and V got their own barriers).
+// stage, the order the ring had before K and V got their own barriers). Head 256 (two stages) needs the early K: with
+// it and its spills gone it ran 1.41-1.52x faster on an H100; the smaller heads keep the old order, the build that
+// released K early and recomputed descriptors at every head ran head 128 at 0.86-0.91x of the old kernel
+// (bench/results/h100/session19).
 template <int kHeadDim>
-constexpr bool kReleaseKAfterS = true;
+constexpr bool kReleaseKAfterS = kHeadDim == 256;
 
 // Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
