@@ -60,8 +60,9 @@ expect_error 2 "give one or the other" --device cpu --prompt hi --prompt-ids 1,2
 expect_error 2 "the prompt is empty" --device cpu --prompt ""
 expect_error 2 "--top-p" --device cpu --prompt hi --top-p 1.5
 expect_error 2 "--temperature" --device cpu --prompt hi --temperature -1
-# A published config whose architecture no L4 serves is named before any of its keys are read.
-expect_error 1 "no L4 model serves architecture 'DeepseekV3ForCausalLM'" --device cpu --model deepseek-v3
+# A config whose architecture no L4 serves is named before any of its keys are read.
+sed 's/"LlamaForCausalLM"/"FalconForCausalLM"/' "$src/models/tiny-llama.json" >unserved-arch.json
+expect_error 1 "no L4 model serves architecture 'FalconForCausalLM'" --device cpu --model ./unserved-arch.json
 # kb_nano tokenize: the ids Hugging Face gives for "Hello world" with Llama-3's tokenizer, and back.
 lb="$src/tests/fixtures/tokenizers/llama-bpe/tokenizer.json"
 ids=$("$kbn" tokenize --tokenizer "$lb" --text "Hello world" --json 2>/dev/null) || fail "tokenize"
