@@ -275,8 +275,10 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
 // tile past the partition's last key are zeroed by the producer (P is 0 there, and 0 x a stale NaN would not be).
 // The scores' 36 k-steps accumulate in two independent chains (even and odd steps), halving their mma latency chain.
 // P is double-buffered by tile parity, so a warp may write tile t+1's P while another still reads tile t's.
-// NOTE: the cp.async kernel above reached 36-51% of the copy rate on the H200 at DeepSeek-V2-Lite's 16 heads, with
-// its four warps both loading and computing (one 64-key tile in flight per SM).
+// Measured on an H100 (bench/results/h100/session19/, V2-Lite's 16 heads): 75.9-92.9% of the copy rate at batch
+// 32-128 x 4k-8k, 1.30-1.39x the cp.async kernel above in the same run (whose four warps both load and compute).
+// NOTE: short partitions (batch 32 x 4k: 75.9%) are where it falls short of 85%: a deeper ring of 32-key tiles (five
+// stages fit in 207 KB) would keep more bytes in flight per SM; measure first.
 constexpr int kMlaRowStride = kMlaWidth + 8, kMlaBulkStages = 2, kMlaBulkThreads = kMlaThreads + 32;
 constexpr uint32_t kMlaRowBytes = kMlaWidth * 2, kMlaStageBytes = uint32_t(kMlaKeys) * kMlaRowStride * 2;
 constexpr size_t kMlaBulkSmem = size_t(kMlaBulkStages) * kMlaStageBytes + size_t(kMlaRows) * kMlaWidth * 2 +
