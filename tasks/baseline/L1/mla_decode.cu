@@ -81,6 +81,108 @@ __device__ __forceinline__ void store_mla_output(const MlaDecodeParams& p, const
   }
 }
 
+// The per-tile steps both tensor-core kernels share. A block's four math warps hold O[16 heads, 512] (warp w columns
+// 128w..128w+127) and the running max / sum of this thread's rows g and g + 8; `sync` is the barrier of those four
+// warps (__syncthreads, or a named barrier where a producer warp does not join).
+
+// Online softmax of one tile: this warp's scores s (kNT n-tiles of 8 keys from tile_key0; keys at or past key_end
+// masked) scaled into the exp2 domain, the row maxima met across the warps in sMax, O and the sums rescaled, and the
+// probabilities written (16-bit) to the tile's P rows at p_at(row, col).
+template <class T, int kNT, class PAt, class Sync>
+__device__ __forceinline__ void mla_tile_softmax(float (&s)[kNT][4], int tile_key0, int key_end, float scale_log2,
+                                                 float* sMax, T* sP, PAt p_at, float (&m_run)[2], float (&l_run)[2],
+                                                 float (&o)[16][4], int warp, int g, int t4, Sync sync) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < kNT; ++j)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int key = tile_key0 + 8 * j + 2 * t4 + (c & 1);
+      s[j][c] = key < key_end ? s[j][c] * scale_log2 : -INFINITY;
+      mx[c / 2] = fmaxf(mx[c / 2], s[j][c]);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+  }
+  if (t4 == 0) {
+    sMax[warp * kMlaRows + g] = mx[0];
+    sMax[warp * kMlaRows + g + 8] = mx[1];
+  }
+  sync();
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float m = m_run[r];
+#pragma unroll
+    for (int w = 0; w < kMlaWarps; ++w) m = fmaxf(m, sMax[w * kMlaRows + g + 8 * r]);
+    alpha[r] = exp2f(m_run[r] - m);  // the tile has a valid key, so m is finite
+    m_run[r] = m;
+    l_run[r] *= alpha[r];
+  }
+  constexpr int kWarpKeys = 8 * kNT;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+    const float p0 = exp2f(s[j][0] - m_run[0]), p1 = exp2f(s[j][1] - m_run[0]);
+    const float p2 = exp2f(s[j][2] - m_run[1]), p3 = exp2f(s[j][3] - m_run[1]);
+    l_run[0] += p0 + p1;
+    l_run[1] += p2 + p3;
+    const int col = warp * kWarpKeys + 8 * j + 2 * t4;
+    *reinterpret_cast<uint32_t*>(sP + p_at(g, col)) = pack2<T>(p0, p1);
+    *reinterpret_cast<uint32_t*>(sP + p_at(g + 8, col)) = pack2<T>(p2, p3);
+  }
+#pragma unroll
+  for (int n = 0; n < 16; ++n) {
+    o[n][0] *= alpha[0];
+    o[n][1] *= alpha[0];
+    o[n][2] *= alpha[1];
+    o[n][3] *= alpha[1];
+  }
+  sync();
+}
+
+// O[:, 128w .. 128w + 127] += P V over a tile of kKeys keys (k-steps of 16); v_at(key, chunk) is the shared address
+// of 16-byte chunk `chunk` of the tile's row `key` (V = the rows' first 512 values).
+template <class T, int kKeys, class PAt, class VAt>
+__device__ __forceinline__ void mla_tile_pv(float (&o)[16][4], const T* sP, PAt p_at, VAt v_at, int warp, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < kKeys / 16; ++kk) {
+    uint32_t a[4];
+    ldmatrix_x4(a, smem_addr(sP + p_at(lane % 16, 16 * kk + (lane / 16) * 8)));
+    const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
+#pragma unroll
+    for (int n = 0; n < 16; n += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_at(key, warp * 16 + n + lane / 16));
+      mma_16816<T>(o[n], a, b[0], b[1]);
+      mma_16816<T>(o[n + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// The rows' softmax sums: this thread's partial sums over the quad, then over the four warps through sSum.
+template <class Sync>
+__device__ __forceinline__ void mla_row_sums(float (&l_run)[2], float* sSum, float (&l)[2], int warp, int g, int t4,
+                                             Sync sync) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  if (t4 == 0) {
+    sSum[warp * kMlaRows + g] = l_run[0];
+    sSum[warp * kMlaRows + g + 8] = l_run[1];
+  }
+  sync();
+  l[0] = l[1] = 0.f;
+#pragma unroll
+  for (int w = 0; w < kMlaWarps; ++w) {
+    l[0] += sSum[w * kMlaRows + g];
+    l[1] += sSum[w * kMlaRows + g + 8];
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecodeParams p) {
   constexpr int kKeys = kMlaKeys, kStages = kMlaStages;
@@ -178,91 +280,17 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
       mma_16816<T>(s[0], a, b[0], b[1]);
       mma_16816<T>(s[1], a, b[2], b[3]);
     }
-    // Mask keys past the end, scale into the exp2 domain, and take this warp's row maxima.
-    const int tile_key0 = key_begin + tile * kKeys + warp * kWarpKeys;
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < kNT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int key = tile_key0 + 8 * j + 2 * t4 + (c & 1);
-        s[j][c] = key < key_end ? s[j][c] * p.scale_log2 : -INFINITY;
-        mx[c / 2] = fmaxf(mx[c / 2], s[j][c]);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    if (t4 == 0) {
-      sMax[warp * kMlaRows + g] = mx[0];
-      sMax[warp * kMlaRows + g + 8] = mx[1];
-    }
-    __syncthreads();
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = m_run[r];
-#pragma unroll
-      for (int w = 0; w < kMlaWarps; ++w) m = fmaxf(m, sMax[w * kMlaRows + g + 8 * r]);
-      alpha[r] = exp2f(m_run[r] - m);  // the tile has a valid key, so m is finite
-      m_run[r] = m;
-      l_run[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const float p0 = exp2f(s[j][0] - m_run[0]), p1 = exp2f(s[j][1] - m_run[0]);
-      const float p2 = exp2f(s[j][2] - m_run[1]), p3 = exp2f(s[j][3] - m_run[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const int col = warp * kWarpKeys + 8 * j + 2 * t4;
-      *reinterpret_cast<uint32_t*>(sP + p_at(g, col)) = pack2<T>(p0, p1);
-      *reinterpret_cast<uint32_t*>(sP + p_at(g + 8, col)) = pack2<T>(p2, p3);
-    }
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
-    }
-    __syncthreads();
-
-    // O[:, 128w .. 128w + 127] += P V over the tile's keys (k-steps of 16).
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, smem_addr(sP + p_at(lane % 16, 16 * kk + (lane / 16) * 8)));
-      const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
-#pragma unroll
-      for (int n = 0; n < 16; n += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, smem_addr(kv + swizzle<kMlaWidth>(key, warp * 16 + n + lane / 16)));
-        mma_16816<T>(o[n], a, b[0], b[1]);
-        mma_16816<T>(o[n + 1], a, b[2], b[3]);
-      }
-    }
+    auto sync = [] { __syncthreads(); };
+    mla_tile_softmax<T>(s, key_begin + tile * kKeys + warp * kWarpKeys, key_end, p.scale_log2, sMax, sP, p_at, m_run,
+                        l_run, o, warp, g, t4, sync);
+    mla_tile_pv<T, kKeys>(o, sP, p_at,
+                          [&](int key, int chunk) { return smem_addr(kv + swizzle<kMlaWidth>(key, chunk)); }, warp,
+                          lane);
     __syncthreads();
   }
   cp_async_wait<0>();  // the ring's trailing (empty) groups
-
-  // Row sums: over the quad, then over the four warps.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  if (t4 == 0) {
-    sSum[warp * kMlaRows + g] = l_run[0];
-    sSum[warp * kMlaRows + g + 8] = l_run[1];
-  }
-  __syncthreads();
-  float l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int w = 0; w < kMlaWarps; ++w) {
-    l[0] += sSum[w * kMlaRows + g];
-    l[1] += sSum[w * kMlaRows + g + 8];
-  }
+  float l[2];
+  mla_row_sums(l_run, sSum, l, warp, g, t4, [] { __syncthreads(); });
   store_mla_output<T>(p, o, m_run, l, seq, split, head0, warp, g, t4);
 }
 
@@ -408,91 +436,22 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
       mma_16816<T>(s_odd[0], a2, b2[0], b2[1]);
       mma_16816<T>(s_odd[1], a2, b2[2], b2[3]);
     }
-    // Mask keys past the end, scale into the exp2 domain, and take this warp's row maxima.
-    const int tile_key0 = key_begin + tile * kKeys + warp * kWarpKeys;
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int key = tile_key0 + 8 * j + 2 * t4 + (c & 1);
-        s[j][c] = key < key_end ? (s[j][c] + s_odd[j][c]) * p.scale_log2 : -INFINITY;
-        mx[c / 2] = fmaxf(mx[c / 2], s[j][c]);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    }
-    if (t4 == 0) {
-      sMax[warp * kMlaRows + g] = mx[0];
-      sMax[warp * kMlaRows + g + 8] = mx[1];
-    }
-    named_sync(kMlaBarMath, kMlaThreads);
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float m = m_run[r];
-#pragma unroll
-      for (int w = 0; w < kMlaWarps; ++w) m = fmaxf(m, sMax[w * kMlaRows + g + 8 * r]);
-      alpha[r] = exp2f(m_run[r] - m);  // the tile has a valid key, so m is finite
-      m_run[r] = m;
-      l_run[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      const float p0 = exp2f(s[j][0] - m_run[0]), p1 = exp2f(s[j][1] - m_run[0]);
-      const float p2 = exp2f(s[j][2] - m_run[1]), p3 = exp2f(s[j][3] - m_run[1]);
-      l_run[0] += p0 + p1;
-      l_run[1] += p2 + p3;
-      const int col = warp * kWarpKeys + 8 * j + 2 * t4;
-      *reinterpret_cast<uint32_t*>(pt + p_at(g, col)) = pack2<T>(p0, p1);
-      *reinterpret_cast<uint32_t*>(pt + p_at(g + 8, col)) = pack2<T>(p2, p3);
-    }
-#pragma unroll
-    for (int n = 0; n < 16; ++n) {
-      o[n][0] *= alpha[0];
-      o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1];
-      o[n][3] *= alpha[1];
-    }
-    named_sync(kMlaBarMath, kMlaThreads);
-
-    // O[:, 128w .. 128w + 127] += P V over the tile's keys (k-steps of 16).
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4(a, smem_addr(pt + p_at(lane % 16, 16 * kk + (lane / 16) * 8)));
-      const int key = 16 * kk + lane % 8 + ((lane / 8) % 2) * 8;
-#pragma unroll
-      for (int n = 0; n < 16; n += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, smem_addr(kv + key * kMlaRowStride + (warp * 16 + n + lane / 16) * 8));
-        mma_16816<T>(o[n], a, b[0], b[1]);
-        mma_16816<T>(o[n + 1], a, b[2], b[3]);
-      }
-    }
+      for (int c = 0; c < 4; ++c) s[j][c] += s_odd[j][c];
+    auto sync = [] { named_sync(kMlaBarMath, kMlaThreads); };
+    mla_tile_softmax<T>(s, key_begin + tile * kKeys + warp * kWarpKeys, key_end, p.scale_log2, sMax, pt, p_at, m_run,
+                        l_run, o, warp, g, t4, sync);
+    mla_tile_pv<T, kKeys>(o, pt, p_at,
+                          [&](int key, int chunk) { return smem_addr(kv + key * kMlaRowStride + chunk * 8); }, warp,
+                          lane);
     __syncwarp();
     if (lane == 0) mbar_arrive(empty_bar + 8 * stage);  // this warp is done with the stage
   }
 
-  // Row sums: over the quad, then over the four warps.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
-  if (t4 == 0) {
-    sSum[warp * kMlaRows + g] = l_run[0];
-    sSum[warp * kMlaRows + g + 8] = l_run[1];
-  }
-  named_sync(kMlaBarMath, kMlaThreads);
-  float l[2] = {0.f, 0.f};
-#pragma unroll
-  for (int w = 0; w < kMlaWarps; ++w) {
-    l[0] += sSum[w * kMlaRows + g];
-    l[1] += sSum[w * kMlaRows + g + 8];
-  }
+  float l[2];
+  mla_row_sums(l_run, sSum, l, warp, g, t4, [] { named_sync(kMlaBarMath, kMlaThreads); });
   store_mla_output<T>(p, o, m_run, l, seq, split, head0, warp, g, t4);
 #else
   __trap();  // not launched: the host picks this kernel only when the binary holds sm_90 code for the device
