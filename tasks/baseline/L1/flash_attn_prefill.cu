@@ -421,8 +421,9 @@ namespace hopper_path {
 // at 16k (the cp.async-fed wgmma kernel this replaced: 309 / 319; ncu: tensor pipe 54% -> most consumer stalls are
 // now waits on wgmma). Heads 192 and 256 (64-key tiles), on an H100 (bench/results/h100/attention-heads-fp8/): 536
 // TFLOP/s at 8k for DeepSeek-V2-Lite's 16 heads of 192, 344 for Gemma-3's 16/8 heads of 256 (the mma.sync kernel:
-// ~200); both before K and V got their own barriers and before the head-256 consumers' 392 bytes of spills were
-// removed (see `step`): not measured since.
+// ~200). With K and V on their own barriers, K released early and no spills (bench/results/h100/session19/, H100):
+// head 256 487 TFLOP/s at 8k; keys 192 / values 128 382; head 128 459 (0.86x: heads 64-192 have since gone back to
+// releasing K with V and hoisted descriptors, not yet measured).
 // NOTE: where the next gains are (measure first):
 //  - Short sequences (1k tokens: 249 TFLOP/s) are bounded by the per-item prologue and the causal tail; a tile
 //    scheduler that splits heavy items, or 64-row tiles for them, would help the engine's many-sequence prefills.
@@ -440,6 +441,8 @@ constexpr int kBlockM = 128;
 // warpgroup: 96 or 128 accumulators per consumer thread.
 template <int kHeadDim>
 constexpr int kBlockN = kHeadDim >= 192 ? 64 : 128;
+// The one pair of key / value widths that differ on this kernel: DeepSeek's MLA prefill.
+constexpr int kNarrowKeyDim = 192, kNarrowValueDim = 128;
 template <int kHeadDim>
 constexpr int kStages = kHeadDim == 256 ? 2 : 3;
 // K_t goes back to the producer once S_t is done (true), or with V_t once P_t V_t is (false: one release point per
@@ -528,7 +531,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr uint32_t kStageBytes = kTileBytes + kVTileBytes;  // [K tile, V tile]
   constexpr int kSAcc = kN / 2;
   constexpr int kOAcc = kHeadDimV / 2;
-  static_assert(kHeadDimV == kHeadDim || (kHeadDim == 192 && kHeadDimV == 128), "values as wide as keys, or 192/128");
+  static_assert(kHeadDimV == kHeadDim || (kHeadDim == kNarrowKeyDim && kHeadDimV == kNarrowValueDim),
+                "values as wide as keys, or 192 / 128");
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
                 "wgmma shapes for head sizes 64, 128, 192, 256");
 
@@ -983,11 +987,14 @@ void dispatch_prefill_head_size(int64_t head_size, const char* op, F&& f) {
 
 bool FlashAttnPrefill::value_width_on_tensor_cores(DType dt, int64_t head_size, int64_t head_size_v, Device device) {
 #ifdef KBN_WITH_CUDA
-  if (!device.is_cuda() || head_size != 192 || head_size_v != 128 || (dt != DType::bf16 && dt != DType::f16))
+  using hopper_path::kNarrowKeyDim, hopper_path::kNarrowValueDim, hopper_path::flash_attn_prefill_tma_kernel;
+  if (!device.is_cuda() || head_size != kNarrowKeyDim || head_size_v != kNarrowValueDim ||
+      (dt != DType::bf16 && dt != DType::f16))
     return false;
-  const void* kernel = dt == DType::bf16
-                           ? reinterpret_cast<const void*>(hopper_path::flash_attn_prefill_tma_kernel<__nv_bfloat16, 192, 128>)
-                           : reinterpret_cast<const void*>(hopper_path::flash_attn_prefill_tma_kernel<__half, 192, 128>);
+  const void* kernel =
+      dt == DType::bf16
+          ? reinterpret_cast<const void*>(flash_attn_prefill_tma_kernel<__nv_bfloat16, kNarrowKeyDim, kNarrowValueDim>)
+          : reinterpret_cast<const void*>(flash_attn_prefill_tma_kernel<__half, kNarrowKeyDim, kNarrowValueDim>);
   return runs_sm90_image(kernel, device.index);
 #else
   (void)dt, (void)head_size, (void)head_size_v, (void)device;
@@ -1133,12 +1140,13 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
     // Keys 192 / values 128 (DeepSeek's MLA) on Hopper's kernel with 16-bit pages; any other pair, GPU, page size or
     // fp8 pages: the generic kernel (the mma.sync kernel reads values as wide as keys only).
     bool launched = false;
-    if (head_size_ == 192 && head_size_v == 128 && !fp8_pages) {
+    using hopper_path::kNarrowKeyDim, hopper_path::kNarrowValueDim;
+    if (head_size_ == kNarrowKeyDim && head_size_v == kNarrowValueDim && !fp8_pages) {
       int device = 0;
       KBN_CUDA_CHECK(cudaGetDevice(&device));
       dispatch_float16(q.dtype(), op, "q", [&](auto t) {
-        launched = launch_hopper_prefill<decltype(t), 192, 128>(p, num_seqs, num_kv_heads_, max_query_len,
-                                                                key_cache.size(0), device, current_stream());
+        launched = launch_hopper_prefill<decltype(t), kNarrowKeyDim, kNarrowValueDim>(
+            p, num_seqs, num_kv_heads_, max_query_len, key_cache.size(0), device, current_stream());
       });
     }
     return launched ? out : generic();
