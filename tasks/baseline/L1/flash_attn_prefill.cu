@@ -402,10 +402,8 @@ namespace hopper_path {
 // Three warpgroups per block. The producer (setmaxnreg 24) has one thread copy each K/V tile page by page with TMA
 // (cp.async.bulk.tensor through 4-D tensor maps over the caches: one box = one page of one kv head x 64 columns, the
 // 128-byte swizzle wgmma wants done by the copy engine) into a kStages ring, completing a "full" mbarrier in bytes;
-// consumer warps hand stages back on an "empty" mbarrier. K and V have their own barriers, and K runs a tile ahead
-// of V: K_t goes back as soon as S_t is done, so K_{t+2} and V_{t+1} are in flight a whole tile before they are read
-// (one shared barrier per stage held K_t until P_t V_t finished, which at head 256's two stages left no tile of
-// prefetch). The two consumer warpgroups (setmaxnreg 240) own 64 query
+// consumer warps hand stages back on an "empty" mbarrier. At head 256 K and V have their own barriers and K runs a
+// tile ahead of V (kSplitKV below). The two consumer warpgroups (setmaxnreg 240) own 64 query
 // rows each of a 128-row tile and never issue a load: per K/V tile, S = Q K^T by wgmma from shared memory (swizzled
 // descriptors, wgmma.cuh), online softmax in the exp2 domain (running max / sum per row, 4 lanes per row), then
 // O += P V by wgmma with P re-packed from the S accumulators as the register A operand and V read transposed. P V
@@ -421,9 +419,10 @@ namespace hopper_path {
 // at 16k (the cp.async-fed wgmma kernel this replaced: 309 / 319; ncu: tensor pipe 54% -> most consumer stalls are
 // now waits on wgmma). Heads 192 and 256 (64-key tiles), on an H100 (bench/results/h100/attention-heads-fp8/): 536
 // TFLOP/s at 8k for DeepSeek-V2-Lite's 16 heads of 192, 344 for Gemma-3's 16/8 heads of 256 (the mma.sync kernel:
-// ~200). With K and V on their own barriers, K released early and no spills (bench/results/h100/session19/, H100):
-// head 256 487 TFLOP/s at 8k; keys 192 / values 128 382; head 128 459 (0.86x: heads 64-192 have since gone back to
-// releasing K with V and hoisted descriptors, not yet measured).
+// ~200). Head 256 with K and V on their own barriers, K released early and no spills (bench/results/h100/session19/
+// and session20/, H100): 487 TFLOP/s at 8k. The smaller heads with one barrier pair per stage and Q's copies
+// unrolled (session20/call3, H100): head 128 534 TFLOP/s at 8k, 549 at 16k (session 18's kernel in the same run:
+// 527 / 548); keys 192 / values 128 (DeepSeek's MLA prefill) 514 on useful FLOPs at 8k, 458 at 2 x 4k.
 // NOTE: where the next gains are (measure first):
 //  - Short sequences (1k tokens: 249 TFLOP/s) are bounded by the per-item prologue and the causal tail; a tile
 //    scheduler that splits heavy items, or 64-row tiles for them, would help the engine's many-sequence prefills.
@@ -445,13 +444,14 @@ constexpr int kBlockN = kHeadDim >= 192 ? 64 : 128;
 constexpr int kNarrowKeyDim = 192, kNarrowValueDim = 128;
 template <int kHeadDim>
 constexpr int kStages = kHeadDim == 256 ? 2 : 3;
-// K_t goes back to the producer once S_t is done (true), or with V_t once P_t V_t is (false: one release point per
-// stage, the order the ring had before K and V got their own barriers). Head 256 (two stages) needs the early K: with
-// it and its spills gone it ran 1.41-1.52x faster on an H100; the smaller heads keep the old order, the build that
-// released K early and recomputed descriptors at every head ran head 128 at 0.86-0.91x of the old kernel
-// (bench/results/h100/session19).
+// Head 256 (two stages) splits each stage's K and V: each has its own full / empty barriers, K_t goes back to the
+// producer once S_t is done and the producer issues K_t then V_{t-1} (P V lags S by a tile), so K_{t+2} and V_{t+1}
+// are in flight a whole tile before they are read: with that and its spills gone it ran 1.41-1.52x faster on an H100.
+// The smaller heads (three stages) keep one barrier pair per stage, K_t and V_t issued together and given back
+// together after P_t V_t: split, head 128 ran at 0.86-0.91x of that (bench/results/h100/session19, session20), also
+// with K released with V and K_t, V_t issued together on their own barriers.
 template <int kHeadDim>
-constexpr bool kReleaseKAfterS = kHeadDim == 256;
+constexpr bool kSplitKV = kHeadDim == 256;
 
 // Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -562,23 +562,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters) : "memory");
     if (tid == kConsumerThreads) {
       const int bs = p.block_size;
-      // Tile `tile` of the ring (counted over the block's items): K or V (v = 1) pages [0, pages) into its stage.
-      auto issue = [&](int tile, int v, const int* block_table, int kv_head, int n0, int pages) {
+      // Tile `tile` of the ring (counted over the block's items), pages [0, pages) into its stage: K (part 0) or V
+      // (part 1) on their own barriers, or both on K's (part 2: one barrier pair per stage).
+      auto issue = [&](int tile, int part, const int* block_table, int kv_head, int n0, int pages) {
         const int stage = tile % kSt;
-        if (tile >= kSt) mbar_wait(empty_bar + 8 * (v * kSt + stage), uint32_t((tile / kSt - 1) & 1));
-        const uint32_t dst = kv_s + stage * kStageBytes + v * kTileBytes;
-        const int width = v ? kHeadDimV : kHeadDim;
-        const uint32_t bar = full_bar + 8 * (v * kSt + stage);
-        const CUtensorMap* map = v ? &v_map : &k_map;
+        const int b = (part == 1 ? kSt : 0) + stage;
+        if (tile >= kSt) mbar_wait(empty_bar + 8 * b, uint32_t((tile / kSt - 1) & 1));
+        const uint32_t bar = full_bar + 8 * b;
+        const int width = (part != 1 ? kHeadDim : 0) + (part != 0 ? kHeadDimV : 0);
         mbar_arrive_expect_tx(bar, uint32_t(pages * bs * width * 2));
+        const uint32_t ks = kv_s + stage * kStageBytes, vs = ks + kTileBytes;
         for (int j = 0; j < pages; ++j) {
           const int block = block_table[n0 / bs + j];
+          if (part != 1) {
 #pragma unroll
-          for (int half = 0; half < width / 64; ++half)
-            tma_load_4d(dst + half * (kN * 128) + j * bs * 128, map, bar, half * 64, kv_head, 0, block);
+            for (int half = 0; half < kHeadDim / 64; ++half)
+              tma_load_4d(ks + half * (kN * 128) + j * bs * 128, &k_map, bar, half * 64, kv_head, 0, block);
+          }
+          if (part != 0) {
+#pragma unroll
+            for (int half = 0; half < kHeadDimV / 64; ++half)
+              tma_load_4d(vs + half * (kN * 128) + j * bs * 128, &v_map, bar, half * 64, kv_head, 0, block);
+          }
         }
       };
-      // K runs one tile ahead of V, the order the consumers read them in: K_t, then V_{t-1} (P V lags S by a tile).
       int it = 0;  // K tiles issued by this block so far
       const int* prev_table = nullptr;
       int prev_head = 0, prev_n0 = 0, prev_pages = 0;
@@ -590,12 +597,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int tile = 0; tile < w.num_tiles; ++tile, ++it) {
           const int n0 = w.key_base + tile * kN;
           const int pages = (min(w.key_end - n0, kN) + bs - 1) / bs;  // pages holding keys below key_end
-          issue(it, 0, block_table, w.kv_head, n0, pages);
-          if (it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
+          if constexpr (kSplitKV<kHeadDim>) {  // K_t, then V_{t-1}: the order the consumers read them in
+            issue(it, 0, block_table, w.kv_head, n0, pages);
+            if (it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
+          } else {
+            issue(it, 2, block_table, w.kv_head, n0, pages);
+          }
           prev_table = block_table, prev_head = w.kv_head, prev_n0 = n0, prev_pages = pages;
         }
       }
-      if (it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
+      if (kSplitKV<kHeadDim> && it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
     }
     return;
   }
@@ -615,11 +626,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // This warpgroup's 64 Q rows of work w, by cp.async (rows past the sequence's last token are zero-filled). Issued
   // for the next item as soon as the last S = Q K^T of the current one has read Q, so it overlaps the last P V.
-  // Not unrolled: it runs inside the last tile's step, where O, S and P hold 176 registers at head 256, and unrolled
-  // its 16 source addresses were computed up front and spilled.
+  // At head 256 not unrolled: it runs inside the last tile's step, where O, S and P hold 176 registers there, and
+  // unrolled its 16 source addresses were computed up front and spilled.
   auto load_q = [&](const Work& w) {
-#pragma unroll 1
-    for (int j = 0; j < 64 * kChunks / 128; ++j) {
+    auto chunk = [&](int j) {
       const int i = wg_tid + j * 128;
       const int r = wg * 64 + i / kChunks, c = i % kChunks;
       const int m = w.m0 + r;
@@ -631,6 +641,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         src = q + token * p.q_stride_token + head * p.q_stride_head + c * 8;
       }
       cp_async_16(q_s + sw128_offset<kBlockM>(r, c), src, valid);
+    };
+    if constexpr (kHeadDim == 256) {
+#pragma unroll 1
+      for (int j = 0; j < 64 * kChunks / 128; ++j) chunk(j);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 64 * kChunks / 128; ++j) chunk(j);
     }
     cp_async_commit();
   };
@@ -702,8 +719,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto step = [&](int tile, auto with_pv) {
       constexpr bool kWithPv = decltype(with_pv)::value;
       const int stage = it % kSt;
-      mbar_wait(full_bar + 8 * stage, uint32_t((it / kSt) & 1));  // K_t
-      if constexpr (kWithPv) mbar_wait(full_bar + 8 * (kSt + (it - 1) % kSt), uint32_t(((it - 1) / kSt) & 1));  // V_{t-1}
+      mbar_wait(full_bar + 8 * stage, uint32_t((it / kSt) & 1));  // K_t (and V_t, unsplit)
+      if constexpr (kWithPv && kSplitKV<kHeadDim>)
+        mbar_wait(full_bar + 8 * (kSt + (it - 1) % kSt), uint32_t(((it - 1) / kSt) & 1));  // V_{t-1}
       // At head 256 the tile's shared addresses pass through an empty asm: otherwise the compiler hoists the 16 Q and
       // 16 K descriptors of every stage out of the tile loop as invariants, and ptxas spilled them (with load_q's
       // addresses: 392 bytes per consumer thread; none now at any head). Smaller heads keep them hoisted: they fit,
@@ -741,7 +759,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
       }
       fence_regs(s);
-      if constexpr (kReleaseKAfterS<kHeadDim>) release(0, stage);  // K_t is read
+      if constexpr (kSplitKV<kHeadDim>) release(0, stage);  // K_t is read
       // Q is read for this item: fetch the next item's rows behind the softmax and the last P V.
       if (tile == w.num_tiles - 1 && have_next) load_q(next);
 
@@ -794,8 +812,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_regs(o);
         fence_regs(pa);
-        release(1, (it - 1) % kSt);
-        if constexpr (!kReleaseKAfterS<kHeadDim>) release(0, (it - 1) % kSt);
+        release(kSplitKV<kHeadDim> ? 1 : 0, (it - 1) % kSt);  // V_{t-1} (and K_{t-1} with it, unsplit)
         if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
           for (int n = 0; n < kHeadDimV / 8; ++n) {
@@ -821,7 +838,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (w.num_tiles > 0) {  // the last tile's P V
       const int last = (it - 1) % kSt;
       const uint32_t vs = kv_s + last * kStageBytes + kTileBytes;
-      mbar_wait(full_bar + 8 * (kSt + last), uint32_t(((it - 1) / kSt) & 1));
+      if constexpr (kSplitKV<kHeadDim>) mbar_wait(full_bar + 8 * (kSt + last), uint32_t(((it - 1) / kSt) & 1));
       // Rows of the last tile at or past key_end hold what the cache holds beyond the sequence (whole pages are
       // copied) or an earlier tile's keys (pages not copied): their probabilities are 0, but 0 x NaN is NaN. Both
       // warpgroups read every V row, so they zero the rows together and meet before the multiply.
@@ -843,8 +860,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pa);
-      release(1, last);
-      if constexpr (!kReleaseKAfterS<kHeadDim>) release(0, last);
+      release(kSplitKV<kHeadDim> ? 1 : 0, last);
     } else if (have_next) {  // no visible key (seq_lens below the query length): O stays 0
       load_q(next);
     }
