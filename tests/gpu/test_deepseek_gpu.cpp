@@ -4,8 +4,9 @@
 // k_pe a view into kv_a_proj_with_mqa's output) and the 2-byte path (an odd latent width and an odd token stride),
 // padding tokens skipped, other rows untouched, and a slot outside the cache reported through kbn/device_errors.h with
 // that row left unwritten; grouped_topk against the oracle with many tied logits, and a NaN logit reported;
-// mla_decode's tensor-core kernel (16, 8 and 128 heads: a partial head group and V3's eight) and its generic kernel
-// against the oracle over ragged lengths (1, 63, 64, 65, long ones that split), and gather_cache bit for bit.
+// mla_decode's tensor-core kernels (16, 8 and 128 heads: a partial head group and V3's eight; on Hopper 64, 80 and 128
+// heads on the warpgroup-MMA kernel) and its generic kernel against the oracle over ragged lengths (1, 63, 64, 65, long
+// ones that split) and page sizes with NaN outside the sequences, and gather_cache bit for bit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -58,8 +59,8 @@ TEST(ConcatAndCacheMlaGpu, MatchesTheOracleBitForBit) {
   KBN_SKIP_WITHOUT_GPU();
   for (const StoreCase c : {StoreCase{37, 512, 64, 3, 64, 0, DType::bf16}, StoreCase{37, 512, 64, 3, 64, 0, DType::f32},
                             StoreCase{9, 13, 6, 4, 4, 3, DType::f16}, StoreCase{200, 32, 8, 5, 64, 1, DType::bf16}}) {
-    const std::string what = "T=" + std::to_string(c.tokens) + " L=" + std::to_string(c.L) + " R=" +
-                             std::to_string(c.R) + " " + dtype_name(c.dt);
+    const std::string what = "T=" + std::to_string(c.tokens) + " L=" + std::to_string(c.L) +
+                             " R=" + std::to_string(c.R) + " " + dtype_name(c.dt);
     const int64_t W = c.L + c.R, T = c.tokens;
     const Tensor kv_c = randn({T, c.L}, 1, c.dt);
     const Tensor kv_a = randn({T, W + c.extra}, 2, c.dt);  // k_pe: columns L .. L + R of each row
@@ -168,11 +169,13 @@ TEST(MlaDecodeGpu, KernelsMatchTheOracleOverRaggedLengths) {
     int64_t heads, L, R;
     DType dt;
   };
-  // 512 + 64 in 16 bits: the tensor-core kernel (8 heads: half a group; 128: V3); the rest: the generic kernel.
+  // 512 + 64 in 16 bits: the tensor-core kernels (8 heads: half a group; 128: V3; on Hopper 64 or more heads take the
+  // warpgroup-MMA kernel: 64 in f16, 80 = a whole and a partial 64-head tile); the rest: the generic kernel.
   for (const Case c : {Case{16, 512, 64, DType::bf16}, Case{8, 512, 64, DType::f16}, Case{128, 512, 64, DType::bf16},
-                       Case{16, 512, 64, DType::f32}, Case{4, 32, 8, DType::bf16}}) {
-    const std::string what = std::to_string(c.heads) + " heads " + std::to_string(c.L) + "+" + std::to_string(c.R) +
-                             " " + dtype_name(c.dt);
+                       Case{64, 512, 64, DType::f16}, Case{80, 512, 64, DType::bf16}, Case{16, 512, 64, DType::f32},
+                       Case{4, 32, 8, DType::bf16}}) {
+    const std::string what =
+        std::to_string(c.heads) + " heads " + std::to_string(c.L) + "+" + std::to_string(c.R) + " " + dtype_name(c.dt);
     const int64_t W = c.L + c.R, S = int64_t(lens.size());
     const LatentBatch b = latent_batch(lens, W, c.dt, 11);
     const Tensor q = randn({S, c.heads, W}, 12, c.dt);
@@ -188,41 +191,44 @@ TEST(MlaDecodeGpu, KernelsMatchTheOracleOverRaggedLengths) {
   }
 }
 
-// Pages of 1 and 64 rows (every row its own lookup; a tile one page), and a cache whose rows outside the sequences
-// are NaN: no kernel may read them, and the rows of a partial tile that the Hopper kernel does not copy must not
-// reach P V (0 x NaN). Sequences short enough that their only tile is partial.
+// Pages of 1, 16, 64 and 128 rows (every row its own lookup; four pages a tile; a tile one page; half a page), for 16
+// and 128 heads, and a cache whose rows outside the sequences are NaN: no kernel may read them, and the rows of a
+// partial tile that the Hopper kernels do not copy (or copy from past the sequence) must not reach P V (0 x NaN).
+// Sequences short enough that their only tile is partial.
 TEST(MlaDecodeGpu, PageSizesAndNaNOutsideTheSequences) {
   KBN_SKIP_WITHOUT_GPU();
   const std::vector<int32_t> lens{5, 64, 130, 1, 700};
   const int64_t W = 576, S = int64_t(lens.size());
-  for (const int64_t bs : {int64_t(1), int64_t(64)}) {
-    int64_t bps = 1, max_len = 0;
-    for (int32_t n : lens) {
-      bps = std::max<int64_t>(bps, (n + bs - 1) / bs);
-      max_len = std::max<int64_t>(max_len, n);
-    }
-    const int64_t blocks = S * bps + 5;
-    std::vector<int32_t> table(size_t(S * bps));
-    for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 5 + 3) % size_t(blocks));
-    // Every row NaN, then each sequence's rows from a random tensor.
-    Tensor cache = Tensor::full({blocks, bs, W}, std::nan(""), DType::bf16);
-    const Tensor rows = randn({blocks, bs, W}, 21, DType::bf16);
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t key = 0; key < lens[size_t(s)]; ++key) {
-        const int64_t blk = table[size_t(s * bps + key / bs)], slot = key % bs;
-        cache.select(0, blk).select(0, slot).copy_(rows.select(0, blk).select(0, slot));
+  for (const int64_t heads : {int64_t(16), int64_t(128)})
+    for (const int64_t bs : {int64_t(1), int64_t(16), int64_t(64), int64_t(128)}) {
+      int64_t bps = 1, max_len = 0;
+      for (int32_t n : lens) {
+        bps = std::max<int64_t>(bps, (n + bs - 1) / bs);
+        max_len = std::max<int64_t>(max_len, n);
       }
-    const Tensor tables = Tensor::from_i32(table, {S, bps}), seq_lens = Tensor::from_i32(lens, {S});
-    const Tensor q = randn({S, 16, W}, 22, DType::bf16);
-    MlaDecode op(16, 512, 64, 0.07);
-    const Tensor want = op.forward(q, cache, seq_lens, tables, max_len);
-    for (const int64_t grid_len : {max_len, int64_t(4096)}) {
-      const Tensor got = op.forward(q.to(kGpu), cache.to(kGpu), seq_lens.to(kGpu), tables.to(kGpu), grid_len);
-      synchronize(kGpu);
-      const CompareStats st = compare_close(got.to(kCpu).to(DType::f32), want.to(DType::f32), {2e-2, 2e-2, 0});
-      EXPECT_EQ(st.bad, 0) << "block_size " << bs << " max_len " << grid_len << ": " << st.describe();
+      const int64_t blocks = S * bps + 5;
+      std::vector<int32_t> table(size_t(S * bps));
+      for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t((i * 5 + 3) % size_t(blocks));
+      // Every row NaN, then each sequence's rows from a random tensor.
+      Tensor cache = Tensor::full({blocks, bs, W}, std::nan(""), DType::bf16);
+      const Tensor rows = randn({blocks, bs, W}, 21, DType::bf16);
+      for (int64_t s = 0; s < S; ++s)
+        for (int64_t key = 0; key < lens[size_t(s)]; ++key) {
+          const int64_t blk = table[size_t(s * bps + key / bs)], slot = key % bs;
+          cache.select(0, blk).select(0, slot).copy_(rows.select(0, blk).select(0, slot));
+        }
+      const Tensor tables = Tensor::from_i32(table, {S, bps}), seq_lens = Tensor::from_i32(lens, {S});
+      const Tensor q = randn({S, heads, W}, 22, DType::bf16);
+      MlaDecode op(heads, 512, 64, 0.07);
+      const Tensor want = op.forward(q, cache, seq_lens, tables, max_len);
+      for (const int64_t grid_len : {max_len, int64_t(4096)}) {
+        const Tensor got = op.forward(q.to(kGpu), cache.to(kGpu), seq_lens.to(kGpu), tables.to(kGpu), grid_len);
+        synchronize(kGpu);
+        const CompareStats st = compare_close(got.to(kCpu).to(DType::f32), want.to(DType::f32), {2e-2, 2e-2, 0});
+        EXPECT_EQ(st.bad, 0) << heads << " heads, block_size " << bs << " max_len " << grid_len << ": "
+                             << st.describe();
+      }
     }
-  }
 }
 
 TEST(GatherCacheGpu, MatchesTheOracleBitForBitAndReportsABadLength) {

@@ -10,6 +10,7 @@
 #include "L1/attention_mma.cuh"
 #include "L1/mbarrier.cuh"
 #include "L1/tma.cuh"
+#include "L1/wgmma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #endif
@@ -51,29 +52,30 @@ constexpr int kMlaWidth = 576, kMlaRank = 512, kMlaRows = 16, kMlaWarps = 4, kMl
 constexpr size_t kMlaSmem = size_t(kMlaRows + kMlaStages * kMlaKeys) * kMlaWidth * 2 + size_t(kMlaRows) * kMlaKeys * 2 +
                             2 * kMlaWarps * kMlaRows * sizeof(float);
 
-// A block's normalised O (16 heads x 512, this thread's fragments of warp `warp`'s 128 columns; l = the row sums):
-// straight to `out` when the sequence has one split, else to the split's fp32 partial with its (max, sum).
-template <class T>
-__device__ __forceinline__ void store_mla_output(const MlaDecodeParams& p, const float (&o)[16][4],
+// Normalised O rows straight to `out` when the sequence has one split, else to the split's fp32 partial with its
+// (max, sum): this thread's accumulators o[n][0..1] (row head_g) and o[n][2..3] (row head_g + 8) of columns
+// col0 + 8n + 2 t4, l = the rows' sums; `stats`: this thread writes the rows' (max, sum).
+template <class T, int kN>
+__device__ __forceinline__ void store_mla_output(const MlaDecodeParams& p, const float (&o)[kN][4],
                                                  const float (&m_run)[2], const float (&l)[2], int seq, int split,
-                                                 int head0, int warp, int g, int t4) {
+                                                 int head_g, int col0, int t4, bool stats) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int head = head0 + g + 8 * r;
+    const int head = head_g + 8 * r;
     if (head >= p.num_heads) continue;
     const float inv = 1.f / l[r];
     if (p.num_splits == 1) {
-      T* dst = static_cast<T*>(p.out) + (int64_t(seq) * p.num_heads + head) * kMlaRank + warp * 128 + 2 * t4;
+      T* dst = static_cast<T*>(p.out) + (int64_t(seq) * p.num_heads + head) * kMlaRank + col0 + 2 * t4;
 #pragma unroll
-      for (int n = 0; n < 16; ++n)
+      for (int n = 0; n < kN; ++n)
         *reinterpret_cast<uint32_t*>(dst + 8 * n) = pack2<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     } else {
       const int64_t row = (int64_t(seq) * p.num_heads + head) * p.num_splits + split;
-      float* dst = p.partial_out + row * kMlaRank + warp * 128 + 2 * t4;
+      float* dst = p.partial_out + row * kMlaRank + col0 + 2 * t4;
 #pragma unroll
-      for (int n = 0; n < 16; ++n)
+      for (int n = 0; n < kN; ++n)
         *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-      if (warp == 0 && t4 == 0) {
+      if (stats) {
         p.partial_max_sum[2 * row] = m_run[r];
         p.partial_max_sum[2 * row + 1] = l[r];
       }
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
   cp_async_wait<0>();  // the ring's trailing (empty) groups
   float l[2];
   mla_row_sums(l_run, sSum, l, warp, g, t4, [] { __syncthreads(); });
-  store_mla_output<T>(p, o, m_run, l, seq, split, head0, warp, g, t4);
+  store_mla_output<T, 16>(p, o, m_run, l, seq, split, head0 + g, warp * 128, t4, warp == 0 && t4 == 0);
 }
 
 // Hopper: the same math with the loads taken off the math warps. A fifth (producer) warp copies each latent row of a
@@ -452,10 +454,298 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
 
   float l[2];
   mla_row_sums(l_run, sSum, l, warp, g, t4, [] { named_sync(kMlaBarMath, kMlaThreads); });
-  store_mla_output<T>(p, o, m_run, l, seq, split, head0, warp, g, t4);
+  store_mla_output<T, 16>(p, o, m_run, l, seq, split, head0 + g, warp * 128, t4, warp == 0 && t4 == 0);
 #else
   __trap();  // not launched: the host picks this kernel only when the binary holds sm_90 code for the device
 #endif
+}
+
+// Hopper, heads in tiles of 64 (V3's 128 heads, or several query tokens' worth): the same decode on warpgroup MMAs,
+// the structure of FlashMLA's kernel. With 16 heads per block the latent bytes set the pace; with 128 heads the
+// mma.sync kernels above are bound by their own shared-memory traffic (each 16-head block re-reads the tile through
+// ldmatrix: V3 at ~100 TFLOP/s on an H100). Here a block owns 64 heads, so each operand byte read from shared memory
+// feeds four times the multiply-adds:
+//   producer warpgroup (setmaxnreg 24): one thread copies each 64-key tile of latent rows with TMA (a 2-D tensor map
+//     over the cache's rows, boxes of up to 64 rows x 64 values, 128-byte swizzled as wgmma reads them) into a
+//     two-stage ring of full/empty mbarriers;
+//   warpgroup 0: S[64 heads, 64 keys] = Q K^T (wgmma, both operands in shared memory, 36 k-steps of the 576-wide
+//     rows), the online softmax, P to shared memory as its register fragments, then O[:, 0:256] += P V;
+//   warpgroup 1: takes P and the rescale factors from shared memory and runs O[:, 256:512] += P V.
+// O is 64 x 256 fp32 per warpgroup (128 registers a thread). Warpgroup 0 issues its P V and goes straight on to the
+// next tile's S, so the tensor cores see S_{t+1} behind both halves of P_t V_t. Rows of the last tile past the
+// partition's end are zeroed before P V (0 x a stale NaN). Needs pages of 8..64 keys dividing 64, or multiples of 64.
+// Measured on an H100 (bench/results/h100/session20/call3, V3's 128 heads, pages of 16): 276-338 TFLOP/s at batch
+// 32-128 x 4k-8k, 4.2-4.8x session 18's cp.async kernel (call2), about 3.3x the bulk kernel. ncu at 128 x 8k: DRAM
+// reads equal the latent's bytes (the two head tiles of a sequence share them through L2), DRAM at 43% of peak,
+// tensor pipe 37.5% active, stalls mostly on the named barriers (45%): warpgroup 1 waits while warpgroup 0 runs S and
+// the softmax alone.
+// NOTE: FlashMLA publishes 580-660 TFLOP/s on an H800. Next: share S between the warpgroups (keys split in halves,
+// the row maxima and P exchanged through shared memory) so neither idles; measure first.
+constexpr int kMlaWgRows = 64, kMlaWgKeys = 64, kMlaWgStages = 2, kMlaWgThreads = 384;
+constexpr uint32_t kMlaWgBlock = kMlaWgKeys * 128;            // one 64-column block of a tile (and of Q): 8 KiB
+constexpr uint32_t kMlaWgTile = kMlaWidth / 64 * kMlaWgBlock;  // 9 blocks: 72 KiB
+constexpr uint32_t kMlaWgPWords = 18 * 128;                    // P fragments (16) and two rescale factors per thread
+constexpr size_t kMlaWgSmem = 1024 + size_t(kMlaWgTile) * (1 + kMlaWgStages) + kMlaWgPWords * 4 + 4 * kMlaWgStages * 8;
+// Named barriers (0 is __syncthreads): warpgroup 0's Q landed / zero rows written; P ready (warpgroup 0 arrives,
+// 1 waits); P taken (1 arrives, 0 waits); the row statistics written (0 arrives, 1 waits).
+constexpr int kMlaWgBarOwn = 1, kMlaWgBarPReady = 2, kMlaWgBarPTaken = 3, kMlaWgBarStats = 4;
+
+template <class T>
+__global__ void __launch_bounds__(kMlaWgThreads, 1)
+    mla_decode_wgmma_kernel(MlaDecodeParams p, const __grid_constant__ CUtensorMap kv_map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "mla_decode: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a, not compute_90"
+#endif
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t q_s = (raw_addr + 1023u) & ~1023u;  // swizzle atoms start 1024-byte aligned
+  const uint32_t kv_s = q_s + kMlaWgTile;            // [kMlaWgStages][9 blocks][64 rows][128 bytes]
+  uint32_t* sP = reinterpret_cast<uint32_t*>(smem_raw + (kv_s + kMlaWgStages * kMlaWgTile - raw_addr));
+  const uint32_t full_bar = kv_s + kMlaWgStages * kMlaWgTile + kMlaWgPWords * 4;
+  const uint32_t empty_bar = full_bar + 8 * kMlaWgStages;
+
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int split = blockIdx.x, head0 = blockIdx.y * kMlaWgRows, seq = blockIdx.z;
+  const int seq_len = p.seq_lens[seq];
+  const int key_begin = split * p.partition_keys;
+  const int key_end = min(seq_len, key_begin + p.partition_keys);
+  T* out = static_cast<T*>(p.out);
+  if (key_begin >= key_end) {  // no keys: only a lone split writes (zeros); the reduce skips empty splits
+    if (p.num_splits == 1)
+      for (int i = tid; i < kMlaWgRows * kMlaRank; i += kMlaWgThreads) {
+        const int head = head0 + i / kMlaRank;
+        if (head < p.num_heads) out[(int64_t(seq) * p.num_heads + head) * kMlaRank + i % kMlaRank] = T(0.f);
+      }
+    return;
+  }
+  if (tid == 0) {
+#pragma unroll
+    for (int st = 0; st < kMlaWgStages; ++st) {
+      mbar_init(full_bar + 8 * st, 1);  // the producer's arrive.expect_tx; the copies complete the bytes
+      mbar_init(empty_bar + 8 * st, 8);  // lane 0 of each consumer warp once its P V (and S) are done
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const int num_tiles = (key_end - key_begin + kMlaWgKeys - 1) / kMlaWgKeys;
+
+  if (tid >= 256) {
+    // ---- producer warpgroup: one thread issues every copy ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (tid == 256) {
+      const int bs = p.block_size;
+      const int box_rows = min(bs, kMlaWgKeys);
+      const int32_t* table = p.block_tables + int64_t(seq) * p.block_table_stride;
+      for (int tile = 0; tile < num_tiles; ++tile) {
+        const int stage = tile % kMlaWgStages;
+        if (tile >= kMlaWgStages) mbar_wait(empty_bar + 8 * stage, uint32_t((tile / kMlaWgStages - 1) & 1));
+        const int n0 = key_begin + tile * kMlaWgKeys;
+        const int boxes = (min(key_end - n0, kMlaWgKeys) + box_rows - 1) / box_rows;  // boxes holding keys < key_end
+        const uint32_t bar = full_bar + 8 * stage;
+        mbar_arrive_expect_tx(bar, uint32_t(boxes * box_rows) * kMlaWidth * 2);
+        for (int j = 0; j < boxes; ++j) {
+          const int key = n0 + j * box_rows;
+          const int row = table[key / bs] * bs + key % bs;  // the cache's row (num_blocks x block_size fits int)
+          const uint32_t dst = kv_s + stage * kMlaWgTile + j * box_rows * 128;
+#pragma unroll
+          for (int b = 0; b < kMlaWidth / 64; ++b) tma_load_2d(dst + b * kMlaWgBlock, &kv_map, bar, b * 64, row);
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  const int wg = tid / 128, wg_tid = tid % 128, warp_in_wg = wg_tid / 32;
+  const int g = lane / 4, t4 = lane % 4;
+  auto release = [&](int stage) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+  };
+  float o[128];  // O[64 heads, 256 wg + 8n + 2 t4 + {0, 1}]: o[4n], o[4n + 1] row g; o[4n + 2], o[4n + 3] row g + 8
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.f;
+  uint32_t pa[4][4];  // P as the A fragments of P V's four 16-key steps
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // warpgroup 0: running max (exp2 domain), sums
+  // O[:, 256 wg ..] += P V over the tile in `stage` (V: the rows' first 512 values, 4 column blocks per half).
+  auto issue_pv = [&](int stage) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs_n256_tb<T>(o, pa[kk], sw128_desc(kv_s + stage * kMlaWgTile + wg * 4 * kMlaWgBlock + kk * 16 * 128,
+                                                 kMlaWgBlock, 1024));
+    wgmma_commit();
+  };
+  auto rescale = [&](const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        o[4 * n + 0] *= alpha[0];
+        o[4 * n + 1] *= alpha[0];
+        o[4 * n + 2] *= alpha[1];
+        o[4 * n + 3] *= alpha[1];
+      }
+    }
+  };
+
+  if (wg == 0) {
+    // Q: 64 rows x 72 chunks into the swizzled tile; rows past num_heads are zeros.
+    const T* q = static_cast<const T*>(p.q) + int64_t(seq) * p.q_stride_seq;
+#pragma unroll 4
+    for (int i = wg_tid; i < kMlaWgRows * kMlaChunks; i += 128) {
+      const int row = i / kMlaChunks, ch = i % kMlaChunks;
+      const bool valid = head0 + row < p.num_heads;
+      cp_async_16(q_s + sw128_offset<kMlaWgRows>(row, ch),
+                  q + int64_t(valid ? head0 + row : 0) * p.q_stride_head + ch * 8, valid);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    named_sync(kMlaWgBarOwn, 128);
+
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile % kMlaWgStages;
+      mbar_wait(full_bar + 8 * stage, uint32_t((tile / kMlaWgStages) & 1));
+      float s[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kMlaWidth / 16; ++kk) {
+        const uint32_t off = (kk / 4) * kMlaWgBlock + (kk % 4) * 32;
+        wgmma_ss_n64<T>(s, sw128_desc(q_s + off, 16, 1024), sw128_desc(kv_s + stage * kMlaWgTile + off, 16, 1024),
+                        kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();  // S_t, and the previous tile's P V issued before it
+      fence_regs(s);
+      fence_regs(o);
+      fence_regs(pa);
+      if (tile > 0) release((tile - 1) % kMlaWgStages);
+
+      const int n0 = key_begin + tile * kMlaWgKeys;
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float part[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int key = n0 + 8 * n + 2 * t4 + e;
+            float& v = s[4 * n + 2 * r + e];
+            v = key < key_end ? v * p.scale_log2 : -INFINITY;
+            part[n % 2] = fmaxf(part[n % 2], v);
+          }
+        float mx = fmaxf(part[0], part[1]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run[r], mx);  // finite: the tile has a valid key
+        alpha[r] = exp2f(m_run[r] - m_new);
+        m_run[r] = m_new;
+        float sums[2] = {0.f, 0.f};
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& v = s[4 * n + 2 * r + e];
+            v = exp2f(v - m_new);
+            sums[n % 2] += v;
+          }
+        l_run[r] = l_run[r] * alpha[r] + (sums[0] + sums[1]);
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+      // The partition's last tile: rows at or past key_end hold what the cache holds beyond the sequence, or nothing
+      // copied this time; their P is 0, but 0 x NaN is NaN. Zero their 512 values before either P V reads them.
+      if (key_end - n0 < kMlaWgKeys) {
+        unsigned char* vz = smem_raw + (kv_s + stage * kMlaWgTile - raw_addr);
+        const int first = key_end - n0;
+        for (int i = wg_tid; i < (kMlaWgKeys - first) * 64; i += 128) {  // 8 blocks x 8 chunks per row
+          const int r = first + i / 64, b = (i / 8) % 8, c = i % 8;
+          *reinterpret_cast<uint4*>(vz + b * kMlaWgBlock + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+        }
+        fence_proxy_async_shared();
+        named_sync(kMlaWgBarOwn, 128);
+      }
+      if (tile > 0) named_sync(kMlaWgBarPTaken, 256);  // warpgroup 1 holds the previous P in its registers
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sP[(4 * kk + j) * 128 + wg_tid] = pa[kk][j];
+      sP[16 * 128 + wg_tid] = __float_as_uint(alpha[0]);
+      sP[17 * 128 + wg_tid] = __float_as_uint(alpha[1]);
+      named_arrive(kMlaWgBarPReady, 256);
+      rescale(alpha);
+      issue_pv(stage);  // runs while the next tile's S is issued
+    }
+    wgmma_wait<0>();
+    fence_regs(o);
+    release((num_tiles - 1) % kMlaWgStages);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+      l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    }
+    named_sync(kMlaWgBarPTaken, 256);  // warpgroup 1 has taken the last P: its words can carry the statistics
+    sP[wg_tid] = __float_as_uint(m_run[0]);
+    sP[128 + wg_tid] = __float_as_uint(m_run[1]);
+    sP[256 + wg_tid] = __float_as_uint(l_run[0]);
+    sP[384 + wg_tid] = __float_as_uint(l_run[1]);
+    named_arrive(kMlaWgBarStats, 256);
+  } else {
+    for (int tile = 0; tile < num_tiles; ++tile) {
+      const int stage = tile % kMlaWgStages;
+      named_sync(kMlaWgBarPReady, 256);
+      float alpha[2];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pa[kk][j] = sP[(4 * kk + j) * 128 + wg_tid];
+      alpha[0] = __uint_as_float(sP[16 * 128 + wg_tid]);
+      alpha[1] = __uint_as_float(sP[17 * 128 + wg_tid]);
+      named_arrive(kMlaWgBarPTaken, 256);
+      mbar_wait(full_bar + 8 * stage, uint32_t((tile / kMlaWgStages) & 1));  // the copies' bytes, seen by this side
+      rescale(alpha);
+      issue_pv(stage);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pa);
+      release(stage);
+    }
+    named_sync(kMlaWgBarStats, 256);
+    m_run[0] = __uint_as_float(sP[wg_tid]);
+    m_run[1] = __uint_as_float(sP[128 + wg_tid]);
+    l_run[0] = __uint_as_float(sP[256 + wg_tid]);
+    l_run[1] = __uint_as_float(sP[384 + wg_tid]);
+  }
+
+  // Normalise and store this warpgroup's 256 columns (o as 32 n-tiles of 8 columns).
+  store_mla_output<T, 32>(p, reinterpret_cast<const float(&)[32][4]>(o), m_run, l_run, seq, split,
+                          head0 + warp_in_wg * 16 + g, wg * 256, t4, wg == 0 && t4 == 0);
+#else
+  __trap();  // not launched: the host picks this kernel only when the binary holds sm_90a code for the device
+#endif
+}
+
+// A 2-D tensor map over the latent cache's rows ([num_blocks * block_size, 576], 16-bit), boxes of `box_rows` rows x
+// 64 values, 128-byte swizzled; false when the driver or the layout does not allow one.
+inline bool encode_latent_map(CUtensorMap& map, const void* base, DType dt, int64_t rows, int box_rows) {
+  const EncodeTiled fn = encode_tiled();
+  if (!fn || reinterpret_cast<uintptr_t>(base) % 16 != 0 || rows > INT32_MAX) return false;
+  const cuuint64_t dims[2] = {cuuint64_t(kMlaWidth), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(kMlaWidth) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUtensorMapDataType type = dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return fn(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Any width, rank and float dtype: one block per (head, sequence), 128 threads over the row's values (up to
@@ -632,15 +922,26 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
   }
   dispatch_float16(q.dtype(), op, "q", [&](auto t) {
     using T = decltype(t);
-    // Hopper (this binary holding sm_90 code for the device): the bulk-copy kernel; other GPUs the cp.async one.
+    // Hopper (this binary holding sm_90 code for the device): 64 heads or more on the warpgroup-MMA kernel where the
+    // pages allow its tensor map, else the bulk-copy kernel; other GPUs the cp.async one.
     auto* bulk = mla_decode_bulk_kernel<T>;
-    const bool hopper = runs_sm90_image(reinterpret_cast<const void*>(bulk), q.device().index);
-    auto* kernel = hopper ? bulk : mla_decode_mma_kernel<T>;
-    const size_t smem = hopper ? kMlaBulkSmem : kMlaSmem;
-    const int threads = hopper ? kMlaBulkThreads : kMlaThreads;
-    const KernelLaunchFacts& facts =
-        kernel_launch_facts(reinterpret_cast<const void*>(kernel), q.device().index, threads, smem);
-    const int64_t head_groups = (num_heads_ + kMlaRows - 1) / kMlaRows;
+    const int device = q.device().index;
+    const bool hopper = runs_sm90_image(reinterpret_cast<const void*>(bulk), device);
+    const int64_t bs = kv_cache.size(1);
+    CUtensorMap map{};
+    const bool wgmma = hopper && num_heads_ >= kMlaWgRows &&
+                       runs_sm90_image(reinterpret_cast<const void*>(mla_decode_wgmma_kernel<T>), device) &&
+                       ((bs >= 8 && kMlaWgKeys % bs == 0) || bs % kMlaWgKeys == 0) &&
+                       encode_latent_map(map, kv_cache.data_ptr(), q.dtype(), kv_cache.size(0) * bs,
+                                         int(std::min<int64_t>(bs, kMlaWgKeys)));
+    const void* kernel = wgmma   ? reinterpret_cast<const void*>(mla_decode_wgmma_kernel<T>)
+                         : hopper ? reinterpret_cast<const void*>(bulk)
+                                  : reinterpret_cast<const void*>(mla_decode_mma_kernel<T>);
+    const size_t smem = wgmma ? kMlaWgSmem : hopper ? kMlaBulkSmem : kMlaSmem;
+    const int threads = wgmma ? kMlaWgThreads : hopper ? kMlaBulkThreads : kMlaThreads;
+    const int rows = wgmma ? kMlaWgRows : kMlaRows;
+    const KernelLaunchFacts& facts = kernel_launch_facts(kernel, device, threads, smem);
+    const int64_t head_groups = (num_heads_ + rows - 1) / rows;
     const auto [num_splits, partition] =
         choose_mla_splits(max_seq_len, B * head_groups, facts.num_sms, facts.blocks_per_sm);
     p.num_splits = num_splits;
@@ -652,7 +953,14 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
       p.partial_out = partial_out.data<float>();
       p.partial_max_sum = partial_max_sum.data<float>();
     }
-    kernel<<<dim3(unsigned(num_splits), unsigned(head_groups), unsigned(B)), threads, smem, stream>>>(p);
+    const dim3 grid{unsigned(num_splits), unsigned(head_groups), unsigned(B)};
+    if (wgmma) {
+      mla_decode_wgmma_kernel<T><<<grid, threads, smem, stream>>>(p, map);
+    } else if (hopper) {
+      bulk<<<grid, threads, smem, stream>>>(p);
+    } else {
+      mla_decode_mma_kernel<T><<<grid, threads, smem, stream>>>(p);
+    }
     KBN_CUDA_CHECK_LAUNCH();
     if (num_splits > 1) {
       mla_decode_reduce_kernel<T><<<dim3(unsigned(num_heads_), unsigned(B)), kReduceThreads, 0, stream>>>(p);
