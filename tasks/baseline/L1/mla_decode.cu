@@ -465,45 +465,61 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
 // mma.sync kernels above are bound by their own shared-memory traffic (each 16-head block re-reads the tile through
 // ldmatrix: V3 at ~100 TFLOP/s on an H100). Here a block owns 64 heads, so each operand byte read from shared memory
 // feeds four times the multiply-adds:
-//   producer warpgroup (setmaxnreg 24): one thread copies each 64-key tile of latent rows with TMA (a 2-D tensor map
-//     over the cache's rows, boxes of up to 64 rows x 64 values, 128-byte swizzled as wgmma reads them) into a
-//     two-stage ring of full/empty mbarriers;
-//   warpgroup 0: S[64 heads, 64 keys] = Q K^T (wgmma, both operands in shared memory, 36 k-steps of the 576-wide
-//     rows), the online softmax, P to shared memory as its register fragments, then O[:, 0:256] += P V;
+//   producer warpgroup (setmaxnreg 24): one thread copies each tile of kKeys latent rows with TMA (a 2-D tensor map
+//     over the cache's rows, boxes of up to kKeys rows x 64 values, 128-byte swizzled as wgmma reads them) into a
+//     kStages-deep ring of full/empty mbarriers;
+//   warpgroup 0: S[64 heads, kKeys] = Q K^T (wgmma, both operands in shared memory, 36 k-steps of the 576-wide rows),
+//     the online softmax, P to shared memory as its register fragments, then O[:, 0:256] += P V;
 //   warpgroup 1: takes P and the rescale factors from shared memory and runs O[:, 256:512] += P V.
 // O is 64 x 256 fp32 per warpgroup (128 registers a thread). Warpgroup 0 issues its P V and goes straight on to the
 // next tile's S, so the tensor cores see S_{t+1} behind both halves of P_t V_t. Rows of the last tile past the
-// partition's end are zeroed before P V (0 x a stale NaN). Needs pages of 8..64 keys dividing 64, or multiples of 64.
-// Measured on an H100 (bench/results/h100/session20/call3, V3's 128 heads, pages of 16): 276-338 TFLOP/s at batch
-// 32-128 x 4k-8k, 4.2-4.8x session 18's cp.async kernel (call2), about 3.3x the bulk kernel. ncu at 128 x 8k: DRAM
-// reads equal the latent's bytes (the two head tiles of a sequence share them through L2), DRAM at 43% of peak,
-// tensor pipe 37.5% active, stalls mostly on the named barriers (45%): warpgroup 1 waits while warpgroup 0 runs S and
-// the softmax alone.
-// NOTE: FlashMLA publishes 580-660 TFLOP/s on an H800. Next: share S between the warpgroups (keys split in halves,
-// the row maxima and P exchanged through shared memory) so neither idles; measure first.
-constexpr int kMlaWgRows = 64, kMlaWgKeys = 64, kMlaWgStages = 2, kMlaWgThreads = 384;
-constexpr uint32_t kMlaWgBlock = kMlaWgKeys * 128;            // one 64-column block of a tile (and of Q): 8 KiB
-constexpr uint32_t kMlaWgTile = kMlaWidth / 64 * kMlaWgBlock;  // 9 blocks: 72 KiB
-constexpr uint32_t kMlaWgPWords = 18 * 128;                    // P fragments (16) and two rescale factors per thread
-constexpr size_t kMlaWgSmem = 1024 + size_t(kMlaWgTile) * (1 + kMlaWgStages) + kMlaWgPWords * 4 + 4 * kMlaWgStages * 8;
+// partition's end are zeroed before P V (0 x a stale NaN). Needs pages of 8..kKeys keys dividing kKeys, or multiples
+// of kKeys.
+// Measured on an H100 (bench/results/h100/session20/, V3's 128 heads, pages of 16): with 64-key tiles in two stages
+// 276-339 TFLOP/s at batch 32-128 x 4k-8k (4.0-4.7x session 18's cp.async kernel, about 3.3x the bulk kernel), and
+// ncu found it waiting on the copies (one 72 KiB tile in flight per SM; DRAM 43% of peak, tensor pipe 37%); 32-key
+// tiles in four stages, the same bytes with three tiles in flight, run 1.12-1.33x faster in the same run: 336-442
+// TFLOP/s, 49-62% of copy bandwidth (call6). DRAM reads equal the latent's bytes: the two 64-head tiles of a sequence
+// share them through L2. Sharing S between the warpgroups (each half the keys, maxima and P exchanged) was 0.90-0.96x
+// (call4).
+// NOTE: FlashMLA publishes 580-660 TFLOP/s on an H800. Next, measure first: a 2-CTA cluster multicasting each tile to
+// both head tiles (half the L2 traffic and copies per block), and the softmax's share of warpgroup 0's critical path.
+constexpr int kMlaWgRows = 64, kMlaWgThreads = 384;
+constexpr uint32_t kMlaWgQTile = kMlaWidth / 64 * kMlaWgRows * 128;  // Q: 9 blocks of 64 rows x 128 bytes, 72 KiB
+// The ring: kKeys latent rows per tile, kStages tiles. Q takes 72 KiB of the 227, so 64-key tiles fit twice and
+// 32-key tiles four times (the same bytes, more tiles in flight).
+template <int kKeys, int kStages>
+struct MlaWgConfig {
+  static constexpr uint32_t kBlock = kKeys * 128;            // one 64-column block of a tile
+  static constexpr uint32_t kTile = kMlaWidth / 64 * kBlock;  // 9 blocks
+  static constexpr int kSteps = kKeys / 16;                   // P V's k-steps
+  static constexpr uint32_t kPWords = (4 * kSteps + 2) * 128;  // P fragments and two rescale factors per thread
+  static constexpr size_t kSmem = 1024 + kMlaWgQTile + size_t(kTile) * kStages + kPWords * 4 + 2 * kStages * 8;
+  static_assert(kKeys == 32 || kKeys == 64, "S is one m64n32 or m64n64 wgmma per k-step");
+  static_assert(kSmem <= 232448, "227 KiB of shared memory per block");
+};
 // Named barriers (0 is __syncthreads): warpgroup 0's Q landed / zero rows written; P ready (warpgroup 0 arrives,
 // 1 waits); P taken (1 arrives, 0 waits); the row statistics written (0 arrives, 1 waits).
 constexpr int kMlaWgBarOwn = 1, kMlaWgBarPReady = 2, kMlaWgBarPTaken = 3, kMlaWgBarStats = 4;
+// The ring the op launches: 32-key tiles, four stages (1.12-1.33x 64-key tiles in two; see above the kernel).
+constexpr int kMlaWgKeys = 32, kMlaWgStages = 4;
+using MlaWg = MlaWgConfig<kMlaWgKeys, kMlaWgStages>;
 
-template <class T>
+template <class T, int kKeys, int kStages>
 __global__ void __launch_bounds__(kMlaWgThreads, 1)
     mla_decode_wgmma_kernel(MlaDecodeParams p, const __grid_constant__ CUtensorMap kv_map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "mla_decode: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a, not compute_90"
 #endif
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = MlaWgConfig<kKeys, kStages>;
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;  // swizzle atoms start 1024-byte aligned
-  const uint32_t kv_s = q_s + kMlaWgTile;            // [kMlaWgStages][9 blocks][64 rows][128 bytes]
-  uint32_t* sP = reinterpret_cast<uint32_t*>(smem_raw + (kv_s + kMlaWgStages * kMlaWgTile - raw_addr));
-  const uint32_t full_bar = kv_s + kMlaWgStages * kMlaWgTile + kMlaWgPWords * 4;
-  const uint32_t empty_bar = full_bar + 8 * kMlaWgStages;
+  const uint32_t kv_s = q_s + kMlaWgQTile;           // [kStages][9 blocks][kKeys rows][128 bytes]
+  uint32_t* sP = reinterpret_cast<uint32_t*>(smem_raw + (kv_s + kStages * C::kTile - raw_addr));
+  const uint32_t full_bar = kv_s + kStages * C::kTile + C::kPWords * 4;
+  const uint32_t empty_bar = full_bar + 8 * kStages;
 
   const int tid = threadIdx.x, lane = tid % 32;
   const int split = blockIdx.x, head0 = blockIdx.y * kMlaWgRows, seq = blockIdx.z;
@@ -521,35 +537,35 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
   }
   if (tid == 0) {
 #pragma unroll
-    for (int st = 0; st < kMlaWgStages; ++st) {
+    for (int st = 0; st < kStages; ++st) {
       mbar_init(full_bar + 8 * st, 1);  // the producer's arrive.expect_tx; the copies complete the bytes
       mbar_init(empty_bar + 8 * st, 8);  // lane 0 of each consumer warp once its P V (and S) are done
     }
     mbar_fence_init();
   }
   __syncthreads();
-  const int num_tiles = (key_end - key_begin + kMlaWgKeys - 1) / kMlaWgKeys;
+  const int num_tiles = (key_end - key_begin + kKeys - 1) / kKeys;
 
   if (tid >= 256) {
     // ---- producer warpgroup: one thread issues every copy ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (tid == 256) {
       const int bs = p.block_size;
-      const int box_rows = min(bs, kMlaWgKeys);
+      const int box_rows = min(bs, kKeys);
       const int32_t* table = p.block_tables + int64_t(seq) * p.block_table_stride;
       for (int tile = 0; tile < num_tiles; ++tile) {
-        const int stage = tile % kMlaWgStages;
-        if (tile >= kMlaWgStages) mbar_wait(empty_bar + 8 * stage, uint32_t((tile / kMlaWgStages - 1) & 1));
-        const int n0 = key_begin + tile * kMlaWgKeys;
-        const int boxes = (min(key_end - n0, kMlaWgKeys) + box_rows - 1) / box_rows;  // boxes holding keys < key_end
+        const int stage = tile % kStages;
+        if (tile >= kStages) mbar_wait(empty_bar + 8 * stage, uint32_t((tile / kStages - 1) & 1));
+        const int n0 = key_begin + tile * kKeys;
+        const int boxes = (min(key_end - n0, kKeys) + box_rows - 1) / box_rows;  // boxes holding keys < key_end
         const uint32_t bar = full_bar + 8 * stage;
         mbar_arrive_expect_tx(bar, uint32_t(boxes * box_rows) * kMlaWidth * 2);
         for (int j = 0; j < boxes; ++j) {
           const int key = n0 + j * box_rows;
           const int row = table[key / bs] * bs + key % bs;  // the cache's row (num_blocks x block_size fits int)
-          const uint32_t dst = kv_s + stage * kMlaWgTile + j * box_rows * 128;
+          const uint32_t dst = kv_s + stage * C::kTile + j * box_rows * 128;
 #pragma unroll
-          for (int b = 0; b < kMlaWidth / 64; ++b) tma_load_2d(dst + b * kMlaWgBlock, &kv_map, bar, b * 64, row);
+          for (int b = 0; b < kMlaWidth / 64; ++b) tma_load_2d(dst + b * C::kBlock, &kv_map, bar, b * 64, row);
         }
       }
     }
@@ -567,15 +583,15 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
   float o[128];  // O[64 heads, 256 wg + 8n + 2 t4 + {0, 1}]: o[4n], o[4n + 1] row g; o[4n + 2], o[4n + 3] row g + 8
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.f;
-  uint32_t pa[4][4];  // P as the A fragments of P V's four 16-key steps
+  uint32_t pa[C::kSteps][4];  // P as the A fragments of P V's 16-key steps
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // warpgroup 0: running max (exp2 domain), sums
   // O[:, 256 wg ..] += P V over the tile in `stage` (V: the rows' first 512 values, 4 column blocks per half).
   auto issue_pv = [&](int stage) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-      wgmma_rs_n256_tb<T>(o, pa[kk], sw128_desc(kv_s + stage * kMlaWgTile + wg * 4 * kMlaWgBlock + kk * 16 * 128,
-                                                 kMlaWgBlock, 1024));
+    for (int kk = 0; kk < C::kSteps; ++kk)
+      wgmma_rs_n256_tb<T>(o, pa[kk], sw128_desc(kv_s + stage * C::kTile + wg * 4 * C::kBlock + kk * 16 * 128,
+                                                 C::kBlock, 1024));
     wgmma_commit();
   };
   auto rescale = [&](const float (&alpha)[2]) {
@@ -606,30 +622,34 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
     named_sync(kMlaWgBarOwn, 128);
 
     for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile % kMlaWgStages;
-      mbar_wait(full_bar + 8 * stage, uint32_t((tile / kMlaWgStages) & 1));
-      float s[32];
+      const int stage = tile % kStages;
+      mbar_wait(full_bar + 8 * stage, uint32_t((tile / kStages) & 1));
+      float s[kKeys / 2];
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kMlaWidth / 16; ++kk) {
-        const uint32_t off = (kk / 4) * kMlaWgBlock + (kk % 4) * 32;
-        wgmma_ss_n64<T>(s, sw128_desc(q_s + off, 16, 1024), sw128_desc(kv_s + stage * kMlaWgTile + off, 16, 1024),
-                        kk > 0 ? 1 : 0);
+        const uint64_t da = sw128_desc(q_s + (kk / 4) * (kMlaWgRows * 128) + (kk % 4) * 32, 16, 1024);
+        const uint64_t db = sw128_desc(kv_s + stage * C::kTile + (kk / 4) * C::kBlock + (kk % 4) * 32, 16, 1024);
+        if constexpr (kKeys == 64) {
+          wgmma_ss_n64<T>(s, da, db, kk > 0 ? 1 : 0);
+        } else {
+          wgmma_ss_n32<T>(s, da, db, kk > 0 ? 1 : 0);
+        }
       }
       wgmma_commit();
       wgmma_wait<0>();  // S_t, and the previous tile's P V issued before it
       fence_regs(s);
       fence_regs(o);
       fence_regs(pa);
-      if (tile > 0) release((tile - 1) % kMlaWgStages);
+      if (tile > 0) release((tile - 1) % kStages);
 
-      const int n0 = key_begin + tile * kMlaWgKeys;
+      const int n0 = key_begin + tile * kKeys;
       float alpha[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         float part[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int key = n0 + 8 * n + 2 * t4 + e;
@@ -645,7 +665,7 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
         m_run[r] = m_new;
         float sums[2] = {0.f, 0.f};
 #pragma unroll
-        for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < kKeys / 8; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& v = s[4 * n + 2 * r + e];
@@ -655,7 +675,7 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
         l_run[r] = l_run[r] * alpha[r] + (sums[0] + sums[1]);
       }
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < C::kSteps; ++kk) {
         pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
         pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
         pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
@@ -663,30 +683,30 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
       }
       // The partition's last tile: rows at or past key_end hold what the cache holds beyond the sequence, or nothing
       // copied this time; their P is 0, but 0 x NaN is NaN. Zero their 512 values before either P V reads them.
-      if (key_end - n0 < kMlaWgKeys) {
-        unsigned char* vz = smem_raw + (kv_s + stage * kMlaWgTile - raw_addr);
+      if (key_end - n0 < kKeys) {
+        unsigned char* vz = smem_raw + (kv_s + stage * C::kTile - raw_addr);
         const int first = key_end - n0;
-        for (int i = wg_tid; i < (kMlaWgKeys - first) * 64; i += 128) {  // 8 blocks x 8 chunks per row
+        for (int i = wg_tid; i < (kKeys - first) * 64; i += 128) {  // 8 blocks x 8 chunks per row
           const int r = first + i / 64, b = (i / 8) % 8, c = i % 8;
-          *reinterpret_cast<uint4*>(vz + b * kMlaWgBlock + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+          *reinterpret_cast<uint4*>(vz + b * C::kBlock + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
         }
         fence_proxy_async_shared();
         named_sync(kMlaWgBarOwn, 128);
       }
       if (tile > 0) named_sync(kMlaWgBarPTaken, 256);  // warpgroup 1 holds the previous P in its registers
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < C::kSteps; ++kk)
 #pragma unroll
         for (int j = 0; j < 4; ++j) sP[(4 * kk + j) * 128 + wg_tid] = pa[kk][j];
-      sP[16 * 128 + wg_tid] = __float_as_uint(alpha[0]);
-      sP[17 * 128 + wg_tid] = __float_as_uint(alpha[1]);
+      sP[(4 * C::kSteps) * 128 + wg_tid] = __float_as_uint(alpha[0]);
+      sP[(4 * C::kSteps + 1) * 128 + wg_tid] = __float_as_uint(alpha[1]);
       named_arrive(kMlaWgBarPReady, 256);
       rescale(alpha);
       issue_pv(stage);  // runs while the next tile's S is issued
     }
     wgmma_wait<0>();
     fence_regs(o);
-    release((num_tiles - 1) % kMlaWgStages);
+    release((num_tiles - 1) % kStages);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
@@ -700,17 +720,17 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
     named_arrive(kMlaWgBarStats, 256);
   } else {
     for (int tile = 0; tile < num_tiles; ++tile) {
-      const int stage = tile % kMlaWgStages;
+      const int stage = tile % kStages;
       named_sync(kMlaWgBarPReady, 256);
       float alpha[2];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+      for (int kk = 0; kk < C::kSteps; ++kk)
 #pragma unroll
         for (int j = 0; j < 4; ++j) pa[kk][j] = sP[(4 * kk + j) * 128 + wg_tid];
-      alpha[0] = __uint_as_float(sP[16 * 128 + wg_tid]);
-      alpha[1] = __uint_as_float(sP[17 * 128 + wg_tid]);
+      alpha[0] = __uint_as_float(sP[(4 * C::kSteps) * 128 + wg_tid]);
+      alpha[1] = __uint_as_float(sP[(4 * C::kSteps + 1) * 128 + wg_tid]);
       named_arrive(kMlaWgBarPTaken, 256);
-      mbar_wait(full_bar + 8 * stage, uint32_t((tile / kMlaWgStages) & 1));  // the copies' bytes, seen by this side
+      mbar_wait(full_bar + 8 * stage, uint32_t((tile / kStages) & 1));  // the copies' bytes, seen by this side
       rescale(alpha);
       issue_pv(stage);
       wgmma_wait<0>();
@@ -929,15 +949,16 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
     const bool hopper = runs_sm90_image(reinterpret_cast<const void*>(bulk), device);
     const int64_t bs = kv_cache.size(1);
     CUtensorMap map{};
+    auto* wg_kernel = mla_decode_wgmma_kernel<T, kMlaWgKeys, kMlaWgStages>;
     const bool wgmma = hopper && num_heads_ >= kMlaWgRows &&
-                       runs_sm90_image(reinterpret_cast<const void*>(mla_decode_wgmma_kernel<T>), device) &&
+                       runs_sm90_image(reinterpret_cast<const void*>(wg_kernel), device) &&
                        ((bs >= 8 && kMlaWgKeys % bs == 0) || bs % kMlaWgKeys == 0) &&
                        encode_latent_map(map, kv_cache.data_ptr(), q.dtype(), kv_cache.size(0) * bs,
                                          int(std::min<int64_t>(bs, kMlaWgKeys)));
-    const void* kernel = wgmma   ? reinterpret_cast<const void*>(mla_decode_wgmma_kernel<T>)
+    const void* kernel = wgmma   ? reinterpret_cast<const void*>(wg_kernel)
                          : hopper ? reinterpret_cast<const void*>(bulk)
                                   : reinterpret_cast<const void*>(mla_decode_mma_kernel<T>);
-    const size_t smem = wgmma ? kMlaWgSmem : hopper ? kMlaBulkSmem : kMlaSmem;
+    const size_t smem = wgmma ? MlaWg::kSmem : hopper ? kMlaBulkSmem : kMlaSmem;
     const int threads = wgmma ? kMlaWgThreads : hopper ? kMlaBulkThreads : kMlaThreads;
     const int rows = wgmma ? kMlaWgRows : kMlaRows;
     const KernelLaunchFacts& facts = kernel_launch_facts(kernel, device, threads, smem);
@@ -955,7 +976,7 @@ Tensor MlaDecode::forward(const Tensor& q, const Tensor& kv_cache, const Tensor&
     }
     const dim3 grid{unsigned(num_splits), unsigned(head_groups), unsigned(B)};
     if (wgmma) {
-      mla_decode_wgmma_kernel<T><<<grid, threads, smem, stream>>>(p, map);
+      wg_kernel<<<grid, threads, smem, stream>>>(p, map);
     } else if (hopper) {
       bulk<<<grid, threads, smem, stream>>>(p);
     } else {

@@ -7,8 +7,8 @@
 // On the GPU, 16-bit caches of 512 + 64 run a tensor-core split-KV kernel (16 query heads per block share every
 // latent row read; on Hopper a producer warp bulk-copies the rows, elsewhere the math warps cp.async them); on Hopper
 // 64 or more heads (V3's 128) run FlashMLA's structure instead: 64 heads per block on warpgroup MMAs, the rows copied
-// by TMA (pages of 8-64 rows dividing 64, or multiples of 64). Other shapes and f32 run the generic paged decode
-// kernel (correct, not fast).
+// by TMA in 32-row tiles (pages of 8-32 rows dividing 32, or multiples of 32). Other shapes and f32 run the generic
+// paged decode kernel (correct, not fast).
 #include "kbn/variant.h"
 
 namespace kbn::KBN_VARIANT {
