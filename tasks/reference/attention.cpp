@@ -135,7 +135,7 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
     const int64_t seq_len = batch.seq_lens[size_t(b)];
     const std::vector<double> keys = gather_sequence(key_cache, batch, b);
     const std::vector<double> values = gather_sequence(value_cache, batch, b);
-    std::vector<double> weights(static_cast<size_t>(seq_len));
+    std::vector<double> weights(static_cast<size_t>(seq_len)), acc(static_cast<size_t>(head_size_v));
     for (int64_t j = 0; j < q_len; ++j) {
       const int64_t row = q_begin + j, position = seq_len - q_len + j;
       const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
@@ -157,13 +157,16 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
           weights[size_t(p)] = std::exp(weights[size_t(p)] - max_score);
           denom += weights[size_t(p)];
         }
-        for (int64_t d = 0; d < head_size_v; ++d) {
-          double acc = 0;
-          for (int64_t p = first; p <= position; ++p) {
-            acc += weights[size_t(p)] * values[size_t((p * num_kv_heads + kv_head) * head_size_v + d)];
-          }
-          o[size_t((row * num_heads + h) * head_size_v + d)] = float(acc / denom);
+        // Every column's sum runs over p in order (the same additions as a column at a time), reading each value row
+        // once and contiguously.
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t p = first; p <= position; ++p) {
+          const double w = weights[size_t(p)];
+          const double* v = &values[size_t((p * num_kv_heads + kv_head) * head_size_v)];
+          for (int64_t d = 0; d < head_size_v; ++d) acc[size_t(d)] += w * v[d];
         }
+        for (int64_t d = 0; d < head_size_v; ++d)
+          o[size_t((row * num_heads + h) * head_size_v + d)] = float(acc[size_t(d)] / denom);
       }
     }
   }
