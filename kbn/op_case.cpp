@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -162,6 +163,40 @@ int64_t attention_pairs(int64_t L, int64_t cached, int64_t window) {
 
 Tensor filled_i32(const std::vector<int32_t>& values, Device device) {
   return Tensor::from_i32(values, {int64_t(values.size())}).to(device);
+}
+
+namespace {
+// A fixed pseudo-random value of (i, salt): splitmix64's finaliser.
+uint64_t mix(uint64_t i, uint64_t salt) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull ^ salt * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+std::vector<int32_t> ragged_lengths(int64_t B, int64_t ctx) {
+  KBN_CHECK(B > 0 && ctx > 0 && ctx <= INT32_MAX, "cases::ragged_lengths: B ", B, " and ctx ", ctx,
+            " must be positive (ctx < 2^31)");
+  std::vector<int32_t> lens(static_cast<size_t>(B), static_cast<int32_t>(ctx));
+  for (int64_t i = 1; i < B; ++i) lens[size_t(i)] = int32_t(1 + mix(uint64_t(i), uint64_t(ctx)) % uint64_t(ctx));
+  return lens;
+}
+
+RaggedPrefill ragged_prefill(int64_t T) {
+  KBN_CHECK(T > 0 && T <= INT32_MAX / 2, "cases::ragged_prefill: T ", T, " must be in [1, 2^30)");
+  const int64_t seqs = std::min<int64_t>(T, 3);
+  RaggedPrefill r;
+  int64_t left = T;
+  for (int64_t i = 0; i < seqs; ++i) {
+    // Sequence i takes 1 .. (what is left, minus one token for each sequence after it); the last takes the rest.
+    const int64_t spare = left - (seqs - i);
+    const int64_t q = i + 1 == seqs ? left : 1 + int64_t(mix(uint64_t(i), uint64_t(T)) % uint64_t(spare + 1));
+    r.query.push_back(int32_t(q));
+    r.cached.push_back(int32_t(mix(uint64_t(i) + 7, uint64_t(T)) % uint64_t(q + 1)));  // 0 .. q
+    left -= q;
+  }
+  return r;
 }
 
 int64_t StepShape::tokens() const {

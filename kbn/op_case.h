@@ -99,6 +99,17 @@ Tensor randint(const Shape& shape, DType dtype, Device device, uint64_t seed, co
 Tensor permutation_prefix(int64_t total, const Shape& shape, DType dtype, Device device, uint64_t seed,
                           const char* name);
 Tensor filled_i32(const std::vector<int32_t>& values, Device device);
+// The cached lengths of a random decode case's B sequences: the first holds all ctx keys (so max_seq_len = ctx is
+// exact), the others 1..ctx, fixed by (B, ctx) so that the case's bytes and FLOPs are exact, and unequal, so that a
+// kernel which reads max_seq_len keys, or one sequence's length, for every sequence fails the oracle.
+std::vector<int32_t> ragged_lengths(int64_t B, int64_t ctx);
+// A random prefill case's T new tokens as up to 3 sequences of unequal query lengths (each >= 1, summing to T), each
+// after a cached prefix of 0..its query length (chunked prefill: seq_len = cached + query), fixed by T: a kernel that
+// treats the batch as one sequence, or assumes no cached keys, fails the oracle.
+struct RaggedPrefill {
+  std::vector<int32_t> query, cached;
+};
+RaggedPrefill ragged_prefill(int64_t T);
 
 // Expert routings of the MoE cases: each token's top_k distinct experts, drawn from (seed, name).
 //   uniform: every expert equally likely.

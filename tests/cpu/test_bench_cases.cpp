@@ -197,6 +197,79 @@ TEST(BenchCases, AttentionPairsByHand) {
   EXPECT_EQ(cases::attention_pairs(8192, 0, 128), 127 * 128 / 2 + 128 + (8192 - 128) * 128);
 }
 
+// Random attention cases are ragged: decode sequences of unequal lengths (the first the full context), prefill
+// sequences of unequal query lengths after cached prefixes; the inputs carry those lengths and the bytes / FLOPs count
+// exactly the keys and pairs they make.
+TEST(BenchCases, RandomAttentionCasesAreRaggedAndCountedExactly) {
+  for (const int64_t B : {1, 2, 5, 48}) {
+    const std::vector<int32_t> lens = cases::ragged_lengths(B, 1000);
+    ASSERT_EQ(int64_t(lens.size()), B);
+    EXPECT_EQ(lens[0], 1000);
+    for (int32_t n : lens) EXPECT_TRUE(n >= 1 && n <= 1000) << n;
+    if (B >= 5) EXPECT_GT(std::set<int32_t>(lens.begin(), lens.end()).size(), 2u) << "B " << B;
+  }
+  for (const int64_t T : {1, 2, 3, 4, 17, 4096}) {
+    const cases::RaggedPrefill r = cases::ragged_prefill(T);
+    ASSERT_EQ(int64_t(r.query.size()), std::min<int64_t>(T, 3));
+    int64_t sum = 0;
+    for (size_t i = 0; i < r.query.size(); ++i) {
+      EXPECT_GE(r.query[i], 1);
+      EXPECT_TRUE(r.cached[i] >= 0 && r.cached[i] <= r.query[i]);
+      sum += r.query[i];
+    }
+    EXPECT_EQ(sum, T);
+  }
+  const cases::RaggedPrefill big = cases::ragged_prefill(4096);
+  EXPECT_NE(big.query[0], big.query[1]);
+
+  bench::CaseOptions o;
+  o.tokens = {4096};
+  o.random = true;
+  const ModelView v = view_of("llama-3.1-8b-instruct");
+  const auto pre = bench::cases_for("flash_attn_prefill", v, o);
+  ASSERT_EQ(pre.size(), 1u);
+  const bench::BenchCase& p = pre[0];
+  EXPECT_NE(p.label.find(" cached="), std::string::npos) << p.label;
+  int64_t pairs = 0, keys = 0, max_q = 0, max_len = 0;
+  for (size_t i = 0; i < big.query.size(); ++i) {
+    pairs += cases::attention_pairs(big.query[i], big.cached[i], 0);
+    keys += big.query[i] + big.cached[i];
+    max_q = std::max<int64_t>(max_q, big.query[i]);
+    max_len = std::max<int64_t>(max_len, big.query[i] + big.cached[i]);
+  }
+  EXPECT_EQ(p.flops, 2LL * 32 * 256 * pairs);
+  EXPECT_EQ(p.args.get_int_or("max_query_len", 0), max_q);
+  EXPECT_EQ(p.args.get_int_or("max_seq_len", 0), max_len);
+  const std::vector<Tensor> pin = p.make_inputs(Device::cpu(), 1);
+  const std::vector<int64_t> starts = pin[3].to_ints(), seq_lens = pin[4].to_ints();
+  ASSERT_EQ(starts.size(), big.query.size() + 1);
+  int64_t cached_total = 0;
+  for (size_t i = 0; i < big.query.size(); ++i) {
+    EXPECT_EQ(starts[i + 1] - starts[i], big.query[i]);
+    EXPECT_EQ(seq_lens[i], big.query[i] + big.cached[i]);
+    cached_total += big.cached[i];
+  }
+  EXPECT_GT(cached_total, 0);
+  EXPECT_EQ(keys, 4096 + cached_total);
+
+  o.tokens = {5};
+  const auto dec = bench::cases_for("flash_attn_decode", v, o);
+  ASSERT_FALSE(dec.empty());
+  for (const bench::BenchCase& d : dec) {
+    EXPECT_NE(d.label.find(" ragged"), std::string::npos) << d.label;
+    const std::vector<Tensor> in = d.make_inputs(Device::cpu(), 1);
+    const std::vector<int64_t> got = in[3].to_ints();
+    const int64_t ctx = d.args.get_int_or("max_seq_len", 0);
+    const std::vector<int32_t> want = cases::ragged_lengths(int64_t(got.size()), ctx);
+    int64_t total = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]);
+      total += got[i];
+    }
+    EXPECT_EQ(d.flops, 4LL * v.attention->num_heads * v.attention->head_dim * total) << d.label;
+  }
+}
+
 // gpt-oss: 128-token windows and sinks (the "attention_sinks" feature its L4 declares) on head_dim 64;
 // the window's FLOPs count only the visible pairs, decode reads only the window's keys.
 TEST(BenchCases, GptOssAttentionCasesCarryWindowsAndSinks) {

@@ -22,8 +22,8 @@ KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
 
 namespace {
 
-// Batches B x contexts; `tokens` are batch sizes. Random cases draw a small batch, and CPU-sized ones keep the
-// 1024-token context only.
+// Batches B x contexts; `tokens` are batch sizes. Random cases draw a small batch of ragged sequences (the first ctx
+// keys long, the others 1..ctx: cases::ragged_lengths), and CPU-sized ones keep the 1024-token context only.
 std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
   if (!m.attention) return {};
   const AttentionShape& a = *m.attention;
@@ -41,14 +41,17 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
   std::vector<BenchCase> out;
   for (int64_t B : batches) {
     for (int64_t ctx : contexts) {
+      const std::vector<int32_t> lens =
+          o.random ? cases::ragged_lengths(B, ctx) : std::vector<int32_t>(size_t(B), int32_t(ctx));
       for (const cases::AttentionVariant& v : cases::attention_variants(a)) {
         const int64_t blocks_per_seq = cases::ceil_div(ctx, bs), blocks = B * blocks_per_seq;
         const bool sinks = v.sinks;
-        // Keys read per sequence: the window's (pages before it are never read), else all ctx.
-        const int64_t keys = v.window > 0 ? std::min(ctx, v.window) : ctx;
+        // Keys read over the batch: each sequence's window (pages before it are never read), else its length.
+        int64_t keys = 0;
+        for (int32_t n : lens) keys += v.window > 0 ? std::min<int64_t>(n, v.window) : n;
         BenchCase b = cases::base("flash_attn_decode", m, B, dt);
-        b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(Hq) + " kv=" +
-                  cases::str(Hk) + " D=" + cases::str(D) + v.label() + kv_label;
+        b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + (o.random ? " ragged" : "") +
+                  " heads=" + cases::str(Hq) + " kv=" + cases::str(Hk) + " D=" + cases::str(D) + v.label() + kv_label;
         b.kv_cache_dtype = o.kv_cache_dtype;
         b.args.values = {{"num_heads", double(Hq)},
                          {"head_size", double(D)},
@@ -63,15 +66,15 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
               cases::normal({B, Hq, D}, dt, d, seed, "q", 1.0),
               cases::normal({blocks, bs, Hk, D}, kv, d, seed, "key_cache", 1.0),
               cases::normal({blocks, bs, Hk, D}, kv, d, seed, "value_cache", 1.0),
-              cases::filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
+              cases::filled_i32(lens, d),
               cases::permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
           if (sinks) in.push_back(cases::normal({Hq}, DType::f32, d, seed, "sinks", 1.0));
           return in;
         };
         const int64_t metadata = B * 4 + B * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
         // The K/V read dominates: every sequence's visible keys and values once; plus q read, out written.
-        b.bytes = 2 * B * keys * Hk * D * kv_es + 2 * B * Hq * D * es + metadata;
-        b.flops = 4 * Hq * D * B * keys;
+        b.bytes = 2 * keys * Hk * D * kv_es + 2 * B * Hq * D * es + metadata;
+        b.flops = 4 * Hq * D * keys;
         b.input_bytes = B * Hq * D * es + 2 * blocks * bs * Hk * D * kv_es + metadata;
         b.output_numel = B * Hq * D;
         out.push_back(std::move(b));

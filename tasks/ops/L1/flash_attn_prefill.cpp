@@ -23,7 +23,9 @@ KBN_REQUIRE_METHOD(FlashAttnPrefill, Tensor, forward,
 namespace {
 
 // The attention's prefill shapes; for multi-head latent attention (DeepSeek) the decompressed prefill it runs here:
-// every head its own key of qk_head_dim and value of v_head_dim (the values' width is the value cache's).
+// every head its own key of qk_head_dim and value of v_head_dim (the values' width is the value cache's). Timed cases
+// are one sequence of T tokens, or T / 4096 of 4096; random ones split T into up to three sequences of unequal
+// lengths, each after a cached prefix (cases::ragged_prefill), as chunked prefill calls the op.
 std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
   AttentionShape mla_heads;
   int64_t v_dim = 0;  // the values' width when it differs from the keys' (MLA)
@@ -43,50 +45,84 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
   const int64_t bs = cases::kKvBlockSize, L_max = cases::kPrefillSequence;
   const std::vector<int64_t> tokens = o.tokens.empty() ? cases::prefill_token_counts() : o.tokens;
   std::vector<BenchCase> out;
+  // One case per attention variant over sequences of query lengths q[i] after cached[i] cached keys each.
+  auto add = [&](const std::string& what, const std::vector<int32_t>& q, const std::vector<int32_t>& cached) {
+    const int64_t seqs = int64_t(q.size());
+    int64_t T = 0, max_q = 0, max_len = 0;
+    for (int64_t i = 0; i < seqs; ++i) {
+      T += q[size_t(i)];
+      max_q = std::max<int64_t>(max_q, q[size_t(i)]);
+      max_len = std::max<int64_t>(max_len, int64_t(q[size_t(i)]) + cached[size_t(i)]);
+    }
+    std::vector<int32_t> starts(static_cast<size_t>(seqs + 1), 0), lens(static_cast<size_t>(seqs));
+    for (int64_t i = 0; i < seqs; ++i) {
+      starts[size_t(i + 1)] = starts[size_t(i)] + q[size_t(i)];
+      lens[size_t(i)] = q[size_t(i)] + cached[size_t(i)];
+    }
+    const int64_t blocks_per_seq = cases::ceil_div(max_len, bs), blocks = seqs * blocks_per_seq;
+    for (const cases::AttentionVariant& v : cases::attention_variants(a)) {
+      const int64_t W = v.window;
+      const bool sinks = v.sinks;
+      BenchCase b = cases::base("flash_attn_prefill", m, T, dt);
+      b.label = what + " heads=" + cases::str(Hq) + " kv=" + cases::str(Hk) + " D=" + cases::str(D) +
+                (Dv != D ? " Dv=" + cases::str(Dv) : "") + v.label() + kv_label;
+      b.kv_cache_dtype = o.kv_cache_dtype;
+      // NOTE: the launch maxima are host facts of the case, passed as constructor arguments so the adapter does
+      // no device-to-host read inside the timed call (and the call can be captured in a CUDA graph).
+      b.args.values = {{"num_heads", double(Hq)},        {"head_size", double(D)},
+                       {"scale", 1.0 / std::sqrt(double(D))}, {"num_kv_heads", double(Hk)},
+                       {"max_query_len", double(max_q)}, {"max_seq_len", double(max_len)}};
+      if (W > 0) b.args.values["sliding_window"] = double(W);
+      if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
+      b.make_inputs = [=](Device d, uint64_t seed) {
+        // The new keys are already in the cache (stored by store_kvcache before attention runs).
+        std::vector<Tensor> in{cases::normal({T, Hq, D}, dt, d, seed, "q", 1.0),
+                               cases::normal({blocks, bs, Hk, D}, kv, d, seed, "key_cache", 1.0),
+                               cases::normal({blocks, bs, Hk, Dv}, kv, d, seed, "value_cache", 1.0),
+                               cases::filled_i32(starts, d),
+                               cases::filled_i32(lens, d),
+                               cases::permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
+                                                         "block_tables")};
+        if (sinks) in.push_back(cases::normal({Hq}, DType::f32, d, seed, "sinks", 1.0));
+        return in;
+      };
+      // Keys read: each sequence's from the first one its first new query sees (every later key is in some query's
+      // window), and the pairs its queries see.
+      int64_t keys = 0, pairs = 0;
+      for (int64_t i = 0; i < seqs; ++i) {
+        const int64_t c = cached[size_t(i)];
+        keys += lens[size_t(i)] - (W > 0 ? std::max<int64_t>(0, c - W + 1) : 0);
+        pairs += cases::attention_pairs(q[size_t(i)], c, W);
+      }
+      const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
+      // q read, out written, the keys and values read once, metadata read.
+      b.bytes = T * Hq * (D + Dv) * es + keys * Hk * (D + Dv) * kv_es + metadata;
+      b.flops = 2 * Hq * (D + Dv) * pairs;  // QK^T and PV over the visible pairs
+      b.input_bytes = T * Hq * D * es + blocks * bs * Hk * (D + Dv) * kv_es + metadata;
+      b.output_numel = T * Hq * Dv;
+      out.push_back(std::move(b));
+    }
+  };
   for (int64_t T : tokens) {
+    if (o.random) {  // up to three sequences of unequal lengths, each after a cached prefix (chunked prefill)
+      const cases::RaggedPrefill r = cases::ragged_prefill(T);
+      std::string what = "seqs=" + cases::str(int64_t(r.query.size()));
+      for (const auto* part : {&r.query, &r.cached}) {
+        what += part == &r.query ? " q=" : " cached=";
+        for (size_t i = 0; i < part->size(); ++i) {
+          if (i > 0) what += ",";
+          what += cases::str((*part)[i]);
+        }
+      }
+      add(what, r.query, r.cached);
+      continue;
+    }
     std::vector<int64_t> seq_counts{1};
     if (T > L_max && T % L_max == 0) seq_counts.push_back(T / L_max);
     for (int64_t seqs : seq_counts) {
-      for (const cases::AttentionVariant& v : cases::attention_variants(a)) {
-        const int64_t L = T / seqs, blocks_per_seq = cases::ceil_div(L, bs), blocks = seqs * blocks_per_seq;
-        const int64_t W = v.window;
-        const bool sinks = v.sinks;
-        BenchCase b = cases::base("flash_attn_prefill", m, T, dt);
-        b.label = "seqs=" + cases::str(seqs) + "x" + cases::str(L) + " heads=" + cases::str(Hq) + " kv=" +
-                  cases::str(Hk) + " D=" + cases::str(D) + (Dv != D ? " Dv=" + cases::str(Dv) : "") + v.label() +
-                  kv_label;
-        b.kv_cache_dtype = o.kv_cache_dtype;
-        // NOTE: the launch maxima are host facts of the case, passed as constructor arguments so the adapter does
-        // no device-to-host read inside the timed call (and the call can be captured in a CUDA graph).
-        b.args.values = {{"num_heads", double(Hq)},     {"head_size", double(D)},
-                         {"scale", 1.0 / std::sqrt(double(D))}, {"num_kv_heads", double(Hk)},
-                         {"max_query_len", double(L)},  {"max_seq_len", double(L)}};
-        if (W > 0) b.args.values["sliding_window"] = double(W);
-        if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
-        b.make_inputs = [=](Device d, uint64_t seed) {
-          std::vector<int32_t> starts(static_cast<size_t>(seqs + 1));
-          const std::vector<int32_t> lens(static_cast<size_t>(seqs), static_cast<int32_t>(L));
-          for (int64_t i = 0; i <= seqs; ++i) starts[size_t(i)] = int32_t(i * L);
-          // The new keys are already in the cache (stored by store_kvcache before attention runs).
-          std::vector<Tensor> in{cases::normal({T, Hq, D}, dt, d, seed, "q", 1.0),
-                                 cases::normal({blocks, bs, Hk, D}, kv, d, seed, "key_cache", 1.0),
-                                 cases::normal({blocks, bs, Hk, Dv}, kv, d, seed, "value_cache", 1.0),
-                                 cases::filled_i32(starts, d),
-                                 cases::filled_i32(lens, d),
-                                 cases::permutation_prefix(blocks, {seqs, blocks_per_seq}, DType::i32, d, seed,
-                                                           "block_tables")};
-          if (sinks) in.push_back(cases::normal({Hq}, DType::f32, d, seed, "sinks", 1.0));
-          return in;
-        };
-        const int64_t metadata = (seqs + 1) * 4 + seqs * 4 + seqs * blocks_per_seq * 4 + (sinks ? Hq * 4 : 0);
-        // q read, out written, each sequence's keys and values read once (every key is in some query's window),
-        // metadata read.
-        b.bytes = T * Hq * (D + Dv) * es + seqs * L * Hk * (D + Dv) * kv_es + metadata;
-        b.flops = 2 * Hq * (D + Dv) * seqs * cases::attention_pairs(L, 0, W);  // QK^T and PV over the visible pairs
-        b.input_bytes = T * Hq * D * es + blocks * bs * Hk * (D + Dv) * kv_es + metadata;
-        b.output_numel = T * Hq * Dv;
-        out.push_back(std::move(b));
-      }
+      const int32_t L = int32_t(T / seqs);
+      add("seqs=" + cases::str(seqs) + "x" + cases::str(L), std::vector<int32_t>(size_t(seqs), L),
+          std::vector<int32_t>(size_t(seqs), 0));
     }
   }
   return out;

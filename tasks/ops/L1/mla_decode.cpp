@@ -20,8 +20,8 @@ KBN_REQUIRE_METHOD(MlaDecode, Tensor, forward, (const Tensor&, const Tensor&, co
 namespace {
 
 // Batches x contexts of a model with MLA (DeepSeek-V2-Lite: 16 heads, V3: 128); `tokens` are batch sizes. Random
-// cases draw a small batch, and CPU-sized ones keep the shortest context. The queries are absorbed ones,
-// [B, heads, kv_lora_rank + rope]; every sequence's pages are scattered over the cache.
+// cases draw a small batch of ragged sequences (cases::ragged_lengths), and CPU-sized ones keep the shortest context.
+// The queries are absorbed ones, [B, heads, kv_lora_rank + rope]; every sequence's pages are scattered over the cache.
 std::vector<BenchCase> mla_decode_cases(const ModelView& m, const CaseOptions& o) {
   if (!m.mla) return {};
   const MlaShape& a = *m.mla;
@@ -37,9 +37,13 @@ std::vector<BenchCase> mla_decode_cases(const ModelView& m, const CaseOptions& o
   for (int64_t B : batches) {
     for (int64_t ctx : contexts) {
       const int64_t blocks_per_seq = cases::ceil_div(ctx, bs), blocks = B * blocks_per_seq;
+      const std::vector<int32_t> lens =
+          o.random ? cases::ragged_lengths(B, ctx) : std::vector<int32_t>(size_t(B), int32_t(ctx));
+      int64_t keys = 0;  // latent rows over the batch
+      for (int32_t n : lens) keys += n;
       BenchCase b = cases::base("mla_decode", m, B, dt);
-      b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + " heads=" + cases::str(H) +
-                " latent=" + cases::str(L) + "+" + cases::str(W - L);
+      b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + (o.random ? " ragged" : "") +
+                " heads=" + cases::str(H) + " latent=" + cases::str(L) + "+" + cases::str(W - L);
       b.args.values = {{"num_heads", double(H)},
                        {"kv_lora_rank", double(L)},
                        {"rope_dim", double(W - L)},
@@ -48,14 +52,13 @@ std::vector<BenchCase> mla_decode_cases(const ModelView& m, const CaseOptions& o
       b.make_inputs = [=](Device d, uint64_t seed) {
         return std::vector<Tensor>{
             cases::normal({B, H, W}, dt, d, seed, "q", 1.0),
-            cases::normal({blocks, bs, W}, dt, d, seed, "kv_cache", 1.0),
-            cases::filled_i32(std::vector<int32_t>(size_t(B), int32_t(ctx)), d),
+            cases::normal({blocks, bs, W}, dt, d, seed, "kv_cache", 1.0), cases::filled_i32(lens, d),
             cases::permutation_prefix(blocks, {B, blocks_per_seq}, DType::i32, d, seed, "block_tables")};
       };
       const int64_t metadata = B * 4 + B * blocks_per_seq * 4;
       // Every latent row of every sequence read once (shared by all heads); q read, out written.
-      b.bytes = B * ctx * W * es + B * H * (W + L) * es + metadata;
-      b.flops = 2 * B * H * ctx * (W + L);
+      b.bytes = keys * W * es + B * H * (W + L) * es + metadata;
+      b.flops = 2 * H * keys * (W + L);
       b.input_bytes = B * H * W * es + blocks * bs * W * es + metadata;
       b.output_numel = B * H * L;
       out.push_back(std::move(b));
