@@ -83,6 +83,19 @@ __device__ __forceinline__ void store_mla_output(const MlaDecodeParams& p, const
   }
 }
 
+// A partition with no keys: only a lone split writes its rows of `out` (zeros), `rows` heads from head0 over `threads`
+// threads; the reduce skips empty splits.
+template <class T>
+__device__ __forceinline__ void store_empty_mla_output(const MlaDecodeParams& p, int seq, int head0, int rows, int tid,
+                                                       int threads) {
+  if (p.num_splits != 1) return;
+  T* out = static_cast<T*>(p.out);
+  for (int i = tid; i < rows * kMlaRank; i += threads) {
+    const int head = head0 + i / kMlaRank;
+    if (head < p.num_heads) out[(int64_t(seq) * p.num_heads + head) * kMlaRank + i % kMlaRank] = T(0.f);
+  }
+}
+
 // The per-tile steps both tensor-core kernels share. A block's four math warps hold O[16 heads, 512] (warp w columns
 // 128w..128w+127) and the running max / sum of this thread's rows g and g + 8; `sync` is the barrier of those four
 // warps (__syncthreads, or a named barrier where a producer warp does not join).
@@ -202,14 +215,9 @@ __global__ void __launch_bounds__(kMlaThreads, 1) mla_decode_mma_kernel(MlaDecod
   const int seq_len = p.seq_lens[seq];
   const int key_begin = split * p.partition_keys;
   const int key_end = min(seq_len, key_begin + p.partition_keys);
-  T* out = static_cast<T*>(p.out);
 
-  if (key_begin >= key_end) {  // no keys: only a lone split writes (zeros); the reduce skips empty splits
-    if (p.num_splits == 1)
-      for (int i = tid; i < kMlaRows * kMlaRank; i += kMlaThreads) {
-        const int row = i / kMlaRank, head = head0 + row;
-        if (head < p.num_heads) out[(int64_t(seq) * p.num_heads + head) * kMlaRank + i % kMlaRank] = T(0.f);
-      }
+  if (key_begin >= key_end) {
+    store_empty_mla_output<T>(p, seq, head0, kMlaRows, tid, kMlaThreads);
     return;
   }
 
@@ -336,14 +344,9 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
   const int seq_len = p.seq_lens[seq];
   const int key_begin = split * p.partition_keys;
   const int key_end = min(seq_len, key_begin + p.partition_keys);
-  T* out = static_cast<T*>(p.out);
 
-  if (key_begin >= key_end) {  // no keys: only a lone split writes (zeros); the reduce skips empty splits
-    if (p.num_splits == 1)
-      for (int i = tid; i < kMlaRows * kMlaRank; i += kMlaBulkThreads) {
-        const int row = i / kMlaRank, head = head0 + row;
-        if (head < p.num_heads) out[(int64_t(seq) * p.num_heads + head) * kMlaRank + i % kMlaRank] = T(0.f);
-      }
+  if (key_begin >= key_end) {
+    store_empty_mla_output<T>(p, seq, head0, kMlaRows, tid, kMlaBulkThreads);
     return;
   }
   if (tid == 0) {
@@ -527,13 +530,8 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
   const int seq_len = p.seq_lens[seq];
   const int key_begin = split * p.partition_keys;
   const int key_end = min(seq_len, key_begin + p.partition_keys);
-  T* out = static_cast<T*>(p.out);
-  if (key_begin >= key_end) {  // no keys: only a lone split writes (zeros); the reduce skips empty splits
-    if (p.num_splits == 1)
-      for (int i = tid; i < kMlaWgRows * kMlaRank; i += kMlaWgThreads) {
-        const int head = head0 + i / kMlaRank;
-        if (head < p.num_heads) out[(int64_t(seq) * p.num_heads + head) * kMlaRank + i % kMlaRank] = T(0.f);
-      }
+  if (key_begin >= key_end) {
+    store_empty_mla_output<T>(p, seq, head0, kMlaWgRows, tid, kMlaWgThreads);
     return;
   }
   if (tid == 0) {
