@@ -622,6 +622,30 @@ TEST(FlashAttnPrefillGpu, Fp8PagesOnTensorCores) {
                  .seq_lens = {37, 90, 200}});
 }
 
+TEST(FlashAttnPrefillGpu, Fp8PagesHopperRingAcrossItemsAndPageSizes) {
+  KBN_SKIP_WITHOUT_GPU();
+  // On Hopper, fp8 pages at heads 64 and 128 take the TMA kernel: the copies land in an fp8 ring and the producer
+  // warpgroup's converter warps widen them into the 16-bit ring. Every page size its tensor maps take (8..128), a
+  // batch with more work items than blocks (both rings wrap across items), chunks after cached context.
+  for (const int64_t head_size : {64, 128}) {
+    for (const int64_t block_size : {8, 32, 128}) {
+      BatchSpec s{.num_heads = 32,
+                  .num_kv_heads = 4,
+                  .head_size = head_size,
+                  .block_size = block_size,
+                  .dtype = block_size == 32 ? DType::f16 : DType::bf16,
+                  .cache_dtype = DType::fp8e4m3,
+                  .seed = uint64_t(70 + block_size)};
+      for (int i = 0; i < 24; ++i) {
+        const int q = 1 + (i * 173) % 400;
+        s.q_lens.push_back(q);
+        s.seq_lens.push_back(q + (i % 3 == 0 ? (i * 53) % 500 : 0));
+      }
+      check_prefill(s);
+    }
+  }
+}
+
 TEST(FlashAttnDecodeGpu, GenericKernelCoversOtherHeadSizesAndF32) {
   KBN_SKIP_WITHOUT_GPU();
   check_decode(decode_spec({.num_heads = 4,

@@ -82,8 +82,8 @@ constexpr int kStages = kHeadDim > 192 ? 2 : 3;
 //  - Causal load balance: query tiles are issued heaviest-first per (seq, kv head); a persistent-kernel tile
 //    scheduler across sequences would remove the remaining tail for very uneven varlen batches.
 //
-// KV is the pages' type: T, or __nv_fp8_e4m3 (--kv-cache-dtype fp8_e4m3, scale 1.0; on Hopper too, whose TMA kernel
-// reads 16-bit pages only). fp8 tiles land dense in their own kStages ring (16-byte cp.async, 16 values each); once
+// KV is the pages' type: T, or __nv_fp8_e4m3 (--kv-cache-dtype fp8_e4m3, scale 1.0; on Hopper at heads 192 and 256,
+// where the TMA kernel has no room for an fp8 ring). fp8 tiles land dense in their own kStages ring (16-byte cp.async, 16 values each); once
 // a tile has landed every thread widens its share to f16 (exact) into the one 16-bit K and V tile the mma code reads,
 // behind a second barrier. The mmas then run in f16 whatever T is (P keeps 11 bits), with a bf16 Q tile rounded to
 // f16 in place once it has landed (exact for bf16 values in f16's normal range; beyond +-65504 it becomes inf and the
@@ -452,13 +452,34 @@ constexpr int kStages = kHeadDim == 256 ? 2 : 3;
 // with K released with V and K_t, V_t issued together on their own barriers.
 template <int kHeadDim>
 constexpr bool kSplitKV = kHeadDim == 256;
+// fp8 e4m3 pages (heads 64 and 128): the producer's TMA copies land as dense byte rows in a ring of their own (kSt8
+// stages), and the producer warpgroup's other three warps widen each landed tile to f16 (exact) into the 16-bit ring
+// the consumers read, whose wgmma then run in f16 (P too) with the Q tile rounded to f16 in place (bf16 models: exact
+// in f16's normal range; beyond +-65504 a score becomes inf and the output NaN, never a silently clipped value; the
+// mma.sync kernel's contract). Head 128 keeps two 16-bit stages beside two fp8 ones (Q 32 KiB + 2 x 64 + 2 x 32 KiB
+// = 224 KiB); head 64 three of each. H100 (bench/results/h100/session21/call2): head 128 291-321 TFLOP/s at 4k-16k
+// (0.59-0.62x its 16-bit pages; the mma.sync kernel this replaces for fp8: 202 at 8k), head 64 290-337 (0.82-0.87x).
+template <int kHeadDim, bool kFp8>
+constexpr int kStages16 = kFp8 && kHeadDim == 128 ? 2 : kStages<kHeadDim>;
+template <int kHeadDim>
+constexpr int kStages8 = kHeadDim == 128 ? 2 : 3;
+constexpr int kConverterWarps = 3;  // warps 9-11: the producer warpgroup's warps that do not issue copies
 
 // Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Named barriers (0 is __syncthreads): both consumer warpgroups after zeroing V rows; each warpgroup's Q landed
 // (2 + wg); each warpgroup's turn to issue wgmma (4 + wg).
 constexpr int kBarVZeroed = 1, kBarWarpGroup0 = 2, kBarTurn0 = 4;
-constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 24 + 2 x 240 = 3 x 168
+// 24 + 2 x 240 = 3 x 168. The fp8 converters fit in 24 with their loop not unrolled (40 + 2 x 232 spilled more).
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+
+// Four e4m3 values (one 32-bit word) as two f16x2 words (exact: every e4m3 value is an f16 normal or zero).
+__device__ __forceinline__ void widen_e4m3x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
+  const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word & 0xffffu), __NV_E4M3);
+  const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> 16), __NV_E4M3);
+  lo = uint32_t(a.x) | (uint32_t(a.y) << 16);
+  hi = uint32_t(b.x) | (uint32_t(b.y) << 16);
+}
 
 // exp2 without the subnormal handling of exp2f (results below 2^-126 flush to 0: a probability that small is 0 here).
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -510,10 +531,12 @@ __device__ __forceinline__ int snake_item(int k, int b, int g) { return k * g + 
 
 #endif  // __CUDA_ARCH__ >= 900
 
-// grid = min(work items, one block per SM); block = kThreads; dynamic smem = Q tile + kStages K/V tiles + 4 kStages
-// mbarriers + 1024 bytes of alignment slack. Block b takes the items snake_item(k, b, gridDim.x), k = 0, 1, ...
-// kHeadDimV: the values' width (DeepSeek's MLA prefill: keys 192, values 128; else kHeadDim).
-template <class T, int kHeadDim, int kHeadDimV>
+// grid = min(work items, one block per SM); block = kThreads; dynamic smem = Q tile + kStages K/V tiles (+ kStages8
+// fp8 K/V tiles) + 4 kStages mbarriers + 1024 bytes of alignment slack. Block b takes the items
+// snake_item(k, b, gridDim.x), k = 0, 1, ...
+// KV: the pages' type (T, or __nv_fp8_e4m3 at heads 64 and 128). kHeadDimV: the values' width (DeepSeek's MLA
+// prefill: keys 192, values 128; else kHeadDim).
+template <class T, class KV, int kHeadDim, int kHeadDimV>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attn_prefill_tma_kernel(PrefillParams p, const __grid_constant__ CUtensorMap k_map,
                                   const __grid_constant__ CUtensorMap v_map, int num_items, int num_kv_heads,
@@ -522,13 +545,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 #error "flash_attn_prefill: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a, not compute_90"
 #endif
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kFp8 = !std::is_same_v<KV, T>;
+  static_assert(!kFp8 || (std::is_same_v<KV, __nv_fp8_e4m3> && kHeadDimV == kHeadDim && kHeadDim <= 128),
+                "16-bit pages of q's type, or fp8 e4m3 pages at heads 64 and 128");
+  using M = std::conditional_t<kFp8, __half, T>;  // the wgmma's input type
   constexpr int kN = kBlockN<kHeadDim>;
-  constexpr int kSt = kStages<kHeadDim>;
+  constexpr int kSt = kStages16<kHeadDim, kFp8>;
+  constexpr int kSt8 = kStages8<kHeadDim>;  // fp8 pages only
   constexpr int kChunks = kHeadDim / 8;
   constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   constexpr uint32_t kTileBytes = kN * kHeadDim * 2;            // a K tile
   constexpr uint32_t kVTileBytes = kN * kHeadDimV * 2;          // a V tile
   constexpr uint32_t kStageBytes = kTileBytes + kVTileBytes;  // [K tile, V tile]
+  constexpr uint32_t kStage8Bytes = kN * (kHeadDim + kHeadDimV);  // fp8 pages: [K tile, V tile] of dense byte rows
   constexpr int kSAcc = kN / 2;
   constexpr int kOAcc = kHeadDimV / 2;
   static_assert(kHeadDimV == kHeadDim || (kHeadDim == kNarrowKeyDim && kHeadDimV == kNarrowValueDim),
@@ -541,8 +570,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t q_s = (raw_addr + 1023u) & ~1023u;
   const uint32_t kv_s = q_s + kQBytes;                        // [kStages][K tile, V tile]
+  const uint32_t ring8 = kv_s + kSt * kStageBytes;            // fp8 pages: [kStages8][K tile, V tile]
   // K and V have their own barriers (K_t is released once S_t is done, V_t once P_t V_t is): [K, V][kStages] each.
-  const uint32_t full_bar = kv_s + kSt * kStageBytes;  // 8 bytes each
+  // fp8 pages: [16-bit stages, fp8 stages] instead (kSt8 <= kSt).
+  const uint32_t full_bar = ring8 + (kFp8 ? kSt8 * kStage8Bytes : 0);  // 8 bytes each
   const uint32_t empty_bar = full_bar + 2 * kSt * 8;
 
   const int tid = threadIdx.x;
@@ -550,8 +581,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid == 0) {
 #pragma unroll
     for (int st = 0; st < 2 * kSt; ++st) {
-      mbar_init(full_bar + 8 * st, 1);  // the producer's arrive.expect_tx; the TMA copies complete the bytes
-      mbar_init(empty_bar + 8 * st, kConsumerThreads / 32);  // lane 0 of every consumer warp, once it is done
+      // The producer's arrive.expect_tx, the TMA copies completing the bytes; a 16-bit stage of fp8 pages: lane 0
+      // of every converter warp once it has written its share.
+      mbar_init(full_bar + 8 * st, kFp8 && st < kSt ? kConverterWarps : 1);
+      // Lane 0 of every consumer warp, once it is done; an fp8 stage: of every converter warp.
+      mbar_init(empty_bar + 8 * st, kFp8 && st >= kSt ? kConverterWarps : kConsumerThreads / 32);
     }
     mbar_fence_init();
   }
@@ -586,6 +620,19 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       };
+      // fp8 pages: tile `tile` of the ring, pages [0, pages), K and V into its fp8 stage on one barrier.
+      auto issue8 = [&](int tile, const int* block_table, int kv_head, int n0, int pages) {
+        const int s8 = tile % kSt8;
+        if (tile >= kSt8) mbar_wait(empty_bar + 8 * (kSt + s8), uint32_t((tile / kSt8 - 1) & 1));
+        const uint32_t bar = full_bar + 8 * (kSt + s8);
+        mbar_arrive_expect_tx(bar, uint32_t(pages * bs * (kHeadDim + kHeadDimV)));
+        const uint32_t k8 = ring8 + s8 * kStage8Bytes, v8 = k8 + kN * kHeadDim;
+        for (int j = 0; j < pages; ++j) {
+          const int block = block_table[n0 / bs + j];
+          tma_load_4d(k8 + j * bs * kHeadDim, &k_map, bar, 0, kv_head, 0, block);
+          tma_load_4d(v8 + j * bs * kHeadDimV, &v_map, bar, 0, kv_head, 0, block);
+        }
+      };
       int it = 0;  // K tiles issued by this block so far
       const int* prev_table = nullptr;
       int prev_head = 0, prev_n0 = 0, prev_pages = 0;
@@ -597,7 +644,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int tile = 0; tile < w.num_tiles; ++tile, ++it) {
           const int n0 = w.key_base + tile * kN;
           const int pages = (min(w.key_end - n0, kN) + bs - 1) / bs;  // pages holding keys below key_end
-          if constexpr (kSplitKV<kHeadDim>) {  // K_t, then V_{t-1}: the order the consumers read them in
+          if constexpr (kFp8) {
+            issue8(it, block_table, w.kv_head, n0, pages);
+          } else if constexpr (kSplitKV<kHeadDim>) {  // K_t, then V_{t-1}: the order the consumers read them in
             issue(it, 0, block_table, w.kv_head, n0, pages);
             if (it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
           } else {
@@ -607,6 +656,45 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       if (kSplitKV<kHeadDim> && it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
+    } else if (kFp8 && tid >= kConsumerThreads + 32) {  // (16-bit pages: never)
+      // Converter warps: walk the same tiles, widening each landed fp8 tile (whole rows: rows past the copied
+      // pages hold earlier bytes, masked or zeroed downstream like the 16-bit path's) into its 16-bit stage once
+      // the consumers have given that back.
+      const int ctid = tid - kConsumerThreads - 32;
+      constexpr int kRowChunks = kHeadDim / 16;              // 16-byte chunks of one fp8 row
+      constexpr int kTileChunks = 2 * kN * kRowChunks;       // K then V, dense
+      int it = 0;
+      for (int k = 0; k * int(gridDim.x) < num_items; ++k) {
+        const int item = snake_item(k, blockIdx.x, gridDim.x);
+        Work w;
+        if (item >= num_items || !load_work<kN>(p, item, num_kv_heads, num_seqs, m_tiles, w)) continue;
+        for (int tile = 0; tile < w.num_tiles; ++tile, ++it) {
+          const int s8 = it % kSt8, stage = it % kSt;
+          mbar_wait(full_bar + 8 * (kSt + s8), uint32_t((it / kSt8) & 1));
+          if (it >= kSt) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kSt - 1) & 1));
+          const unsigned char* src = smem_raw + (ring8 + s8 * kStage8Bytes - raw_addr);
+          unsigned char* dst = smem_raw + (kv_s + stage * kStageBytes - raw_addr);
+#pragma unroll 1
+          for (int i = ctid; i < kTileChunks; i += kConverterWarps * 32) {
+            const int part = i / (kN * kRowChunks), r = (i / kRowChunks) % kN, c = i % kRowChunks;
+            const uint4 v = *reinterpret_cast<const uint4*>(src + i * 16);
+            uint4 a, b;
+            widen_e4m3x4(v.x, a.x, a.y);
+            widen_e4m3x4(v.y, a.z, a.w);
+            widen_e4m3x4(v.z, b.x, b.y);
+            widen_e4m3x4(v.w, b.z, b.w);
+            unsigned char* d = dst + part * kTileBytes;
+            *reinterpret_cast<uint4*>(d + sw128_offset<kN>(r, 2 * c)) = a;
+            *reinterpret_cast<uint4*>(d + sw128_offset<kN>(r, 2 * c + 1)) = b;
+          }
+          fence_proxy_async_shared();  // the generic-proxy writes, before the consumers' wgmma read them
+          __syncwarp();
+          if (lane == 0) {
+            mbar_arrive(full_bar + 8 * stage);
+            mbar_arrive(empty_bar + 8 * (kSt + s8));
+          }
+        }
+      }
     }
     return;
   }
@@ -670,13 +758,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kN / 16; ++kk) {
       const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kN * 128, 1024);
       if constexpr (kHeadDimV == 256) {
-        wgmma_rs_n256_tb<T>(o, pa[kk], dv);
+        wgmma_rs_n256_tb<M>(o, pa[kk], dv);
       } else if constexpr (kHeadDimV == 192) {
-        wgmma_rs_n192_tb<T>(o, pa[kk], dv);
+        wgmma_rs_n192_tb<M>(o, pa[kk], dv);
       } else if constexpr (kHeadDimV == 128) {
-        wgmma_rs_n128_tb<T>(o, pa[kk], dv);
+        wgmma_rs_n128_tb<M>(o, pa[kk], dv);
       } else {
-        wgmma_rs_n64_tb<T>(o, pa[kk], dv);
+        wgmma_rs_n64_tb<M>(o, pa[kk], dv);
       }
     }
   };
@@ -695,6 +783,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 1 && have) named_arrive(kBarTurn0, kConsumerThreads);
   while (have) {
     cp_async_wait<0>();
+    if constexpr (kFp8 && !std::is_same_v<T, __half>) {
+      // fp8 pages: the wgmma run in f16, so this warpgroup's Q rows (8 KiB per 64 columns) are rounded to f16 in
+      // place once every thread's copies have landed.
+      named_sync(kBarWarpGroup0 + wg, 128);
+#pragma unroll 1
+      for (int j = 0; j < 64 * kChunks / 128; ++j) {
+        const int i = wg_tid + j * 128;  // 16-byte chunk i of the warpgroup's rows, block by 64-column block
+        uint4* chunk = reinterpret_cast<uint4*>(smem_raw + (q_wg - raw_addr) + (i / 512) * (kBlockM * 128) +
+                                                (i % 512) * 16);
+        uint4 v = *chunk;
+        uint32_t* words = reinterpret_cast<uint32_t*>(&v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const __half2 h = __floats2half2_rn(__uint_as_float(words[e] << 16), __uint_as_float(words[e] & 0xffff0000u));
+          words[e] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        *chunk = v;
+      }
+    }
     fence_proxy_async_shared();
     named_sync(kBarWarpGroup0 + wg, 128);  // this warpgroup's Q rows have landed
 
@@ -741,9 +848,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t da = sw128_desc(qw + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
         const uint64_t db = sw128_desc(ks + (kk / 4) * (kN * 128) + col, 16, 1024);
         if constexpr (kN == 64) {
-          wgmma_ss_n64<T>(s, da, db, kk > 0 ? 1 : 0);
+          wgmma_ss_n64<M>(s, da, db, kk > 0 ? 1 : 0);
         } else {
-          wgmma_ss_n128<T>(s, da, db, kk > 0 ? 1 : 0);
+          wgmma_ss_n128<M>(s, da, db, kk > 0 ? 1 : 0);
         }
       }
       wgmma_commit();
@@ -826,10 +933,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       // S accumulators of key n-tiles 2kk and 2kk+1 are exactly the A fragment of keys 16kk..16kk+15.
 #pragma unroll
       for (int kk = 0; kk < kN / 16; ++kk) {
-        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+        pa[kk][0] = pack2<M>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<M>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<M>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<M>(s[8 * kk + 6], s[8 * kk + 7]);
       }
       ++it;
     };
@@ -899,13 +1006,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // A tensor map over one cache [num_blocks, block_size, num_kv_heads, head_size] (strides in elements) whose box is
-// one page of one kv head and 64 columns, 128-byte swizzled; false when the layout does not allow one.
+// one page of one kv head and 64 columns, 128-byte swizzled (16-bit pages), or one page of whole dense rows (fp8
+// pages: bytes, no swizzle); false when the layout does not allow one.
 inline bool encode_cache_map(CUtensorMap& map, const void* base, DType dt, int64_t num_blocks, int64_t block_size,
                              int64_t kv_heads, int64_t head_size, int64_t stride_block, int64_t stride_slot,
                              int64_t stride_head) {
   const EncodeTiled fn = encode_tiled();
   if (!fn) return false;
-  const int64_t es = 2;
+  const bool fp8 = dt == DType::fp8e4m3;
+  const int64_t es = fp8 ? 1 : 2;
   for (int64_t s : {stride_block, stride_slot, stride_head})
     if (s * es % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(base) % 16 != 0) return false;
@@ -913,27 +1022,31 @@ inline bool encode_cache_map(CUtensorMap& map, const void* base, DType dt, int64
                               cuuint64_t(num_blocks)};
   const cuuint64_t strides[3] = {cuuint64_t(stride_head * es), cuuint64_t(stride_slot * es),
                                  cuuint64_t(stride_block * es)};
-  const cuuint32_t box[4] = {64, 1, cuuint32_t(block_size), 1};
+  if (fp8 && (head_size % 16 != 0 || head_size > 256)) return false;
+  const cuuint32_t box[4] = {fp8 ? cuuint32_t(head_size) : 64u, 1, cuuint32_t(block_size), 1};
   const cuuint32_t elem[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type = dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type = fp8                  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                       : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return fn(&map, type, 4, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            fp8 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace hopper_path
 
-// Hopper's TMA/wgmma kernel on 16-bit pages, when this binary holds sm_90a code for the device (runs_sm90_image) and
-// the caches allow its tensor maps (pages of 8..kBlockN keys dividing kBlockN, 16-byte strides); false, launching
-// nothing, otherwise. kHeadDimV: the values' width.
-template <class T, int kHeadDim, int kHeadDimV>
+// Hopper's TMA/wgmma kernel on 16-bit pages (or fp8 pages at heads 64 and 128), when this binary holds sm_90a code
+// for the device (runs_sm90_image) and the caches allow its tensor maps (pages of 8..kBlockN keys dividing kBlockN,
+// 16-byte strides); false, launching nothing, otherwise. kHeadDimV: the values' width.
+template <class T, class KV, int kHeadDim, int kHeadDimV>
 bool launch_hopper_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
                            int64_t num_blocks, int device, Stream stream) {
   using namespace hopper_path;
-  auto* hopper = flash_attn_prefill_tma_kernel<T, kHeadDim, kHeadDimV>;
+  constexpr bool kFp8 = !std::is_same_v<KV, T>;
+  auto* hopper = flash_attn_prefill_tma_kernel<T, KV, kHeadDim, kHeadDimV>;
   if (!runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) return false;
   const int bs = p.block_size;
-  const DType dt = std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
+  const DType dt = kFp8 ? DType::fp8e4m3 : std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
   CUtensorMap k_map{}, v_map{};
   if (!(bs >= 8 && bs % 8 == 0 && kBlockN<kHeadDim> % bs == 0 &&
         encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
@@ -942,8 +1055,9 @@ bool launch_hopper_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num
                          p.v_stride_slot, p.v_stride_head)))
     return false;
   // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 32 per stage: its four mbarriers.
-  const size_t smem = (size_t(kBlockM) * kHeadDim + size_t(kStages<kHeadDim>) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV)) *
-                          sizeof(T) + 1024 + 32 * kStages<kHeadDim>;
+  constexpr int kSt = kStages16<kHeadDim, kFp8>, kSt8 = kFp8 ? kStages8<kHeadDim> : 0;
+  const size_t smem = (size_t(kBlockM) * kHeadDim + size_t(kSt) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV)) * 2 +
+                      size_t(kSt8) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV) + 1024 + 32 * kSt;
   const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
   const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
   KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
@@ -958,16 +1072,16 @@ bool launch_hopper_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num
   return true;
 }
 
-// KV: the pages' type (T, or __nv_fp8_e4m3, which the mma.sync kernel alone reads). Hopper's kernel when it can run
-// (16-bit pages), else the mma.sync kernel.
+// KV: the pages' type (T, or __nv_fp8_e4m3). Hopper's kernel when it can run (16-bit pages; fp8 pages at heads 64 and
+// 128), else the mma.sync kernel.
 template <class T, class KV, int kHeadDim>
 void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
                                int64_t num_blocks, Stream stream) {
   int device = 0;
   KBN_CUDA_CHECK(cudaGetDevice(&device));
-  if constexpr (std::is_same_v<KV, T>) {
-    if (launch_hopper_prefill<T, kHeadDim, kHeadDim>(p, num_seqs, num_kv_heads, max_query_len, num_blocks, device,
-                                                     stream))
+  if constexpr (std::is_same_v<KV, T> || kHeadDim == 64 || kHeadDim == 128) {
+    if (launch_hopper_prefill<T, KV, kHeadDim, kHeadDim>(p, num_seqs, num_kv_heads, max_query_len, num_blocks, device,
+                                                         stream))
       return;
   }
   using namespace mma_path;
@@ -1009,8 +1123,9 @@ bool FlashAttnPrefill::value_width_on_tensor_cores(DType dt, int64_t head_size, 
     return false;
   const void* kernel =
       dt == DType::bf16
-          ? reinterpret_cast<const void*>(flash_attn_prefill_tma_kernel<__nv_bfloat16, kNarrowKeyDim, kNarrowValueDim>)
-          : reinterpret_cast<const void*>(flash_attn_prefill_tma_kernel<__half, kNarrowKeyDim, kNarrowValueDim>);
+          ? reinterpret_cast<const void*>(
+                flash_attn_prefill_tma_kernel<__nv_bfloat16, __nv_bfloat16, kNarrowKeyDim, kNarrowValueDim>)
+          : reinterpret_cast<const void*>(flash_attn_prefill_tma_kernel<__half, __half, kNarrowKeyDim, kNarrowValueDim>);
   return runs_sm90_image(kernel, device.index);
 #else
   (void)dt, (void)head_size, (void)head_size_v, (void)device;
@@ -1161,7 +1276,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
       int device = 0;
       KBN_CUDA_CHECK(cudaGetDevice(&device));
       dispatch_float16(q.dtype(), op, "q", [&](auto t) {
-        launched = launch_hopper_prefill<decltype(t), kNarrowKeyDim, kNarrowValueDim>(
+        launched = launch_hopper_prefill<decltype(t), decltype(t), kNarrowKeyDim, kNarrowValueDim>(
             p, num_seqs, num_kv_heads_, max_query_len, key_cache.size(0), device, current_stream());
       });
     }
