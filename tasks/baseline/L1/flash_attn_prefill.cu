@@ -452,17 +452,25 @@ constexpr int kStages = kHeadDim == 256 ? 2 : 3;
 // with K released with V and K_t, V_t issued together on their own barriers.
 template <int kHeadDim>
 constexpr bool kSplitKV = kHeadDim == 256;
-// fp8 e4m3 pages (heads 64 and 128): the producer's TMA copies land as dense byte rows in a ring of their own (kSt8
-// stages), and the producer warpgroup's other three warps widen each landed tile to f16 (exact) into the 16-bit ring
-// the consumers read, whose wgmma then run in f16 (P too) with the Q tile rounded to f16 in place (bf16 models: exact
-// in f16's normal range; beyond +-65504 a score becomes inf and the output NaN, never a silently clipped value; the
-// mma.sync kernel's contract). Head 128 keeps two 16-bit stages beside two fp8 ones (Q 32 KiB + 2 x 64 + 2 x 32 KiB
-// = 224 KiB); head 64 three of each. H100 (bench/results/h100/session21/call2): head 128 291-321 TFLOP/s at 4k-16k
-// (0.59-0.62x its 16-bit pages; the mma.sync kernel this replaces for fp8: 202 at 8k), head 64 290-337 (0.82-0.87x).
-template <int kHeadDim, bool kFp8>
-constexpr int kStages16 = kFp8 && kHeadDim == 128 ? 2 : kStages<kHeadDim>;
+// fp8 e4m3 pages (heads 64 and 128): the producer's TMA copies land as dense byte rows, and the producer warpgroup's
+// other three warps widen each landed tile to f16 (exact) into the 16-bit stage the consumers read, whose wgmma then
+// run in f16 (P too) with the Q tile rounded to f16 in place (bf16 models: exact in f16's normal range; beyond
+// +-65504 a score becomes inf and the output NaN, never a silently clipped value; the mma.sync kernel's contract).
+// Head 64 lands them in a ring of their own (kStages8 stages beside the three 16-bit ones). Head 128 has no room for
+// one beside three 16-bit stages (Q 32 KiB + 3 x 64 KiB), so its tiles land in place, in the V half of their own
+// 16-bit stage (fp8 K then fp8 V, 16 KiB each): K is widened first, then V row by row, each row's 128 fp8 bytes read
+// before its f16 columns 64-127 overwrite them (columns 0-63 overwrite the fp8 K already widened). H100
+// (bench/results/h100/session21/, call 3, one binary): head 128 367-425 TFLOP/s at 4k-16k, 1.93-2.07x the mma.sync
+// kernel on the same fp8 pages and 0.77-0.78x the 16-bit pages; head 64 295-335, 1.6-1.75x (0.82-0.86x of 16-bit).
+// Two 16-bit stages beside a two-stage fp8 ring at head 128 ran at 0.59-0.62x of the 16-bit pages (call 2).
+// NOTE: the remaining 22% at head 128 is, measure first, the converters (96 threads, 24 registers, one 16-byte chunk
+// per step; the copy of tile t+3 cannot start before the stage is given back, and its widening follows) or their
+// shared-memory traffic (1.5x the tile's bytes on top of the wgmma reads).
 template <int kHeadDim>
-constexpr int kStages8 = kHeadDim == 128 ? 2 : 3;
+constexpr bool kFp8InPlace = kHeadDim == 128;
+template <int kHeadDim>
+constexpr int kStages8 = kFp8InPlace<kHeadDim> ? kStages<kHeadDim> : 3;
+constexpr int kBarConverters = 6;  // named barrier of the three converter warps
 constexpr int kConverterWarps = 3;  // warps 9-11: the producer warpgroup's warps that do not issue copies
 
 // Device-only pieces, in the Hopper device pass alone (the sm_80 pass compiles the kernel as a trap).
@@ -472,6 +480,16 @@ constexpr int kConverterWarps = 3;  // warps 9-11: the producer warpgroup's warp
 constexpr int kBarVZeroed = 1, kBarWarpGroup0 = 2, kBarTurn0 = 4;
 // 24 + 2 x 240 = 3 x 168. The fp8 converters fit in 24 with their loop not unrolled (40 + 2 x 232 spilled more).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 
 // Four e4m3 values (one 32-bit word) as two f16x2 words (exact: every e4m3 value is an f16 normal or zero).
 __device__ __forceinline__ void widen_e4m3x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
@@ -550,8 +568,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                 "16-bit pages of q's type, or fp8 e4m3 pages at heads 64 and 128");
   using M = std::conditional_t<kFp8, __half, T>;  // the wgmma's input type
   constexpr int kN = kBlockN<kHeadDim>;
-  constexpr int kSt = kStages16<kHeadDim, kFp8>;
-  constexpr int kSt8 = kStages8<kHeadDim>;  // fp8 pages only
+  constexpr int kSt = kStages<kHeadDim>;
+  constexpr bool kInPlace = kFp8 && kFp8InPlace<kHeadDim>;  // fp8 tiles land in their 16-bit stage's V half
+  constexpr bool kRing8 = kFp8 && !kInPlace;                // fp8 tiles land in a ring of their own
+  constexpr int kSt8 = kStages8<kHeadDim>;  // fp8 pages only: landing slots (kInPlace: the 16-bit stages)
   constexpr int kChunks = kHeadDim / 8;
   constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
   constexpr uint32_t kTileBytes = kN * kHeadDim * 2;            // a K tile
@@ -572,8 +592,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t kv_s = q_s + kQBytes;                        // [kStages][K tile, V tile]
   const uint32_t ring8 = kv_s + kSt * kStageBytes;            // fp8 pages: [kStages8][K tile, V tile]
   // K and V have their own barriers (K_t is released once S_t is done, V_t once P_t V_t is): [K, V][kStages] each.
-  // fp8 pages: [16-bit stages, fp8 stages] instead (kSt8 <= kSt).
-  const uint32_t full_bar = ring8 + (kFp8 ? kSt8 * kStage8Bytes : 0);  // 8 bytes each
+  // fp8 pages: [16-bit stages (widened), fp8 landing slots (landed)] instead (kSt8 <= kSt).
+  const uint32_t full_bar = ring8 + (kRing8 ? kSt8 * kStage8Bytes : 0);  // 8 bytes each
   const uint32_t empty_bar = full_bar + 2 * kSt * 8;
 
   const int tid = threadIdx.x;
@@ -585,7 +605,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // of every converter warp once it has written its share.
       mbar_init(full_bar + 8 * st, kFp8 && st < kSt ? kConverterWarps : 1);
       // Lane 0 of every consumer warp, once it is done; an fp8 stage: of every converter warp.
-      mbar_init(empty_bar + 8 * st, kFp8 && st >= kSt ? kConverterWarps : kConsumerThreads / 32);
+      mbar_init(empty_bar + 8 * st, kRing8 && st >= kSt ? kConverterWarps : kConsumerThreads / 32);
     }
     mbar_fence_init();
   }
@@ -620,13 +640,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       };
-      // fp8 pages: tile `tile` of the ring, pages [0, pages), K and V into its fp8 stage on one barrier.
+      // fp8 pages: tile `tile`, pages [0, pages), K and V into its landing slot on one barrier, once the slot is
+      // free (kInPlace: its 16-bit stage, given back by the consumers; else the converters' fp8 ring).
       auto issue8 = [&](int tile, const int* block_table, int kv_head, int n0, int pages) {
         const int s8 = tile % kSt8;
-        if (tile >= kSt8) mbar_wait(empty_bar + 8 * (kSt + s8), uint32_t((tile / kSt8 - 1) & 1));
+        if (tile >= kSt8) mbar_wait(empty_bar + 8 * (kInPlace ? s8 : kSt + s8), uint32_t((tile / kSt8 - 1) & 1));
         const uint32_t bar = full_bar + 8 * (kSt + s8);
         mbar_arrive_expect_tx(bar, uint32_t(pages * bs * (kHeadDim + kHeadDimV)));
-        const uint32_t k8 = ring8 + s8 * kStage8Bytes, v8 = k8 + kN * kHeadDim;
+        const uint32_t k8 = kInPlace ? kv_s + s8 * kStageBytes + kTileBytes : ring8 + s8 * kStage8Bytes;
+        const uint32_t v8 = k8 + kN * kHeadDim;
         for (int j = 0; j < pages; ++j) {
           const int block = block_table[n0 / bs + j];
           tma_load_4d(k8 + j * bs * kHeadDim, &k_map, bar, 0, kv_head, 0, block);
@@ -656,13 +678,34 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       if (kSplitKV<kHeadDim> && it > 0) issue(it - 1, 1, prev_table, prev_head, prev_n0, prev_pages);
-    } else if (kFp8 && tid >= kConsumerThreads + 32) {  // (16-bit pages: never)
+    } else if constexpr (kFp8) {
+      if (tid < kConsumerThreads + 32) return;  // the issuing warp's other lanes
       // Converter warps: walk the same tiles, widening each landed fp8 tile (whole rows: rows past the copied
       // pages hold earlier bytes, masked or zeroed downstream like the 16-bit path's) into its 16-bit stage once
-      // the consumers have given that back.
-      const int ctid = tid - kConsumerThreads - 32;
-      constexpr int kRowChunks = kHeadDim / 16;              // 16-byte chunks of one fp8 row
-      constexpr int kTileChunks = 2 * kN * kRowChunks;       // K then V, dense
+      // the consumers have given that back. Each warp takes 32 consecutive 16-byte chunks (whole rows) at a time.
+      const int cwarp = (tid - kConsumerThreads) / 32 - 1;
+      constexpr int kRowChunks = kHeadDim / 16;   // 16-byte chunks of one fp8 row
+      constexpr int kPartChunks = kN * kRowChunks;  // of a K (or V) tile
+      static_assert(kPartChunks % 32 == 0 && 32 % kRowChunks == 0, "whole rows per warp step");
+      // Widen chunks [base, base + 32) of part `part` (0: K, 1: V) of the landed tile at src into the stage at dst.
+      // Shared addresses as 32-bit integers (generic pointers cost the 24-register warps spills).
+      auto widen_part = [&](uint32_t src, uint32_t dst, int part) {
+#pragma unroll 1
+        for (int base = cwarp * 32; base < kPartChunks; base += kConverterWarps * 32) {
+          const int i = base + lane, r = i / kRowChunks, c = i % kRowChunks;
+          const uint4 v = ld_shared_v4(src + part * kPartChunks * 16 + i * 16);
+          // In place, row r's f16 columns 64-127 overwrite its fp8 V bytes: the warp's whole rows are read first.
+          if (kInPlace && part == 1) __syncwarp();
+          uint4 a, b;
+          widen_e4m3x4(v.x, a.x, a.y);
+          widen_e4m3x4(v.y, a.z, a.w);
+          widen_e4m3x4(v.z, b.x, b.y);
+          widen_e4m3x4(v.w, b.z, b.w);
+          const uint32_t d = dst + part * kTileBytes;
+          st_shared_v4(d + sw128_offset<kN>(r, 2 * c), a);
+          st_shared_v4(d + sw128_offset<kN>(r, 2 * c + 1), b);
+        }
+      };
       int it = 0;
       for (int k = 0; k * int(gridDim.x) < num_items; ++k) {
         const int item = snake_item(k, blockIdx.x, gridDim.x);
@@ -670,28 +713,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (item >= num_items || !load_work<kN>(p, item, num_kv_heads, num_seqs, m_tiles, w)) continue;
         for (int tile = 0; tile < w.num_tiles; ++tile, ++it) {
           const int s8 = it % kSt8, stage = it % kSt;
-          mbar_wait(full_bar + 8 * (kSt + s8), uint32_t((it / kSt8) & 1));
-          if (it >= kSt) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kSt - 1) & 1));
-          const unsigned char* src = smem_raw + (ring8 + s8 * kStage8Bytes - raw_addr);
-          unsigned char* dst = smem_raw + (kv_s + stage * kStageBytes - raw_addr);
-#pragma unroll 1
-          for (int i = ctid; i < kTileChunks; i += kConverterWarps * 32) {
-            const int part = i / (kN * kRowChunks), r = (i / kRowChunks) % kN, c = i % kRowChunks;
-            const uint4 v = *reinterpret_cast<const uint4*>(src + i * 16);
-            uint4 a, b;
-            widen_e4m3x4(v.x, a.x, a.y);
-            widen_e4m3x4(v.y, a.z, a.w);
-            widen_e4m3x4(v.z, b.x, b.y);
-            widen_e4m3x4(v.w, b.z, b.w);
-            unsigned char* d = dst + part * kTileBytes;
-            *reinterpret_cast<uint4*>(d + sw128_offset<kN>(r, 2 * c)) = a;
-            *reinterpret_cast<uint4*>(d + sw128_offset<kN>(r, 2 * c + 1)) = b;
-          }
+          mbar_wait(full_bar + 8 * (kSt + s8), uint32_t((it / kSt8) & 1));  // landed
+          // The 16-bit stage is free (in place: the producer waited for it before the copy).
+          if (!kInPlace && it >= kSt) mbar_wait(empty_bar + 8 * stage, uint32_t((it / kSt - 1) & 1));
+          const uint32_t dst = kv_s + stage * kStageBytes;
+          const uint32_t src = kInPlace ? dst + kTileBytes : ring8 + s8 * kStage8Bytes;
+          widen_part(src, dst, 0);
+          // In place, V's f16 columns 0-63 overwrite the fp8 K: every converter warp is past its reads first.
+          if constexpr (kInPlace) named_sync(kBarConverters, kConverterWarps * 32);
+          widen_part(src, dst, 1);
           fence_proxy_async_shared();  // the generic-proxy writes, before the consumers' wgmma read them
           __syncwarp();
           if (lane == 0) {
             mbar_arrive(full_bar + 8 * stage);
-            mbar_arrive(empty_bar + 8 * (kSt + s8));
+            if constexpr (kRing8) mbar_arrive(empty_bar + 8 * (kSt + s8));
           }
         }
       }
@@ -1055,7 +1090,7 @@ bool launch_hopper_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num
                          p.v_stride_slot, p.v_stride_head)))
     return false;
   // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 32 per stage: its four mbarriers.
-  constexpr int kSt = kStages16<kHeadDim, kFp8>, kSt8 = kFp8 ? kStages8<kHeadDim> : 0;
+  constexpr int kSt = kStages<kHeadDim>, kSt8 = kFp8 && !kFp8InPlace<kHeadDim> ? kStages8<kHeadDim> : 0;
   const size_t smem = (size_t(kBlockM) * kHeadDim + size_t(kSt) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV)) * 2 +
                       size_t(kSt8) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV) + 1024 + 32 * kSt;
   const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;

@@ -10,8 +10,8 @@ class FlashAttnPrefill : public Module {
   // sliding_window > 0: a query at position i sees keys i - sliding_window + 1 .. i (vLLM's
   // per_layer_sliding_window); logits_soft_cap > 0: scores become cap * tanh(score / cap). The tensor-core kernels
   // apply both (and sinks) and never read a page before a window. The pages may be fp8 e4m3 (--kv-cache-dtype
-  // fp8_e4m3, scale 1.0) whatever q's dtype: on CUDA with 16-bit q the mma.sync tensor-core kernel widens them to f16
-  // per tile in shared memory (on Hopper too: its TMA/wgmma kernel reads 16-bit pages only); f32 q, the generic kernel.
+  // fp8_e4m3, scale 1.0) whatever q's dtype: on CUDA with 16-bit q the tensor-core kernels widen them to f16 in shared
+  // memory (Hopper's TMA/wgmma kernel at heads 64 and 128, the mma.sync kernel otherwise); f32 q, the generic kernel.
   FlashAttnPrefill(int64_t num_heads, int64_t head_size, double scale, int64_t num_kv_heads, int64_t sliding_window = 0,
         double logits_soft_cap = 0);
 

@@ -485,9 +485,10 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
 // TFLOP/s, 49-62% of copy bandwidth (call6). DRAM reads equal the latent's bytes: the two 64-head tiles of a sequence
 // share them through L2. Sharing S between the warpgroups (each half the keys, maxima and P exchanged) was 0.90-0.96x
 // (call4).
-// NOTE: FlashMLA publishes 580-660 TFLOP/s on an H800. Next, measure first: P_{t-1} V_{t-1} issued behind S_t so the
-// softmax overlaps the tensor cores (bench/results/h100/session20/candidate_mla_lagged_pv.patch: built, not run), and
-// a 2-CTA cluster multicasting each tile to both head tiles (half the L2 traffic and copies per block).
+// P_{t-1} V_{t-1} issued behind S_t in warpgroup 0, so that its softmax overlaps the tensor cores, took 1.30-1.67x
+// the time (bench/results/h100/session21/, call 3: rejected).
+// NOTE: FlashMLA publishes 580-660 TFLOP/s on an H800. Next, measure first: a 2-CTA cluster multicasting each tile to
+// both head tiles (half the L2 traffic and copies per block).
 constexpr int kMlaWgRows = 64, kMlaWgThreads = 384;
 constexpr uint32_t kMlaWgQTile = kMlaWidth / 64 * kMlaWgRows * 128;  // Q: 9 blocks of 64 rows x 128 bytes, 72 KiB
 // The ring: kKeys latent rows per tile, kStages tiles. Q takes 72 KiB of the 227, so 64-key tiles fit twice and
