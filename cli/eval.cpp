@@ -654,18 +654,12 @@ void run_url(const Options& o, bool max_num_seqs_given) {
   measure_server(u, b.workload.requests);
 }
 
-void run(const Options& o, bool max_num_seqs_given) {
-  if (!o.url.empty()) return run_url(o, max_num_seqs_given);
-  // Output paths first: a typo must not cost a whole run.
+// The flags that take no model or device to check, refused before anything loads (a typo must not cost a whole
+// run). Output paths first.
+void check_run_flags(const Options& o, bool max_num_seqs_given) {
   check_output_file("--json", o.json);
   check_output_file("--csv", o.csv);
-  Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
-  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
-            cuda_device_count(), " CUDA devices visible)");
   KBN_CHECK(o.mode == "eager" || o.mode == "graph", "--mode: expected eager or graph, got '", o.mode, "'");
-  const engine::ExecutionMode mode = engine::parse_execution_mode(o.mode);
-  KBN_CHECK(mode == engine::ExecutionMode::eager || device.is_cuda(),
-            "--mode graph: CUDA graphs need a CUDA device; got ", device.str(), " (use --mode eager)");
   KBN_CHECK(o.num_requests >= 0, "--num-requests: expected a count >= 1, got ", o.num_requests);
   KBN_CHECK(o.scale >= 0, "--scale: expected a factor > 0, got ", o.scale);
   KBN_CHECK(o.max_num_batched_tokens >= 0, "--max-num-batched-tokens: expected >= 1 (0 = the device's default), got ",
@@ -676,7 +670,20 @@ void run(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(o.num_kv_blocks >= 0, "--num-kv-blocks: expected >= 1 (0 = sized automatically), got ", o.num_kv_blocks);
   KBN_CHECK(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1,
             "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
+  KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
+  KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
+            "--admission: expected reserve or optimistic, got '", o.admission, "'");
+}
 
+// One measured run: a variant with a KV cache dtype, under its name in the output.
+struct Pass {
+  Variant variant;
+  std::string kv_cache_dtype, name;
+};
+
+// The runs: each variant with --kv-cache-dtype, or (--compare-kv-cache-dtype) the baseline with the model's dtype in
+// its pages, then with --kv-cache-dtype's, aligned like a candidate with its baseline.
+std::vector<Pass> select_passes(const Options& o) {
   std::vector<Variant> variants;
   if (o.variant.empty()) {
     variants = candidate_built() ? std::vector<Variant>{Variant::baseline, Variant::candidate}
@@ -691,12 +698,6 @@ void run(const Options& o, bool max_num_seqs_given) {
   } else {
     KBN_FAIL("--variant: expected baseline, candidate or both, got '", o.variant, "'");
   }
-  // The runs: each variant with --kv-cache-dtype, or (--compare-kv-cache-dtype) the baseline with the model's dtype
-  // in its pages, then with --kv-cache-dtype's, aligned like a candidate with its baseline.
-  struct Pass {
-    Variant variant;
-    std::string kv_cache_dtype, name;
-  };
   std::vector<Pass> passes;
   if (o.compare_kv_cache_dtype) {
     const std::optional<DType> kv = parse_kv_cache_dtype(o.kv_cache_dtype, "--kv-cache-dtype");
@@ -710,21 +711,91 @@ void run(const Options& o, bool max_num_seqs_given) {
   } else {
     for (Variant v : variants) passes.push_back({v, o.kv_cache_dtype, variant_name(v)});
   }
+  return passes;
+}
 
+// The weights' dtype: --dtype, else the model's default on the device.
+DType select_dtype(const Options& o, const engine::ModelSpec& spec, Device device) {
+  if (o.dtype.empty()) return engine::default_dtype(spec, device);
+  DType dtype = DType::u8;  // refused just below, with the flag's name
+  try {
+    dtype = parse_dtype(o.dtype);
+  } catch (const Error&) {
+  }
+  KBN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
+            "--dtype: expected f32, bf16 or f16, got '", o.dtype, "'");
+  return dtype;
+}
+
+// The prompt and output lengths of a workload's requests.
+struct WorkloadStats {
+  int64_t prompt_tokens = 0, output_tokens = 0, in_min = INT64_MAX, in_max = 0, out_min = INT64_MAX, out_max = 0;
+  double requests = 1;  // at least 1, for the means
+};
+
+WorkloadStats workload_stats(const engine::Workload& workload) {
+  WorkloadStats w;
+  for (const auto& r : workload.requests) {
+    const int64_t in = int64_t(r.prompt.size()), out = r.sampling.max_tokens;
+    w.prompt_tokens += in;
+    w.output_tokens += out;
+    w.in_min = std::min(w.in_min, in);
+    w.in_max = std::max(w.in_max, in);
+    w.out_min = std::min(w.out_min, out);
+    w.out_max = std::max(w.out_max, out);
+  }
+  w.requests = double(std::max<size_t>(workload.requests.size(), 1));
+  return w;
+}
+
+engine::EngineConfig engine_config(const Options& o, const engine::WorkloadSpec& wspec, Device device,
+                                   int64_t max_model_len, bool max_num_seqs_given) {
+  engine::EngineConfig ecfg;
+  ecfg.block_size = o.block_size;
+  ecfg.num_kv_blocks = o.num_kv_blocks;
+  const BatchDefaults batch = batch_defaults(device);
+  ecfg.max_num_batched_tokens = o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens : batch.max_num_batched_tokens;
+  ecfg.max_num_seqs =
+      max_num_seqs_given ? o.max_num_seqs : (wspec.max_num_seqs > 0 ? wspec.max_num_seqs : batch.max_num_seqs);
+  ecfg.max_model_len = max_model_len;
+  ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
+  ecfg.mode = engine::parse_execution_mode(o.mode);
+  ecfg.profile_steps = o.step_profile;
+  ecfg.check_finite = o.check_finite;
+  ecfg.enable_prefix_caching = !o.no_prefix_caching;
+  ecfg.reserve_max_tokens = o.admission == "reserve";
+  return ecfg;
+}
+
+// What every pass of one eval shares: the model, the device, the workload and the engine's configuration.
+struct EvalSetup {
+  const Options& o;
+  Device device;
+  engine::ModelSpec spec;
+  ParamOptions popts;
+  int64_t max_model_len = 0;
+  BuiltWorkload built;
+  WorkloadStats stats;
+  engine::EngineConfig ecfg;      // kv_cache_dtype set per pass
+  std::optional<DType> kv_dtype;  // --kv-cache-dtype's pages (nullopt: the model's dtype)
+  int64_t wave = 0;               // requests sent in waves of this many (0: all at once)
+  const engine::Workload& workload() const { return built.workload; }
+  const engine::WorkloadSpec& wspec() const { return built.workload.spec; }
+};
+
+// Resolves the device, the model, the dtype, the workload and the engine's configuration, checking the flags that
+// depend on them.
+EvalSetup make_setup(const Options& o, bool max_num_seqs_given) {
+  const Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
+  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
+            cuda_device_count(), " CUDA devices visible)");
+  KBN_CHECK(engine::parse_execution_mode(o.mode) == engine::ExecutionMode::eager || device.is_cuda(),
+            "--mode graph: CUDA graphs need a CUDA device; got ", device.str(), " (use --mode eager)");
+  KBN_CHECK(!o.kernel_trace || device.is_cuda(), "--kernel-trace: needs a CUDA device (CUPTI), got ", device.str());
   engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
   if (!o.weights.empty()) spec.weights_path = o.weights;
   engine::check_architecture_served(spec);
-  DType dtype = engine::default_dtype(spec, device);
-  if (!o.dtype.empty()) {
-    try {
-      dtype = parse_dtype(o.dtype);
-    } catch (const Error&) {
-      dtype = DType::u8;  // refused just below, with the flag's name
-    }
-    KBN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,
-              "--dtype: expected f32, bf16 or f16, got '", o.dtype, "'");
-  }
-  ParamOptions popts{dtype, device};
+  const ParamOptions popts{select_dtype(o, spec, device), device};
   const int64_t max_pos = engine::max_positions(spec);
   const int64_t max_model_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
   KBN_CHECK(max_model_len >= 2 && max_model_len <= max_pos, "--max-model-len: expected 2..", max_pos,
@@ -735,318 +806,333 @@ void run(const Options& o, bool max_num_seqs_given) {
       std::filesystem::is_regular_file(std::filesystem::path(o.weights) / "tokenizer.json"))
     tok_path = (std::filesystem::path(o.weights) / "tokenizer.json").string();
   if (tok_path.empty()) tok_path = spec.tokenizer_path;
-  const BuiltWorkload built =
+  BuiltWorkload built =
       build_workload(o, spec.config.language_model().get_int("vocab_size"), max_model_len, device.is_cpu(), tok_path);
-  const engine::Workload& workload = built.workload;
-  const engine::WorkloadOptions& wo = built.options;
-  const std::string& shrunk = built.shrunk;
-  const bool custom = built.custom;
-  const engine::WorkloadSpec& wspec = workload.spec;
-
-  engine::EngineConfig ecfg;
-  ecfg.block_size = o.block_size;
-  ecfg.num_kv_blocks = o.num_kv_blocks;
-  const BatchDefaults batch = batch_defaults(device);
-  ecfg.max_num_batched_tokens = o.max_num_batched_tokens > 0 ? o.max_num_batched_tokens : batch.max_num_batched_tokens;
-  ecfg.max_num_seqs =
-      max_num_seqs_given ? o.max_num_seqs : (wspec.max_num_seqs > 0 ? wspec.max_num_seqs : batch.max_num_seqs);
-  ecfg.max_model_len = max_model_len;
-  ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
-  ecfg.mode = mode;
-  ecfg.profile_steps = o.step_profile;
-  ecfg.check_finite = o.check_finite;
-  ecfg.enable_prefix_caching = !o.no_prefix_caching;
+  const engine::EngineConfig ecfg = engine_config(o, built.workload.spec, device, max_model_len, max_num_seqs_given);
   const std::optional<DType> kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype, "--kv-cache-dtype");
-  KBN_CHECK(!o.kernel_trace || device.is_cuda(), "--kernel-trace: needs a CUDA device (CUPTI), got ", device.str());
-  KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
-  KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
-            "--admission: expected reserve or optimistic, got '", o.admission, "'");
-  ecfg.reserve_max_tokens = o.admission == "reserve";
 
   if (o.num_kv_blocks > 0) {
     int64_t largest = 0;  // tokens of the longest request
-    for (const auto& r : workload.requests)
+    for (const auto& r : built.workload.requests)
       largest = std::max(largest, std::min(int64_t(r.prompt.size()) + r.sampling.max_tokens, max_model_len));
     const int64_t need = (largest + o.block_size - 1) / o.block_size;
     KBN_CHECK(need <= o.num_kv_blocks, "--num-kv-blocks: the longest request (", largest, " tokens) needs ", need,
               " blocks of ", o.block_size, " tokens; got ", o.num_kv_blocks);
   }
+  const WorkloadStats stats = workload_stats(built.workload);
+  const int64_t wave = built.workload.spec.max_num_seqs > 0 ? ecfg.max_num_seqs : 0;
+  return EvalSetup{o, device, std::move(spec), popts, max_model_len, std::move(built), stats, ecfg, kv_dtype, wave};
+}
 
-  int64_t prompt_tokens = 0, output_tokens = 0, in_min = INT64_MAX, in_max = 0, out_min = INT64_MAX, out_max = 0;
-  for (const auto& r : workload.requests) {
-    const int64_t in = int64_t(r.prompt.size()), out = r.sampling.max_tokens;
-    prompt_tokens += in;
-    output_tokens += out;
-    in_min = std::min(in_min, in);
-    in_max = std::max(in_max, in);
-    out_min = std::min(out_min, out);
-    out_max = std::max(out_max, out);
-  }
-  const double n = double(std::max<size_t>(workload.requests.size(), 1));
+void print_setup(const EvalSetup& e) {
+  const Options& o = e.o;
+  const WorkloadStats& w = e.stats;
+  const engine::EngineConfig& ecfg = e.ecfg;
   const std::string weights =
-      spec.weights_path.empty() ? "random weights (seed " + std::to_string(o.seed) + ")" : spec.weights_path;
-  std::printf("kb_nano eval: workload %s (%s) on %s\n", wspec.name.c_str(), wspec.description.c_str(),
-              spec.name.c_str());
-  std::printf("  %s %s, %s, %s\n", device.str().c_str(), device_name(device).c_str(), dtype_name(popts.dtype),
+      e.spec.weights_path.empty() ? "random weights (seed " + std::to_string(o.seed) + ")" : e.spec.weights_path;
+  std::printf("kb_nano eval: workload %s (%s) on %s\n", e.wspec().name.c_str(), e.wspec().description.c_str(),
+              e.spec.name.c_str());
+  std::printf("  %s %s, %s, %s\n", e.device.str().c_str(), device_name(e.device).c_str(), dtype_name(e.popts.dtype),
               weights.c_str());
   std::printf("  %zu requests: prompt %lld..%lld (mean %.1f), output %lld..%lld (mean %.1f) tokens, greedy, seed %llu",
-              workload.requests.size(), (long long)in_min, (long long)in_max, double(prompt_tokens) / n,
-              (long long)out_min, (long long)out_max, double(output_tokens) / n, (unsigned long long)o.seed);
-  if (workload.clipped > 0)
-    std::printf("; %lld clipped to max_model_len %lld", (long long)workload.clipped, (long long)max_model_len);
+              e.workload().requests.size(), (long long)w.in_min, (long long)w.in_max,
+              double(w.prompt_tokens) / w.requests, (long long)w.out_min, (long long)w.out_max,
+              double(w.output_tokens) / w.requests, (unsigned long long)o.seed);
+  if (e.workload().clipped > 0)
+    std::printf("; %lld clipped to max_model_len %lld", (long long)e.workload().clipped, (long long)e.max_model_len);
   std::printf("\n");
-  if (!shrunk.empty())
-    std::printf("  CPU run, shrunk:%s; --num-requests%s give the %s workload\n", shrunk.c_str(),
-                custom ? "" : " and --scale 1", custom ? "whole" : "canonical");
+  if (!e.built.shrunk.empty())
+    std::printf("  CPU run, shrunk:%s; --num-requests%s give the %s workload\n", e.built.shrunk.c_str(),
+                e.built.custom ? "" : " and --scale 1", e.built.custom ? "whole" : "canonical");
   std::printf("  engine: %s, block size %lld, max_num_batched_tokens %lld, max_num_seqs %lld, max_model_len %lld%s\n",
               o.mode.c_str(), (long long)ecfg.block_size, (long long)ecfg.max_num_batched_tokens,
               (long long)ecfg.max_num_seqs, (long long)ecfg.max_model_len,
-              kv_dtype ? (std::string(", KV cache ") +
-                          (o.compare_kv_cache_dtype ? std::string(dtype_name(popts.dtype)) + ", then " : "") +
-                          dtype_name(*kv_dtype)).c_str()
-                       : "");
+              e.kv_dtype ? (std::string(", KV cache ") +
+                            (o.compare_kv_cache_dtype ? std::string(dtype_name(e.popts.dtype)) + ", then " : "") +
+                            dtype_name(*e.kv_dtype)).c_str()
+                         : "");
   std::printf("  admission %s, prefix caching %s\n",
               ecfg.reserve_max_tokens ? "reserving every running request's max_tokens (no preemption)"
                                       : "optimistic (vLLM's; preemption by recompute)",
               ecfg.enable_prefix_caching ? "on" : "off");
-  const int64_t wave = wspec.max_num_seqs > 0 ? ecfg.max_num_seqs : 0;
-  if (wave > 0)
-    std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)wave);
+  if (e.wave > 0)
+    std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)e.wave);
   std::fflush(stdout);
+}
 
-  // The serial floor: the model's per-step work from its shapes (one rank's under --tp), and the rates, measured
-  // here before the weights and the KV cache take the device's memory.
-  const ModelView floor_view =
-      ModelView::from(spec.name, std::make_shared<const ModelConfig>(spec.config.language_model()), o.tp);
-  auto floor_model_for = [&](const std::string& kv_cache_dtype) {
-    const std::optional<DType> kv = parse_kv_cache_dtype(kv_cache_dtype, "--kv-cache-dtype");
-    return engine::FloorModel(floor_view, int64_t(dtype_size(popts.dtype)),
-                              int64_t(dtype_size(kv.value_or(popts.dtype))));
-  };
+// The serial floor's rates, measured here before the weights and the KV cache take the device's memory, or why there
+// are none.
+FloorSetup measure_floor_setup(Device device, DType dtype) {
   FloorSetup floor_setup;
   if (!device.is_cuda()) {
     floor_setup.unavailable = "CPU run: no GPU rates to take the floor at";
-  } else if (popts.dtype != DType::bf16 && popts.dtype != DType::f16) {
-    floor_setup.unavailable = std::string("--dtype ") + dtype_name(popts.dtype) +
-                              ": the floor's GEMM rate is the measured bf16 tensor-core rate, which " +
-                              dtype_name(popts.dtype) + " GEMMs do not reach";
-  } else {
-    std::printf("  measuring the serial floor's rates (copy bandwidth, bf16 GEMM) on %s...\n", device.str().c_str());
-    std::fflush(stdout);
-    {
-      const DeviceGuard guard(device);
-      const bench::Ceilings c = bench::measure_ceilings();
-      floor_setup.rates = engine::FloorRates{c.copy_gb_per_s * 1e9, c.bf16_tflop_per_s * 1e12};
-    }
-    // The GEMM's operands went through the caching allocator: give them back before the KV cache is sized.
-    cuda_empty_cache();
-    std::printf("  copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", floor_setup.rates->copy_bytes_per_s / 1e9,
-                floor_setup.rates->gemm_flop_per_s / 1e12);
+    return floor_setup;
   }
+  if (dtype != DType::bf16 && dtype != DType::f16) {
+    floor_setup.unavailable = std::string("--dtype ") + dtype_name(dtype) +
+                              ": the floor's GEMM rate is the measured bf16 tensor-core rate, which " +
+                              dtype_name(dtype) + " GEMMs do not reach";
+    return floor_setup;
+  }
+  std::printf("  measuring the serial floor's rates (copy bandwidth, bf16 GEMM) on %s...\n", device.str().c_str());
+  std::fflush(stdout);
+  {
+    const DeviceGuard guard(device);
+    const bench::Ceilings c = bench::measure_ceilings();
+    floor_setup.rates = engine::FloorRates{c.copy_gb_per_s * 1e9, c.bf16_tflop_per_s * 1e12};
+  }
+  // The GEMM's operands went through the caching allocator: give them back before the KV cache is sized.
+  cuda_empty_cache();
+  std::printf("  copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s\n", floor_setup.rates->copy_bytes_per_s / 1e9,
+              floor_setup.rates->gemm_flop_per_s / 1e12);
+  return floor_setup;
+}
 
-  // Tensor parallel: one rank thread per GPU (or CPU rank), kept for every variant.
+// One pass: its model (the same seed for every pass: the same weights) and engine, a warm-up request outside the
+// timed run, then the workload, with its serial floor at `rates` when there are some.
+VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorModel& floor_model,
+                    const std::optional<engine::FloorRates>& rates, engine::TensorParallelGroup* group) {
+  VariantRun run;
+  run.name = pass.name;
+  run.kv_cache_dtype = pass.kv_cache_dtype;
+  engine::EngineConfig ecfg = e.ecfg;
+  ecfg.kv_cache_dtype = pass.kv_cache_dtype;
+  std::unique_ptr<CausalLM> model;
+  std::vector<std::unique_ptr<CausalLM>> shards;
+  std::unique_ptr<engine::LLMEngine> engine_ptr;
+  if (!group) {
+    model = engine::build_model(e.spec, pass.variant, e.popts, e.o.seed);
+    engine_ptr = std::make_unique<engine::LLMEngine>(*model, pass.variant, e.device, ecfg);
+  } else {
+    shards = engine::build_model_shards(e.spec, pass.variant, e.popts, e.o.seed, *group);
+    std::vector<CausalLM*> ptrs;
+    for (auto& m : shards) ptrs.push_back(m.get());
+    engine_ptr = std::make_unique<engine::LLMEngine>(ptrs, *group, pass.variant, ecfg);
+  }
+  engine::LLMEngine& eng = *engine_ptr;
+  run.sizing = eng.kv_cache_sizing();
+  KBN_CHECK(eng.runner().kv_bytes_per_token() == floor_model.kv_bytes_per_token(), "eval: the serial floor counts ",
+            floor_model.kv_bytes_per_token(), " KV bytes per token for ", e.spec.name, " but its paged layers hold ",
+            eng.runner().kv_bytes_per_token(), " (engine/serial_floor.cpp and the model's cache specs disagree)");
+  std::printf("  [%s] KV cache: %s\n", run.name.c_str(), run.sizing.explanation.c_str());
+  if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
+    run.graph_sizes = graphs->sizes();
+    run.graph_capture_s = graphs->capture_seconds();
+    run.graph_capture_bytes = graphs->capture_bytes();
+    std::printf("  [%s] CUDA graphs: %zu decode batch sizes (%lld..%lld) captured in %.2f s, %.1f MiB\n",
+                run.name.c_str(), run.graph_sizes.size(), (long long)run.graph_sizes.front(),
+                (long long)run.graph_sizes.back(), run.graph_capture_s,
+                double(run.graph_capture_bytes) / double(1 << 20));
+  }
+  std::fflush(stdout);
+  // Warm-up outside the timed run: the first step of a process pays one-time costs (library handles, kernel
+  // loading, first allocations).
+  engine::Request warm;
+  warm.id = -1;
+  warm.prompt.assign(size_t(std::min<int64_t>(16, e.max_model_len - 4)), 1);
+  warm.sampling.max_tokens = 4;
+  warm.sampling.ignore_eos = true;
+  eng.run_to_completion({warm});
+  Progress progress(run.name.c_str());
+  const int64_t graph_steps_before = eng.runner().num_graph_steps();
+  const auto flushes = [&] {
+    return e.device.is_cuda() ? int64_t(cuda_allocator_stats(e.device.index).num_cache_flushes) : int64_t(0);
+  };
+  const int64_t flushes_before = flushes();
+  std::unique_ptr<engine::KernelTracer> tracer;
+  if (e.o.kernel_trace) tracer = std::make_unique<engine::KernelTracer>();
+  run.result = run_workload(eng, e.workload().requests, e.wave, progress);
+  if (tracer) {
+    run.trace = tracer->stop();
+    run.traced = true;
+  }
+  run.metrics = run.result.metrics();
+  run.graph_steps = eng.runner().num_graph_steps() - graph_steps_before;
+  run.cache_flushes = flushes() - flushes_before;
+  if (rates) run.floor = engine::serial_floor(floor_model, run.result.step_shapes, *rates);
+  return run;
+}
+
+// Two passes' greedy outputs compared and, when asked and possible, their first divergences scored by the baseline.
+struct AlignmentReport {
+  engine::Alignment al;
+  engine::DivergenceSummary div;
+  bool div_scored = false;
+};
+
+AlignmentReport align_runs(const EvalSetup& e, const std::vector<VariantRun>& runs, bool tensor_parallel) {
+  AlignmentReport a;
+  std::vector<std::vector<int64_t>> prompts, base, cand;
+  for (size_t i = 0; i < e.workload().requests.size(); ++i) {
+    prompts.push_back(e.workload().requests[i].prompt);
+    base.push_back(runs[0].result.outputs[i].tokens);
+    cand.push_back(runs[1].result.outputs[i].tokens);
+  }
+  a.al = engine::align(base, cand);
+  const engine::Alignment& al = a.al;
+  std::printf(
+      "\ngreedy alignment, %s vs %s: %lld/%lld requests identical (%.1f%%); matching prefix mean %.1f "
+      "tokens (%.1f%% of the baseline output), min %lld\n",
+      runs[1].name.c_str(), runs[0].name.c_str(), (long long)al.exact, (long long)al.requests,
+      al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0, al.mean_prefix, 100.0 * al.mean_prefix_frac,
+      (long long)al.min_prefix);
+  if (al.exact < al.requests && e.o.divergence_samples > 0 && !tensor_parallel) {
+    // The baseline model again (same seed, same weights), alone on the device, judges the first divergences.
+    std::unique_ptr<CausalLM> model = engine::build_model(e.spec, Variant::baseline, e.popts, e.o.seed);
+    a.div = engine::analyse_divergences(*model, e.device, Variant::baseline, prompts, base, cand,
+                                        e.o.divergence_samples, e.ecfg.max_num_batched_tokens);
+    a.div_scored = true;
+    const engine::DivergenceSummary& div = a.div;
+    std::printf(
+        "first divergences as the baseline sees them (%lld scored of %lld diverged requests; teacher-forced on the "
+        "common prefix): its logit for its own token minus the candidate's, median %.4g (%.3g stds of its logits), "
+        "max %.4g (%.3g stds); the candidate's token was the baseline's first or second choice in %.1f%%\n",
+        (long long)div.scored, (long long)div.diverged, div.median_margin, div.median_margin_over_std, div.max_margin,
+        div.max_margin_over_std, 100.0 * div.rank2_fraction);
+  } else if (al.exact < al.requests && tensor_parallel) {
+    std::printf("first divergences: not scored under --tp > 1 (the judging rerun needs the whole model on one device)\n");
+  }
+  return a;
+}
+
+nlohmann::json alignment_json(const AlignmentReport& a) {
+  const engine::Alignment& al = a.al;
+  nlohmann::json j = {{"requests", al.requests},
+                      {"exact_match", al.exact},
+                      {"exact_match_rate", al.requests ? double(al.exact) / double(al.requests) : 0.0},
+                      {"mean_matching_prefix", al.mean_prefix},
+                      {"mean_matching_prefix_fraction", al.mean_prefix_frac},
+                      {"min_matching_prefix", al.min_prefix},
+                      {"matching_prefix", al.prefix}};
+  if (a.div_scored) {
+    const engine::DivergenceSummary& div = a.div;
+    nlohmann::json samples = nlohmann::json::array();
+    for (const auto& d : div.samples)
+      samples.push_back({{"request", d.request},
+                         {"position", d.position},
+                         {"baseline_token", d.baseline_token},
+                         {"candidate_token", d.candidate_token},
+                         {"margin", d.margin},
+                         {"logit_std", d.logit_std},
+                         {"top_gap", d.top_gap},
+                         {"candidate_rank", d.candidate_rank}});
+    j["divergences"] = {{"diverged", div.diverged},
+                        {"scored", div.scored},
+                        {"median_margin", div.median_margin},
+                        {"max_margin", div.max_margin},
+                        {"median_margin_over_std", div.median_margin_over_std},
+                        {"max_margin_over_std", div.max_margin_over_std},
+                        {"rank2_fraction", div.rank2_fraction},
+                        {"samples", samples}};
+  }
+  return j;
+}
+
+void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const FloorSetup& floor_setup,
+                const AlignmentReport* alignment, const std::string& tp_collectives) {
+  const Options& o = e.o;
+  const engine::EngineConfig& ecfg = e.ecfg;
+  const WorkloadStats& w = e.stats;
+  const BuildInfo& b = build_info();
+  nlohmann::json j;
+  j["provenance"] = {{"commit", b.git_commit},
+                     {"build_type", b.build_type},
+                     {"with_cuda", b.with_cuda},
+                     {"cuda_version", b.cuda_version},
+                     {"gencode", b.cuda_flags},
+                     {"device", e.device.str()},
+                     {"device_name", device_name(e.device)},
+                     {"date", utc_now()},
+                     {"command_line", command_line()},
+                     {"seed", o.seed}};
+  j["config"] = {{"model", e.spec.name},
+                 {"config_path", e.spec.config_path},
+                 {"weights", e.spec.weights_path.empty() ? "random" : e.spec.weights_path},
+                 {"dtype", dtype_name(e.popts.dtype)},
+                 {"mode", o.mode},
+                 {"workload", e.wspec().name},
+                 {"workload_description", e.wspec().description},
+                 {"num_requests", int64_t(e.workload().requests.size())},
+                 {"scale", e.built.options.scale},
+                 {"clipped_requests", e.workload().clipped},
+                 {"block_size", ecfg.block_size},
+                 {"prefix_caching", ecfg.enable_prefix_caching},
+                 {"kv_cache_dtype", o.kv_cache_dtype},
+                 {"compare_kv_cache_dtype", o.compare_kv_cache_dtype},
+                 {"admission", o.admission},
+                 {"reserve_max_tokens", ecfg.reserve_max_tokens},
+                 {"num_kv_blocks_requested", o.num_kv_blocks},
+                 {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
+                 {"max_num_seqs", ecfg.max_num_seqs},
+                 {"tp", o.tp},
+                 {"tp_collectives", tp_collectives},
+                 {"wave_size", e.wave},
+                 {"max_model_len", ecfg.max_model_len},
+                 {"gpu_memory_utilization", ecfg.gpu_memory_utilization}};
+  j["workload"] = {
+      {"prompt_tokens", w.prompt_tokens},
+      {"output_tokens", w.output_tokens},
+      {"prompt_len", {{"min", w.in_min}, {"max", w.in_max}, {"mean", double(w.prompt_tokens) / w.requests}}},
+      {"output_len", {{"min", w.out_min}, {"max", w.out_max}, {"mean", double(w.output_tokens) / w.requests}}}};
+  for (const auto& r : runs) {
+    nlohmann::json& jr = j["results"][r.name];
+    jr = metrics_json(r);
+    jr["serial_floor"] = serial_floor_json(r, floor_setup);
+    jr["kv_cache_dtype"] = r.kv_cache_dtype;
+    if (o.step_profile) jr["step_profile"] = step_profile_json(r.result.profile);
+    if (r.traced) jr["kernel_trace"] = kernel_trace_json(r.trace);
+  }
+  if (alignment) j["alignment"] = alignment_json(*alignment);
+  std::ofstream out(o.json);
+  KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
+  out << j.dump(2) << "\n";
+}
+
+void run(const Options& o, bool max_num_seqs_given) {
+  if (!o.url.empty()) return run_url(o, max_num_seqs_given);
+  check_run_flags(o, max_num_seqs_given);
+  const std::vector<Pass> passes = select_passes(o);
+  const EvalSetup e = make_setup(o, max_num_seqs_given);
+  print_setup(e);
+
+  // The serial floor: the model's per-step work from its shapes (one rank's under --tp) at the measured rates.
+  const ModelView floor_view =
+      ModelView::from(e.spec.name, std::make_shared<const ModelConfig>(e.spec.config.language_model()), o.tp);
+  const FloorSetup floor_setup = measure_floor_setup(e.device, e.popts.dtype);
+
+  // Tensor parallel: one rank thread per GPU (or CPU rank), kept for every pass.
   std::unique_ptr<engine::TensorParallelGroup> group;
   if (o.tp > 1) {
-    group = std::make_unique<engine::TensorParallelGroup>(o.tp, device);
+    group = std::make_unique<engine::TensorParallelGroup>(o.tp, e.device);
     std::printf("  tensor parallel %d: %s; collectives: %s\n", o.tp,
-                device.is_cpu() ? "CPU ranks" : "rank r on cuda:r", group->collectives().c_str());
-    if (spec.weights_path.empty())
+                e.device.is_cpu() ? "CPU ranks" : "rank r on cuda:r", group->collectives().c_str());
+    if (e.spec.weights_path.empty())
       std::printf("  note: random weights are drawn per shard, so --tp %d is a different random model from --tp 1\n",
                   o.tp);
   }
   std::vector<VariantRun> runs;
   for (const Pass& pass : passes) {
-    const Variant v = pass.variant;
-    VariantRun run;
-    run.name = pass.name;
-    run.kv_cache_dtype = pass.kv_cache_dtype;
-    ecfg.kv_cache_dtype = pass.kv_cache_dtype;
-    const engine::FloorModel floor_model = floor_model_for(pass.kv_cache_dtype);
-    {
-      // Same seed for every variant: the same weights (a checkpoint is the same anyway).
-      std::unique_ptr<CausalLM> model;
-      std::vector<std::unique_ptr<CausalLM>> shards;
-      std::unique_ptr<engine::LLMEngine> engine_ptr;
-      if (!group) {
-        model = engine::build_model(spec, v, popts, o.seed);
-        engine_ptr = std::make_unique<engine::LLMEngine>(*model, v, device, ecfg);
-      } else {
-        shards = engine::build_model_shards(spec, v, popts, o.seed, *group);
-        std::vector<CausalLM*> ptrs;
-        for (auto& m : shards) ptrs.push_back(m.get());
-        engine_ptr = std::make_unique<engine::LLMEngine>(ptrs, *group, v, ecfg);
-      }
-      engine::LLMEngine& eng = *engine_ptr;
-      run.sizing = eng.kv_cache_sizing();
-      KBN_CHECK(eng.runner().kv_bytes_per_token() == floor_model.kv_bytes_per_token(), "eval: the serial floor counts ",
-                floor_model.kv_bytes_per_token(), " KV bytes per token for ", spec.name, " but its paged layers hold ",
-                eng.runner().kv_bytes_per_token(), " (engine/serial_floor.cpp and the model's cache specs disagree)");
-      std::printf("  [%s] KV cache: %s\n", run.name.c_str(), run.sizing.explanation.c_str());
-      if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
-        run.graph_sizes = graphs->sizes();
-        run.graph_capture_s = graphs->capture_seconds();
-        run.graph_capture_bytes = graphs->capture_bytes();
-        std::printf("  [%s] CUDA graphs: %zu decode batch sizes (%lld..%lld) captured in %.2f s, %.1f MiB\n",
-                    run.name.c_str(), run.graph_sizes.size(), (long long)run.graph_sizes.front(),
-                    (long long)run.graph_sizes.back(), run.graph_capture_s,
-                    double(run.graph_capture_bytes) / double(1 << 20));
-      }
-      std::fflush(stdout);
-      // Warm-up outside the timed run: the first step of a process pays one-time costs (library handles,
-      // kernel loading, first allocations).
-      engine::Request warm;
-      warm.id = -1;
-      warm.prompt.assign(size_t(std::min<int64_t>(16, max_model_len - 4)), 1);
-      warm.sampling.max_tokens = 4;
-      warm.sampling.ignore_eos = true;
-      eng.run_to_completion({warm});
-      Progress progress(run.name.c_str());
-      const int64_t graph_steps_before = eng.runner().num_graph_steps();
-      const auto flushes = [&] {
-        return device.is_cuda() ? int64_t(cuda_allocator_stats(device.index).num_cache_flushes) : int64_t(0);
-      };
-      const int64_t flushes_before = flushes();
-      std::unique_ptr<engine::KernelTracer> tracer;
-      if (o.kernel_trace) tracer = std::make_unique<engine::KernelTracer>();
-      run.result = run_workload(eng, workload.requests, wave, progress);
-      if (tracer) {
-        run.trace = tracer->stop();
-        run.traced = true;
-      }
-      run.metrics = run.result.metrics();
-      run.graph_steps = eng.runner().num_graph_steps() - graph_steps_before;
-      run.cache_flushes = flushes() - flushes_before;
-      if (floor_setup.rates) run.floor = engine::serial_floor(floor_model, run.result.step_shapes, *floor_setup.rates);
-    }
-    // The next variant's model and cache get the whole device.
-    if (device.is_cuda()) cuda_empty_cache();
-    runs.push_back(std::move(run));
+    const std::optional<DType> kv = parse_kv_cache_dtype(pass.kv_cache_dtype, "--kv-cache-dtype");
+    const engine::FloorModel floor_model(floor_view, int64_t(dtype_size(e.popts.dtype)),
+                                         int64_t(dtype_size(kv.value_or(e.popts.dtype))));
+    runs.push_back(run_pass(e, pass, floor_model, floor_setup.rates, group.get()));
+    // The next pass's model and cache get the whole device.
+    if (e.device.is_cuda()) cuda_empty_cache();
   }
 
   std::printf("\n");
   print_table(runs);
   print_serial_floor(runs, floor_setup);
   if (o.step_profile)
-    for (const auto& r : runs) print_step_profile(r, device);
+    for (const auto& r : runs) print_step_profile(r, e.device);
   for (const auto& r : runs)
     if (r.traced) print_kernel_trace(r);
-  engine::Alignment al;
-  engine::DivergenceSummary div;
-  bool div_scored = false;
-  if (runs.size() == 2) {
-    std::vector<std::vector<int64_t>> prompts, base, cand;
-    for (size_t i = 0; i < workload.requests.size(); ++i) {
-      prompts.push_back(workload.requests[i].prompt);
-      base.push_back(runs[0].result.outputs[i].tokens);
-      cand.push_back(runs[1].result.outputs[i].tokens);
-    }
-    al = engine::align(base, cand);
-    std::printf(
-        "\ngreedy alignment, %s vs %s: %lld/%lld requests identical (%.1f%%); matching prefix mean %.1f "
-        "tokens (%.1f%% of the baseline output), min %lld\n",
-        runs[1].name.c_str(), runs[0].name.c_str(), (long long)al.exact, (long long)al.requests,
-        al.requests ? 100.0 * double(al.exact) / double(al.requests) : 0.0,
-        al.mean_prefix, 100.0 * al.mean_prefix_frac, (long long)al.min_prefix);
-    if (al.exact < al.requests && o.divergence_samples > 0 && !group) {
-      // The baseline model again (same seed, same weights), alone on the device, judges the first divergences.
-      std::unique_ptr<CausalLM> model = engine::build_model(spec, Variant::baseline, popts, o.seed);
-      div = engine::analyse_divergences(*model, device, Variant::baseline, prompts, base, cand, o.divergence_samples,
-                                        ecfg.max_num_batched_tokens);
-      div_scored = true;
-      std::printf(
-          "first divergences as the baseline sees them (%lld scored of %lld diverged requests; teacher-forced on the "
-          "common prefix): its logit for its own token minus the candidate's, median %.4g (%.3g stds of its logits), "
-          "max %.4g (%.3g stds); the candidate's token was the baseline's first or second choice in %.1f%%\n",
-          (long long)div.scored, (long long)div.diverged, div.median_margin, div.median_margin_over_std,
-          div.max_margin, div.max_margin_over_std, 100.0 * div.rank2_fraction);
-    } else if (al.exact < al.requests && group) {
-      std::printf("first divergences: not scored under --tp > 1 (the judging rerun needs the whole model on one device)\n");
-    }
-  }
+  std::optional<AlignmentReport> alignment;
+  if (runs.size() == 2) alignment = align_runs(e, runs, group != nullptr);
 
-  if (!o.json.empty()) {
-    const BuildInfo& b = build_info();
-    nlohmann::json j;
-    j["provenance"] = {{"commit", b.git_commit},
-                       {"build_type", b.build_type},
-                       {"with_cuda", b.with_cuda},
-                       {"cuda_version", b.cuda_version},
-                       {"gencode", b.cuda_flags},
-                       {"device", device.str()},
-                       {"device_name", device_name(device)},
-                       {"date", utc_now()},
-                       {"command_line", command_line()},
-                       {"seed", o.seed}};
-    j["config"] = {{"model", spec.name},
-                   {"config_path", spec.config_path},
-                   {"weights", spec.weights_path.empty() ? "random" : spec.weights_path},
-                   {"dtype", dtype_name(popts.dtype)},
-                   {"mode", o.mode},
-                   {"workload", wspec.name},
-                   {"workload_description", wspec.description},
-                   {"num_requests", int64_t(workload.requests.size())},
-                   {"scale", wo.scale},
-                   {"clipped_requests", workload.clipped},
-                   {"block_size", ecfg.block_size},
-                   {"prefix_caching", ecfg.enable_prefix_caching},
-                   {"kv_cache_dtype", o.kv_cache_dtype},
-                   {"compare_kv_cache_dtype", o.compare_kv_cache_dtype},
-                   {"admission", o.admission},
-                   {"reserve_max_tokens", ecfg.reserve_max_tokens},
-                   {"num_kv_blocks_requested", o.num_kv_blocks},
-                   {"max_num_batched_tokens", ecfg.max_num_batched_tokens},
-                   {"max_num_seqs", ecfg.max_num_seqs},
-                   {"tp", o.tp},
-                   {"tp_collectives", group ? group->collectives() : std::string()},
-                   {"wave_size", wave},
-                   {"max_model_len", ecfg.max_model_len},
-                   {"gpu_memory_utilization", ecfg.gpu_memory_utilization}};
-    j["workload"] = {{"prompt_tokens", prompt_tokens},
-                     {"output_tokens", output_tokens},
-                     {"prompt_len", {{"min", in_min}, {"max", in_max}, {"mean", double(prompt_tokens) / n}}},
-                     {"output_len", {{"min", out_min}, {"max", out_max}, {"mean", double(output_tokens) / n}}}};
-    for (const auto& r : runs) {
-      nlohmann::json& jr = j["results"][r.name];
-      jr = metrics_json(r);
-      jr["serial_floor"] = serial_floor_json(r, floor_setup);
-      jr["kv_cache_dtype"] = r.kv_cache_dtype;
-      if (o.step_profile) jr["step_profile"] = step_profile_json(r.result.profile);
-      if (r.traced) jr["kernel_trace"] = kernel_trace_json(r.trace);
-    }
-    if (runs.size() == 2) {
-      j["alignment"] = {{"requests", al.requests},
-                        {"exact_match", al.exact},
-                        {"exact_match_rate", al.requests ? double(al.exact) / double(al.requests) : 0.0},
-                        {"mean_matching_prefix", al.mean_prefix},
-                        {"mean_matching_prefix_fraction", al.mean_prefix_frac},
-                        {"min_matching_prefix", al.min_prefix},
-                        {"matching_prefix", al.prefix}};
-      if (div_scored) {
-        nlohmann::json samples = nlohmann::json::array();
-        for (const auto& d : div.samples)
-          samples.push_back({{"request", d.request},
-                             {"position", d.position},
-                             {"baseline_token", d.baseline_token},
-                             {"candidate_token", d.candidate_token},
-                             {"margin", d.margin},
-                             {"logit_std", d.logit_std},
-                             {"top_gap", d.top_gap},
-                             {"candidate_rank", d.candidate_rank}});
-        j["alignment"]["divergences"] = {{"diverged", div.diverged},
-                                         {"scored", div.scored},
-                                         {"median_margin", div.median_margin},
-                                         {"max_margin", div.max_margin},
-                                         {"median_margin_over_std", div.median_margin_over_std},
-                                         {"max_margin_over_std", div.max_margin_over_std},
-                                         {"rank2_fraction", div.rank2_fraction},
-                                         {"samples", samples}};
-      }
-    }
-    std::ofstream out(o.json);
-    KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
-    out << j.dump(2) << "\n";
-  }
-  if (!o.csv.empty()) write_csv(o.csv, runs, spec.name, wspec.name, o.mode, floor_setup);
+  if (!o.json.empty())
+    write_json(e, runs, floor_setup, alignment ? &*alignment : nullptr, group ? group->collectives() : std::string());
+  if (!o.csv.empty()) write_csv(o.csv, runs, e.spec.name, e.wspec().name, o.mode, floor_setup);
 }
 
 }  // namespace
