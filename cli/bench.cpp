@@ -13,6 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/model_args.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "engine/workloads.h"
@@ -71,9 +72,7 @@ void summarise(TestResult& r) {
 }
 
 int run_bench(const Options& o) {
-  const Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
-  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
-            cuda_device_count(), " CUDA devices visible)");
+  const Device device = resolve_device(o.device);
   const std::vector<int64_t> pp = parse_lengths("-p", o.prompts), tg = parse_lengths("-n", o.gens);
   KBN_CHECK(!pp.empty() || !tg.empty(), "-p and -n: every length is 0, so there is no test to run");
   const std::string mode_name = o.mode.empty() ? (device.is_cuda() ? "graph" : "eager") : o.mode;
@@ -84,9 +83,7 @@ int run_bench(const Options& o) {
   KBN_CHECK(variant == Variant::baseline || candidate_built(), "--variant candidate: no candidate is compiled into "
             "this binary (tasks/candidate/ held no task files at build time)");
 
-  engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
-  if (!o.weights.empty()) spec.weights_path = o.weights;
-  engine::check_architecture_served(spec);
+  const engine::ModelSpec spec = resolve_model_spec(o.model, o.weights, device);
   DType dtype = engine::default_dtype(spec, device);
   if (!o.dtype.empty()) dtype = parse_dtype(o.dtype);
   KBN_CHECK(dtype == DType::f32 || dtype == DType::bf16 || dtype == DType::f16,

@@ -20,6 +20,7 @@
 #include "bench/ceilings.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/model_args.h"
 #include "engine/alignment.h"
 #include "engine/kernel_trace.h"
 #include "engine/llm_engine.h"
@@ -786,26 +787,18 @@ struct EvalSetup {
 // Resolves the device, the model, the dtype, the workload and the engine's configuration, checking the flags that
 // depend on them.
 EvalSetup make_setup(const Options& o, bool max_num_seqs_given) {
-  const Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
-  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
-            cuda_device_count(), " CUDA devices visible)");
+  const Device device = resolve_device(o.device);
   KBN_CHECK(engine::parse_execution_mode(o.mode) == engine::ExecutionMode::eager || device.is_cuda(),
             "--mode graph: CUDA graphs need a CUDA device; got ", device.str(), " (use --mode eager)");
   KBN_CHECK(!o.kernel_trace || device.is_cuda(), "--kernel-trace: needs a CUDA device (CUPTI), got ", device.str());
-  engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
-  if (!o.weights.empty()) spec.weights_path = o.weights;
-  engine::check_architecture_served(spec);
+  engine::ModelSpec spec = resolve_model_spec(o.model, o.weights, device);
   const ParamOptions popts{select_dtype(o, spec, device), device};
   const int64_t max_pos = engine::max_positions(spec);
   const int64_t max_model_len = o.max_model_len > 0 ? o.max_model_len : max_pos;
   KBN_CHECK(max_model_len >= 2 && max_model_len <= max_pos, "--max-model-len: expected 2..", max_pos,
             " (the model's max_position_embeddings), got ", max_model_len);
 
-  std::string tok_path = o.tokenizer;
-  if (tok_path.empty() && !o.weights.empty() &&
-      std::filesystem::is_regular_file(std::filesystem::path(o.weights) / "tokenizer.json"))
-    tok_path = (std::filesystem::path(o.weights) / "tokenizer.json").string();
-  if (tok_path.empty()) tok_path = spec.tokenizer_path;
+  const std::string tok_path = resolve_tokenizer_path(o.tokenizer, o.weights, spec);
   BuiltWorkload built =
       build_workload(o, spec.config.language_model().get_int("vocab_size"), max_model_len, device.is_cpu(), tok_path);
   const engine::EngineConfig ecfg = engine_config(o, built.workload.spec, device, max_model_len, max_num_seqs_given);

@@ -15,6 +15,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/model_args.h"
 #include "engine/generate.h"
 #include "engine/model_loader.h"
 #include "engine/tp_group.h"
@@ -77,12 +78,8 @@ void run(const Options& o) {
   // Output paths first: a typo must not cost a whole run.
   check_output_file("--json", o.json);
   check_output_file("--save-logits", o.save_logits);
-  Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
-  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
-            cuda_device_count(), " CUDA devices visible)");
-  engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
-  if (!o.weights.empty()) spec.weights_path = o.weights;
-  engine::check_architecture_served(spec);
+  const Device device = resolve_device(o.device);
+  const engine::ModelSpec spec = resolve_model_spec(o.model, o.weights, device);
   KBN_CHECK(o.variant == "baseline" || o.variant == "candidate", "--variant: expected baseline or candidate, got '",
             o.variant, "'");
   Variant variant = o.variant == "baseline" ? Variant::baseline : Variant::candidate;
@@ -92,11 +89,7 @@ void run(const Options& o) {
   KBN_CHECK(!o.chat || !o.prompts.empty(), "--chat: needs --prompt (the user's message)");
   KBN_CHECK(o.system.empty() || o.chat, "--system: only with --chat");
   // The tokenizer: --tokenizer, else the model's own (its folder, or --weights' folder), else none.
-  std::string tok_path = o.tokenizer;
-  if (tok_path.empty() && !o.weights.empty() && std::filesystem::is_regular_file(
-                                                   std::filesystem::path(o.weights) / "tokenizer.json"))
-    tok_path = (std::filesystem::path(o.weights) / "tokenizer.json").string();
-  if (tok_path.empty()) tok_path = spec.tokenizer_path;
+  const std::string tok_path = resolve_tokenizer_path(o.tokenizer, o.weights, spec);
   if (!o.tokenizer.empty())
     KBN_CHECK(std::filesystem::is_regular_file(o.tokenizer), "--tokenizer: '", o.tokenizer,
               "' is not a file (expected a Hugging Face tokenizer.json)");

@@ -32,6 +32,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/model_args.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "engine/tp_group.h"
@@ -540,12 +541,8 @@ void run(const Options& o) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  const Device device = o.device.empty() ? engine::default_device() : parse_device(o.device);
-  KBN_CHECK(!device.is_cuda() || device.index < cuda_device_count(), "--device: ", device.str(), " is not available (",
-            cuda_device_count(), " CUDA devices visible)");
-  engine::ModelSpec spec = engine::resolve_model(o.model.empty() ? engine::default_model_name(device) : o.model);
-  if (!o.weights.empty()) spec.weights_path = o.weights;
-  engine::check_architecture_served(spec);
+  const Device device = resolve_device(o.device);
+  const engine::ModelSpec spec = resolve_model_spec(o.model, o.weights, device);
   KBN_CHECK(o.variant == "baseline" || o.variant == "candidate", "--variant: expected baseline or candidate, got '",
             o.variant, "'");
   const Variant variant = o.variant == "baseline" ? Variant::baseline : Variant::candidate;
@@ -553,11 +550,7 @@ void run(const Options& o) {
   KBN_CHECK(mode_name == "eager" || mode_name == "graph", "--mode: expected eager or graph, got '", mode_name, "'");
   KBN_CHECK(mode_name == "eager" || device.is_cuda(), "--mode graph: CUDA graphs need a CUDA device; got ",
             device.str());
-  std::string tok_path = o.tokenizer;
-  if (tok_path.empty() && !o.weights.empty() &&
-      std::filesystem::is_regular_file(std::filesystem::path(o.weights) / "tokenizer.json"))
-    tok_path = (std::filesystem::path(o.weights) / "tokenizer.json").string();
-  if (tok_path.empty()) tok_path = spec.tokenizer_path;
+  const std::string tok_path = resolve_tokenizer_path(o.tokenizer, o.weights, spec);
   KBN_CHECK(!tok_path.empty(), "--tokenizer: ", spec.name,
             " has no tokenizer.json in its folder; the server needs one for text (pass --tokenizer tokenizer.json)");
   KBN_CHECK(std::filesystem::is_regular_file(tok_path), "--tokenizer: '", tok_path,
