@@ -83,9 +83,9 @@ constexpr int kStages = kHeadDim > 192 ? 2 : 3;
 //    scheduler across sequences would remove the remaining tail for very uneven varlen batches.
 //
 // KV is the pages' type: T, or __nv_fp8_e4m3 (--kv-cache-dtype fp8_e4m3, scale 1.0; on Hopper at heads 192 and 256,
-// where the TMA kernel has no room for an fp8 ring). fp8 tiles land dense in their own kStages ring (16-byte cp.async, 16 values each); once
-// a tile has landed every thread widens its share to f16 (exact) into the one 16-bit K and V tile the mma code reads,
-// behind a second barrier. The mmas then run in f16 whatever T is (P keeps 11 bits), with a bf16 Q tile rounded to
+// where the TMA kernel has no room for fp8 tiles). fp8 tiles land dense in their own kStages ring (16-byte cp.async,
+// 16 values each); once a tile has landed every thread widens its share to f16 (exact) into the one 16-bit K and V
+// tile the mma code reads, behind a second barrier. The mmas then run in f16 whatever T is (P keeps 11 bits), with a bf16 Q tile rounded to
 // f16 in place once it has landed (exact for bf16 values in f16's normal range; beyond +-65504 it becomes inf and the
 // output NaN, never a silently clipped score); the output is T.
 template <int kHeadDim, class T, class KV>
@@ -491,7 +491,9 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
                : "memory");
 }
 
-// Four e4m3 values (one 32-bit word) as two f16x2 words (exact: every e4m3 value is an f16 normal or zero).
+// Four e4m3 values (one 32-bit word) as two f16x2 words (exact: every e4m3 value is an f16 normal or zero). The
+// decode kernel's e4m3x4_to_f16x4 (the same cvt in inline PTX on the word's 16-bit halves) cost the 24-register
+// converter warps 8 more bytes of spills here.
 __device__ __forceinline__ void widen_e4m3x4(uint32_t word, uint32_t& lo, uint32_t& hi) {
   const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word & 0xffffu), __NV_E4M3);
   const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(word >> 16), __NV_E4M3);
