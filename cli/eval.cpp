@@ -890,19 +890,8 @@ VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorMod
   run.kv_cache_dtype = pass.kv_cache_dtype;
   engine::EngineConfig ecfg = e.ecfg;
   ecfg.kv_cache_dtype = pass.kv_cache_dtype;
-  std::unique_ptr<CausalLM> model;
-  std::vector<std::unique_ptr<CausalLM>> shards;
-  std::unique_ptr<engine::LLMEngine> engine_ptr;
-  if (!group) {
-    model = engine::build_model(e.spec, pass.variant, e.popts, e.o.seed);
-    engine_ptr = std::make_unique<engine::LLMEngine>(*model, pass.variant, e.device, ecfg);
-  } else {
-    shards = engine::build_model_shards(e.spec, pass.variant, e.popts, e.o.seed, *group);
-    std::vector<CausalLM*> ptrs;
-    for (auto& m : shards) ptrs.push_back(m.get());
-    engine_ptr = std::make_unique<engine::LLMEngine>(ptrs, *group, pass.variant, ecfg);
-  }
-  engine::LLMEngine& eng = *engine_ptr;
+  const ModelEngine m = build_model_engine(e.spec, pass.variant, e.popts, e.o.seed, e.device, ecfg, group);
+  engine::LLMEngine& eng = *m.engine;
   run.sizing = eng.kv_cache_sizing();
   KBN_CHECK(eng.runner().kv_bytes_per_token() == floor_model.kv_bytes_per_token(), "eval: the serial floor counts ",
             floor_model.kv_bytes_per_token(), " KV bytes per token for ", e.spec.name, " but its paged layers hold ",
@@ -918,14 +907,7 @@ VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorMod
                 double(run.graph_capture_bytes) / double(1 << 20));
   }
   std::fflush(stdout);
-  // Warm-up outside the timed run: the first step of a process pays one-time costs (library handles, kernel
-  // loading, first allocations).
-  engine::Request warm;
-  warm.id = -1;
-  warm.prompt.assign(size_t(std::min<int64_t>(16, e.max_model_len - 4)), 1);
-  warm.sampling.max_tokens = 4;
-  warm.sampling.ignore_eos = true;
-  eng.run_to_completion({warm});
+  warm_up(eng, e.max_model_len, 4);  // outside the timed run
   Progress progress(run.name.c_str());
   const int64_t graph_steps_before = eng.runner().num_graph_steps();
   const auto flushes = [&] {

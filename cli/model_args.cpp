@@ -1,5 +1,6 @@
 #include "cli/model_args.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "kbn/error.h"
@@ -28,6 +29,31 @@ std::string resolve_tokenizer_path(const std::string& tokenizer, const std::stri
     if (std::filesystem::is_regular_file(beside)) return beside.string();
   }
   return spec.tokenizer_path;
+}
+
+ModelEngine build_model_engine(const engine::ModelSpec& spec, Variant variant, const ParamOptions& popts,
+                               uint64_t seed, Device device, const engine::EngineConfig& config,
+                               engine::TensorParallelGroup* group) {
+  ModelEngine m;
+  if (!group) {
+    m.model = engine::build_model(spec, variant, popts, seed);
+    m.engine = std::make_unique<engine::LLMEngine>(*m.model, variant, device, config);
+  } else {
+    m.shards = engine::build_model_shards(spec, variant, popts, seed, *group);
+    std::vector<CausalLM*> ptrs;
+    for (auto& shard : m.shards) ptrs.push_back(shard.get());
+    m.engine = std::make_unique<engine::LLMEngine>(ptrs, *group, variant, config);
+  }
+  return m;
+}
+
+void warm_up(engine::LLMEngine& eng, int64_t max_model_len, int64_t max_tokens) {
+  engine::Request warm;
+  warm.id = -1;
+  warm.prompt.assign(size_t(std::min<int64_t>(16, max_model_len - 4)), 1);
+  warm.sampling.max_tokens = max_tokens;
+  warm.sampling.ignore_eos = true;
+  eng.run_to_completion({warm});
 }
 
 }  // namespace kbn::cli

@@ -1,9 +1,14 @@
 #pragma once
 // What the subcommands that run a model (eval, generate, serve, bench) take from the same flags: the device, the
 // model with its weights, and the tokenizer, each resolved and checked in one place.
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "engine/llm_engine.h"
 #include "engine/model_loader.h"
+#include "engine/tp_group.h"
 #include "kbn/device.h"
 
 namespace kbn::cli {
@@ -20,5 +25,22 @@ engine::ModelSpec resolve_model_spec(const std::string& model, const std::string
 // there is none).
 std::string resolve_tokenizer_path(const std::string& tokenizer, const std::string& weights,
                                    const engine::ModelSpec& spec);
+
+// The model (or, under tensor parallelism, one shard per rank of `group`) and the engine that runs it; the engine
+// refers to the model, so they live and die together.
+struct ModelEngine {
+  std::unique_ptr<CausalLM> model;
+  std::vector<std::unique_ptr<CausalLM>> shards;
+  std::unique_ptr<engine::LLMEngine> engine;
+};
+// The model of `spec` with seeded random weights (or its checkpoint) on `device`, or sharded over `group` when one
+// is given, and its engine.
+ModelEngine build_model_engine(const engine::ModelSpec& spec, Variant variant, const ParamOptions& popts,
+                               uint64_t seed, Device device, const engine::EngineConfig& config,
+                               engine::TensorParallelGroup* group);
+
+// One short request (16 prompt tokens, `max_tokens` out) through the engine before anything is timed or served:
+// the first step of a process pays one-time costs (library handles, kernel loading, first allocations).
+void warm_up(engine::LLMEngine& eng, int64_t max_model_len, int64_t max_tokens);
 
 }  // namespace kbn::cli

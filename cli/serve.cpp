@@ -581,15 +581,10 @@ void run(const Options& o) {
                o.variant.c_str(), mode_name.c_str(), tok_path.c_str(), sv.chat ? sv.chat->name() : "none");
   // Tensor parallel: one rank thread per GPU (or CPU rank), as eval --tp; the engine steps all ranks together.
   std::unique_ptr<engine::TensorParallelGroup> group;
-  std::unique_ptr<CausalLM> model;
-  std::vector<std::unique_ptr<CausalLM>> shards;
   if (o.tp > 1) {
     group = std::make_unique<engine::TensorParallelGroup>(o.tp, device);
-    shards = engine::build_model_shards(spec, variant, popts, o.seed, *group);
     std::fprintf(stderr, "  tensor parallel %d: %s; collectives: %s\n", o.tp,
                  device.is_cpu() ? "CPU ranks" : "rank r on cuda:r", group->collectives().c_str());
-  } else {
-    model = engine::build_model(spec, variant, popts, o.seed);
   }
   engine::EngineConfig ecfg;
   ecfg.max_model_len = sv.max_model_len;
@@ -599,23 +594,9 @@ void run(const Options& o) {
   ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
   ecfg.mode = engine::parse_execution_mode(mode_name);
   ecfg.kv_cache_dtype = o.kv_cache_dtype;
-  std::unique_ptr<engine::LLMEngine> engine_ptr;
-  if (group) {
-    std::vector<CausalLM*> ptrs;
-    for (auto& m : shards) ptrs.push_back(m.get());
-    engine_ptr = std::make_unique<engine::LLMEngine>(ptrs, *group, variant, ecfg);
-  } else {
-    engine_ptr = std::make_unique<engine::LLMEngine>(*model, variant, device, ecfg);
-  }
-  engine::LLMEngine& eng = *engine_ptr;
-  {  // one-time costs (kernel loading, library handles) before the first client
-    engine::Request warm;
-    warm.id = -1;
-    warm.prompt.assign(size_t(std::min<int64_t>(16, sv.max_model_len - 4)), 1);
-    warm.sampling.max_tokens = 2;
-    warm.sampling.ignore_eos = true;
-    eng.run_to_completion({warm});
-  }
+  const ModelEngine m = build_model_engine(spec, variant, popts, o.seed, device, ecfg, group.get());
+  engine::LLMEngine& eng = *m.engine;
+  warm_up(eng, sv.max_model_len, 2);  // before the first client
   EngineLoop loop(eng);
 
   httplib::Server svr;
