@@ -468,6 +468,13 @@ constexpr bool kSplitKV = kHeadDim == 256;
 // shared-memory traffic (1.5x the tile's bytes on top of the wgmma reads).
 template <int kHeadDim>
 constexpr bool kFp8InPlace = kHeadDim == 128;
+// Head 64 under a sliding window of at most kWindowTileMaxWindow keys: one 160-key tile per item. A 128-row item is
+// 128 / group tokens (16 at gpt-oss's 8 query heads per kv head), whose keys span window + 15 + the page slack:
+// 143-158 keys at a 128-token window, two 128-key tiles (2x the useful work) or one 160-key tile (1.25x).
+// Measured on an H100 (bench/results/h100/session22/call1/): gpt-oss window-128 prefill 1.18-1.23x faster at 1k-16k
+// tokens (8k: 181.6 against 219.5 us), fp8 pages 1.20x; full attention runs the 128-key kernel as before.
+constexpr int kWindowBlockN = 160;
+constexpr int64_t kWindowTileMaxWindow = 144;
 template <int kHeadDim>
 constexpr int kStages8 = kFp8InPlace<kHeadDim> ? kStages<kHeadDim> : 3;
 constexpr int kBarConverters = 6;  // named barrier of the three converter warps
@@ -556,7 +563,8 @@ __device__ __forceinline__ int snake_item(int k, int b, int g) { return k * g + 
 // snake_item(k, b, gridDim.x), k = 0, 1, ...
 // KV: the pages' type (T, or __nv_fp8_e4m3 at heads 64 and 128). kHeadDimV: the values' width (DeepSeek's MLA
 // prefill: keys 192, values 128; else kHeadDim).
-template <class T, class KV, int kHeadDim, int kHeadDimV>
+// kN: keys per K/V tile (kBlockN, or kWindowBlockN for head 64 under a short sliding window).
+template <class T, class KV, int kHeadDim, int kHeadDimV, int kN = kBlockN<kHeadDim>>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attn_prefill_tma_kernel(PrefillParams p, const __grid_constant__ CUtensorMap k_map,
                                   const __grid_constant__ CUtensorMap v_map, int num_items, int num_kv_heads,
@@ -569,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(!kFp8 || (std::is_same_v<KV, __nv_fp8_e4m3> && kHeadDimV == kHeadDim && kHeadDim <= 128),
                 "16-bit pages of q's type, or fp8 e4m3 pages at heads 64 and 128");
   using M = std::conditional_t<kFp8, __half, T>;  // the wgmma's input type
-  constexpr int kN = kBlockN<kHeadDim>;
+  static_assert(kN == kBlockN<kHeadDim> || (kHeadDim == 64 && kN == 160), "the tile widths wgmma is instantiated for");
   constexpr int kSt = kStages<kHeadDim>;
   constexpr bool kInPlace = kFp8 && kFp8InPlace<kHeadDim>;  // fp8 tiles land in their 16-bit stage's V half
   constexpr bool kRing8 = kFp8 && !kInPlace;                // fp8 tiles land in a ring of their own
@@ -886,6 +894,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t db = sw128_desc(ks + (kk / 4) * (kN * 128) + col, 16, 1024);
         if constexpr (kN == 64) {
           wgmma_ss_n64<M>(s, da, db, kk > 0 ? 1 : 0);
+        } else if constexpr (kN == 160) {
+          wgmma_ss_n160<M>(s, da, db, kk > 0 ? 1 : 0);
         } else {
           wgmma_ss_n128<M>(s, da, db, kk > 0 ? 1 : 0);
         }
@@ -1075,17 +1085,17 @@ inline bool encode_cache_map(CUtensorMap& map, const void* base, DType dt, int64
 // Hopper's TMA/wgmma kernel on 16-bit pages (or fp8 pages at heads 64 and 128), when this binary holds sm_90a code
 // for the device (runs_sm90_image) and the caches allow its tensor maps (pages of 8..kBlockN keys dividing kBlockN,
 // 16-byte strides); false, launching nothing, otherwise. kHeadDimV: the values' width.
-template <class T, class KV, int kHeadDim, int kHeadDimV>
+template <class T, class KV, int kHeadDim, int kHeadDimV, int kN = hopper_path::kBlockN<kHeadDim>>
 bool launch_hopper_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num_kv_heads, int64_t max_query_len,
                            int64_t num_blocks, int device, Stream stream) {
   using namespace hopper_path;
   constexpr bool kFp8 = !std::is_same_v<KV, T>;
-  auto* hopper = flash_attn_prefill_tma_kernel<T, KV, kHeadDim, kHeadDimV>;
+  auto* hopper = flash_attn_prefill_tma_kernel<T, KV, kHeadDim, kHeadDimV, kN>;
   if (!runs_sm90_image(reinterpret_cast<const void*>(hopper), device)) return false;
   const int bs = p.block_size;
   const DType dt = kFp8 ? DType::fp8e4m3 : std::is_same_v<T, __nv_bfloat16> ? DType::bf16 : DType::f16;
   CUtensorMap k_map{}, v_map{};
-  if (!(bs >= 8 && bs % 8 == 0 && kBlockN<kHeadDim> % bs == 0 &&
+  if (!(bs >= 8 && bs % 8 == 0 && kN % bs == 0 &&
         encode_cache_map(k_map, p.key_cache, dt, num_blocks, bs, num_kv_heads, kHeadDim, p.k_stride_block,
                          p.k_stride_slot, p.k_stride_head) &&
         encode_cache_map(v_map, p.value_cache, dt, num_blocks, bs, num_kv_heads, kHeadDimV, p.v_stride_block,
@@ -1093,8 +1103,8 @@ bool launch_hopper_prefill(const PrefillParams& p, int64_t num_seqs, int64_t num
     return false;
   // + 1024: the kernel aligns its tiles to the 1024-byte swizzle atom; + 32 per stage: its four mbarriers.
   constexpr int kSt = kStages<kHeadDim>, kSt8 = kFp8 && !kFp8InPlace<kHeadDim> ? kStages8<kHeadDim> : 0;
-  const size_t smem = (size_t(kBlockM) * kHeadDim + size_t(kSt) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV)) * 2 +
-                      size_t(kSt8) * kBlockN<kHeadDim> * (kHeadDim + kHeadDimV) + 1024 + 32 * kSt;
+  const size_t smem = (size_t(kBlockM) * kHeadDim + size_t(kSt) * kN * (kHeadDim + kHeadDimV)) * 2 +
+                      size_t(kSt8) * kN * (kHeadDim + kHeadDimV) + 1024 + 32 * kSt;
   const int64_t m_tiles = (max_query_len * p.group_size + kBlockM - 1) / kBlockM;
   const int64_t num_items = num_kv_heads * m_tiles * num_seqs;
   KBN_CHECK(num_items <= INT32_MAX, "flash_attn_prefill: ", num_items, " query tiles of ", kBlockM,
@@ -1116,6 +1126,13 @@ void launch_flash_attn_prefill(const PrefillParams& p, int64_t num_seqs, int64_t
                                int64_t num_blocks, Stream stream) {
   int device = 0;
   KBN_CUDA_CHECK(cudaGetDevice(&device));
+  if constexpr (kHeadDim == 64) {
+    // A short sliding window: one 160-key tile per item where the pages divide it (else the 128-key tiles).
+    if (p.feat.window > 0 && p.feat.window <= hopper_path::kWindowTileMaxWindow &&
+        launch_hopper_prefill<T, KV, kHeadDim, kHeadDim, hopper_path::kWindowBlockN>(
+            p, num_seqs, num_kv_heads, max_query_len, num_blocks, device, stream))
+      return;
+  }
   if constexpr (std::is_same_v<KV, T> || kHeadDim == 64 || kHeadDim == 128) {
     if (launch_hopper_prefill<T, KV, kHeadDim, kHeadDim>(p, num_seqs, num_kv_heads, max_query_len, num_blocks, device,
                                                          stream))
