@@ -799,9 +799,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // in 64-column blocks kBlockN * 128 bytes apart).
   auto issue_pv = [&](uint32_t vs) {
     if constexpr (kHeadDim == 256) asm volatile("" : "+r"(vs));  // see the note on descriptors in `step`
+    const Sw128Desc<kN * 128, 1024> dvs(vs);
 #pragma unroll
     for (int kk = 0; kk < kN / 16; ++kk) {
-      const uint64_t dv = sw128_desc(vs + kk * 16 * 128, kN * 128, 1024);
+      const uint64_t dv = dvs.at(kk * 16 * 128);
       if constexpr (kHeadDimV == 256) {
         wgmma_rs_n256_tb<M>(o, pa[kk], dv);
       } else if constexpr (kHeadDimV == 192) {
@@ -886,12 +887,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       // block).
       float s[kSAcc];
       named_sync(kBarTurn0 + wg, kConsumerThreads);
+      const Sw128Desc<16, 1024> dq(qw), dk(ks);  // each k-step's descriptors: one add from these (Sw128Desc)
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t col = (kk % 4) * 32;
-        const uint64_t da = sw128_desc(qw + (kk / 4) * (kBlockM * 128) + col, 16, 1024);
-        const uint64_t db = sw128_desc(ks + (kk / 4) * (kN * 128) + col, 16, 1024);
+        const uint64_t da = dq.at((kk / 4) * (kBlockM * 128) + col);
+        const uint64_t db = dk.at((kk / 4) * (kN * 128) + col);
         if constexpr (kN == 64) {
           wgmma_ss_n64<M>(s, da, db, kk > 0 ? 1 : 0);
         } else if constexpr (kN == 160) {

@@ -487,6 +487,11 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
 // (call4).
 // P_{t-1} V_{t-1} issued behind S_t in warpgroup 0, so that its softmax overlaps the tensor cores, took 1.30-1.67x
 // the time (bench/results/h100/session21/, call 3: rejected).
+// Building each k-step's descriptors with one add from the tile's bases (Sw128Desc) instead of from the addresses
+// cut warpgroup 0's S loop from 454 to 182 instructions per tile and ran 1.03-1.06x faster at batch 32-128
+// (bench/results/h100/session22/call2/: 128 x 8k 630.5 us, 463 TFLOP/s, 65% of the copy rate). ncu then finds
+// warpgroup 0 waiting on its own S wgmmas (36 m64n32k16 behind its P V half; tensor pipe 47.7% of elapsed) and
+// warpgroup 1 waiting for P 76% of its time: S's small N re-reads Q's 2 KiB from shared memory per 1 KiB of keys.
 // NOTE: FlashMLA publishes 580-660 TFLOP/s on an H800. Next, measure first: a 2-CTA cluster multicasting each tile to
 // both head tiles (half the L2 traffic and copies per block).
 constexpr int kMlaWgRows = 64, kMlaWgThreads = 384;
@@ -587,11 +592,10 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // warpgroup 0: running max (exp2 domain), sums
   // O[:, 256 wg ..] += P V over the tile in `stage` (V: the rows' first 512 values, 4 column blocks per half).
   auto issue_pv = [&](int stage) {
+    const Sw128Desc<C::kBlock, 1024> dv(kv_s + stage * C::kTile + wg * 4 * C::kBlock);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C::kSteps; ++kk)
-      wgmma_rs_n256_tb<T>(o, pa[kk], sw128_desc(kv_s + stage * C::kTile + wg * 4 * C::kBlock + kk * 16 * 128,
-                                                 C::kBlock, 1024));
+    for (int kk = 0; kk < C::kSteps; ++kk) wgmma_rs_n256_tb<T>(o, pa[kk], dv.at(kk * 16 * 128));
     wgmma_commit();
   };
   auto rescale = [&](const float (&alpha)[2]) {
@@ -625,11 +629,16 @@ __global__ void __launch_bounds__(kMlaWgThreads, 1)
       const int stage = tile % kStages;
       mbar_wait(full_bar + 8 * stage, uint32_t((tile / kStages) & 1));
       float s[kKeys / 2];
+      // The 36 k-steps' descriptors: one add each from the tile's two bases (see Sw128Desc). q_s passes through an
+      // empty asm so that the compiler recomputes Q's 36 per tile instead of holding them across the loop.
+      uint32_t q_at = q_s;
+      asm volatile("" : "+r"(q_at));
+      const Sw128Desc<16, 1024> dq(q_at), dk(kv_s + stage * C::kTile);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kMlaWidth / 16; ++kk) {
-        const uint64_t da = sw128_desc(q_s + (kk / 4) * (kMlaWgRows * 128) + (kk % 4) * 32, 16, 1024);
-        const uint64_t db = sw128_desc(kv_s + stage * C::kTile + (kk / 4) * C::kBlock + (kk % 4) * 32, 16, 1024);
+        const uint64_t da = dq.at((kk / 4) * (kMlaWgRows * 128) + (kk % 4) * 32);
+        const uint64_t db = dk.at((kk / 4) * C::kBlock + (kk % 4) * 32);
         if constexpr (kKeys == 64) {
           wgmma_ss_n64<T>(s, da, db, kk > 0 ? 1 : 0);
         } else {

@@ -36,6 +36,20 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t addr, uint32_t lbo_bytes
          (uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32) | (uint64_t(1) << 62);
 }
 
+// sw128_desc for an operand walked by constant offsets (the k-steps of a tile): the high word (sbo, the swizzle mode)
+// is a compile-time constant and the low word (address / 16 in bits 0-13, lbo above) grows by bytes / 16, which
+// cannot carry out of the address field inside shared memory (< 256 KiB). Each operand then costs one 32-bit add;
+// rebuilding every descriptor with sw128_desc took 12 uniform-datapath instructions per wgmma in mla_decode's SASS.
+template <uint32_t kLboBytes, uint32_t kSboBytes>
+struct Sw128Desc {
+  uint32_t lo;
+  __device__ __forceinline__ explicit Sw128Desc(uint32_t addr)
+      : lo(((addr & 0x3FFFF) >> 4) | (((kLboBytes >> 4) & 0x3FFF) << 16)) {}
+  __device__ __forceinline__ uint64_t at(uint32_t bytes) const {
+    return (uint64_t(((kSboBytes >> 4) & 0x3FFF) | (1u << 30)) << 32) | uint64_t(lo + (bytes >> 4));
+  }
+};
+
 // Orders earlier register and shared-memory writes before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
