@@ -14,8 +14,13 @@ rm -rf build-dev
 mkdir -p build-dev/lib
 strip -o build-dev/kb_nano build/kb_nano
 strip -o build-dev/kbn_gpu_tests build/tests/kbn_gpu_tests
-gzip -1 build-dev/kb_nano build-dev/kbn_gpu_tests
-if compgen -G "build/lib/*.so*" >/dev/null; then cp -L build/lib/*.so* build-dev/lib/; fi
+gzip -9 build-dev/kb_nano build-dev/kbn_gpu_tests
+# Each shared library once, under its SONAME (the name the loader looks for), not once per symlink.
+for f in build/lib/*.so*; do
+  [ -e "$f" ] || continue
+  so=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
+  [ -n "$so" ] && [ ! -e "build-dev/lib/$so" ] && cp -L "$f" "build-dev/lib/$so"
+done
 cat >build-dev/unpack.sh <<'UNPACK'
 #!/usr/bin/env bash
 # Puts the carried binaries back under build/ (kb_nano, tests/kbn_gpu_tests, lib/).
