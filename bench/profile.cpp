@@ -109,7 +109,8 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-// One CSV record (RFC 4180 quoting, as ncu writes it). False when a quote is left open.
+}  // namespace
+
 bool split_csv(const std::string& line, std::vector<std::string>& out) {
   out.clear();
   std::string cell;
@@ -137,6 +138,8 @@ bool split_csv(const std::string& line, std::vector<std::string>& out) {
   out.push_back(cell);
   return !quoted;
 }
+
+namespace {
 
 // "1,234.5" -> 1234.5; "n/a", "" and text -> nullopt.
 std::optional<double> parse_number(const std::string& cell) {

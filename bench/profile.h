@@ -51,6 +51,9 @@ struct KernelLaunch {
 // ("Gbyte/second" -> "byte/second"). Units without a prefix pass through.
 void normalise_unit(double& value, std::string& unit);
 
+// One CSV record (RFC 4180 quoting, as ncu writes it) into `out`; false when a quote is left open.
+bool split_csv(const std::string& line, std::vector<std::string>& out);
+
 // Parses the output of `ncu --csv --page raw` (any --print-units). Lines before the header and lines that
 // are not CSV rows of the header's width (==PROF== lines, the profiled program's own output) are skipped.
 // Numbers may carry thousands separators ("1,234.5"); "n/a" and empty cells have no value. Throws

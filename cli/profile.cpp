@@ -27,6 +27,7 @@
 
 #include "bench/cases.h"
 #include "bench/profile.h"
+#include "bench/sass_profile.h"
 #include "bench/timing.h"
 #include "bench/validate.h"
 #include "cli/args.h"
@@ -59,6 +60,8 @@ struct Options {
   std::string save_csv;
   std::string from_csv;
   std::string candidate_csv;
+  std::string sass_csv;
+  int top = 12;
 };
 
 // Ops whose main kernel multiplies matrices, so tensor-core instructions are expected in it.
@@ -550,9 +553,62 @@ std::vector<CaseResult> profile(const Options& o, std::string& ncu_path) {
   return out;
 }
 
+nlohmann::json sass_json(const bench::SassKernel& k, size_t top) {
+  nlohmann::json hot = nlohmann::json::array(), regions = nlohmann::json::array();
+  for (size_t i : bench::hot_instructions(k, top)) {
+    const bench::SassInstruction& ins = k.instructions[i];
+    hot.push_back({{"index", i},
+                   {"address", ins.address},
+                   {"source", ins.source},
+                   {"samples", ins.samples},
+                   {"executed", ins.executed},
+                   {"stalls", ins.stalls}});
+  }
+  std::vector<bench::SassRegion> rs = bench::sass_regions(k);
+  std::stable_sort(rs.begin(), rs.end(), [](const auto& a, const auto& b) { return a.samples > b.samples; });
+  if (rs.size() > top) rs.resize(top);
+  for (const bench::SassRegion& r : rs) {
+    nlohmann::json stalls = nlohmann::json::object();
+    for (const auto& [reason, n] : r.top_stalls) stalls[reason] = n;
+    regions.push_back({{"first", r.first},
+                       {"last", r.last},
+                       {"ends_at", k.instructions[r.last].source},
+                       {"samples", r.samples},
+                       {"executed", r.executed},
+                       {"top_stalls", stalls}});
+  }
+  return {{"name", k.name},         {"instructions", k.instructions.size()},
+          {"samples", k.samples()}, {"executed", k.executed()},
+          {"stalls", k.stalls()},   {"hot_instructions", hot},
+          {"regions", regions}};
+}
+
+// --sass-csv: the per-instruction view of a capture made with --set full --import-source yes.
+void run_sass(const Options& o) {
+  KBN_CHECK(o.from_csv.empty() && o.target.empty(),
+            "--sass-csv analyses a source-page capture on its own: drop --from-csv / --target");
+  const std::vector<bench::SassKernel> kernels = bench::parse_ncu_source_csv(read_file(o.sass_csv, "--sass-csv"));
+  std::fputs(bench::sass_report(kernels, size_t(o.top)).c_str(), stdout);
+  if (!o.json.empty()) {
+    const BuildInfo& b = build_info();
+    nlohmann::json j;
+    j["provenance"] = {{"commit", b.git_commit}, {"date", utc_now()}, {"source", o.sass_csv}};
+    j["kernels"] = nlohmann::json::array();
+    for (const auto& k : kernels) j["kernels"].push_back(sass_json(k, size_t(o.top)));
+    std::ofstream out(o.json);
+    KBN_CHECK(out.good(), "--json: cannot write '", o.json, "'");
+    out << j.dump(2) << "\n";
+  }
+}
+
 void run(const Options& o) {
   // Output paths first: a typo must not cost the ncu runs.
   check_output_file("--json", o.json);
+  if (!o.sass_csv.empty()) {
+    KBN_CHECK(o.markdown.empty() && o.save_csv.empty(), "--sass-csv writes its report to the console and --json only");
+    run_sass(o);
+    return;
+  }
   check_output_file("--markdown", o.markdown);
   check_output_dir("--save-csv", o.save_csv);
   KBN_CHECK(o.launch_count >= 1, "--launch-count: expected at least 1, got ", o.launch_count);
@@ -631,6 +687,12 @@ void add_profile_command(CLI::App& app) {
                   "Analyse this capture (ncu --csv --page raw) instead of running ncu; its column is 'baseline'. "
                   "With --target and one --case the DRAM traffic is judged against the case's ideal bytes");
   cmd->add_option("--candidate-csv", o->candidate_csv, "With --from-csv: a second capture, shown as 'candidate'");
+  cmd->add_option("--sass-csv", o->sass_csv,
+                  "Per-instruction view of one kernel launch instead: the hot SASS instructions and the regions "
+                  "between synchronisation points, by warp samples and stall reasons, from ncu's source page "
+                  "(ncu --set full --import-source yes -o REP <program>; ncu -i REP.ncu-rep --page source "
+                  "--print-source sass --csv > FILE)");
+  cmd->add_option("--top", o->top, "With --sass-csv: rows per list (default 12)")->check(integer_at_least(1));
   cmd->callback([o] { run(*o); });
 }
 
