@@ -492,6 +492,12 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
 // (bench/results/h100/session22/call2/: 128 x 8k 630.5 us, 463 TFLOP/s, 65% of the copy rate). ncu then finds
 // warpgroup 0 waiting on its own S wgmmas (36 m64n32k16 behind its P V half; tensor pipe 47.7% of elapsed) and
 // warpgroup 1 waiting for P 76% of its time: S's small N re-reads Q's 2 KiB from shared memory per 1 KiB of keys.
+// Issuing S_{t+1} before tile t's softmax (FlashAttention-3's intra-warpgroup overlap, two S and two P register sets)
+// makes ptxas serialize every wgmma of the kernel (C7515, "non wgmma instructions defining accumulator registers
+// ... between start and end of the pipeline stage") in every arrangement tried on CUDA 13: P V's A operand from
+// registers or from shared memory, O rescaled lazily or not at all, no register fences on O (session 22; the
+// attempt is bench/results/h100/session22/rejected_mla_s_ahead.patch). It compiles cleanly only with P_t V_t issued
+// before S_{t+1}, the order above.
 // NOTE: FlashMLA publishes 580-660 TFLOP/s on an H800. Next, measure first: a 2-CTA cluster multicasting each tile to
 // both head tiles (half the L2 traffic and copies per block).
 constexpr int kMlaWgRows = 64, kMlaWgThreads = 384;
