@@ -100,16 +100,12 @@ const std::vector<std::string>& profile_metrics() {
 
 // ---- 2. parsing ----
 
-namespace {
-
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return "";
   size_t e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
 }
-
-}  // namespace
 
 bool split_csv(const std::string& line, std::vector<std::string>& out) {
   out.clear();
@@ -139,9 +135,6 @@ bool split_csv(const std::string& line, std::vector<std::string>& out) {
   return !quoted;
 }
 
-namespace {
-
-// "1,234.5" -> 1234.5; "n/a", "" and text -> nullopt.
 std::optional<double> parse_number(const std::string& cell) {
   std::string s;
   for (char c : trim(cell))
@@ -152,8 +145,6 @@ std::optional<double> parse_number(const std::string& cell) {
   if (end != s.c_str() + s.size() || !std::isfinite(v)) return std::nullopt;
   return v;
 }
-
-}  // namespace
 
 void normalise_unit(double& value, std::string& unit) {
   const size_t slash = unit.find('/');

@@ -51,8 +51,13 @@ struct KernelLaunch {
 // ("Gbyte/second" -> "byte/second"). Units without a prefix pass through.
 void normalise_unit(double& value, std::string& unit);
 
-// One CSV record (RFC 4180 quoting, as ncu writes it) into `out`; false when a quote is left open.
+// CSV cells as ncu writes them (also read by bench/sass_profile.cpp):
+// one record (RFC 4180 quoting) into `out`, false when a quote is left open;
 bool split_csv(const std::string& line, std::vector<std::string>& out);
+// a cell without surrounding whitespace;
+std::string trim(const std::string& s);
+// a number: "1,234.5" -> 1234.5; "n/a", "" and text -> nullopt.
+std::optional<double> parse_number(const std::string& cell);
 
 // Parses the output of `ncu --csv --page raw` (any --print-units). Lines before the header and lines that
 // are not CSV rows of the header's width (==PROF== lines, the profiled program's own output) are skipped.

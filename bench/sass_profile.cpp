@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <numeric>
-#include <optional>
 #include <sstream>
 
 #include "bench/profile.h"
@@ -13,22 +11,8 @@
 namespace kbn::bench {
 namespace {
 
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
-// "1,234" -> 1234; empty or text -> 0 (ncu leaves cells empty where nothing was sampled).
-int64_t count_cell(const std::string& cell) {
-  std::string s;
-  for (char c : trim(cell))
-    if (c != ',') s += c;
-  if (s.empty()) return 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  return end == s.c_str() + s.size() ? int64_t(v) : 0;
-}
+// A count cell: empty or text -> 0 (ncu leaves cells empty where nothing was sampled).
+int64_t count_cell(const std::string& cell) { return int64_t(parse_number(cell).value_or(0)); }
 
 // The SASS opcode: the first word after an optional guard predicate ("@!P0 BRA ..." -> "BRA").
 std::string opcode(const std::string& source) {
@@ -89,7 +73,7 @@ std::vector<SassKernel> parse_ncu_source_csv(const std::string& text) {
   std::string line;
   std::vector<std::string> cells;
   // Column positions of the current kernel's header; -1 until a header is read.
-  int col_address = -1, col_source = -1, col_samples = -1, col_not_issued = -1, col_executed = -1;
+  int col_address = -1, col_source = -1, col_samples = -1, col_not_issued = -1, col_executed = -1, need = 0;
   std::vector<std::pair<int, std::string>> col_stalls;
   bool have_header = false;
   while (std::getline(in, line)) {
@@ -121,10 +105,10 @@ std::vector<SassKernel> parse_ncu_source_csv(const std::string& text) {
                                                                : "'Instructions Executed'",
                 " (export it with: ncu -i REPORT --page source --print-source sass --csv; the report needs "
                 "--set full or the SourceCounters and WarpStateStats sections)");
+      need = std::max({col_source, col_samples, col_executed, col_address, col_not_issued});
       have_header = true;
       continue;
     }
-    const int need = std::max({col_source, col_samples, col_executed, col_address, col_not_issued});
     if (int(cells.size()) <= need) continue;
     SassInstruction ins;
     if (col_address >= 0) ins.address = trim(cells[size_t(col_address)]);
@@ -151,6 +135,23 @@ bool is_sync_instruction(const std::string& source) {
   return op == "BAR" || op == "EXIT" || op == "RET" || op.rfind("RET.", 0) == 0;
 }
 
+namespace {
+
+bool is_try_wait(const SassInstruction& ins) { return opcode(ins.source).find("TRYWAIT") != std::string::npos; }
+
+// A region ends after a synchronisation point and after the last instruction. An mbarrier wait is a try-wait and a
+// branch back to it: the branch, which carries the wait's stalls, ends the region.
+bool ends_region(const SassKernel& k, size_t i) {
+  const std::vector<SassInstruction>& v = k.instructions;
+  if (i + 1 == v.size()) return true;
+  const bool branch = opcode(v[i].source) == "BRA";
+  if (branch) return i > 0 && is_try_wait(v[i - 1]);
+  if (is_try_wait(v[i]) && opcode(v[i + 1].source) == "BRA") return false;
+  return is_sync_instruction(v[i].source);
+}
+
+}  // namespace
+
 std::vector<SassRegion> sass_regions(const SassKernel& k) {
   std::vector<SassRegion> out;
   SassRegion r;
@@ -170,16 +171,7 @@ std::vector<SassRegion> sass_regions(const SassKernel& k) {
     r.samples += ins.samples;
     r.executed += ins.executed;
     for (const auto& [reason, c] : ins.stalls) stalls[reason] += c;
-    // An mbarrier wait is a try-wait and a branch back to it: the branch, which carries the wait's stalls, ends
-    // the region.
-    const bool try_wait_then_branch = opcode(ins.source).find("TRYWAIT") != std::string::npos &&
-                                      i + 1 < k.instructions.size() &&
-                                      opcode(k.instructions[i + 1].source) == "BRA";
-    const bool branch_after_try_wait =
-        i > 0 && opcode(ins.source) == "BRA" && opcode(k.instructions[i - 1].source).find("TRYWAIT") != std::string::npos;
-    if ((is_sync_instruction(ins.source) && !try_wait_then_branch) || branch_after_try_wait ||
-        i + 1 == k.instructions.size())
-      close(i);
+    if (ends_region(k, i)) close(i);
   }
   return out;
 }
@@ -192,6 +184,14 @@ std::vector<size_t> hot_instructions(const SassKernel& k, size_t n) {
   while (!idx.empty() && k.instructions[idx.back()].samples == 0) idx.pop_back();
   if (idx.size() > n) idx.resize(n);
   return idx;
+}
+
+std::vector<SassRegion> hot_regions(const SassKernel& k, size_t n) {
+  std::vector<SassRegion> regions = sass_regions(k);
+  std::stable_sort(regions.begin(), regions.end(),
+                   [](const SassRegion& a, const SassRegion& b) { return a.samples > b.samples; });
+  if (regions.size() > n) regions.resize(n);
+  return regions;
 }
 
 std::string sass_report(const std::vector<SassKernel>& kernels, size_t top) {
@@ -207,13 +207,9 @@ std::string sass_report(const std::vector<SassKernel>& kernels, size_t top) {
       o << "    #" << i << " " << ins.address << " " << clip(ins.source, 60) << ": " << pct(ins.samples, samples)
         << "; " << stall_mix(ranked(ins.stalls, 2), ins.samples) << "\n";
     }
-    std::vector<SassRegion> regions = sass_regions(k);
-    std::stable_sort(regions.begin(), regions.end(),
-                     [](const SassRegion& a, const SassRegion& b) { return a.samples > b.samples; });
-    if (regions.size() > top) regions.resize(top);
     o << "  regions between synchronisation points (instructions, ending at: share of samples, share of executed "
          "instructions; stalls):\n";
-    for (const SassRegion& r : regions)
+    for (const SassRegion& r : hot_regions(k, top))
       o << "    #" << r.first << "-#" << r.last << " ending at " << clip(k.instructions[r.last].source, 44) << ": "
         << pct(r.samples, samples) << ", " << pct(r.executed, executed) << "; " << stall_mix(r.top_stalls, r.samples)
         << "\n";

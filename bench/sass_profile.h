@@ -58,6 +58,9 @@ std::vector<SassRegion> sass_regions(const SassKernel& k);
 // The kernel's `n` instructions with the most samples, as indices, most first.
 std::vector<size_t> hot_instructions(const SassKernel& k, size_t n);
 
+// The kernel's `n` regions with the most samples, most first.
+std::vector<SassRegion> hot_regions(const SassKernel& k, size_t n);
+
 // The report `kb_nano profile --sass-csv` prints: per kernel, the totals and stall mix, the hot instructions and
 // the regions holding the most samples (`top` rows each).
 std::string sass_report(const std::vector<SassKernel>& kernels, size_t top);

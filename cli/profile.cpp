@@ -564,10 +564,7 @@ nlohmann::json sass_json(const bench::SassKernel& k, size_t top) {
                    {"executed", ins.executed},
                    {"stalls", ins.stalls}});
   }
-  std::vector<bench::SassRegion> rs = bench::sass_regions(k);
-  std::stable_sort(rs.begin(), rs.end(), [](const auto& a, const auto& b) { return a.samples > b.samples; });
-  if (rs.size() > top) rs.resize(top);
-  for (const bench::SassRegion& r : rs) {
+  for (const bench::SassRegion& r : bench::hot_regions(k, top)) {
     nlohmann::json stalls = nlohmann::json::object();
     for (const auto& [reason, n] : r.top_stalls) stalls[reason] = n;
     regions.push_back({{"first", r.first},
