@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kMlaBulkThreads, 1) mla_decode_bulk_kernel(Mla
 // P_{t-1} V_{t-1} issued behind S_t in warpgroup 0, so that its softmax overlaps the tensor cores, took 1.30-1.67x
 // the time (bench/results/h100/session21/, call 3: rejected).
 // Building each k-step's descriptors with one add from the tile's bases (Sw128Desc) instead of from the addresses
-// cut warpgroup 0's S loop from 454 to 182 instructions per tile and ran 1.03-1.06x faster at batch 32-128
+// cut warpgroup 0's S loop from 454 to 182 instructions per tile and ran 1.04-1.06x faster at batch 32-128 x 4k-8k
 // (bench/results/h100/session22/call2/: 128 x 8k 630.5 us, 463 TFLOP/s, 65% of the copy rate). ncu then finds
 // warpgroup 0 waiting on its own S wgmmas (36 m64n32k16 behind its P V half; tensor pipe 47.7% of elapsed) and
 // warpgroup 1 waiting for P 76% of its time: S's small N re-reads Q's 2 KiB from shared memory per 1 KiB of keys.
