@@ -104,7 +104,9 @@ int run_bench(const Options& o) {
   cfg.enable_prefix_caching = false;  // repetitions must compute their prompts
   auto model = engine::build_model(spec, variant, {dtype, device}, o.seed);
   int64_t params = 0;
-  for (const auto& [name, p] : model->named_parameters()) params += p.tensor->numel();
+  // The weights, as llama-bench counts them: optional parameters (fp8 KV-cache scales) are not weights.
+  for (const auto& [name, p] : model->named_parameters())
+    if (!p.optional) params += p.tensor->numel();
   engine::LLMEngine eng(*model, variant, device, cfg);
 
   std::vector<TestResult> results;

@@ -1188,8 +1188,9 @@ void add_eval_command(CLI::App& app) {
                 "preempted one coming back, computes all of its tokens");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
                   "auto (default: the model's dtype) or fp8 / fp8_e4m3 (vLLM's: fp8 e4m3 pages, half of a 16-bit "
-                  "cache, scale 1.0; the attention ops read them on tensor cores: on Hopper, decode at heads 64 / 128 / 256 on "
-                  "its tensor-core kernel, prefill at heads 64 / 128 on the TMA / wgmma kernel, other heads on mma.sync)");
+                  "cache, with the checkpoint's per-tensor k_scale / v_scale, else 1.0; the attention ops read them on "
+                  "tensor cores: on Hopper, decode at heads 64 / 128 / 256 on its tensor-core kernel, prefill at heads "
+                  "64 / 128 on the TMA / wgmma kernel, other heads on mma.sync)");
   cmd->add_flag("--compare-kv-cache-dtype", o->compare_kv_cache_dtype,
                 "Run the baseline twice, with the model's dtype in the KV pages and then with --kv-cache-dtype's, and "
                 "report both and their greedy alignment with the first divergences scored (fp8 KV's accuracy cost)");

@@ -331,7 +331,8 @@ void add_generate_command(CLI::App& app) {
       ->check(integer_at_least(1));
   cmd->add_option("--block-size", o->block_size, "KV cache block size")->check(integer_at_least(1));
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                  "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages, scale 1.0)");
+                  "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages with the checkpoint's "
+                  "per-tensor k_scale / v_scale, else 1.0)");
   cmd->add_option("--tp", o->tp,
                   "Tensor-parallel size: one thread per rank, rank r on cuda:r (NCCL) or, with --device cpu, on the "
                   "CPU (default 1)")

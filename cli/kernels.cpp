@@ -273,8 +273,8 @@ Selection build_cases(const Options& o, bool small) {
     // An op whose cases ignore the option would be timed on 16-bit pages under an fp8 heading.
     for (const auto& c : sel.cases)
       KBN_CHECK(c.kv_cache_dtype == copts.kv_cache_dtype, "--kv-cache-dtype ", o.kv_cache_dtype, ": ", c.op,
-                " does not read the paged KV cache; the option applies to flash_attn_decode and flash_attn_prefill "
-                "(pick them with --target)");
+                " does not read or write the paged KV cache; the option applies to flash_attn_decode, "
+                "flash_attn_prefill and store_kvcache (pick them with --target)");
   }
   // An L1 candidate's gain must survive composition: the blocks and layer that include its file run too
   // (baseline blocks vs blocks built with the candidate), at their default step shapes.
@@ -1006,9 +1006,10 @@ void add_kernels_command(CLI::App& app) {
   cmd->add_option("--mode", o->mode, "cold (flush L2, rotate inputs; default), hot, or graph (CUDA graph of 20 calls)");
   cmd->add_option("--dtype", o->dtype, "Activation and weight dtype: bf16 (default), f16 or f32");
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                  "Pages of the paged-attention ops (flash_attn_decode, flash_attn_prefill): auto (default: --dtype), "
-                  "fp8 or fp8_e4m3 (scale 1.0, as the engine's option). The oracle reads the same fp8 pages, so "
-                  "the 16-bit output tolerance applies; what fp8 itself costs in accuracy is measured end to end "
+                  "Pages of the paged-KV ops (flash_attn_decode, flash_attn_prefill, store_kvcache): auto (default: "
+                  "--dtype), fp8 or fp8_e4m3, with per-tensor scales k_scale 1.25 / v_scale 0.75 as a calibrated "
+                  "checkpoint's (the case's args). The oracle reads the same fp8 pages, so the 16-bit output "
+                  "tolerance applies (store_kvcache: exact); what fp8 itself costs in accuracy is measured end to end "
                   "(tests/cpu/test_kv_cache_dtype.cpp)");
   cmd->add_option("--variant", o->variant,
                   "baseline, or both (baseline vs candidate); default: both when a candidate is built");

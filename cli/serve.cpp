@@ -868,7 +868,8 @@ void add_serve_command(CLI::App& app) {
                   "Token budget of one step (0, the default: 8192)")
       ->check(integer_at_least(0));
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
-                  "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages, scale 1.0)");
+                  "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages with the checkpoint's "
+                  "per-tensor k_scale / v_scale, else 1.0)");
   cmd->add_option("--num-kv-blocks", o->num_kv_blocks, "KV cache blocks (0, the default: sized from memory)")
       ->check(integer_at_least(0));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,

@@ -47,7 +47,8 @@ struct EngineConfig {
   // turned off for them (a cached prefix has no state to resume from).
   int64_t num_state_slots = 0;
   // vLLM's kv_cache_dtype (kbn::parse_kv_cache_dtype): "auto" keeps the model's dtype; "fp8" / "fp8_e4m3" stores
-  // the paged K/V in fp8 e4m3 (half a 16-bit page; scale 1.0), read by the attention ops as they are.
+  // the paged K/V in fp8 e4m3 (half a 16-bit page) with each attention layer's per-tensor k_scale / v_scale (from
+  // the checkpoint, else 1.0).
   std::string kv_cache_dtype = "auto";
 };
 

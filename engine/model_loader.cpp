@@ -123,11 +123,7 @@ std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, co
   check_attention_features(spec, entry);
   std::unique_ptr<CausalLM> model = entry.make_model(spec.config, opts);
   if (!spec.weights_path.empty()) {
-    // Quantized checkpoints (DeepSeek-V3's block-scaled fp8: quantization_config.quant_method "fp8") hold weights and
-    // scale tensors this loader would not read correctly; random weights for the same config are 16-bit and fine.
-    KBN_CHECK(!spec.config.has("quantization_config"), "model config ", spec.config_path,
-              ": the checkpoint is quantized ('quantization_config'); kb-nano loads 16- and 32-bit checkpoints only "
-              "(run the config with random weights, or a dequantized checkpoint)");
+    check_checkpoint_quantization(spec);
     Checkpoint ckpt = Checkpoint::open(spec.weights_path);
     model->load_weights([&](const WeightVisitor& visit) { ckpt.for_each(visit); });
   } else {
@@ -135,6 +131,29 @@ std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, co
   }
   model->process_weights_after_loading_recursive();
   return model;
+}
+
+void check_checkpoint_quantization(const ModelSpec& spec) {
+  if (!spec.config.has("quantization_config")) return;
+  const ModelConfig q = spec.config.sub("quantization_config");
+  // Quantized checkpoints (DeepSeek-V3's block-scaled fp8: quant_method "fp8"; compressed-tensors with config_groups)
+  // hold weights and scale tensors this loader would not read correctly; random weights for the same config are
+  // 16-bit and fine. The one exception: compressed-tensors quantizing only the KV cache (llm-compressor's
+  // kv_cache_scheme without config_groups), whose checkpoint is 16-bit weights plus each attention layer's per-tensor
+  // fp8 k_scale / v_scale, which --kv-cache-dtype fp8 uses.
+  const bool kv_only = q.get_string("quant_method", "") == "compressed-tensors" && q.has("kv_cache_scheme") &&
+                       (!q.has("config_groups") || q.sub("config_groups").keys().empty());
+  KBN_CHECK(kv_only, "model config ", spec.config_path,
+            ": the checkpoint is quantized ('quantization_config'); kb-nano loads 16- and 32-bit checkpoints only "
+            "(run the config with random weights, or a dequantized checkpoint), and of quantized ones those that "
+            "quantize only the KV cache (compressed-tensors' kv_cache_scheme with no config_groups)");
+  const ModelConfig kv = q.sub("kv_cache_scheme");
+  const std::string type = kv.get_string("type", ""), strategy = kv.get_string("strategy", "");
+  const int64_t bits = kv.has("num_bits") ? kv.get_int("num_bits") : 0;
+  KBN_CHECK(type == "float" && bits == 8 && strategy == "tensor" && !kv.get_bool("dynamic", false), "model config ",
+            spec.config_path, ": quantization_config.kv_cache_scheme must be static fp8 per tensor (type float, "
+            "num_bits 8, strategy tensor, dynamic false: one k_scale and one v_scale per layer), got type '", type,
+            "', num_bits ", bits, ", strategy '", strategy, "'");
 }
 
 std::vector<std::unique_ptr<CausalLM>> build_model_shards(const ModelSpec& spec, Variant variant,

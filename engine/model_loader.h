@@ -46,6 +46,11 @@ Device default_device();
 // The model's own dtype on GPU (config torch_dtype), f32 on CPU (the oracle's precision).
 DType default_dtype(const ModelSpec& spec, Device device);
 
+// The checkpoint's quantization_config, if any, must be one the loader reads: compressed-tensors quantizing only the
+// KV cache (kv_cache_scheme static fp8 per tensor, no config_groups: 16-bit weights plus per-layer k_scale / v_scale).
+// Anything else is an error naming the config (build_model checks it before loading a checkpoint).
+void check_checkpoint_quantization(const ModelSpec& spec);
+
 // Builds the architecture's L4 model from `variant`'s registry and fills its weights: from
 // spec.weights_path when set, else N(0, initializer_range) drawn from `seed` (norms = 1).
 std::unique_ptr<CausalLM> build_model(const ModelSpec& spec, Variant variant, const ParamOptions& opts, uint64_t seed);

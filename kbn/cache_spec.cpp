@@ -1,8 +1,10 @@
 #include "kbn/cache_spec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <map>
+#include <utility>
 
 #include "kbn/error.h"
 #include "kbn/format.h"
@@ -123,6 +125,15 @@ std::optional<DType> parse_kv_cache_dtype(const std::string& value, const std::s
   if (value == "fp8" || value == "fp8_e4m3") return DType::fp8e4m3;
   KBN_FAIL(what, ": expected auto, fp8 or fp8_e4m3, got '", value, "'",
            value == "fp8_e5m2" ? " (no kernel reads e5m2 pages; fp8_e4m3 is the fp8 format here)" : "");
+}
+
+void check_kv_scales(const char* op, const KVScales& scales, DType pages) {
+  for (const auto& [value, name] : {std::pair{scales.k, "k_scale"}, std::pair{scales.v, "v_scale"}}) {
+    KBN_CHECK(std::isfinite(value) && value > 0.f, op, ": argument '", name,
+              "' must be a finite positive per-tensor scale, got ", value);
+    KBN_CHECK(value == 1.f || pages == DType::fp8e4m3, op, ": argument '", name, "' is ", value, ", but the pages are ",
+              dtype_name(pages), ": only fp8 e4m3 pages (--kv-cache-dtype fp8_e4m3) are scaled; 16-bit pages take 1.0");
+  }
 }
 
 std::vector<LayerCacheSpec> with_kv_cache_dtype(std::vector<LayerCacheSpec> specs, std::optional<DType> dtype) {

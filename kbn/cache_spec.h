@@ -58,10 +58,22 @@ struct KVCacheGroups {
 };
 KVCacheGroups kv_cache_groups(const std::vector<LayerCacheSpec>& specs);
 
-// vLLM's kv_cache_dtype: "auto" (the pages keep the model's dtype: nullopt), "fp8" or "fp8_e4m3" (fp8 e4m3 pages,
-// per-tensor scale 1.0: vLLM's default for a checkpoint without k_scale / v_scale). Anything else, fp8_e5m2 included
+// vLLM's kv_cache_dtype: "auto" (the pages keep the model's dtype: nullopt), "fp8" or "fp8_e4m3" (fp8 e4m3 pages
+// with per-tensor scales, KVScales below). Anything else, fp8_e5m2 included
 // (no kernel reads e5m2 pages), is an error naming `what` (the flag or field) and the accepted values.
 std::optional<DType> parse_kv_cache_dtype(const std::string& value, const std::string& what = "kv_cache_dtype");
+// The per-tensor scales of fp8 K/V pages (vLLM's k_scale / v_scale, which quantized checkpoints carry per attention
+// layer): a page element e stands for e * k (keys) or e * v (values), so a store writes x / scale (rounded once to
+// e4m3) and attention reads e * scale. 1.0 is vLLM's default for a checkpoint without them; pages of a 16-bit or f32
+// dtype are stored unscaled and take only 1.0.
+struct KVScales {
+  float k = 1.f, v = 1.f;
+  bool unit() const { return k == 1.f && v == 1.f; }
+};
+// Checks `scales` for an op whose pages have dtype `pages`: each finite and positive, and 1.0 unless the pages are
+// fp8 e4m3. The error names `op` and the scale (k_scale / v_scale).
+void check_kv_scales(const char* op, const KVScales& scales, DType pages);
+
 // `specs` with the paged K/V layers' pages in `dtype` (nullopt: unchanged). A paged latent layer (MLA) has no fp8
 // path: the error names the layer.
 std::vector<LayerCacheSpec> with_kv_cache_dtype(std::vector<LayerCacheSpec> specs, std::optional<DType> dtype);

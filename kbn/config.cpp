@@ -209,6 +209,13 @@ ModelConfig ModelConfig::sub(const std::string& key) const {
   return c;
 }
 
+std::vector<std::string> ModelConfig::keys() const {
+  std::vector<std::string> out;
+  if (!json_ || !json_->j.is_object()) return out;
+  for (const auto& [key, value] : json_->j.items()) out.push_back(key);
+  return out;
+}
+
 std::string ModelConfig::dump() const {
   if (!json_) return "{}";
   // Non-finite numbers are written as Python's json writes them (Infinity, -Infinity, NaN), which parse() reads back;

@@ -71,6 +71,8 @@ class ModelConfig {
   std::vector<std::string> architectures() const;
   // A nested object ("rope_scaling") as its own config; the error names the key when it is not an object.
   ModelConfig sub(const std::string& key) const;
+  // The keys of this object, sorted (a nested object's from sub()).
+  std::vector<std::string> keys() const;
   // The language model's config: "text_config" where a multimodal checkpoint nests it (Gemma-3's
   // Gemma3ForConditionalGeneration: no top-level hidden_size), else this config.
   ModelConfig language_model() const;

@@ -18,6 +18,11 @@ void Module::register_parameter(std::string name, Tensor* t, InitKind init, Weig
                        Parameter{t, loader ? std::move(loader) : WeightLoader(default_weight_loader), init});
 }
 
+void Module::register_optional_parameter(std::string name, Tensor* t, InitKind init, WeightLoader loader) {
+  register_parameter(std::move(name), t, init, std::move(loader));
+  params_.back().second.optional = true;
+}
+
 void Module::register_module(std::string name, Module* m) {
   KBN_CHECK(m != nullptr, "register_module: '", name, "' is null");
   children_.emplace_back(std::move(name), m);

@@ -23,6 +23,9 @@ struct Parameter {
   Tensor* tensor = nullptr;
   WeightLoader loader;  // default: exact-shape copy
   InitKind init = InitKind::normal;
+  // A checkpoint may leave it out, and it then keeps the value it was created with (vLLM's k_scale / v_scale: 1.0
+  // unless the checkpoint was calibrated for an fp8 KV cache). Every other parameter must be filled.
+  bool optional = false;
 };
 
 // The default loader: shapes must match exactly; dtype converts.
@@ -44,6 +47,8 @@ class Module {
 
  protected:
   void register_parameter(std::string name, Tensor* t, InitKind init = InitKind::normal, WeightLoader loader = {});
+  // A parameter a checkpoint may omit (Parameter::optional); `t` must hold its value for that case.
+  void register_optional_parameter(std::string name, Tensor* t, InitKind init, WeightLoader loader = {});
   void register_module(std::string name, Module* m);
   // Replaces the loader of one of this module's own parameters (subclasses that fuse several checkpoint
   // tensors into one parameter install shard-aware loaders).

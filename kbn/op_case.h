@@ -33,7 +33,7 @@ struct BenchCase {
   std::string label;   // unique within (op, model, tp), e.g. "T=4096 H=4096"
   OpArgs args;         // constructor arguments; the caller sets args.opts (dtype, device) before make()
   DType dtype = DType::bf16;
-  // The KV pages' dtype when the case reads a paged cache of another dtype than `dtype` (kernels --kv-cache-dtype
+  // The KV pages' dtype when the case reads or writes a paged cache of another dtype than `dtype` (kernels --kv-cache-dtype
   // fp8_e4m3); empty for every other case.
   std::optional<DType> kv_cache_dtype;
   // The forward's tensors in OpEntry::args order, on `device`, drawn from `seed`: activations N(0, 1),
@@ -62,7 +62,8 @@ struct CaseOptions {
   bool random = false;  // a random-shape case (one random token count in `tokens`)
   bool small = false;   // sized for CPU ops and the CPU oracle
   // The paged KV cache's dtype where it is not `dtype` (kernels --kv-cache-dtype fp8_e4m3): the attention ops that
-  // read pages honour it and set BenchCase::kv_cache_dtype; the others ignore it.
+  // read pages and store_kvcache honour it (with kFp8KScale / kFp8VScale) and set BenchCase::kv_cache_dtype; the
+  // others ignore it.
   std::optional<DType> kv_cache_dtype;
 };
 
@@ -83,6 +84,9 @@ constexpr int64_t kPrefillSequence = 4096;  // long prefills are also timed as b
 constexpr double kWeightStd = 0.02;         // initializer_range of the real configs
 constexpr int64_t kDecodeContext = 1024;    // cached tokens per sequence in a block decode case
 constexpr int64_t kDecodeMaxTokens = 256;   // blocks: larger token counts are prefill steps
+// The per-tensor scales (args k_scale, v_scale) the fp8-page cases of the attention ops and store_kvcache run with:
+// a calibrated checkpoint's, not 1.0, so a kernel that ignores them fails validation.
+constexpr double kFp8KScale = 1.25, kFp8VScale = 0.75;
 
 int64_t ceil_div(int64_t a, int64_t b);
 std::string str(int64_t v);

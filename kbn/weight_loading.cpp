@@ -2,6 +2,7 @@
 
 #include <map>
 #include <set>
+#include <utility>
 
 #include "kbn/error.h"
 #include "kbn/safetensors.h"
@@ -36,6 +37,32 @@ int64_t non_finite_count(const Tensor& t, int64_t* first_index) {
   }
   if (first_index) *first_index = first;
   return n;
+}
+
+std::vector<std::string> kv_scale_params(const std::string& name) {
+  // Suffixes as quantizers write them (vLLM's maybe_remap_kv_scale_name): llm-compressor / compressed-tensors
+  // (".self_attn.k_scale", formerly ".self_attn.k_proj.output_scale"), NVIDIA ModelOpt (".self_attn.k_proj.k_scale"),
+  // fused qkv (".self_attn.qkv_proj.k_scale"), and the deprecated single ".kv_scale" for both.
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> patterns = {
+      {".self_attn.k_scale", {"k_scale"}},
+      {".self_attn.v_scale", {"v_scale"}},
+      {".self_attn.k_proj.k_scale", {"k_scale"}},
+      {".self_attn.v_proj.v_scale", {"v_scale"}},
+      {".self_attn.k_proj.output_scale", {"k_scale"}},
+      {".self_attn.v_proj.output_scale", {"v_scale"}},
+      {".self_attn.qkv_proj.k_scale", {"k_scale"}},
+      {".self_attn.qkv_proj.v_scale", {"v_scale"}},
+      {".self_attn.kv_scale", {"k_scale", "v_scale"}},
+  };
+  for (const auto& [suffix, params] : patterns) {
+    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+      continue;
+    const std::string layer = name.substr(0, name.size() - suffix.size());
+    std::vector<std::string> out;
+    for (const std::string& p : params) out.push_back(layer + ".self_attn.attn." + p);
+    return out;
+  }
+  return {};
 }
 
 const std::vector<StackedParam>& qkv_gate_up_stacking() {
@@ -75,8 +102,42 @@ void load_stacked_weights(Module& model, const WeightSource& weights, const std:
     shards_needed[s.param] = ids.size();
   }
 
+  // One checkpoint tensor into (one shard of) a parameter.
+  auto load = [&](const Parameter& param, const std::string& name, const std::string& shard,
+                  const std::string& ckpt_name, const Tensor& tensor) {
+    // The loader converts dtypes, so a tensor relabelled I32 (or a quantized one) would load as garbage numbers.
+    const DType want = param.tensor->dtype();
+    KBN_CHECK(is_floating(want) ? is_floating(tensor.dtype()) : tensor.dtype() == want, who,
+              "::load_weights: checkpoint tensor '", ckpt_name, "' has dtype ", safetensors_dtype_name(tensor.dtype()),
+              "; expected ", is_floating(want) ? "a floating-point dtype (F32, F16, BF16 or F8_E4M3)"
+                                               : std::string(safetensors_dtype_name(want)),
+              " for parameter '", name, "' (", dtype_name(want), ")");
+    int64_t first = -1;
+    const int64_t bad = non_finite_count(tensor, &first);
+    KBN_CHECK(bad == 0, who, "::load_weights: checkpoint tensor '", ckpt_name, "' holds ", bad, " of ", tensor.numel(),
+              " values that are NaN or Inf (the first at flat index ", first,
+              "): the checkpoint is corrupt or was converted badly");
+    try {
+      param.loader(*param.tensor, tensor, shard);
+    } catch (const Error& e) {
+      KBN_FAIL(who, "::load_weights: '", ckpt_name, "': ", e.what());
+    }
+    KBN_CHECK(filled[name].insert(shard).second, who, "::load_weights: checkpoint tensor '", ckpt_name,
+              "' appears twice");
+  };
+
   weights([&](const std::string& ckpt_name, const Tensor& tensor) {
     if (skip && skip(ckpt_name)) return;
+    if (const std::vector<std::string> targets = kv_scale_params(ckpt_name); !targets.empty()) {
+      for (const std::string& name : targets) {
+        auto it = params.find(name);
+        KBN_CHECK(it != params.end(), who, "::load_weights: checkpoint tensor '", ckpt_name,
+                  "' is a per-tensor fp8 KV-cache scale, but this layer has no scaled K/V pages (looked for '", name,
+                  "'; latent and recurrent caches take none)");
+        load(it->second, name, "", ckpt_name, tensor);
+      }
+      return;
+    }
     std::string name = ckpt_name, shard;
     bool expert = false;
     for (const auto& s : experts) {
@@ -100,28 +161,11 @@ void load_stacked_weights(Module& model, const WeightSource& weights, const std:
     auto it = params.find(name);
     KBN_CHECK(it != params.end(), who, "::load_weights: checkpoint tensor '", ckpt_name,
               "' matches no parameter (looked for '", name, "')");
-    // The loader converts dtypes, so a tensor relabelled I32 (or a quantized one) would load as garbage numbers.
-    const DType want = it->second.tensor->dtype();
-    KBN_CHECK(is_floating(want) ? is_floating(tensor.dtype()) : tensor.dtype() == want, who,
-              "::load_weights: checkpoint tensor '", ckpt_name, "' has dtype ", safetensors_dtype_name(tensor.dtype()),
-              "; expected ", is_floating(want) ? "a floating-point dtype (F32, F16, BF16 or F8_E4M3)"
-                                               : std::string(safetensors_dtype_name(want)),
-              " for parameter '", name, "' (", dtype_name(want), ")");
-    int64_t first = -1;
-    const int64_t bad = non_finite_count(tensor, &first);
-    KBN_CHECK(bad == 0, who, "::load_weights: checkpoint tensor '", ckpt_name, "' holds ", bad, " of ", tensor.numel(),
-              " values that are NaN or Inf (the first at flat index ", first,
-              "): the checkpoint is corrupt or was converted badly");
-    try {
-      it->second.loader(*it->second.tensor, tensor, shard);
-    } catch (const Error& e) {
-      KBN_FAIL(who, "::load_weights: '", ckpt_name, "': ", e.what());
-    }
-    KBN_CHECK(filled[name].insert(shard).second, who, "::load_weights: checkpoint tensor '", ckpt_name,
-              "' appears twice");
+    load(it->second, name, shard, ckpt_name, tensor);
   });
 
   for (auto& [name, p] : params) {
+    if (p.optional && filled[name].empty()) continue;
     size_t need = 1;
     for (const auto& [suffix, n] : shards_needed)
       if (name.find(suffix) != std::string::npos) need = n;

@@ -21,6 +21,12 @@ struct StackedParam {
 // The q/k/v and gate/up fusions of the Llama-style decoder layers (QKVParallelLinear, MergedColumnParallelLinear).
 const std::vector<StackedParam>& qkv_gate_up_stacking();
 
+// The attention-layer parameters a checkpoint's fp8 KV-cache scale fills (vLLM's maybe_remap_kv_scale_name):
+// "model.layers.3.self_attn.k_scale" (and the ModelOpt, compressed-tensors and fused-qkv spellings) ->
+// {"model.layers.3.self_attn.attn.k_scale"}; the deprecated ".self_attn.kv_scale" fills both k_scale and v_scale.
+// Empty when `name` is no KV-cache scale (the canonical ".attn.k_scale" is matched as an ordinary parameter).
+std::vector<std::string> kv_scale_params(const std::string& name);
+
 // NaN and Inf elements of a floating-point tensor (0 for other dtypes), by their exponent bits: one pass over a
 // host copy; *first_index gets the flat index of the first (-1 when none).
 int64_t non_finite_count(const Tensor& t, int64_t* first_index = nullptr);

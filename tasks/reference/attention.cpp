@@ -100,7 +100,10 @@ std::vector<double> gather_sequence(const Tensor& cache, const PagedBatch& batch
 }
 
 // Checks the features against q's heads; returns the sinks as doubles (empty without).
-std::vector<double> check_features(const char* op, const AttentionFeatures& f, const Tensor& q) {
+std::vector<double> check_features(const char* op, const AttentionFeatures& f, const Tensor& q,
+                                   const Tensor& key_cache, const Tensor& value_cache) {
+  check_kv_scales(op, {f.kv_scales.k, 1.f}, key_cache.dtype());
+  check_kv_scales(op, {1.f, f.kv_scales.v}, value_cache.dtype());
   KBN_CHECK(f.sliding_window >= 0, op, ": argument 'sliding_window' must be >= 0 (0: no window), got ",
             f.sliding_window);
   KBN_CHECK(std::isfinite(f.logits_soft_cap) && f.logits_soft_cap >= 0, op,
@@ -118,7 +121,8 @@ std::vector<double> check_features(const char* op, const AttentionFeatures& f, c
 // out[row, h] = softmax_p(score(row, h, p)) V[p, kv(h)] over p in [first(row), position(row)], for every query row
 // of every sequence; row j of sequence b (q_len rows) sits at position seq_len - q_len + j. score = scale * q[row, h]
 // . K[p, kv(h)], then cap * tanh(score / cap) with a soft cap; first = position - window + 1 (at least 0) with a
-// sliding window, else 0; a sink adds exp(sink[h]) to the softmax's denominator (not to the numerator).
+// sliding window, else 0; a sink adds exp(sink[h]) to the softmax's denominator (not to the numerator). K and V are
+// the page elements times their per-tensor scales (features.kv_scales, 1.0 but for scaled fp8 pages).
 void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor& value_cache, const PagedBatch& batch,
             int64_t heads_per_kv_head, double scale, const AttentionFeatures& features,
             const std::vector<double>& sinks) {
@@ -133,8 +137,11 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
     const int64_t q_begin = batch.query_start[size_t(b)], q_len = batch.query_start[size_t(b) + 1] - q_begin;
     if (q_len == 0) continue;
     const int64_t seq_len = batch.seq_lens[size_t(b)];
-    const std::vector<double> keys = gather_sequence(key_cache, batch, b);
-    const std::vector<double> values = gather_sequence(value_cache, batch, b);
+    // fp8 pages hold x / scale: each element reads back as e * scale.
+    std::vector<double> keys = gather_sequence(key_cache, batch, b);
+    std::vector<double> values = gather_sequence(value_cache, batch, b);
+    for (double& k : keys) k *= double(features.kv_scales.k);
+    for (double& v : values) v *= double(features.kv_scales.v);
     std::vector<double> weights(static_cast<size_t>(seq_len)), acc(static_cast<size_t>(head_size_v));
     for (int64_t j = 0; j < q_len; ++j) {
       const int64_t row = q_begin + j, position = seq_len - q_len + j;
@@ -187,7 +194,7 @@ void paged_attention_prefill(Tensor& out, const Tensor& q, const Tensor& key_cac
   constexpr const char* op = "reference::paged_attention_prefill";
   const int64_t heads_per_kv_head =
       check_heads(op, out, q, key_cache, value_cache, "[num_tokens, num_heads, head_size]");
-  const std::vector<double> sinks = check_features(op, features, q);
+  const std::vector<double> sinks = check_features(op, features, q, key_cache, value_cache);
   check_rank(query_start_loc, op, "query_start_loc", 1, "[num_seqs + 1]");
   check_dtype(query_start_loc, op, "query_start_loc", {DType::i32, DType::i64});
   check_cpu(query_start_loc, op, "query_start_loc");
@@ -214,7 +221,7 @@ void paged_attention_decode(Tensor& out, const Tensor& q, const Tensor& key_cach
                             const AttentionFeatures& features) {
   constexpr const char* op = "reference::paged_attention_decode";
   const int64_t heads_per_kv_head = check_heads(op, out, q, key_cache, value_cache, "[num_seqs, num_heads, head_size]");
-  const std::vector<double> sinks = check_features(op, features, q);
+  const std::vector<double> sinks = check_features(op, features, q, key_cache, value_cache);
   const int64_t num_seqs = q.size(0);
   PagedBatch batch = read_batch(op, seq_lens, block_tables, num_seqs, key_cache);
   for (int64_t b = 0; b < num_seqs; ++b) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kbn/cache_spec.h"
 #include "kbn/config.h"
 #include "kbn/tensor.h"
 
@@ -72,8 +73,10 @@ void linear(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bi
 // Paged KV store (vLLM reshape_and_cache_flash): for each token t with slot s = slot_mapping[t] >= 0,
 // key_cache[s / block_size, s % block_size] = key[t] (same for value); slot -1 is skipped.
 // key, value: [num_tokens, num_kv_heads, head_size]; caches: [num_blocks, block_size, num_kv_heads, head_size]
+// fp8 e4m3 caches with per-tensor `scales` (vLLM's k_scale / v_scale) hold float(x) / scale, rounded once; other
+// caches take only scale 1.0 (check_kv_scales).
 void reshape_and_cache(const Tensor& key, const Tensor& value, Tensor& key_cache, Tensor& value_cache,
-                       const Tensor& slot_mapping);
+                       const Tensor& slot_mapping, const KVScales& scales = {});
 
 // Per-layer attention features, as vLLM's Attention takes them (per_layer_sliding_window, logits_soft_cap, sinks).
 struct AttentionFeatures {
@@ -81,6 +84,7 @@ struct AttentionFeatures {
   double logits_soft_cap = 0;      // > 0: each scaled score s becomes cap * tanh(s / cap) before the softmax
   const Tensor* sinks = nullptr;   // [num_heads] (f32, f16, bf16): a logit per query head that joins the softmax
                                    // denominator and has no value (gpt-oss); nullptr: none
+  KVScales kv_scales;              // fp8 pages' per-tensor scales: a key element e reads as e * k, a value as e * v
 };
 
 // Checks the sinks of AttentionFeatures against the query heads (rank 1, num_heads entries, a float dtype); the

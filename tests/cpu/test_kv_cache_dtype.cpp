@@ -1,5 +1,5 @@
-// --kv-cache-dtype fp8_e4m3 (vLLM's kv_cache_dtype): the paged K/V stored as fp8 e4m3 (scale 1.0) and read back by
-// the attention ops. What the option accepts and refuses, what the store writes (rounded to nearest even, saturated
+// --kv-cache-dtype fp8_e4m3 (vLLM's kv_cache_dtype): the paged K/V stored as fp8 e4m3 (with the checkpoint's
+// per-tensor k_scale / v_scale, else 1.0) and read back by the attention ops. What the option accepts and refuses, what the store writes (rounded to nearest even, saturated
 // at +-448), the cache it allocates (a quarter of an f32 page, half of a 16-bit one), and its accuracy cost end to end:
 // the transformers fixtures' prompt logits and greedy tokens with fp8 pages against the same model with full-precision
 // pages (which match transformers to 2e-5), through batched generation and through the engine.
@@ -8,9 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "L1/flash_attn_decode.h"
+#include "L1/flash_attn_prefill.h"
 #include "L1/store_kvcache.h"
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
@@ -18,6 +23,8 @@
 #include "hf_fixture.h"
 #include "kbn/cache_spec.h"
 #include "kbn/error.h"
+#include "kbn/safetensors.h"
+#include "kbn/weight_loading.h"
 
 namespace {
 
@@ -189,6 +196,290 @@ TEST(KvCacheDtype, TheEngineAllocatesFp8Pages) {
   EXPECT_EQ(fp8.kv_bytes_per_token() * 4, f32.kv_bytes_per_token());
   const auto a = f32.auto_num_kv_blocks(64, 4, 2048, 0.9), b = fp8.auto_num_kv_blocks(64, 4, 2048, 0.9);
   EXPECT_GE(b.num_blocks, a.num_blocks);
+}
+
+// ---- per-tensor scales (vLLM's k_scale / v_scale, from checkpoints calibrated for an fp8 KV cache) ----
+
+// The store writes float(x) / scale rounded once: a key of 960 with k_scale 4 keeps its value (240 in the page)
+// where scale 1.0 saturates it at 448; a value of 0.0009 with v_scale 1/256 leaves the subnormal range.
+TEST(KvCacheScales, TheStoreDividesByTheScales) {
+  const std::vector<float> k = {960.0f, -1500.0f, 3.3f, 0.5f}, v = {0.0009f, -0.0021f, 0.1f, 0.0f};
+  const Tensor key = Tensor::from_floats(k, {1, 1, 4}, DType::f32), value = Tensor::from_floats(v, {1, 1, 4}, DType::f32);
+  Tensor kc = Tensor::zeros({1, 2, 1, 4}, DType::fp8e4m3, Device::cpu());
+  Tensor vc = Tensor::zeros({1, 2, 1, 4}, DType::fp8e4m3, Device::cpu());
+  const KVScales scales{4.0f, 1.0f / 256};
+  baseline::StoreKVCache().forward(key, value, kc, vc, Tensor::from_i64({1}, {1}), scales);
+  const std::vector<float> got_k = kc.select(0, 0).select(0, 1).contiguous().to_floats();
+  const std::vector<float> got_v = vc.select(0, 0).select(0, 1).contiguous().to_floats();
+  for (size_t i = 0; i < k.size(); ++i) {
+    EXPECT_EQ(got_k[i], fp8e4m3_to_float(float_to_fp8e4m3(k[i] / scales.k))) << "key element " << i;
+    EXPECT_EQ(got_v[i], fp8e4m3_to_float(float_to_fp8e4m3(v[i] / scales.v))) << "value element " << i;
+  }
+  EXPECT_EQ(got_k[0] * scales.k, 960.0f);   // 240 is an e4m3 value: stored exactly
+  EXPECT_EQ(got_k[1], -384.0f);             // -375 rounds to -384 (step 32 above 256), not saturated
+  EXPECT_NEAR(got_v[0] * scales.v, 0.0009, 0.0009 / 16);  // 0.2304 in the page: a normal e4m3 value, 3 mantissa bits
+
+  // Scales must be finite and positive, and 16-bit pages take only 1.0 (they hold the values as they are).
+  const std::string zero = error_of([&] {
+    baseline::StoreKVCache().forward(key, value, kc, vc, Tensor::from_i64({0}, {1}), {0.0f, 1.0f});
+  });
+  EXPECT_NE(zero.find("store_kvcache: argument 'k_scale' must be a finite positive per-tensor scale, got 0"),
+            std::string::npos)
+      << zero;
+  const std::string nan = error_of([&] {
+    baseline::StoreKVCache().forward(key, value, kc, vc, Tensor::from_i64({0}, {1}), {1.0f, std::nanf("")});
+  });
+  EXPECT_NE(nan.find("argument 'v_scale' must be a finite positive"), std::string::npos) << nan;
+  Tensor f32 = Tensor::zeros({1, 2, 1, 4}, DType::f32, Device::cpu());
+  const std::string sixteen = error_of([&] {
+    baseline::StoreKVCache().forward(key, value, f32, f32, Tensor::from_i64({0}, {1}), {2.0f, 1.0f});
+  });
+  EXPECT_NE(sixteen.find("argument 'k_scale' is 2, but the pages are f32: only fp8 e4m3 pages"), std::string::npos)
+      << sixteen;
+}
+
+// Attention over scaled fp8 pages reads each key as e * k_scale and each value as e * v_scale: exactly the op over
+// f32 pages holding those products (exact in f32: 4 significant bits times scales of 2 and 3 bits). Then the accuracy
+// calibrated scales buy: keys up to 900 (past e4m3's 448) and values under 0.01 (e4m3's subnormals below 2^-6) stored
+// through the op, attention against the f32 pages' attention.
+TEST(KvCacheScales, AttentionReadsScaledPagesAsTheirValues) {
+  const int64_t heads = 4, kv_heads = 2, D = 16, bs = 4, blocks = 6;
+  const double sm = 1.0 / std::sqrt(double(D));
+  std::vector<float> kf(size_t(blocks * bs * kv_heads * D)), vf(kf.size()), qf(size_t(3 * heads * D));
+  uint32_t state = 12345;
+  auto next = [&] {
+    state = state * 1664525u + 1013904223u;
+    return float(int32_t(state >> 8) - (1 << 23)) / float(1 << 23);  // uniform in [-1, 1)
+  };
+  for (float& x : kf) x = 900.0f * next();
+  for (float& x : vf) x = 0.01f * next();
+  for (float& x : qf) x = 0.007f * next();  // scores of std ~2
+  const Tensor k = Tensor::from_floats(kf, {blocks * bs, kv_heads, D}), v = Tensor::from_floats(vf, {blocks * bs, kv_heads, D});
+  std::vector<int64_t> slots(size_t(blocks * bs));
+  for (size_t i = 0; i < slots.size(); ++i) slots[i] = int64_t((i * 7) % slots.size());  // pages out of order
+  const Tensor slot_mapping = Tensor::from_i64(slots, {blocks * bs});
+  const Shape page{blocks, bs, kv_heads, D};
+  auto store = [&](DType dt, KVScales sc) {
+    std::pair<Tensor, Tensor> c{Tensor::zeros(page, dt, Device::cpu()), Tensor::zeros(page, dt, Device::cpu())};
+    baseline::StoreKVCache().forward(k, v, c.first, c.second, slot_mapping, sc);
+    return c;
+  };
+  // Sequences of 24 and 10 keys (block tables over the same shuffled pages), prefill rows 3 and decode rows.
+  const Tensor q_dec = Tensor::from_floats(std::vector<float>(qf.begin(), qf.begin() + 2 * heads * D), {2, heads, D});
+  const Tensor lens = Tensor::from_i32({24, 10}, {2});
+  const Tensor tables = Tensor::from_i32({0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 0, 0}, {2, 6});
+  const Tensor q_pre = Tensor::from_floats(qf, {3, heads, D});
+  const Tensor qsl = Tensor::from_i32({0, 2, 3}, {3});
+  baseline::FlashAttnDecode dec(heads, D, sm, kv_heads);
+  baseline::FlashAttnPrefill pre(heads, D, sm, kv_heads);
+  auto both = [&](const std::pair<Tensor, Tensor>& c, KVScales sc) {
+    return std::pair{dec.forward(q_dec, c.first, c.second, lens, tables, 24, sc),
+                     pre.forward(q_pre, c.first, c.second, qsl, lens, tables, 2, 24, sc)};
+  };
+  const KVScales calibrated{2.5f, 1.0f / 64};  // about max |x| / 448, rounded up to few bits
+  const auto fp8 = store(DType::fp8e4m3, calibrated);
+  // The same pages dequantized into f32: e * scale.
+  auto dequant = [](const Tensor& c, float scale) {
+    std::vector<float> x = c.to_floats();
+    for (float& e : x) e *= scale;
+    return Tensor::from_floats(x, c.shape());
+  };
+  const auto scaled = both(fp8, calibrated);
+  const auto as_f32 = both({dequant(fp8.first, calibrated.k), dequant(fp8.second, calibrated.v)}, {});
+  EXPECT_EQ(scaled.first.to_floats(), as_f32.first.to_floats()) << "decode";
+  EXPECT_EQ(scaled.second.to_floats(), as_f32.second.to_floats()) << "prefill";
+
+  // Against full precision: the calibrated scales keep the keys (std 300, beyond e4m3's 448 at the tails) in range;
+  // scale 1.0 saturates them and the scores move by a large fraction.
+  const auto exact = both(store(DType::f32, {}), {});
+  const auto unscaled = both(store(DType::fp8e4m3, {}), {});
+  auto max_err = [](const Tensor& a, const Tensor& b) {
+    const std::vector<float> x = a.to_floats(), y = b.to_floats();
+    double m = 0;
+    for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::fabs(double(x[i]) - double(y[i])));
+    return m;
+  };
+  const double err_scaled = std::max(max_err(scaled.first, exact.first), max_err(scaled.second, exact.second));
+  const double err_unscaled = std::max(max_err(unscaled.first, exact.first), max_err(unscaled.second, exact.second));
+  const double largest = max_err(exact.first, Tensor::zeros(exact.first.shape(), DType::f32, Device::cpu()));
+  std::printf("attention output error against f32 pages: calibrated scales %.4g, scale 1.0 %.4g (largest |output| "
+              "%.4g)\n", err_scaled, err_unscaled, largest);
+  EXPECT_LT(err_scaled, 0.2 * largest);  // measured 0.12: the values keep 3 mantissa bits
+  EXPECT_GT(err_unscaled, 3 * err_scaled);  // measured 4.2x
+
+  // 16-bit pages with a scale are refused, as are scales on the attention ops' f32 pages.
+  const auto f32 = store(DType::f32, {});
+  const std::string e = error_of([&] { dec.forward(q_dec, f32.first, f32.second, lens, tables, 24, {1.0f, 2.0f}); });
+  EXPECT_NE(e.find("flash_attn_decode: argument 'v_scale' is 2, but the pages are f32"), std::string::npos) << e;
+  const std::string p =
+      error_of([&] { pre.forward(q_pre, f32.first, f32.second, qsl, lens, tables, 2, 24, {0.5f, 1.0f}); });
+  EXPECT_NE(p.find("flash_attn_prefill: argument 'k_scale' is 0.5"), std::string::npos) << p;
+}
+
+// Checkpoint names of the scales, as quantizers write them (vLLM's maybe_remap_kv_scale_name).
+TEST(KvCacheScales, CheckpointNamesMapToTheAttentionLayer) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(kv_scale_params("model.layers.3.self_attn.k_scale"), V{"model.layers.3.self_attn.attn.k_scale"});
+  EXPECT_EQ(kv_scale_params("model.layers.3.self_attn.v_scale"), V{"model.layers.3.self_attn.attn.v_scale"});
+  EXPECT_EQ(kv_scale_params("model.layers.0.self_attn.k_proj.k_scale"), V{"model.layers.0.self_attn.attn.k_scale"});
+  EXPECT_EQ(kv_scale_params("model.layers.0.self_attn.v_proj.v_scale"), V{"model.layers.0.self_attn.attn.v_scale"});
+  EXPECT_EQ(kv_scale_params("model.layers.1.self_attn.k_proj.output_scale"),
+            V{"model.layers.1.self_attn.attn.k_scale"});
+  EXPECT_EQ(kv_scale_params("model.layers.1.self_attn.v_proj.output_scale"),
+            V{"model.layers.1.self_attn.attn.v_scale"});
+  EXPECT_EQ(kv_scale_params("model.layers.2.self_attn.qkv_proj.v_scale"), V{"model.layers.2.self_attn.attn.v_scale"});
+  EXPECT_EQ(kv_scale_params("model.layers.2.self_attn.kv_scale"),
+            (V{"model.layers.2.self_attn.attn.k_scale", "model.layers.2.self_attn.attn.v_scale"}));
+  // Not scales: weights, an input scale of a quantized linear, the canonical name (an ordinary parameter).
+  EXPECT_TRUE(kv_scale_params("model.layers.2.self_attn.k_proj.weight").empty());
+  EXPECT_TRUE(kv_scale_params("model.layers.2.self_attn.k_proj.input_scale").empty());
+  EXPECT_TRUE(kv_scale_params("model.layers.2.self_attn.attn.k_scale").empty());
+}
+
+// The fixture's checkpoint plus `extra` tensors.
+WeightSource with_tensors(const std::string& weights_path, std::vector<std::pair<std::string, Tensor>> extra) {
+  return [=](const WeightVisitor& visit) {
+    Checkpoint::open(weights_path).for_each(visit);
+    for (const auto& [name, t] : extra) visit(name, t);
+  };
+}
+
+float param_value(const CausalLM& model, const std::string& name) {
+  return model.parameter(name).tensor->to_floats()[0];
+}
+
+// Loading: the scales land in each layer's attention (1.0 where the checkpoint has none), "kv_scale" fills both,
+// and a scale that is not one positive number, or one for a layer without K/V pages (MLA's latent cache), is an
+// error naming the checkpoint tensor.
+TEST(KvCacheScales, CheckpointScalesLoadIntoTheAttentionLayers) {
+  const test::HfFixture fx = test::load_hf_fixture("tiny-llama");
+  auto model = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  EXPECT_EQ(param_value(*model, "model.layers.0.self_attn.attn.k_scale"), 1.0f);
+  EXPECT_EQ(param_value(*model, "model.layers.1.self_attn.attn.v_scale"), 1.0f);
+  model->load_weights(with_tensors(fx.spec.weights_path,
+                                   {{"model.layers.0.self_attn.k_scale", Tensor::from_floats({0.25f}, {})},
+                                    {"model.layers.0.self_attn.v_scale", Tensor::from_floats({3.0f}, {1}, DType::bf16)},
+                                    {"model.layers.1.self_attn.kv_scale", Tensor::from_floats({0.5f}, {1})}}));
+  EXPECT_EQ(param_value(*model, "model.layers.0.self_attn.attn.k_scale"), 0.25f);
+  EXPECT_EQ(param_value(*model, "model.layers.0.self_attn.attn.v_scale"), 3.0f);
+  EXPECT_EQ(param_value(*model, "model.layers.1.self_attn.attn.k_scale"), 0.5f);
+  EXPECT_EQ(param_value(*model, "model.layers.1.self_attn.attn.v_scale"), 0.5f);
+
+  auto load_error = [&](const std::string& name, const Tensor& t) {
+    return error_of([&] { model->load_weights(with_tensors(fx.spec.weights_path, {{name, t}})); });
+  };
+  const std::string per_head = load_error("model.layers.0.self_attn.k_scale", Tensor::from_floats({1.f, 2.f}, {2}));
+  EXPECT_NE(per_head.find("'model.layers.0.self_attn.k_scale': expected one per-tensor KV-cache scale (shape [] or [1])"),
+            std::string::npos)
+      << per_head;
+  const std::string zero = load_error("model.layers.1.self_attn.v_proj.v_scale", Tensor::from_floats({0.f}, {1}));
+  EXPECT_NE(zero.find("a KV-cache scale must be positive, got 0"), std::string::npos) << zero;
+  const std::string inf =
+      load_error("model.layers.1.self_attn.v_scale", Tensor::from_floats({std::numeric_limits<float>::infinity()}, {1}));
+  EXPECT_NE(inf.find("values that are NaN or Inf"), std::string::npos) << inf;
+
+  const test::HfFixture mla = test::load_hf_fixture("tiny-deepseek-v2");
+  auto ds = engine::build_model(mla.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  const std::string latent = error_of([&] {
+    ds->load_weights(with_tensors(mla.spec.weights_path,
+                                  {{"model.layers.0.self_attn.k_scale", Tensor::from_floats({0.5f}, {1})}}));
+  });
+  EXPECT_NE(latent.find("checkpoint tensor 'model.layers.0.self_attn.k_scale' is a per-tensor fp8 KV-cache scale, but "
+                        "this layer has no scaled K/V pages"),
+            std::string::npos)
+      << latent;
+}
+
+// A config's quantization_config: compressed-tensors quantizing only the KV cache loads (16-bit weights plus the
+// scales); quantized weights, or a KV scheme other than static fp8 per tensor, are refused naming why.
+TEST(KvCacheScales, OnlyKvCacheQuantizationIsAccepted) {
+  const test::HfFixture fx = test::load_hf_fixture("tiny-llama");
+  auto with = [&](const std::string& q) {
+    engine::ModelSpec s = fx.spec;
+    s.config = s.config.with_overrides("{\"quantization_config\": " + q + "}", "test");
+    return error_of([&] { engine::check_checkpoint_quantization(s); });
+  };
+  const std::string kv = R"({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {},
+      "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": false, "symmetric": true}})";
+  EXPECT_EQ(with(kv), "");
+  const std::string weights = with(R"({"quant_method": "compressed-tensors", "config_groups": {"group_0": {}},
+      "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "tensor", "dynamic": false}})");
+  EXPECT_NE(weights.find("the checkpoint is quantized ('quantization_config'); kb-nano loads 16- and 32-bit"),
+            std::string::npos)
+      << weights;
+  EXPECT_NE(with(R"({"quant_method": "fp8", "weight_block_size": [128, 128]})").find("the checkpoint is quantized"),
+            std::string::npos);
+  const std::string head = with(R"({"quant_method": "compressed-tensors",
+      "kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "attn_head", "dynamic": false}})");
+  EXPECT_NE(head.find("kv_cache_scheme must be static fp8 per tensor"), std::string::npos) << head;
+  EXPECT_NE(head.find("strategy 'attn_head'"), std::string::npos) << head;
+  const std::string int8 = with(R"({"quant_method": "compressed-tensors",
+      "kv_cache_scheme": {"type": "int", "num_bits": 8, "strategy": "tensor", "dynamic": false}})");
+  EXPECT_NE(int8.find("got type 'int'"), std::string::npos) << int8;
+}
+
+// End to end: tiny-llama's prompts with fp8 pages and calibrated-looking scales (k 1.3, v 0.7) in the checkpoint
+// give prompt logits as close to full-precision pages as scale 1.0 does (same rounding budget), yet not the same
+// logits (the scales reach the store and both attention ops); the engine gives the same tokens as batched
+// generation. With 16-bit (here f32) pages the scales are ignored, as in vLLM: the logits are the unscaled model's.
+TEST(KvCacheScales, CheckpointScalesReachTheEngine) {
+  const test::HfFixture fx = test::load_hf_fixture("tiny-llama");
+  auto plain = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  auto scaled = engine::build_model(fx.spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  std::vector<std::pair<std::string, Tensor>> scales;
+  for (int l = 0; l < 2; ++l) {
+    const std::string layer = "model.layers." + std::to_string(l) + ".self_attn.";
+    scales.emplace_back(layer + "k_scale", Tensor::from_floats({1.3f}, {}));
+    scales.emplace_back(layer + "v_scale", Tensor::from_floats({0.7f}, {}));
+  }
+  scaled->load_weights(with_tensors(fx.spec.weights_path, scales));
+  std::vector<std::vector<int64_t>> prompts;
+  for (const auto& p : fx.expected["prompts"]) prompts.push_back(p["prompt_ids"].get<std::vector<int64_t>>());
+  engine::GenerateOptions opt;
+  opt.max_new_tokens = 8;
+  opt.return_prompt_logits = true;
+  opt.block_size = 4;
+  auto run = [&](CausalLM& m, const std::string& kv) {
+    engine::GenerateOptions o = opt;
+    o.kv_cache_dtype = kv;
+    return engine::generate_tokens(m, prompts, Device::cpu(), Variant::baseline, o);
+  };
+  const engine::GenerateResult full = run(*plain, "auto"), fp8 = run(*plain, "fp8"), fp8_scaled = run(*scaled, "fp8"),
+                               full_scaled = run(*scaled, "auto");
+  double err = 0, err_scaled = 0, moved = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<float> x = full.prompt_logits[i].to_floats(), y = fp8.prompt_logits[i].to_floats(),
+                             z = fp8_scaled.prompt_logits[i].to_floats();
+    EXPECT_EQ(full_scaled.prompt_logits[i].to_floats(), x) << "16-bit pages ignore the scales, prompt " << i;
+    for (size_t j = 0; j < x.size(); ++j) {
+      err = std::max(err, std::fabs(double(x[j]) - double(y[j])));
+      err_scaled = std::max(err_scaled, std::fabs(double(x[j]) - double(z[j])));
+      moved = std::max(moved, std::fabs(double(y[j]) - double(z[j])));
+    }
+  }
+  std::printf("tiny-llama fp8 KV: max |logit error| %.4g with scale 1.0, %.4g with k 1.3 / v 0.7 (the two differ by "
+              "up to %.4g)\n", err, err_scaled, moved);
+  EXPECT_GT(moved, 0.0) << "the checkpoint's scales did not reach the pages";
+  EXPECT_LT(err_scaled, 2 * err + 1e-6);
+
+  engine::EngineConfig cfg;
+  cfg.max_model_len = 128;
+  cfg.block_size = 4;
+  cfg.max_num_batched_tokens = 5;
+  cfg.num_kv_blocks = 512;
+  cfg.kv_cache_dtype = "fp8";
+  engine::LLMEngine eng(*scaled, Variant::baseline, Device::cpu(), cfg);
+  std::vector<engine::Request> rs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    engine::Request r;
+    r.id = int64_t(i);
+    r.prompt = prompts[i];
+    r.sampling.max_tokens = opt.max_new_tokens;
+    rs.push_back(r);
+  }
+  const engine::RunResult out = eng.run_to_completion(rs);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(out.outputs[i].tokens, fp8_scaled.tokens[i]) << "the engine's tokens with scaled fp8 pages, prompt " << i;
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 
 using kbn::Device;
 using kbn::DType;
+using kbn::KVScales;
 using kbn::Tensor;
 using kbn::baseline::FlashAttnDecode;
 using kbn::baseline::FlashAttnPrefill;
@@ -56,6 +57,7 @@ struct BatchSpec {
   std::vector<int> q_lens, seq_lens;
   uint64_t seed = 1;
   float q_std = 1.5f;  // logits ~ N(0, q_std^2) with scale 1/sqrt(head_size): a softmax neither flat nor one-hot
+  KVScales kv_scales;  // fp8 pages' per-tensor k_scale / v_scale (1.0: none); the oracle reads e * scale
 };
 
 // A paged batch on the host.
@@ -211,7 +213,8 @@ void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& w
 std::string describe(const BatchSpec& s, const char* name) {
   std::ostringstream os;
   os << name << " " << kbn::dtype_name(s.dtype) << " heads " << s.num_heads << "/" << s.num_kv_heads << " head_size "
-     << s.head_size << " block_size " << s.block_size << " seqs (q/kv):";
+     << s.head_size << " block_size " << s.block_size << " k/v scales " << s.kv_scales.k << "/" << s.kv_scales.v
+     << " seqs (q/kv):";
   for (size_t i = 0; i < s.seq_lens.size(); ++i) os << " " << s.q_lens[i] << "/" << s.seq_lens[i];
   return os.str();
 }
@@ -225,12 +228,12 @@ void check_prefill(const BatchSpec& s, PagedBatch b) {
   const DeviceBatch d = to_device(b);
   void* poisoned = poison_next_output(d.q);
   const Tensor gpu = op.forward(d.q, d.key_cache, d.value_cache, d.query_start_loc, d.seq_lens, d.block_tables,
-                                b.max_query_len, b.max_seq_len);
+                                b.max_query_len, b.max_seq_len, s.kv_scales);
   EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
   const Tensor again = op.forward(d.q, d.key_cache, d.value_cache, d.query_start_loc, d.seq_lens, d.block_tables,
-                                  b.max_query_len, b.max_seq_len);
+                                  b.max_query_len, b.max_seq_len, s.kv_scales);
   const Tensor oracle = op.forward(b.q, b.key_cache, b.value_cache, b.query_start_loc, b.seq_lens, b.block_tables,
-                                   b.max_query_len, b.max_seq_len);
+                                   b.max_query_len, b.max_seq_len, s.kv_scales);
   expect_matches_oracle(gpu, oracle, s.dtype, what);
   expect_bitwise_equal(gpu, again, what);
 }
@@ -493,10 +496,12 @@ void check_decode(const BatchSpec& s, PagedBatch b) {
   FlashAttnDecode op(s.num_heads, s.head_size, 1.0 / std::sqrt(double(s.head_size)), s.num_kv_heads);
   const DeviceBatch d = to_device(b);
   void* poisoned = poison_next_output(d.q);
-  const Tensor gpu = op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, b.max_seq_len);
+  const Tensor gpu = op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, b.max_seq_len, s.kv_scales);
   EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
-  const Tensor again = op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, b.max_seq_len);
-  const Tensor oracle = op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, b.max_seq_len);
+  const Tensor again =
+      op.forward(d.q, d.key_cache, d.value_cache, d.seq_lens, d.block_tables, b.max_seq_len, s.kv_scales);
+  const Tensor oracle =
+      op.forward(b.q, b.key_cache, b.value_cache, b.seq_lens, b.block_tables, b.max_seq_len, s.kv_scales);
   expect_matches_oracle(gpu, oracle, s.dtype, what);
   expect_bitwise_equal(gpu, again, what);
 }
@@ -542,7 +547,8 @@ TEST(FlashAttnDecodeGpu, Fp8PagesBatch1LongContextSplitsKeys) {
                                 .dtype = dt,
                                 .cache_dtype = DType::fp8e4m3,
                                 .seq_lens = {4500},
-                                .seed = uint64_t(200 + c.head)}));
+                                .seed = uint64_t(200 + c.head),
+                                .kv_scales = {1.25f, 0.75f}}));
     }
   }
 }
@@ -566,7 +572,8 @@ TEST(FlashAttnDecodeGpu, Fp8PagesBatch64MixedLengthsOneSplit) {
                               .dtype = c.dt,
                               .cache_dtype = DType::fp8e4m3,
                               .seq_lens = random_lengths(62, 800, {1500, 1501}, seed),
-                              .seed = seed}));
+                              .seed = seed,
+                              .kv_scales = {0.5f, 3.0f}}));
   }
 }
 
@@ -609,7 +616,8 @@ TEST(FlashAttnPrefillGpu, Fp8PagesOnTensorCores) {
                      .cache_dtype = DType::fp8e4m3,
                      .q_lens = {37, 1, 130, 300},
                      .seq_lens = {37, 90, 200, 333},
-                     .seed = uint64_t(60 + head_size)});
+                     .seed = uint64_t(60 + head_size),
+                     .kv_scales = {1.25f, 0.75f}});
     }
   }
   check_prefill({.num_heads = 8,
@@ -619,7 +627,8 @@ TEST(FlashAttnPrefillGpu, Fp8PagesOnTensorCores) {
                  .dtype = DType::f32,
                  .cache_dtype = DType::fp8e4m3,
                  .q_lens = {37, 1, 130},
-                 .seq_lens = {37, 90, 200}});
+                 .seq_lens = {37, 90, 200},
+                 .kv_scales = {1.25f, 0.75f}});
 }
 
 TEST(FlashAttnPrefillGpu, Fp8PagesHopperRingAcrossItemsAndPageSizes) {
@@ -635,7 +644,8 @@ TEST(FlashAttnPrefillGpu, Fp8PagesHopperRingAcrossItemsAndPageSizes) {
                   .block_size = block_size,
                   .dtype = block_size == 32 ? DType::f16 : DType::bf16,
                   .cache_dtype = DType::fp8e4m3,
-                  .seed = uint64_t(70 + block_size)};
+                  .seed = uint64_t(70 + block_size),
+                  .kv_scales = {block_size == 32 ? 0.25f : 1.f, block_size == 8 ? 1.5f : 1.f}};
       for (int i = 0; i < 24; ++i) {
         const int q = 1 + (i * 173) % 400;
         s.q_lens.push_back(q);
@@ -662,6 +672,25 @@ TEST(FlashAttnDecodeGpu, GenericKernelCoversOtherHeadSizesAndF32) {
                             .dtype = DType::f32,
                             .seq_lens = {3, 129},
                             .seed = 22}));
+  // fp8 pages with per-tensor scales on the generic kernel: a head size the tensor-core kernel lacks, and f32 q.
+  check_decode(decode_spec({.num_heads = 4,
+                            .num_kv_heads = 2,
+                            .head_size = 96,
+                            .block_size = 16,
+                            .dtype = DType::bf16,
+                            .cache_dtype = DType::fp8e4m3,
+                            .seq_lens = {1, 70, 300},
+                            .seed = 23,
+                            .kv_scales = {1.25f, 0.75f}}));
+  check_decode(decode_spec({.num_heads = 8,
+                            .num_kv_heads = 2,
+                            .head_size = 64,
+                            .block_size = 16,
+                            .dtype = DType::f32,
+                            .cache_dtype = DType::fp8e4m3,
+                            .seq_lens = {5, 900},
+                            .seed = 24,
+                            .kv_scales = {0.5f, 2.0f}}));
 }
 
 TEST(FlashAttnDecodeGpu, Batch1LongContextSplitsKeys) {
@@ -895,9 +924,9 @@ void check_prefill_features(const BatchSpec& s, const Features& f) {
   void* poisoned = poison_next_output(d.q);
   auto run = [&](const DeviceBatch& x, const Tensor& sk) {
     return f.sinks ? op.forward(x.q, x.key_cache, x.value_cache, x.query_start_loc, x.seq_lens, x.block_tables,
-                                b.max_query_len, b.max_seq_len, sk)
+                                b.max_query_len, b.max_seq_len, sk, s.kv_scales)
                    : op.forward(x.q, x.key_cache, x.value_cache, x.query_start_loc, x.seq_lens, x.block_tables,
-                                b.max_query_len, b.max_seq_len);
+                                b.max_query_len, b.max_seq_len, s.kv_scales);
   };
   const Tensor gpu = run(d, sinks_gpu);
   EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
@@ -918,8 +947,9 @@ void check_decode_features(const BatchSpec& s, const Features& f) {
   const Tensor sinks_gpu = sinks.to(Device::cuda());
   void* poisoned = poison_next_output(d.q);
   auto run = [&](const DeviceBatch& x, const Tensor& sk) {
-    return f.sinks ? op.forward(x.q, x.key_cache, x.value_cache, x.seq_lens, x.block_tables, b.max_seq_len, sk)
-                   : op.forward(x.q, x.key_cache, x.value_cache, x.seq_lens, x.block_tables, b.max_seq_len);
+    return f.sinks ? op.forward(x.q, x.key_cache, x.value_cache, x.seq_lens, x.block_tables, b.max_seq_len, sk,
+                                s.kv_scales)
+                   : op.forward(x.q, x.key_cache, x.value_cache, x.seq_lens, x.block_tables, b.max_seq_len, s.kv_scales);
   };
   const Tensor gpu = run(d, sinks_gpu);
   EXPECT_EQ(gpu.data_ptr(), poisoned) << what << ": the output did not land on the NaN-poisoned block";
@@ -933,7 +963,8 @@ void check_decode_features(const BatchSpec& s, const Features& f) {
 TEST(FlashAttnFeaturesGpu, Fp8PrefillWindowAndSinks) {
   KBN_SKIP_WITHOUT_GPU();
   const BatchSpec w{.num_heads = 16, .num_kv_heads = 2, .head_size = 64, .block_size = 16, .dtype = DType::bf16,
-                    .cache_dtype = DType::fp8e4m3, .q_lens = {200, 7}, .seq_lens = {200, 250}, .seed = 61};
+                    .cache_dtype = DType::fp8e4m3, .q_lens = {200, 7}, .seq_lens = {200, 250}, .seed = 61,
+                    .kv_scales = {0.8f, 1.5f}};
   check_prefill_features(w, {.window = 24, .sinks = true, .align_edges = true});
   check_prefill_features(w, {.soft_cap = 2.0});
 }
@@ -1065,7 +1096,7 @@ TEST(FlashAttnFeaturesGpu, TensorCoreDecodeFp8PagesWindowsSoftCapAndSinks) {
   for (const int64_t head : {64, 128, 256}) {
     const BatchSpec one = decode_spec({.num_heads = 16, .num_kv_heads = 2, .head_size = head, .block_size = 16,
                                        .dtype = DType::bf16, .cache_dtype = DType::fp8e4m3, .seq_lens = {5000},
-                                       .seed = uint64_t(230 + head)});
+                                       .seed = uint64_t(230 + head), .kv_scales = {1.25f, 0.75f}});
     check_decode_features(one, {.window = 4096, .sinks = true, .align_edges = true});
     check_decode_features(one, {.window = 128, .soft_cap = 2.0, .sinks = true});
     const BatchSpec many = decode_spec({.num_heads = 32, .num_kv_heads = 2, .head_size = head, .block_size = 32,
@@ -1077,7 +1108,7 @@ TEST(FlashAttnFeaturesGpu, TensorCoreDecodeFp8PagesWindowsSoftCapAndSinks) {
     const BatchSpec batch = decode_spec({.num_heads = 16, .num_kv_heads = 4, .head_size = head, .block_size = 16,
                                          .dtype = DType::bf16, .cache_dtype = DType::fp8e4m3,
                                          .seq_lens = random_lengths(64, 700, {}, uint64_t(250 + head)),
-                                         .seed = uint64_t(250 + head)});
+                                         .seed = uint64_t(250 + head), .kv_scales = {0.5f, 2.0f}});
     check_decode_features(batch, {.window = 128, .soft_cap = 2.0, .sinks = true});
   }
 }

@@ -535,7 +535,8 @@ TEST(StoreKVCacheGpu, BitwiseEqualToOracleAndSkipsPadding) {
 }
 
 // fp8 e4m3 caches (--kv-cache-dtype fp8_e4m3): every element converted once, rounded to nearest even and saturated
-// at +-448 (keys scaled past it here), bit for bit the CPU oracle's; padding rows and other slots untouched.
+// at +-448 (keys scaled past it here), bit for bit the CPU oracle's, unscaled and with per-tensor scales; padding rows
+// and other slots untouched.
 TEST(StoreKVCacheGpu, Fp8CachesRoundLikeTheOracle) {
   KBN_SKIP_WITHOUT_GPU();
   StoreKVCache op;
@@ -559,6 +560,13 @@ TEST(StoreKVCacheGpu, Fp8CachesRoundLikeTheOracle) {
     op.forward(key.cpu, value.cpu, kc.cpu, vc.cpu, slot_mapping.cpu);
     expect_bitwise_equal(kc.gpu, kc.cpu, "fp8 key_cache");
     expect_bitwise_equal(vc.gpu, vc.cpu, "fp8 value_cache");
+    // Per-tensor scales (a calibrated checkpoint's k_scale / v_scale): float(x) / scale, rounded once, as the oracle.
+    // k_scale 0.7 pushes more keys past 448 (saturated), v_scale 3.3 brings most values back into range.
+    const kbn::KVScales scales{0.7f, 3.3f};
+    op.forward(key.gpu, value.gpu, kc.gpu, vc.gpu, slot_mapping.gpu, scales);
+    op.forward(key.cpu, value.cpu, kc.cpu, vc.cpu, slot_mapping.cpu, scales);
+    expect_bitwise_equal(kc.gpu, kc.cpu, "fp8 key_cache, k_scale 0.7");
+    expect_bitwise_equal(vc.gpu, vc.cpu, "fp8 value_cache, v_scale 3.3");
   }
 }
 

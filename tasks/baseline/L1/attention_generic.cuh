@@ -39,6 +39,7 @@ struct GenericAttnParams {
   int sliding_window;     // > 0: keys position - window + 1 .. position; 0: all
   float logits_soft_cap;  // > 0: scores become cap * tanh(score / cap)
   const float* sinks;     // [num_heads] or nullptr: a logit per head in the softmax denominator
+  float v_scale;          // fp8 values' per-tensor scale: multiplies the normalised output (1: unscaled)
 };
 
 // Parameters for the generic kernel from the op's tensors. query_start_loc is nullptr for decode.
@@ -71,6 +72,7 @@ inline GenericAttnParams generic_attention_params(const Tensor& q, const Tensor&
   g.head_size = int(head_size);
   g.head_size_v = int(value_cache.size(3));
   g.scale = float(scale);
+  g.v_scale = 1.f;
   return g;
 }
 
@@ -80,6 +82,7 @@ inline void set_generic_features(GenericAttnParams& g, const AttnFeatures& f, do
   g.sliding_window = f.window;
   g.logits_soft_cap = float(logits_soft_cap);
   g.sinks = f.sinks;
+  g.v_scale = f.v_scale;
 }
 
 // T: q and out; KV: the pages (T, or __nv_fp8_e4m3).
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32) generic_attention_kernel(G
   for (int d = threadIdx.x; d < p.head_size_v; d += kGenericWarps * 32) {
     float o = 0.f;
     for (int w = 0; w < kGenericWarps; ++w) o += s_acc[w][d] * __expf(s_m[w] - m_all);
-    out[d] = from_f32<T>(l_all > 0.f ? o / l_all : 0.f);
+    out[d] = from_f32<T>(l_all > 0.f ? o * p.v_scale / l_all : 0.f);
   }
 }
 

@@ -115,12 +115,15 @@ struct AttnFeatures {
   float cap_in = 0.f;      // soft cap (0: none): a raw score q.k becomes cap_out * tanh(q.k * cap_in), which is
   float cap_out = 0.f;     // cap * tanh(scale q.k / cap) in the exp2 domain: cap_in = scale / cap, cap_out = cap log2 e
   const float* sinks = nullptr;  // [num_heads] f32 logits (natural-log domain) that join each head's denominator
+  float v_scale = 1.f;     // fp8 values' per-tensor scale (vLLM's v_scale): multiplies the normalised output
 };
 
 // The features for a launch; `sinks_f32` keeps the f32 copy of the sinks alive until the launch is enqueued.
+// `scale` is the softmax scale with any k_scale folded in; `v_scale` the values' scale (1 for unscaled pages).
 inline AttnFeatures attn_features(int64_t sliding_window, double logits_soft_cap, double scale, const Tensor* sinks,
-                                  Tensor& sinks_f32) {
+                                  Tensor& sinks_f32, float v_scale = 1.f) {
   AttnFeatures f;
+  f.v_scale = v_scale;
   f.window = int(std::min<int64_t>(sliding_window, INT_MAX));  // a window past INT_MAX keys masks nothing
   if (logits_soft_cap > 0) {
     f.cap_in = float(scale / logits_soft_cap);

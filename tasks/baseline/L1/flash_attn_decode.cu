@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kReduceThreads) flash_attn_decode_reduce_kerne
   __syncthreads();
   float total = sink_term(p.feat, head, max);
   for (int s = 0; s < splits; ++s) total += weights[s];
-  const float inv_total = total > 0.f ? 1.f / total : 0.f;
+  const float inv_total = total > 0.f ? p.feat.v_scale / total : 0.f;
 
   const float* partial = p.partial_out + row0 * head_size;
   T* out = static_cast<T*>(p.out) + seq * p.out_stride_seq + head * p.out_stride_head;
@@ -350,7 +350,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     const float value = p.num_splits == 1 ? acc / (sum + sink_term(p.feat, head_begin + row, max)) : acc / sum;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out);
-      out[seq * p.out_stride_seq + (head_begin + row) * p.out_stride_head + d] = from_f32<T>(value);
+      out[seq * p.out_stride_seq + (head_begin + row) * p.out_stride_head + d] = from_f32<T>(value * p.feat.v_scale);
     } else {
       const int64_t partial_row = partial_row0 + int64_t(row) * p.num_splits;
       p.partial_out[partial_row * kHeadDim + d] = value;
@@ -928,7 +928,7 @@ __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(Decod
     const float value = p.num_splits == 1 ? acc / (sum + sink_term(p.feat, head_begin + row, max)) : acc / sum;
     if (p.num_splits == 1) {
       T* out = static_cast<T*>(p.out);
-      out[seq * p.out_stride_seq + (head_begin + row) * p.out_stride_head + d] = from_f32<T>(value);
+      out[seq * p.out_stride_seq + (head_begin + row) * p.out_stride_head + d] = from_f32<T>(value * p.feat.v_scale);
     } else {
       const int64_t partial_row = partial_row0 + int64_t(row) * p.num_splits;
       p.partial_out[partial_row * kHeadDim + d] = value;
@@ -1100,19 +1100,20 @@ FlashAttnDecode::FlashAttnDecode(int64_t num_heads, int64_t head_size, double sc
 }
 
 Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
-                                const Tensor& seq_lens, const Tensor& block_tables, int64_t max_seq_len) {
-  return run(q, key_cache, value_cache, seq_lens, block_tables, max_seq_len, nullptr);
+                                const Tensor& seq_lens, const Tensor& block_tables, int64_t max_seq_len,
+                                const KVScales& scales) {
+  return run(q, key_cache, value_cache, seq_lens, block_tables, max_seq_len, nullptr, scales);
 }
 
 Tensor FlashAttnDecode::forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                                 const Tensor& seq_lens, const Tensor& block_tables, int64_t max_seq_len,
-                                const Tensor& sinks) {
-  return run(q, key_cache, value_cache, seq_lens, block_tables, max_seq_len, &sinks);
+                                const Tensor& sinks, const KVScales& scales) {
+  return run(q, key_cache, value_cache, seq_lens, block_tables, max_seq_len, &sinks, scales);
 }
 
 Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                             const Tensor& seq_lens, const Tensor& block_tables, int64_t max_seq_len,
-                            const Tensor* sinks) {
+                            const Tensor* sinks, const KVScales& scales) {
   constexpr const char* op = "flash_attn_decode";
   check_rank(q, op, "q", 3, "[num_seqs, num_heads, head_size]");
   check_size(q, op, "q", 1, num_heads_, "num_heads");
@@ -1144,6 +1145,8 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
     reference::check_attention_sinks(op, *sinks, num_heads_);
     check_same_device(*sinks, q, op, "sinks", "q");
   }
+  check_kv_scales(op, scales, key_cache.dtype());
+  const double scale = scale_ * scales.k;  // fp8 keys read as e * k_scale: the factor joins the softmax scale
 
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   if (num_seqs == 0) return out;
@@ -1152,7 +1155,7 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
 
   if (q.is_cpu()) {
     reference::paged_attention_decode(out, q, key_cache, value_cache, seq_lens, block_tables, scale_,
-                                      {sliding_window_, logits_soft_cap_, sinks});
+                                      {sliding_window_, logits_soft_cap_, sinks, scales});
     return out;
   }
 #ifdef KBN_WITH_CUDA
@@ -1167,11 +1170,11 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
-  const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
+  const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale, sinks, sinks_f32, scales.v);
   const DType pages = key_cache.dtype();  // q's dtype, or fp8 e4m3
   if (!decode_tensor_core_supports(q.dtype(), pages, head_size_, q.device())) {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, nullptr, seq_lens, block_tables,
-                                                   num_heads_, num_kv_heads_, head_size_, scale_);
+                                                   num_heads_, num_kv_heads_, head_size_, scale);
     set_generic_features(g, feat, logits_soft_cap_);
     launch_generic_attention(g, q.dtype(), pages, num_seqs, num_heads_, op, current_stream());
     return out;
@@ -1199,7 +1202,7 @@ Tensor FlashAttnDecode::run(const Tensor& q, const Tensor& key_cache, const Tens
   p.block_shift = (p.block_size & (p.block_size - 1)) == 0 ? std::countr_zero(unsigned(p.block_size)) : -1;
   p.head_chunks = 1;  // set by the launch from the kernel's rows per block
   p.num_heads = int(num_heads_);
-  p.scale_log2 = float(scale_ * 1.4426950408889634);
+  p.scale_log2 = float(scale * 1.4426950408889634);
   p.feat = feat;
   // A window bounds the keys any sequence reads: the partitions are cut over that span, not max_seq_len.
   const int64_t max_keys = sliding_window_ > 0 ? std::min(max_seq_len, sliding_window_) : max_seq_len;

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1) flash_attn_prefill_mma_kernel(Pre
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int m = m0 + warp * 16 + g + 8 * r;
     sum += sink_term(p.feat, kv_head * group + m % group, row_max[r]);
-    inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
+    inv_sum[r] = sum > 0.f ? p.feat.v_scale / sum : 0.f;
   }
   // Stage this warp's 16 normalised rows in its own Q rows (as T), then write 16-byte chunks.
   T* o_smem = reinterpret_cast<T*>(smem);
@@ -1030,7 +1030,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int m = w.m0 + warp_row + g + 8 * r;
       sum += sink_term(p.feat, w.kv_head * p.group_size + m % p.group_size, row_max[r]);
-      inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
+      inv_sum[r] = sum > 0.f ? p.feat.v_scale / sum : 0.f;
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1210,19 +1210,23 @@ FlashAttnPrefill::FlashAttnPrefill(int64_t num_heads, int64_t head_size, double 
 
 Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                                  const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
-                                 int64_t max_query_len, int64_t max_seq_len) {
-  return run(q, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len, max_seq_len, nullptr);
+                                 int64_t max_query_len, int64_t max_seq_len, const KVScales& scales) {
+  return run(q, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len, max_seq_len, nullptr,
+             scales);
 }
 
 Tensor FlashAttnPrefill::forward(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                                  const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
-                                 int64_t max_query_len, int64_t max_seq_len, const Tensor& sinks) {
-  return run(q, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len, max_seq_len, &sinks);
+                                 int64_t max_query_len, int64_t max_seq_len, const Tensor& sinks,
+                                 const KVScales& scales) {
+  return run(q, key_cache, value_cache, query_start_loc, seq_lens, block_tables, max_query_len, max_seq_len, &sinks,
+             scales);
 }
 
 Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Tensor& value_cache,
                              const Tensor& query_start_loc, const Tensor& seq_lens, const Tensor& block_tables,
-                             int64_t max_query_len, int64_t max_seq_len, const Tensor* sinks) {
+                             int64_t max_query_len, int64_t max_seq_len, const Tensor* sinks,
+                             const KVScales& scales) {
   constexpr const char* op = "flash_attn_prefill";
   check_rank(q, op, "q", 3, "[num_tokens, num_heads, head_size]");
   check_size(q, op, "q", 1, num_heads_, "num_heads");
@@ -1261,6 +1265,8 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
     reference::check_attention_sinks(op, *sinks, num_heads_);
     check_same_device(*sinks, q, op, "sinks", "q");
   }
+  check_kv_scales(op, scales, key_cache.dtype());
+  const double scale = scale_ * scales.k;  // fp8 keys read as e * k_scale: the factor joins the softmax scale
 
   const int64_t num_tokens = q.size(0);
   Tensor out = Tensor::empty({num_tokens, num_heads_, head_size_v}, q.dtype(), q.device());
@@ -1273,7 +1279,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
 
   if (q.is_cpu()) {
     reference::paged_attention_prefill(out, q, key_cache, value_cache, query_start_loc, seq_lens, block_tables, scale_,
-                                       {sliding_window_, logits_soft_cap_, sinks});
+                                       {sliding_window_, logits_soft_cap_, sinks, scales});
     return out;
   }
 #ifdef KBN_WITH_CUDA
@@ -1289,10 +1295,10 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   KBN_CHECK(num_seqs <= 65535, op, ": at most 65535 sequences per launch, got ", num_seqs);
 
   Tensor sinks_f32;  // holds the f32 sinks until the launch is enqueued
-  const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale_, sinks, sinks_f32);
+  const AttnFeatures feat = attn_features(sliding_window_, logits_soft_cap_, scale, sinks, sinks_f32, scales.v);
   auto generic = [&] {
     GenericAttnParams g = generic_attention_params(q, key_cache, value_cache, out, &query_start_loc, seq_lens,
-                                                   block_tables, num_heads_, num_kv_heads_, head_size_, scale_);
+                                                   block_tables, num_heads_, num_kv_heads_, head_size_, scale);
     set_generic_features(g, feat, logits_soft_cap_);
     launch_generic_attention(g, q.dtype(), key_cache.dtype(), num_tokens, num_heads_, op, current_stream());
     return out;
@@ -1320,7 +1326,7 @@ Tensor FlashAttnPrefill::run(const Tensor& q, const Tensor& key_cache, const Ten
   p.block_size = int(key_cache.size(1));
   p.block_shift = (p.block_size & (p.block_size - 1)) == 0 ? __builtin_ctz(unsigned(p.block_size)) : -1;
   p.group_size = int(num_heads_ / num_kv_heads_);
-  p.scale_log2 = float(scale_ * 1.4426950408889634);
+  p.scale_log2 = float(scale * 1.4426950408889634);
   p.feat = feat;
   const bool fp8_pages = key_cache.dtype() == DType::fp8e4m3;
   if (head_size_v != head_size_) {

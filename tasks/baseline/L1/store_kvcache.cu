@@ -102,10 +102,12 @@ void launch_store_kvcache(StoreKVCacheParams p, int64_t num_tokens, int64_t head
 
 // An fp8 (e4m3) cache (--kv-cache-dtype fp8_e4m3): each element is converted, rounded to nearest even and saturated
 // to +-448 (__nv_fp8_e4m3's constructor, __NV_SATFINITE; NaN stays NaN), as the CPU path's float_to_fp8e4m3 does.
-// The pages hold the values unscaled (per-tensor scale 1.0, vLLM's default for a checkpoint without k_scale /
-// v_scale). One block per token, a thread per element: a plain conversion, not the tuned copy above.
+// The pages hold float(x) / scale with the per-tensor scales (vLLM's k_scale / v_scale; 1.0, its default for a
+// checkpoint without them, stores the values unscaled: x / 1 is exact). One block per token, a thread per element:
+// a plain conversion, not the tuned copy above.
 template <class T>
-__global__ void __launch_bounds__(kThreads) store_kvcache_fp8_kernel(StoreKVCacheParams p, int head_size) {
+__global__ void __launch_bounds__(kThreads)
+    store_kvcache_fp8_kernel(StoreKVCacheParams p, int head_size, float k_scale, float v_scale) {
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slot_mapping[t * p.slot_stride];
   if (slot < 0 || slot >= p.num_slots) return;
@@ -116,8 +118,8 @@ __global__ void __launch_bounds__(kThreads) store_kvcache_fp8_kernel(StoreKVCach
   __nv_fp8_e4m3* value_cache = static_cast<__nv_fp8_e4m3*>(p.value_cache) + slot * row;
   for (int i = threadIdx.x; i < row; i += kThreads) {
     const int head = i / head_size, d = i - head * head_size;
-    key_cache[i] = __nv_fp8_e4m3(float(key[t * p.key_token_stride + head * p.key_head_stride + d]));
-    value_cache[i] = __nv_fp8_e4m3(float(value[t * p.value_token_stride + head * p.value_head_stride + d]));
+    key_cache[i] = __nv_fp8_e4m3(float(key[t * p.key_token_stride + head * p.key_head_stride + d]) / k_scale);
+    value_cache[i] = __nv_fp8_e4m3(float(value[t * p.value_token_stride + head * p.value_head_stride + d]) / v_scale);
   }
 }
 
@@ -127,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) store_kvcache_fp8_kernel(StoreKVCach
 // ---- op layer ----
 
 void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor& key_cache, const Tensor& value_cache,
-                           const Tensor& slot_mapping) {
+                           const Tensor& slot_mapping, const KVScales& scales) {
   constexpr const char* op = "store_kvcache";
   check_rank(key, op, "key", 3, "[num_tokens, num_kv_heads, head_size]");
   check_rank(value, op, "value", 3, "[num_tokens, num_kv_heads, head_size]");
@@ -155,9 +157,10 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
   check_last_dim_contiguous(value, op, "value");
   check_contiguous(key_cache, op, "key_cache");
   check_contiguous(value_cache, op, "value_cache");
+  check_kv_scales(op, scales, key_cache.dtype());
   if (key.is_cpu()) {
     Tensor kc = key_cache, vc = value_cache;
-    reference::reshape_and_cache(key, value, kc, vc, slot_mapping);
+    reference::reshape_and_cache(key, value, kc, vc, slot_mapping, scales);
     return;
   }
 #ifdef KBN_WITH_CUDA
@@ -180,7 +183,8 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
     KBN_CHECK(num_kv_heads * head_size <= std::numeric_limits<int>::max(), op,
               ": a token row of 'key' is too wide, got ", key.str());
     dispatch_float16_32(key.dtype(), op, "key", [&](auto t) {
-      store_kvcache_fp8_kernel<decltype(t)><<<unsigned(num_tokens), kThreads, 0, current_stream()>>>(p, int(head_size));
+      store_kvcache_fp8_kernel<decltype(t)>
+          <<<unsigned(num_tokens), kThreads, 0, current_stream()>>>(p, int(head_size), scales.k, scales.v);
       KBN_CUDA_CHECK_LAUNCH();
     });
     return;

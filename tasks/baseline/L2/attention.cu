@@ -14,7 +14,23 @@ Attention::Attention(int64_t num_heads, int64_t head_size, double scale, int64_t
       sliding_window_(sliding_window),
       sinks_(sinks),
       prefill_(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap),
-      decode_(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap) {}
+      decode_(num_heads, head_size, scale, num_kv_heads, sliding_window, logits_soft_cap) {
+  // Checkpoints store a scale as a scalar ([]) or [1]; one value per tensor either way (vLLM's per-tensor k_scale /
+  // v_scale). It must be finite (the loader checks) and positive.
+  auto scale_loader = [](Tensor& param, const Tensor& loaded, std::string_view) {
+    KBN_CHECK(loaded.numel() == 1, "expected one per-tensor KV-cache scale (shape [] or [1]), got ", loaded.str(),
+              " (per-head or per-channel KV scales are not supported)");
+    const float v = loaded.to(Device::cpu()).to_floats()[0];
+    KBN_CHECK(v > 0.f, "a KV-cache scale must be positive, got ", v);
+    param.copy_(Tensor::from_floats({v}, {1}));
+  };
+  k_scale_ = Tensor::full({1}, 1.0, DType::f32);
+  v_scale_ = Tensor::full({1}, 1.0, DType::f32);
+  register_optional_parameter("k_scale", &k_scale_, InitKind::ones, scale_loader);
+  register_optional_parameter("v_scale", &v_scale_, InitKind::ones, scale_loader);
+}
+
+KVScales Attention::kv_scales() const { return {k_scale_.data<float>()[0], v_scale_.data<float>()[0]}; }
 
 LayerCacheSpec Attention::cache_spec(DType dtype) const {
   return LayerCacheSpec::paged_kv(num_kv_heads_, head_size_, dtype, sliding_window_);
@@ -44,8 +60,11 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
   const Tensor& slot_mapping = md.slot_mapping_of(cache.kv_group);
   const Tensor& block_tables = md.block_tables_of(cache.kv_group);
   Tensor q = split_heads(query, num_heads_, head_size_, "query");
+  // The checkpoint's k_scale / v_scale apply to fp8 pages only (16-bit pages hold the values as they are).
+  const KVScales scales = cache.key.dtype() == DType::fp8e4m3 ? kv_scales() : KVScales{};
   store_kvcache_.forward(split_heads(key, num_kv_heads_, head_size_, "key"),
-                         split_heads(value, num_kv_heads_, head_size_, "value"), cache.key, cache.value, slot_mapping);
+                         split_heads(value, num_kv_heads_, head_size_, "value"), cache.key, cache.value, slot_mapping,
+                         scales);
 
   // NOTE: the attention kernels take q as [tokens, heads, head_size] contiguous; q is a view into the fused
   // qkv output, so this is one copy of q per layer (a fraction of the qkv GEMM's traffic).
@@ -55,15 +74,15 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
     const Tensor qp = q.slice(0, 0, np).contiguous(), lens = md.seq_lens.slice(0, 0, ns),
                  tables = block_tables.slice(0, 0, ns);
     out_p = sinks_ ? prefill_.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
-                                      md.max_prefill_query_len, md.max_prefill_seq_len, *sinks_)
+                                      md.max_prefill_query_len, md.max_prefill_seq_len, *sinks_, scales)
                    : prefill_.forward(qp, cache.key, cache.value, md.query_start_loc, lens, tables,
-                                      md.max_prefill_query_len, md.max_prefill_seq_len);
+                                      md.max_prefill_query_len, md.max_prefill_seq_len, scales);
   }
   if (nd > 0) {
     const Tensor qd = q.slice(0, np, np + nd).contiguous(), lens = md.seq_lens.slice(0, ns, ns + nd),
                  tables = block_tables.slice(0, ns, ns + nd);
-    out_d = sinks_ ? decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len, *sinks_)
-                   : decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len);
+    out_d = sinks_ ? decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len, *sinks_, scales)
+                   : decode_.forward(qd, cache.key, cache.value, lens, tables, md.max_decode_seq_len, scales);
   }
   Tensor out;
   if (nd == 0) {

@@ -27,12 +27,18 @@ class Attention : public Module {
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value);
 
   int64_t layer_index() const { return layer_index_; }
+  // The per-tensor scales of this layer's fp8 K/V pages (parameters "k_scale", "v_scale", vLLM's names; a
+  // checkpoint calibrated for an fp8 KV cache carries them, else 1.0). Used only when the pages are fp8: 16-bit
+  // pages are stored unscaled whatever the checkpoint holds, as in vLLM.
+  KVScales kv_scales() const;
   // The paged K/V this layer keeps, its window included (the model's cache_specs() lists one per layer).
   LayerCacheSpec cache_spec(DType dtype) const;
 
  private:
   int64_t num_heads_, head_size_, num_kv_heads_, layer_index_, sliding_window_;
   const Tensor* sinks_;
+  // [1] f32 on the host (read at every forward without a device sync), 1.0 until a checkpoint fills them.
+  Tensor k_scale_, v_scale_;
   StoreKVCache store_kvcache_;
   FlashAttnPrefill prefill_;
   FlashAttnDecode decode_;

@@ -35,6 +35,7 @@ Gemma3Attention::Gemma3Attention(const Gemma3TextConfig& c, int64_t layer_index,
       num_kv_heads_(qkv_proj.num_kv_heads()) {
   register_module("qkv_proj", &qkv_proj);
   register_module("o_proj", &o_proj);
+  register_module("attn", &attn);  // its k_scale / v_scale (fp8 KV-cache scales)
   register_module("q_norm", &q_norm);
   register_module("k_norm", &k_norm);
 }

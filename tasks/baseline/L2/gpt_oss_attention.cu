@@ -32,6 +32,7 @@ GptOssAttention::GptOssAttention(const GptOssConfig& c, int64_t layer_index, con
       kv_size_(qkv_proj.num_kv_heads() * c.head_dim) {
   register_module("qkv_proj", &qkv_proj);
   register_module("o_proj", &o_proj);
+  register_module("attn", &attn);  // its k_scale / v_scale (fp8 KV-cache scales)
   const int64_t heads = qkv_proj.num_heads(), total = c.num_attention_heads, rank = parallel_state().tp_rank;
   register_parameter("sinks", &sinks, InitKind::normal, [=](Tensor& p, const Tensor& w, std::string_view) {
     KBN_CHECK(w.dim() == 1 && w.size(0) == total, "GptOssAttention: checkpoint sinks is ", w.str(), ", expected [",

@@ -18,6 +18,7 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, int64_t hidden_size, i
   kv_size_ = qkv_proj.num_kv_heads() * config.head_dim;
   register_module("qkv_proj", &qkv_proj);
   register_module("o_proj", &o_proj);
+  register_module("attn", &attn);  // its k_scale / v_scale (fp8 KV-cache scales)
 }
 
 Tensor LlamaAttention::forward(const Tensor& positions, const Tensor& hidden_states) {

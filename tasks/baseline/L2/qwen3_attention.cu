@@ -19,6 +19,7 @@ Qwen3Attention::Qwen3Attention(int64_t hidden_size, int64_t num_heads, int64_t n
       num_kv_heads_(qkv_proj.num_kv_heads()) {
   register_module("qkv_proj", &qkv_proj);
   register_module("o_proj", &o_proj);
+  register_module("attn", &attn);  // its k_scale / v_scale (fp8 KV-cache scales)
   register_module("q_norm", &q_norm);
   register_module("k_norm", &k_norm);
 }

@@ -14,10 +14,12 @@ using namespace kbn::ops;
 KBN_REQUIRE_CLASS(FlashAttnDecode, "L1/flash_attn_decode.h");
 KBN_REQUIRE_CTOR(FlashAttnDecode, "L1/flash_attn_decode.h", int64_t, int64_t, double, int64_t, int64_t, double);
 KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
-                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t),
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                    const KVScales&),
                    "L1/flash_attn_decode.h");
 KBN_REQUIRE_METHOD(FlashAttnDecode, Tensor, forward,
-                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor&),
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, const Tensor&,
+                    const KVScales&),
                    "L1/flash_attn_decode.h");
 
 namespace {
@@ -60,6 +62,10 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
                          {"max_query_len", 1.0},
                          {"max_seq_len", double(ctx)}};
         if (v.window > 0) b.args.values["sliding_window"] = double(v.window);
+        if (o.kv_cache_dtype) {
+          b.args.values["k_scale"] = cases::kFp8KScale;
+          b.args.values["v_scale"] = cases::kFp8VScale;
+        }
         if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
         b.make_inputs = [=](Device d, uint64_t seed) {
           std::vector<Tensor> in{
@@ -92,7 +98,8 @@ KBN_REGISTER_OPS(r) {
          .level = 1,
          .header = "L1/flash_attn_decode.h",
          .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "sliding_window (optional)",
-                       "logits_soft_cap (optional)", "max_seq_len (optional)"},
+                       "logits_soft_cap (optional)", "max_seq_len (optional)", "k_scale (optional)",
+                       "v_scale (optional)"},
          .args = {"q", "key_cache", "value_cache", "seq_lens", "block_tables", "sinks (optional)"},
          .mutates = {},
          .make = adapter(
@@ -105,8 +112,9 @@ KBN_REGISTER_OPS(r) {
              [](FlashAttnDecode& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_s = a.get_int_or("max_seq_len", 0);
                const int64_t s_max = max_s ? max_s : host_max(t[3]);
-               if (t.size() == 6) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max, t[5])};
-               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max)};
+               const KVScales scales{float(a.get("k_scale", 1.0)), float(a.get("v_scale", 1.0))};
+               if (t.size() == 6) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max, t[5], scales)};
+               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max, scales)};
              }),
          .kernels = {"flash_attn_decode", "generic_attention"},
          .cases = decode_cases});

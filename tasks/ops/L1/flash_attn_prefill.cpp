@@ -13,11 +13,11 @@ KBN_REQUIRE_CLASS(FlashAttnPrefill, "L1/flash_attn_prefill.h");
 KBN_REQUIRE_CTOR(FlashAttnPrefill, "L1/flash_attn_prefill.h", int64_t, int64_t, double, int64_t, int64_t, double);
 KBN_REQUIRE_METHOD(FlashAttnPrefill, Tensor, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                    int64_t),
+                    int64_t, const KVScales&),
                    "L1/flash_attn_prefill.h");
 KBN_REQUIRE_METHOD(FlashAttnPrefill, Tensor, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
-                    int64_t, const Tensor&),
+                    int64_t, const Tensor&, const KVScales&),
                    "L1/flash_attn_prefill.h");
 
 namespace {
@@ -73,6 +73,10 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
                        {"scale", 1.0 / std::sqrt(double(D))}, {"num_kv_heads", double(Hk)},
                        {"max_query_len", double(max_q)}, {"max_seq_len", double(max_len)}};
       if (W > 0) b.args.values["sliding_window"] = double(W);
+      if (o.kv_cache_dtype) {
+        b.args.values["k_scale"] = cases::kFp8KScale;
+        b.args.values["v_scale"] = cases::kFp8VScale;
+      }
       if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
       b.make_inputs = [=](Device d, uint64_t seed) {
         // The new keys are already in the cache (stored by store_kvcache before attention runs).
@@ -136,7 +140,8 @@ KBN_REGISTER_OPS(r) {
          .level = 1,
          .header = "L1/flash_attn_prefill.h",
          .ctor_args = {"num_heads", "head_size", "scale", "num_kv_heads", "sliding_window (optional)",
-                       "logits_soft_cap (optional)", "max_query_len (optional)", "max_seq_len (optional)"},
+                       "logits_soft_cap (optional)", "max_query_len (optional)", "max_seq_len (optional)",
+                       "k_scale (optional)", "v_scale (optional)"},
          .args = {"q", "key_cache", "value_cache", "query_start_loc", "seq_lens", "block_tables", "sinks (optional)"},
          .mutates = {},
          .make = adapter(
@@ -149,8 +154,10 @@ KBN_REGISTER_OPS(r) {
              [](FlashAttnPrefill& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_q = a.get_int_or("max_query_len", 0), max_s = a.get_int_or("max_seq_len", 0);
                const int64_t q_max = max_q ? max_q : host_max_diff(t[3]), s_max = max_s ? max_s : host_max(t[4]);
-               if (t.size() == 7) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max, t[6])};
-               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max)};
+               const KVScales scales{float(a.get("k_scale", 1.0)), float(a.get("v_scale", 1.0))};
+               if (t.size() == 7)
+                 return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max, t[6], scales)};
+               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max, scales)};
              }),
          // generic_attention: the portable kernel for head sizes the tensor-core kernels do not take, shared
          // with flash_attn_decode.
