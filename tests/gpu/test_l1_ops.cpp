@@ -541,9 +541,15 @@ TEST(StoreKVCacheGpu, Fp8CachesRoundLikeTheOracle) {
   KBN_SKIP_WITHOUT_GPU();
   StoreKVCache op;
   uint64_t seed = 850;
+  // Tokens x head size: the 8-wide kernel one token per block (300 x 128) and four (2500 x 64), and the scalar kernel
+  // for heads that are not a multiple of 8 (50 x 20).
+  struct Shape3 {
+    int64_t tokens, hd;
+  };
+  for (const Shape3 c : {Shape3{300, 128}, Shape3{2500, 64}, Shape3{50, 20}})
   for (DType dt : kFloatTypes) {
-    SCOPED_TRACE(dtype_name(dt));
-    const int64_t tokens = 300, kvh = 8, hd = 128, blocks = 40, bs = 16;
+    SCOPED_TRACE(std::string(dtype_name(dt)) + " tokens " + std::to_string(c.tokens) + " head " + std::to_string(c.hd));
+    const int64_t tokens = c.tokens, kvh = 8, hd = c.hd, bs = 16, blocks = (tokens + 40) / bs + 1;
     const Pair qkv = randn({tokens, 3 * kvh * hd}, dt, seed++, 300.0);  // std 300: many elements saturate
     const Pair key = qkv_view(qkv, {tokens, kvh, hd}, 0), value = qkv_view(qkv, {tokens, kvh, hd}, kvh * hd);
     std::vector<int64_t> slots(static_cast<size_t>(blocks * bs));

@@ -35,6 +35,18 @@ struct StoreKVCacheParams {
 
 constexpr int kThreads = 128;
 
+// The slots of tokens t0 .. t0 + kTok - 1; -1 (skip) past num_tokens, for padding and for slots past the cache.
+template <int kTok>
+__device__ __forceinline__ void block_slots(const StoreKVCacheParams& p, int64_t t0, int64_t num_tokens,
+                                            int64_t (&slot)[kTok]) {
+#pragma unroll
+  for (int j = 0; j < kTok; ++j) {
+    const int64_t t = t0 + j;
+    slot[j] = t < num_tokens ? p.slot_mapping[t * p.slot_stride] : -1;
+    if (slot[j] >= p.num_slots) slot[j] = -1;
+  }
+}
+
 // One block per kTok tokens copies their key and value rows into slot s of the caches: with contiguous caches
 // [num_blocks, block_size, kv_heads, head] the row of slot s (block s / block_size, offset s % block_size)
 // starts at s * kv_heads * head, so no division by block_size is needed. Negative slots are padding.
@@ -48,12 +60,7 @@ template <class Unit, int kTok>
 __global__ void __launch_bounds__(kThreads) store_kvcache_kernel(StoreKVCacheParams p, int64_t num_tokens) {
   const int64_t t0 = int64_t(blockIdx.x) * kTok;
   int64_t slot[kTok];
-#pragma unroll
-  for (int j = 0; j < kTok; ++j) {
-    const int64_t t = t0 + j;
-    slot[j] = t < num_tokens ? p.slot_mapping[t * p.slot_stride] : -1;
-    if (slot[j] >= p.num_slots) slot[j] = -1;
-  }
+  block_slots<kTok>(p, t0, num_tokens, slot);
   const int row_units = p.num_kv_heads * p.head_units;
   const Unit* key = static_cast<const Unit*>(p.key);
   const Unit* value = static_cast<const Unit*>(p.value);
@@ -104,7 +111,7 @@ void launch_store_kvcache(StoreKVCacheParams p, int64_t num_tokens, int64_t head
 // to +-448 (__nv_fp8_e4m3's constructor, __NV_SATFINITE; NaN stays NaN), as the CPU path's float_to_fp8e4m3 does.
 // The pages hold float(x) / scale with the per-tensor scales (vLLM's k_scale / v_scale; 1.0, its default for a
 // checkpoint without them, stores the values unscaled: x / 1 is exact). One block per token, a thread per element:
-// a plain conversion, not the tuned copy above.
+// the fallback for heads that are not a multiple of 8 or unaligned rows (store_kvcache_fp8x8_kernel otherwise).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     store_kvcache_fp8_kernel(StoreKVCacheParams p, int head_size, float k_scale, float v_scale) {
@@ -120,6 +127,69 @@ __global__ void __launch_bounds__(kThreads)
     const int head = i / head_size, d = i - head * head_size;
     key_cache[i] = __nv_fp8_e4m3(float(key[t * p.key_token_stride + head * p.key_head_stride + d]) / k_scale);
     value_cache[i] = __nv_fp8_e4m3(float(value[t * p.value_token_stride + head * p.value_head_stride + d]) / v_scale);
+  }
+}
+
+// Eight consecutive elements of a head as floats: one 16-byte load of 16-bit values, two of f32.
+template <class T>
+__device__ __forceinline__ void load8(const T* src, float (&x)[8]) {
+  if constexpr (sizeof(T) == 4) {
+    const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+  } else {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    const T* h = reinterpret_cast<const T*>(&u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = float(h[i]);
+  }
+}
+
+// x / scale for eight elements, each rounded once to e4m3 (nearest even, saturated: the scalar kernel's conversion),
+// stored as one 8-byte word.
+__device__ __forceinline__ void store8_fp8(__nv_fp8_e4m3* dst, const float (&x)[8], float scale) {
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(x[4 * h] / scale, x[4 * h + 1] / scale), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(x[4 * h + 2] / scale, x[4 * h + 3] / scale), __NV_SATFINITE, __NV_E4M3);
+    w[h] = uint32_t(lo) | (uint32_t(hi) << 16);
+  }
+  *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+}
+
+// The fp8 store eight elements at a time (heads a multiple of 8, 16-byte aligned input chunks, 8-byte aligned
+// caches): a Llama-3-8B token row (8 kv heads x 128) is 128 chunks, one per thread, so each thread has its key and
+// value loads in flight together instead of the scalar kernel's eight dependent rounds of 2-byte loads (which made
+// the fp8 store 2.5x the 16-bit one in the engine). kTok tokens per block as in the 16-bit copy.
+template <class T, int kTok>
+__global__ void __launch_bounds__(kThreads)
+    store_kvcache_fp8x8_kernel(StoreKVCacheParams p, int64_t num_tokens, int head_size, float k_scale,
+                               float v_scale) {
+  const int64_t t0 = int64_t(blockIdx.x) * kTok;
+  int64_t slot[kTok];
+  block_slots<kTok>(p, t0, num_tokens, slot);
+  const int row = p.num_kv_heads * head_size;
+  const T* key = static_cast<const T*>(p.key);
+  const T* value = static_cast<const T*>(p.value);
+  __nv_fp8_e4m3* key_cache = static_cast<__nv_fp8_e4m3*>(p.key_cache);
+  __nv_fp8_e4m3* value_cache = static_cast<__nv_fp8_e4m3*>(p.value_cache);
+  for (int e = threadIdx.x * 8; e < row; e += kThreads * 8) {
+    const int head = e / head_size, d = e - head * head_size;
+    float k[kTok][8], v[kTok][8];
+#pragma unroll
+    for (int j = 0; j < kTok; ++j) {
+      if (slot[j] < 0) continue;
+      load8(key + (t0 + j) * p.key_token_stride + head * p.key_head_stride + d, k[j]);
+      load8(value + (t0 + j) * p.value_token_stride + head * p.value_head_stride + d, v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < kTok; ++j) {
+      if (slot[j] < 0) continue;
+      store8_fp8(key_cache + slot[j] * row + e, k[j], k_scale);
+      store8_fp8(value_cache + slot[j] * row + e, v[j], v_scale);
+    }
   }
 }
 
@@ -182,9 +252,23 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
   if (key_cache.dtype() == DType::fp8e4m3) {
     KBN_CHECK(num_kv_heads * head_size <= std::numeric_limits<int>::max(), op,
               ": a token row of 'key' is too wide, got ", key.str());
+    const size_t es = key.element_size();
+    const bool vec8 = head_size % 8 == 0 && aligned16(p.key, p.key_token_stride, es) &&
+                      aligned16(p.key, p.key_head_stride, es) && aligned16(p.value, p.value_token_stride, es) &&
+                      aligned16(p.value, p.value_head_stride, es) &&
+                      reinterpret_cast<uintptr_t>(p.key_cache) % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(p.value_cache) % 8 == 0;
     dispatch_float16_32(key.dtype(), op, "key", [&](auto t) {
-      store_kvcache_fp8_kernel<decltype(t)>
-          <<<unsigned(num_tokens), kThreads, 0, current_stream()>>>(p, int(head_size), scales.k, scales.v);
+      using T = decltype(t);
+      const Stream stream = current_stream();
+      if (!vec8)
+        store_kvcache_fp8_kernel<T><<<unsigned(num_tokens), kThreads, 0, stream>>>(p, int(head_size), scales.k, scales.v);
+      else if (num_tokens >= 2048)
+        store_kvcache_fp8x8_kernel<T, 4>
+            <<<unsigned((num_tokens + 3) / 4), kThreads, 0, stream>>>(p, num_tokens, int(head_size), scales.k, scales.v);
+      else
+        store_kvcache_fp8x8_kernel<T, 1>
+            <<<unsigned(num_tokens), kThreads, 0, stream>>>(p, num_tokens, int(head_size), scales.k, scales.v);
       KBN_CUDA_CHECK_LAUNCH();
     });
     return;
