@@ -1021,7 +1021,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_q(next);
     }
 
-    // Normalise and store straight from the accumulators: each quad writes 16 contiguous bytes of a row.
+    // Normalise, then store 16 bytes per lane: a quad holds a row's chunks of 8 columns as four 4-byte words each
+    // (lane t4: columns 8n + 2 t4, + 1); a 4x4 transpose of those words inside the quad (two shuffle rounds) gives lane
+    // t4 all of chunk 4k + t4, one 16-byte store where the direct route took four 4-byte stores into half-filled
+    // 32-byte sectors (ncu, gpt-oss window-128 prefill: a fifth of the samples waited on those stores). `out` is the
+    // op's own contiguous tensor, so every 8-column chunk is 16-byte aligned.
     float inv_sum[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -1032,17 +1036,37 @@ __global__ void __launch_bounds__(kThreads, 1)
       sum += sink_term(p.feat, w.kv_head * p.group_size + m % p.group_size, row_max[r]);
       inv_sum[r] = sum > 0.f ? p.feat.v_scale / sum : 0.f;
     }
+    static_assert(kHeadDimV % 32 == 0, "the quad transpose takes chunks of 8 columns four at a time");
+    const bool hi2 = t4 & 2, hi1 = t4 & 1;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int m = w.m0 + warp_row + g + 8 * r;
+      T* dst = nullptr;
       if (m < w.num_rows) {
         const int token = w.q_begin + m / p.group_size;
         const int head = w.kv_head * p.group_size + m % p.group_size;
-        T* dst = out + token * p.out_stride_token + head * p.out_stride_head + 2 * t4;
+        dst = out + token * p.out_stride_token + head * p.out_stride_head + 8 * t4;
+      }
 #pragma unroll
-        for (int n = 0; n < kHeadDimV / 8; ++n)
-          *reinterpret_cast<uint32_t*>(dst + 8 * n) =
-              pack2<T>(o[4 * n + 2 * r] * inv_sum[r], o[4 * n + 2 * r + 1] * inv_sum[r]);
+      for (int k = 0; k < kHeadDimV / 32; ++k) {
+        uint32_t a[4];
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          a[c] = pack2<T>(o[4 * (4 * k + c) + 2 * r] * inv_sum[r], o[4 * (4 * k + c) + 2 * r + 1] * inv_sum[r]);
+        // Round 1, with lane t4 ^ 2: keep the chunk pair of this lane's half (2 hi2, 2 hi2 + 1), send the other.
+        const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi2 ? a[0] : a[2], 2);
+        const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi2 ? a[1] : a[3], 2);
+        const uint32_t own0 = hi2 ? a[2] : a[0], own1 = hi2 ? a[3] : a[1];
+        // Round 2, with lane t4 ^ 1: keep chunk t4 (own word and lane t4 ^ 2's), send the pair's other chunk.
+        const uint32_t keep_own = hi1 ? own1 : own0, keep_far = hi1 ? r1 : r0;
+        const uint32_t got_own = __shfl_xor_sync(0xffffffffu, hi1 ? own0 : own1, 1);  // lane t4 ^ 1's word
+        const uint32_t got_far = __shfl_xor_sync(0xffffffffu, hi1 ? r0 : r1, 1);      // lane t4 ^ 3's word
+        // Word j of chunk t4 comes from lane j.
+        uint32_t v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          v[j] = j == t4 ? keep_own : j == (t4 ^ 2) ? keep_far : j == (t4 ^ 1) ? got_own : got_far;
+        if (dst) *reinterpret_cast<uint4*>(dst + 32 * k) = make_uint4(v[0], v[1], v[2], v[3]);
       }
     }
     item = next_item;
