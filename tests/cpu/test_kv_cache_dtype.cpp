@@ -102,6 +102,31 @@ TEST(KvCacheDtype, TheStoreRoundsToFp8AndSaturates) {
   EXPECT_NE(e.find("key_cache"), std::string::npos) << e;
 }
 
+// The prompts' greedy tokens through the engine with fp8 pages, chunked prefill (5-token steps) and 4-token blocks.
+std::vector<std::vector<int64_t>> engine_fp8_tokens(CausalLM& model, const std::vector<std::vector<int64_t>>& prompts,
+                                                    int64_t max_tokens) {
+  engine::EngineConfig cfg;
+  cfg.max_model_len = 128;
+  cfg.block_size = 4;
+  cfg.max_num_batched_tokens = 5;
+  cfg.num_kv_blocks = 512;
+  cfg.kv_cache_dtype = "fp8";
+  engine::LLMEngine eng(model, Variant::baseline, Device::cpu(), cfg);
+  EXPECT_EQ(eng.runner().cache_specs()[0].dtype, DType::fp8e4m3);
+  std::vector<engine::Request> rs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    engine::Request r;
+    r.id = int64_t(i);
+    r.prompt = prompts[i];
+    r.sampling.max_tokens = max_tokens;
+    rs.push_back(r);
+  }
+  const engine::RunResult run = eng.run_to_completion(rs);
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& o : run.outputs) out.push_back(o.tokens);
+  return out;
+}
+
 struct Accuracy {
   double max_logit_err = 0;             // over every prompt position, against full-precision pages
   double max_logit = 0;                 // the largest |logit| seen (the scale of the error)
@@ -140,25 +165,9 @@ Accuracy fp8_accuracy(const std::string& name) {
     for (size_t t = 0; t < hf.size() && t < fp8.tokens[i].size() && fp8.tokens[i][t] == hf[t]; ++t) ++a.equal;
   }
 
-  engine::EngineConfig cfg;
-  cfg.max_model_len = 128;
-  cfg.block_size = 4;
-  cfg.max_num_batched_tokens = 5;
-  cfg.num_kv_blocks = 512;
-  cfg.kv_cache_dtype = "fp8";
-  engine::LLMEngine eng(*model, Variant::baseline, Device::cpu(), cfg);
-  EXPECT_EQ(eng.runner().cache_specs()[0].dtype, DType::fp8e4m3) << name;
-  std::vector<engine::Request> rs;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    engine::Request r;
-    r.id = int64_t(i);
-    r.prompt = prompts[i];
-    r.sampling.max_tokens = opt.max_new_tokens;
-    rs.push_back(r);
-  }
-  const engine::RunResult run = eng.run_to_completion(rs);
+  const auto engine_tokens = engine_fp8_tokens(*model, prompts, opt.max_new_tokens);
   for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(run.outputs[i].tokens, fp8.tokens[i]) << name << ": the engine's fp8 tokens, prompt " << i;
+    EXPECT_EQ(engine_tokens[i], fp8.tokens[i]) << name << ": the engine's fp8 tokens, prompt " << i;
   std::printf(
       "%s with fp8 e4m3 KV: max |logit error| %.4g (largest |logit| %.3g), argmax kept at %lld of %lld "
       "prompt positions, %lld of %lld greedy tokens before the first divergence from transformers\n",
@@ -462,24 +471,9 @@ TEST(KvCacheScales, CheckpointScalesReachTheEngine) {
   EXPECT_GT(moved, 0.0) << "the checkpoint's scales did not reach the pages";
   EXPECT_LT(err_scaled, 2 * err + 1e-6);
 
-  engine::EngineConfig cfg;
-  cfg.max_model_len = 128;
-  cfg.block_size = 4;
-  cfg.max_num_batched_tokens = 5;
-  cfg.num_kv_blocks = 512;
-  cfg.kv_cache_dtype = "fp8";
-  engine::LLMEngine eng(*scaled, Variant::baseline, Device::cpu(), cfg);
-  std::vector<engine::Request> rs;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    engine::Request r;
-    r.id = int64_t(i);
-    r.prompt = prompts[i];
-    r.sampling.max_tokens = opt.max_new_tokens;
-    rs.push_back(r);
-  }
-  const engine::RunResult out = eng.run_to_completion(rs);
+  const auto engine_tokens = engine_fp8_tokens(*scaled, prompts, opt.max_new_tokens);
   for (size_t i = 0; i < prompts.size(); ++i)
-    EXPECT_EQ(out.outputs[i].tokens, fp8_scaled.tokens[i]) << "the engine's tokens with scaled fp8 pages, prompt " << i;
+    EXPECT_EQ(engine_tokens[i], fp8_scaled.tokens[i]) << "the engine's tokens with scaled fp8 pages, prompt " << i;
 }
 
 }  // namespace
