@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <string>
@@ -20,7 +22,9 @@
 #include "engine/generate.h"
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
+#include "engine/tp_group.h"
 #include "hf_fixture.h"
+#include "test_process.h"
 #include "kbn/cache_spec.h"
 #include "kbn/error.h"
 #include "kbn/safetensors.h"
@@ -474,6 +478,55 @@ TEST(KvCacheScales, CheckpointScalesReachTheEngine) {
   const auto engine_tokens = engine_fp8_tokens(*scaled, prompts, opt.max_new_tokens);
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(engine_tokens[i], fp8_scaled.tokens[i]) << "the engine's tokens with scaled fp8 pages, prompt " << i;
+}
+
+// A checkpoint as llm-compressor writes one for an fp8 KV cache alone: 16-bit weights, a scalar k_scale / v_scale per
+// attention layer, and a compressed-tensors quantization_config with a kv_cache_scheme and no config_groups. It loads
+// through resolve_model / build_model, at TP 1 and on each rank at TP 2 (the scales are per tensor: every rank gets
+// them whole), and the same folder with a weight-quantizing config_groups is refused.
+TEST(KvCacheScales, AKvCacheOnlyCompressedTensorsCheckpointLoads) {
+  const test::HfFixture fx = test::load_hf_fixture("tiny-llama");
+  const std::filesystem::path dir = test::temp_dir("kbn_kv_only_ckpt");
+  auto write_config = [&](const std::string& quantization) {
+    const ModelConfig c = fx.spec.config.with_overrides("{\"quantization_config\": " + quantization + "}", "test");
+    std::ofstream(dir / "config.json") << c.dump();
+  };
+  const std::string kv_scheme = R"("kv_cache_scheme": {"type": "float", "num_bits": 8, "strategy": "tensor",
+      "dynamic": false, "symmetric": true})";
+  write_config(R"({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}, )" +
+               kv_scheme + "}");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  Checkpoint::open(fx.spec.weights_path).for_each([&](const std::string& name, const Tensor& t) {
+    tensors.emplace_back(name, t.clone());
+  });
+  const std::vector<float> k = {0.125f, 0.5f}, v = {2.0f, 0.75f};
+  for (int l = 0; l < 2; ++l) {
+    const std::string layer = "model.layers." + std::to_string(l) + ".self_attn.";
+    tensors.emplace_back(layer + "k_scale", Tensor::from_floats({k[size_t(l)]}, {}));
+    tensors.emplace_back(layer + "v_scale", Tensor::from_floats({v[size_t(l)]}, {}));
+  }
+  save_safetensors((dir / "model.safetensors").string(), tensors);
+
+  const engine::ModelSpec spec = engine::resolve_model(dir.string());
+  auto model = engine::build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  for (int l = 0; l < 2; ++l) {
+    const std::string attn = "model.layers." + std::to_string(l) + ".self_attn.attn.";
+    EXPECT_EQ(param_value(*model, attn + "k_scale"), k[size_t(l)]) << "layer " << l;
+    EXPECT_EQ(param_value(*model, attn + "v_scale"), v[size_t(l)]) << "layer " << l;
+  }
+  engine::TensorParallelGroup group(2, Device::cpu());
+  const auto shards = engine::build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
+  for (size_t r = 0; r < shards.size(); ++r) {
+    EXPECT_EQ(param_value(*shards[r], "model.layers.1.self_attn.attn.k_scale"), k[1]) << "rank " << r;
+    EXPECT_EQ(param_value(*shards[r], "model.layers.0.self_attn.attn.v_scale"), v[0]) << "rank " << r;
+  }
+
+  write_config(R"({"quant_method": "compressed-tensors", "config_groups": {"group_0": {"targets": ["Linear"]}}, )" +
+               kv_scheme + "}");
+  const engine::ModelSpec weights = engine::resolve_model(dir.string());
+  const std::string e = error_of([&] { engine::build_model(weights, Variant::baseline, {DType::f32, Device::cpu()}, 0); });
+  EXPECT_NE(e.find("the checkpoint is quantized ('quantization_config')"), std::string::npos) << e;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
