@@ -33,6 +33,7 @@
 #include "kbn/format.h"
 #include "kbn/model_view.h"
 #include "kbn/version.h"
+#include "kbn/weight_loading.h"
 #include "cli/eval_url.h"
 #include "text/tokenizer.h"
 
@@ -897,6 +898,15 @@ VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorMod
             floor_model.kv_bytes_per_token(), " KV bytes per token for ", e.spec.name, " but its paged layers hold ",
             eng.runner().kv_bytes_per_token(), " (engine/serial_floor.cpp and the model's cache specs disagree)");
   std::printf("  [%s] KV cache: %s\n", run.name.c_str(), run.sizing.explanation.c_str());
+  if (parse_kv_cache_dtype(pass.kv_cache_dtype, "--kv-cache-dtype")) {
+    // Which per-tensor scales the fp8 pages use: the checkpoint's calibrated ones, or vLLM's default 1.0.
+    const KVScaleRange r = kv_scale_range(m.model ? *m.model : *m.shards.front());
+    if (r.all_one())
+      std::printf("  [%s] fp8 KV scales: 1.0 (the checkpoint has no k_scale / v_scale)\n", run.name.c_str());
+    else
+      std::printf("  [%s] fp8 KV scales from the checkpoint over %lld layers: k_scale %.4g..%.4g, v_scale %.4g..%.4g\n",
+                  run.name.c_str(), (long long)r.layers, r.k_min, r.k_max, r.v_min, r.v_max);
+  }
   if (const engine::CudaGraphRunner* graphs = eng.runner().cuda_graphs()) {
     run.graph_sizes = graphs->sizes();
     run.graph_capture_s = graphs->capture_seconds();

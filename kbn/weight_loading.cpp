@@ -1,7 +1,9 @@
 #include "kbn/weight_loading.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "kbn/error.h"
@@ -63,6 +65,23 @@ std::vector<std::string> kv_scale_params(const std::string& name) {
     return out;
   }
   return {};
+}
+
+KVScaleRange kv_scale_range(const Module& model) {
+  KVScaleRange r;
+  std::vector<float> k, v;
+  auto ends_with = [](const std::string& s, const char* suffix) {
+    const std::string x(suffix);
+    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+  };
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (ends_with(name, ".attn.k_scale")) k.push_back(p.tensor->to(Device::cpu()).to_floats()[0]);
+    if (ends_with(name, ".attn.v_scale")) v.push_back(p.tensor->to(Device::cpu()).to_floats()[0]);
+  }
+  r.layers = int64_t(k.size());
+  if (!k.empty()) std::tie(r.k_min, r.k_max) = std::pair{*std::min_element(k.begin(), k.end()), *std::max_element(k.begin(), k.end())};
+  if (!v.empty()) std::tie(r.v_min, r.v_max) = std::pair{*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+  return r;
 }
 
 const std::vector<StackedParam>& qkv_gate_up_stacking() {

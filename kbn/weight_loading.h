@@ -27,6 +27,15 @@ const std::vector<StackedParam>& qkv_gate_up_stacking();
 // Empty when `name` is no KV-cache scale (the canonical ".attn.k_scale" is matched as an ordinary parameter).
 std::vector<std::string> kv_scale_params(const std::string& name);
 
+// What a model's attention layers hold in their k_scale / v_scale (Attention's optional parameters): how many layers
+// have them and the range of each; `layers` is 0 for a model without them (MLA, recurrent layers).
+struct KVScaleRange {
+  int64_t layers = 0;
+  float k_min = 1.f, k_max = 1.f, v_min = 1.f, v_max = 1.f;
+  bool all_one() const { return k_min == 1.f && k_max == 1.f && v_min == 1.f && v_max == 1.f; }
+};
+KVScaleRange kv_scale_range(const Module& model);
+
 // NaN and Inf elements of a floating-point tensor (0 for other dtypes), by their exponent bits: one pass over a
 // host copy; *first_index gets the flat index of the first (-1 when none).
 int64_t non_finite_count(const Tensor& t, int64_t* first_index = nullptr);

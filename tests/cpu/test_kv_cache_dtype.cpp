@@ -514,6 +514,16 @@ TEST(KvCacheScales, AKvCacheOnlyCompressedTensorsCheckpointLoads) {
     EXPECT_EQ(param_value(*model, attn + "k_scale"), k[size_t(l)]) << "layer " << l;
     EXPECT_EQ(param_value(*model, attn + "v_scale"), v[size_t(l)]) << "layer " << l;
   }
+  // eval says which scales the fp8 pages use.
+  if (const std::string k_nano = test::kb_nano(); !k_nano.empty()) {
+    const test::ShellResult r = test::shell(k_nano + " eval --model " + dir.string() +
+                                            " --kv-cache-dtype fp8 --num-requests 2 --device cpu");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("[baseline] fp8 KV scales from the checkpoint over 2 layers: k_scale 0.125..0.5, "
+                            "v_scale 0.75..2"),
+              std::string::npos)
+        << r.output;
+  }
   engine::TensorParallelGroup group(2, Device::cpu());
   const auto shards = engine::build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
   for (size_t r = 0; r < shards.size(); ++r) {
