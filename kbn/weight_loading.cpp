@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <set>
-#include <tuple>
 #include <utility>
 
 #include "kbn/error.h"
@@ -79,8 +78,14 @@ KVScaleRange kv_scale_range(const Module& model) {
     if (ends_with(name, ".attn.v_scale")) v.push_back(p.tensor->to(Device::cpu()).to_floats()[0]);
   }
   r.layers = int64_t(k.size());
-  if (!k.empty()) std::tie(r.k_min, r.k_max) = std::pair{*std::min_element(k.begin(), k.end()), *std::max_element(k.begin(), k.end())};
-  if (!v.empty()) std::tie(r.v_min, r.v_max) = std::pair{*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
+  if (!k.empty()) {
+    const auto [lo, hi] = std::minmax_element(k.begin(), k.end());
+    r.k_min = *lo, r.k_max = *hi;
+  }
+  if (!v.empty()) {
+    const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    r.v_min = *lo, r.v_max = *hi;
+  }
   return r;
 }
 
