@@ -68,7 +68,6 @@ std::optional<DType> parse_kv_cache_dtype(const std::string& value, const std::s
 // dtype are stored unscaled and take only 1.0.
 struct KVScales {
   float k = 1.f, v = 1.f;
-  bool unit() const { return k == 1.f && v == 1.f; }
 };
 // Checks `scales` for an op whose pages have dtype `pages`: each finite and positive, and 1.0 unless the pages are
 // fp8 e4m3. The error names `op` and the scale (k_scale / v_scale).

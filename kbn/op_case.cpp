@@ -44,6 +44,13 @@ std::vector<int64_t> token_counts(const CaseOptions& options) {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 std::string str(int64_t v) { return std::to_string(v); }
 
+void set_kv_pages(BenchCase& b, const CaseOptions& options) {
+  b.kv_cache_dtype = options.kv_cache_dtype;
+  if (!options.kv_cache_dtype) return;
+  b.args.values["k_scale"] = kFp8KScale;
+  b.args.values["v_scale"] = kFp8VScale;
+}
+
 BenchCase base(const std::string& op, const ModelView& m, int64_t tokens, DType dtype) {
   BenchCase b;
   b.op = op;

@@ -33,8 +33,8 @@ struct BenchCase {
   std::string label;   // unique within (op, model, tp), e.g. "T=4096 H=4096"
   OpArgs args;         // constructor arguments; the caller sets args.opts (dtype, device) before make()
   DType dtype = DType::bf16;
-  // The KV pages' dtype when the case reads or writes a paged cache of another dtype than `dtype` (kernels --kv-cache-dtype
-  // fp8_e4m3); empty for every other case.
+  // The KV pages' dtype when the case reads or writes a paged cache of another dtype than `dtype` (kernels
+  // --kv-cache-dtype fp8_e4m3); empty for every other case.
   std::optional<DType> kv_cache_dtype;
   // The forward's tensors in OpEntry::args order, on `device`, drawn from `seed`: activations N(0, 1),
   // weights N(0, 0.02), ids uniform in the rank's vocabulary shard, positions < max_position_embeddings,
@@ -87,6 +87,8 @@ constexpr int64_t kDecodeMaxTokens = 256;   // blocks: larger token counts are p
 // The per-tensor scales (args k_scale, v_scale) the fp8-page cases of the attention ops and store_kvcache run with:
 // a calibrated checkpoint's, not 1.0, so a kernel that ignores them fails validation.
 constexpr double kFp8KScale = 1.25, kFp8VScale = 0.75;
+// A case of an op that reads or writes paged K/V under `options`: its pages' dtype and, for fp8 pages, the scales.
+void set_kv_pages(BenchCase& b, const CaseOptions& options);
 
 int64_t ceil_div(int64_t a, int64_t b);
 std::string str(int64_t v);

@@ -56,8 +56,7 @@ std::vector<std::string> kv_scale_params(const std::string& name) {
       {".self_attn.kv_scale", {"k_scale", "v_scale"}},
   };
   for (const auto& [suffix, params] : patterns) {
-    if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-      continue;
+    if (name.size() <= suffix.size() || !name.ends_with(suffix)) continue;
     const std::string layer = name.substr(0, name.size() - suffix.size());
     std::vector<std::string> out;
     for (const std::string& p : params) out.push_back(layer + ".self_attn.attn." + p);
@@ -69,13 +68,9 @@ std::vector<std::string> kv_scale_params(const std::string& name) {
 KVScaleRange kv_scale_range(const Module& model) {
   KVScaleRange r;
   std::vector<float> k, v;
-  auto ends_with = [](const std::string& s, const char* suffix) {
-    const std::string x(suffix);
-    return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
-  };
   for (const auto& [name, p] : model.named_parameters()) {
-    if (ends_with(name, ".attn.k_scale")) k.push_back(p.tensor->to(Device::cpu()).to_floats()[0]);
-    if (ends_with(name, ".attn.v_scale")) v.push_back(p.tensor->to(Device::cpu()).to_floats()[0]);
+    if (name.ends_with(".attn.k_scale")) k.push_back(p.tensor->to(Device::cpu()).to_floats()[0]);
+    if (name.ends_with(".attn.v_scale")) v.push_back(p.tensor->to(Device::cpu()).to_floats()[0]);
   }
   r.layers = int64_t(k.size());
   if (!k.empty()) {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kbn/cache_spec.h"
 #include "kbn/op_case.h"
 #include "kbn/registry.h"
 #include "kbn/variant.h"
@@ -102,6 +103,9 @@ template <class Make, class Call>
 auto adapter(std::string name, size_t nargs, Make make, Call call) {
   return adapter(std::move(name), nargs, nargs, std::move(make), std::move(call));
 }
+
+// The fp8 pages' per-tensor scales of a paged-KV op's case (args k_scale / v_scale, cases::set_kv_pages; 1.0 when absent).
+inline KVScales kv_scales_arg(const OpArgs& a) { return {float(a.get("k_scale", 1.0)), float(a.get("v_scale", 1.0))}; }
 
 // The single-rank view of the model config an L2..L4 op is built from (OpArgs::config).
 inline ModelView view_of(const OpArgs& a) {

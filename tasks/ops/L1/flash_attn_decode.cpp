@@ -54,7 +54,6 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
         BenchCase b = cases::base("flash_attn_decode", m, B, dt);
         b.label = "B=" + cases::str(B) + " ctx=" + cases::str(ctx) + (o.random ? " ragged" : "") +
                   " heads=" + cases::str(Hq) + " kv=" + cases::str(Hk) + " D=" + cases::str(D) + v.label() + kv_label;
-        b.kv_cache_dtype = o.kv_cache_dtype;
         b.args.values = {{"num_heads", double(Hq)},
                          {"head_size", double(D)},
                          {"scale", 1.0 / std::sqrt(double(D))},
@@ -62,10 +61,7 @@ std::vector<BenchCase> decode_cases(const ModelView& m, const CaseOptions& o) {
                          {"max_query_len", 1.0},
                          {"max_seq_len", double(ctx)}};
         if (v.window > 0) b.args.values["sliding_window"] = double(v.window);
-        if (o.kv_cache_dtype) {
-          b.args.values["k_scale"] = cases::kFp8KScale;
-          b.args.values["v_scale"] = cases::kFp8VScale;
-        }
+        cases::set_kv_pages(b, o);
         if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
         b.make_inputs = [=](Device d, uint64_t seed) {
           std::vector<Tensor> in{
@@ -112,7 +108,7 @@ KBN_REGISTER_OPS(r) {
              [](FlashAttnDecode& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_s = a.get_int_or("max_seq_len", 0);
                const int64_t s_max = max_s ? max_s : host_max(t[3]);
-               const KVScales scales{float(a.get("k_scale", 1.0)), float(a.get("v_scale", 1.0))};
+               const KVScales scales = kv_scales_arg(a);
                if (t.size() == 6) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max, t[5], scales)};
                return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], s_max, scales)};
              }),

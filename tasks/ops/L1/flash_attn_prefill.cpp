@@ -66,17 +66,13 @@ std::vector<BenchCase> prefill_cases(const ModelView& m, const CaseOptions& o) {
       BenchCase b = cases::base("flash_attn_prefill", m, T, dt);
       b.label = what + " heads=" + cases::str(Hq) + " kv=" + cases::str(Hk) + " D=" + cases::str(D) +
                 (Dv != D ? " Dv=" + cases::str(Dv) : "") + v.label() + kv_label;
-      b.kv_cache_dtype = o.kv_cache_dtype;
       // NOTE: the launch maxima are host facts of the case, passed as constructor arguments so the adapter does
       // no device-to-host read inside the timed call (and the call can be captured in a CUDA graph).
       b.args.values = {{"num_heads", double(Hq)},        {"head_size", double(D)},
                        {"scale", 1.0 / std::sqrt(double(D))}, {"num_kv_heads", double(Hk)},
                        {"max_query_len", double(max_q)}, {"max_seq_len", double(max_len)}};
       if (W > 0) b.args.values["sliding_window"] = double(W);
-      if (o.kv_cache_dtype) {
-        b.args.values["k_scale"] = cases::kFp8KScale;
-        b.args.values["v_scale"] = cases::kFp8VScale;
-      }
+      cases::set_kv_pages(b, o);
       if (a.logits_soft_cap > 0) b.args.values["logits_soft_cap"] = a.logits_soft_cap;
       b.make_inputs = [=](Device d, uint64_t seed) {
         // The new keys are already in the cache (stored by store_kvcache before attention runs).
@@ -154,7 +150,7 @@ KBN_REGISTER_OPS(r) {
              [](FlashAttnPrefill& op, const Tensors& t, const OpArgs& a) {
                const int64_t max_q = a.get_int_or("max_query_len", 0), max_s = a.get_int_or("max_seq_len", 0);
                const int64_t q_max = max_q ? max_q : host_max_diff(t[3]), s_max = max_s ? max_s : host_max(t[4]);
-               const KVScales scales{float(a.get("k_scale", 1.0)), float(a.get("v_scale", 1.0))};
+               const KVScales scales = kv_scales_arg(a);
                if (t.size() == 7)
                  return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max, t[6], scales)};
                return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], q_max, s_max, scales)};

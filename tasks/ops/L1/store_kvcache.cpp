@@ -30,8 +30,7 @@ std::vector<BenchCase> store_kvcache_cases(const ModelView& m, const CaseOptions
     BenchCase b = cases::base("store_kvcache", m, T, dt);
     b.label = "T=" + cases::str(T) + " kv=" + cases::str(Hk) + " D=" + cases::str(D) + " blocks=" + cases::str(blocks) +
               (o.kv_cache_dtype ? std::string(" kv_cache=") + dtype_name(kv) : "");
-    b.kv_cache_dtype = o.kv_cache_dtype;
-    if (o.kv_cache_dtype) b.args.values = {{"k_scale", cases::kFp8KScale}, {"v_scale", cases::kFp8VScale}};
+    cases::set_kv_pages(b, o);
     b.make_inputs = [=](Device d, uint64_t seed) {
       return std::vector<Tensor>{
           cases::normal({T, Hk, D}, dt, d, seed, "key", 1.0), cases::normal({T, Hk, D}, dt, d, seed, "value", 1.0),
@@ -62,7 +61,7 @@ KBN_REGISTER_OPS(r) {
          .make = adapter(
              "store_kvcache", 5, [](const OpArgs&) { return std::make_unique<StoreKVCache>(); },
              [](StoreKVCache& op, const Tensors& t, const OpArgs& a) {
-               op.forward(t[0], t[1], t[2], t[3], t[4], {float(a.get("k_scale", 1.0)), float(a.get("v_scale", 1.0))});
+               op.forward(t[0], t[1], t[2], t[3], t[4], kv_scales_arg(a));
                return Tensors{t[2], t[3]};
              }),
          .kernels = {"store_kvcache"},
