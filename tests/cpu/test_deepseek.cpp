@@ -15,6 +15,7 @@
 
 #include "L1/gather_cache.h"
 #include "L1/mla_decode.h"
+#include "L2/deepseek_v2_moe.h"
 #include "L4/deepseek_v2.h"
 #include "configs/deepseek_v2.h"
 #include "engine/model_loader.h"
@@ -379,6 +380,53 @@ TEST(GroupedTopk, BadArgumentsAreNamed) {
   EXPECT_THROW(
       reference::grouped_topk(w, ids, Tensor::from_floats(nan_logits, {1, 12}), false, 4, 2, "softmax", 1.0, Tensor()),
       Error);
+}
+
+TEST(DeepseekV2MoE, TheRouterRanksF32LogitsThatBf16WouldTie) {
+  // tiny-deepseek-v3: 8 experts in 4 groups of 2, 2 groups kept, top 2, sigmoid scores, score-correction bias (zero).
+  // Hidden [1, 1, 0, ...] and gate rows [1, d_j, 0, ...] give experts 0, 2, 4 the logits 1 + 2^-10, 1 + 2^-9 and
+  // 1 + 3 * 2^-10, all 1.0 when rounded to bf16, and the others -4. In f32 expert 4 leads, then 2 (their groups are
+  // kept); rounded to bf16 the three tie and the lower ids, 0 and 2, would win.
+  const engine::ModelSpec spec = engine::resolve_model("tiny-deepseek-v3");
+  const DeepseekV2Config c = DeepseekV2Config::from(spec.config);
+  baseline::DeepseekV2MoE moe(c, "model.layers.1.mlp", {DType::bf16, Device::cpu()});
+  init_random_weights(moe, 3, 1.0);
+  const int64_t H = c.hidden_size, E = c.n_routed_experts;
+  ASSERT_EQ(E, 8);
+  std::vector<float> gate(size_t(E * H), 0.f);
+  const double d[8] = {0x1p-10, 0, 0x1p-9, 0, 3 * 0x1p-10, 0, 0, 0};
+  for (int64_t j = 0; j < E; ++j) {
+    const bool near = j == 0 || j == 2 || j == 4;
+    gate[size_t(j * H)] = near ? 1.f : -4.f;
+    gate[size_t(j * H + 1)] = float(d[j]);
+  }
+  moe.gate.weight.copy_(Tensor::from_floats(gate, {E, H}, DType::bf16));
+  std::vector<float> xv(size_t(2 * H), 0.f);
+  xv[0] = xv[1] = xv[size_t(H)] = xv[size_t(H + 1)] = 1.f;  // two identical tokens
+  const Tensor x = Tensor::from_floats(xv, {2, H}, DType::bf16);
+
+  const auto [logits, no_bias] = moe.gate.forward(x);
+  ASSERT_EQ(logits.dtype(), DType::f32);
+  EXPECT_EQ(logits.to_doubles()[4], 1 + 3 * 0x1p-10);
+
+  // The expected output: experts 4 and 2 weighted by their renormalised sigmoids times routed_scaling_factor, plus the
+  // shared expert.
+  const auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
+  const double s4 = sig(1 + 3 * 0x1p-10), s2 = sig(1 + 0x1p-9);
+  const float w4 = float(c.routed_scaling_factor * s4 / (s4 + s2)), w2 = float(c.routed_scaling_factor * s2 / (s4 + s2));
+  const auto routed = [&](int32_t a, int32_t b) {
+    return moe.experts.forward_routed(x, Tensor::from_floats({w4, w2, w4, w2}, {2, 2}), Tensor::from_i32({a, b, a, b}, {2, 2}))
+        .to_doubles();
+  };
+  const std::vector<double> r = routed(4, 2), tied = routed(0, 2), sh = moe.shared_experts->forward(x).to_doubles(),
+                            out = moe.forward(x).to_doubles();
+  ASSERT_EQ(out.size(), r.size());
+  double apart = 0;  // how far the bf16 tie's choice would land: the check below can tell the two apart
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_NEAR(out[i], r[i] + sh[i], 2e-2 * (1 + std::abs(r[i] + sh[i]))) << i;
+    apart = std::max(apart, std::abs(tied[i] - r[i]) / (1 + std::abs(r[i] + sh[i])));
+  }
+  EXPECT_GT(apart, 0.1);
 }
 
 std::string error_of(const std::function<void()>& f) {

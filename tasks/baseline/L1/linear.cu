@@ -35,14 +35,16 @@ constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
 struct GemmShape {
   int64_t m, n, k, lda;
-  DType dtype;
+  DType dtype;      // x and weight
+  DType out_dtype;  // out and bias
   bool has_bias;
 };
 
 // The shape in words, for error messages.
 std::string shape_words(const GemmShape& s) {
   return detail::concat("out[", s.m, ", ", s.n, "] = x[", s.m, ", ", s.k, "] (row stride ", s.lda, ") @ weight[", s.n,
-                        ", ", s.k, "]^T", s.has_bias ? " + bias" : "", " in ", dtype_name(s.dtype));
+                        ", ", s.k, "]^T", s.has_bias ? " + bias" : "", " in ", dtype_name(s.dtype),
+                        s.out_dtype != s.dtype ? detail::concat(" to ", dtype_name(s.out_dtype)) : std::string());
 }
 
 void check_cublas(cublasStatus_t status, const char* call, const GemmShape& s) {
@@ -145,12 +147,26 @@ bool gemv_applies(const void* x, const void* weight, int64_t m, int64_t n, int64
 
 struct PlanKey {
   int device;
-  DType dtype;
+  DType dtype, out_dtype;
   int64_t m, n, k, lda;
   bool has_bias;
   uint32_t align_weight, align_x, align_out, align_bias;
   auto operator<=>(const PlanKey&) const = default;
 };
+
+cudaDataType_t cuda_type(DType dtype) {
+  cudaDataType_t type = CUDA_R_32F;
+  dispatch_float16_32(dtype, "linear", "x", [&](auto t) {
+    using T = decltype(t);
+    if constexpr (std::is_same_v<T, __half>)
+      type = CUDA_R_16F;
+    else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      type = CUDA_R_16BF;
+    else
+      type = CUDA_R_32F;
+  });
+  return type;
+}
 
 // Everything cuBLASLt needs for one (device, dtype, shape, alignment): descriptors and the heuristic's
 // best algorithm. Plans live as long as the process.
@@ -195,16 +211,7 @@ class LinearContext {
  private:
   static std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t handle, const PlanKey& key, const GemmShape& s,
                                              const void* bias) {
-    cudaDataType_t type = CUDA_R_32F;
-    dispatch_float16_32(s.dtype, "linear", "x", [&](auto t) {
-      using T = decltype(t);
-      if constexpr (std::is_same_v<T, __half>)
-        type = CUDA_R_16F;
-      else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-        type = CUDA_R_16BF;
-      else
-        type = CUDA_R_32F;
-    });
+    const cudaDataType_t type = cuda_type(s.dtype), out_type = cuda_type(s.out_dtype);
     auto plan = std::make_unique<GemmPlan>();
     // fp32 accumulation and fp32 alpha/beta for every dtype (no TF32 for f32 inputs).
     check_cublas(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate", s);
@@ -226,7 +233,7 @@ class LinearContext {
                  "cublasLtMatrixLayoutCreate(weight)", s);
     check_cublas(cublasLtMatrixLayoutCreate(&plan->x_layout, type, uint64_t(s.k), uint64_t(s.m), s.lda),
                  "cublasLtMatrixLayoutCreate(x)", s);
-    check_cublas(cublasLtMatrixLayoutCreate(&plan->out_layout, type, uint64_t(s.n), uint64_t(s.m), s.n),
+    check_cublas(cublasLtMatrixLayoutCreate(&plan->out_layout, out_type, uint64_t(s.n), uint64_t(s.m), s.n),
                  "cublasLtMatrixLayoutCreate(out)", s);
 
     cublasLtMatmulPreference_t pref = nullptr;
@@ -265,6 +272,7 @@ void launch_linear(void* out, const void* x, const void* weight, const void* bia
                    Stream stream) {
   const PlanKey key{.device = device,
                     .dtype = s.dtype,
+                    .out_dtype = s.out_dtype,
                     .m = s.m,
                     .n = s.n,
                     .k = s.k,
@@ -292,6 +300,10 @@ void launch_linear(void* out, const void* x, const void* weight, const void* bia
 // ---- op layer ----
 
 Tensor Linear::forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return forward(x, weight, bias, x.dtype());
+}
+
+Tensor Linear::forward(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype) {
   constexpr const char* op = "linear";
   check_rank(x, op, "x", 2, "[num_tokens, in_features]");
   check_rank(weight, op, "weight", 2, "[out_features, in_features]");
@@ -301,10 +313,13 @@ Tensor Linear::forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_size(x, op, "x", 1, weight.size(1), "in_features");
   check_last_dim_contiguous(x, op, "x");
   check_contiguous(weight, op, "weight");
+  KBN_CHECK(out_dtype == x.dtype() || out_dtype == DType::f32, op, ": argument 'out_dtype' must be x's dtype (",
+            dtype_name(x.dtype()), ") or f32, got ", dtype_name(out_dtype));
   const int64_t m = x.size(0), n = weight.size(0), k = weight.size(1);
   if (bias.defined()) {
     check_rank(bias, op, "bias", 1, "[out_features]");
-    check_same_dtype(x, bias, op, "x", "bias");
+    KBN_CHECK(bias.dtype() == out_dtype, op, ": argument 'bias' must be in the output's dtype ", dtype_name(out_dtype),
+              ", got ", bias.str());
     check_same_device(x, bias, op, "x", "bias");
     check_size(bias, op, "bias", 0, n, "out_features");
     check_contiguous(bias, op, "bias");
@@ -312,7 +327,7 @@ Tensor Linear::forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   KBN_CHECK(k > 0, op, ": argument 'weight' must have in_features > 0, got ", weight.str());
   KBN_CHECK(m <= 1 || x.stride(0) >= k, op, ": argument 'x' rows overlap (row stride below in_features), got ",
             x.str());
-  Tensor out = Tensor::empty({m, n}, x.dtype(), x.device());
+  Tensor out = Tensor::empty({m, n}, out_dtype, x.device());
   if (m == 0 || n == 0) return out;
   if (x.is_cpu()) {
     reference::linear(out, x, weight, bias);
@@ -320,9 +335,14 @@ Tensor Linear::forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   }
 #ifdef KBN_WITH_CUDA
   // A single row has no meaningful row stride; give cuBLAS the tightest legal one.
-  const GemmShape shape{
-      .m = m, .n = n, .k = k, .lda = m == 1 ? k : x.stride(0), .dtype = x.dtype(), .has_bias = bias.defined()};
-  if (gemv_applies(x.data_ptr(), weight.data_ptr(), m, n, k, x.dtype())) {
+  const GemmShape shape{.m = m,
+                        .n = n,
+                        .k = k,
+                        .lda = m == 1 ? k : x.stride(0),
+                        .dtype = x.dtype(),
+                        .out_dtype = out_dtype,
+                        .has_bias = bias.defined()};
+  if (out_dtype == x.dtype() && gemv_applies(x.data_ptr(), weight.data_ptr(), m, n, k, x.dtype())) {
     dispatch_float16_32(x.dtype(), op, "x", [&](auto t) {
       using T = decltype(t);
       launch_gemv<T>(static_cast<T*>(out.data_ptr()), static_cast<const T*>(x.data_ptr()),

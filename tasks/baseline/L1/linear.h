@@ -12,6 +12,10 @@ class Linear : public Module {
   // x: [num_tokens, in_features] (row stride may exceed in_features); weight: [out_features, in_features]
   // contiguous; bias: [out_features] or undefined -> new [num_tokens, out_features]
   Tensor forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
+  // The same with the output in out_dtype: x's dtype, or f32 from 16-bit x and weight (the products and their fp32
+  // sum are not rounded to 16 bits: F.linear(x.float(), weight.float()) up to summation order, as DeepSeek's routers
+  // compute their logits). bias, when defined, is in out_dtype.
+  Tensor forward(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype);
 };
 
 }  // namespace kbn::KBN_VARIANT

@@ -5,7 +5,7 @@
 namespace kbn::KBN_VARIANT {
 
 DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& prefix, const ParamOptions& opts)
-    : gate(config.hidden_size, config.n_routed_experts, false, false, opts, prefix + ".gate"),
+    : gate(config.hidden_size, config.n_routed_experts, false, false, opts, prefix + ".gate", DType::f32),
       experts(config.n_routed_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
               /*reduce_results=*/false, /*renormalize=*/false, prefix + ".experts", opts),
       router_(config.num_experts_per_tok, config.norm_topk_prob, config.n_group, config.topk_group, config.scoring_func,

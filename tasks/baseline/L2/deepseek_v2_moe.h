@@ -1,6 +1,7 @@
 #pragma once
-// DeepseekV2MoE (vLLM vllm/model_executor/models/deepseek_v2.py): a router GEMM (`gate`, no bias; V3 adds the
-// score-correction bias `gate.e_score_correction_bias`), DeepSeek's grouped top-k routing (L1/grouped_topk.h: softmax
+// DeepseekV2MoE (vLLM vllm/model_executor/models/deepseek_v2.py): a router GEMM (`gate`, no bias, f32 logits as
+// DeepSeek's and HF's MoEGate / DeepseekV3TopkRouter compute them: bf16-rounded logits tie and flip near-equal experts;
+// V3 adds the score-correction bias `gate.e_score_correction_bias`), DeepSeek's grouped top-k routing (L1/grouped_topk.h: softmax
 // or sigmoid scores, n_group / topk_group, renormalised when norm_topk_prob, times routed_scaling_factor), the routed
 // experts (FusedMoE, fed that routing), plus the shared experts: one MLP of n_shared_experts * moe_intermediate_size
 // that every token passes through. out = routed + shared.

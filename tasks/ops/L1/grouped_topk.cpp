@@ -15,13 +15,14 @@ KBN_REQUIRE_METHOD(GroupedTopk, TensorPair, forward, (const Tensor&, const Tenso
 
 namespace {
 
-// The router of a DeepSeek MoE layer: [T, E] gate logits in the model's dtype -> its experts and weights, with the
-// config's scoring, groups and (V3) score-correction bias. Random and sparse logits tie, so the tie rule is exercised.
+// The router of a DeepSeek MoE layer: [T, E] f32 gate logits (DeepseekV2MoE's gate computes them in f32) -> its
+// experts and weights, with the config's scoring, groups and (V3) score-correction bias. Sparse logits tie, so the tie
+// rule is exercised.
 std::vector<BenchCase> grouped_topk_cases(const ModelView& m, const CaseOptions& o) {
   if (!m.moe || !m.moe->grouped_router) return {};
   const MoeShape& r = *m.moe;
   const DType dt = o.dtype;
-  const int64_t es = int64_t(dtype_size(dt)), E = r.num_experts, k = r.top_k;
+  const int64_t es = 4, E = r.num_experts, k = r.top_k;
   std::vector<BenchCase> out;
   for (int64_t T : cases::token_counts(o)) {
     BenchCase b = cases::base("grouped_topk", m, T, dt);
@@ -37,7 +38,7 @@ std::vector<BenchCase> grouped_topk_cases(const ModelView& m, const CaseOptions&
     const bool bias = r.score_correction_bias;
     b.make_inputs = [=](Device d, uint64_t seed) {
       return std::vector<Tensor>{
-          cases::normal({T, E}, dt, d, seed, "gating_output", 1.0),
+          cases::normal({T, E}, DType::f32, d, seed, "gating_output", 1.0),
           bias ? cases::normal({E}, DType::f32, d, seed, "e_score_correction_bias", 0.05) : Tensor()};
     };
     b.bytes = T * E * es + (bias ? E * 4 : 0) + T * k * 8;  // logits (and bias) read; f32 weights and i32 ids written
