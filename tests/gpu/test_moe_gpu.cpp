@@ -13,6 +13,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "L1/fused_experts.h"
@@ -194,8 +195,8 @@ TEST(FusedExpertsGpu, MatchesTheOracle) {
   // K, and a launch large enough for the 256-wide tiles.
   for (const Case c : {Case{1, 2, 8, 256, 320}, Case{5, 2, 8, 200, 136}, Case{130, 2, 4, 128, 64},
                        Case{37, 8, 16, 96, 48}, Case{3, 1, 2, 100, 60},
-                       Case{2, 2, 8, 1024, 256},   // few tiles, long K: GEMM 1 split along K
-                       Case{3, 2, 8, 256, 1032},   // GEMM 2 split along K, its last split shorter
+                       Case{9, 2, 8, 1024, 256},   // few tiles, long K: GEMM 1 split along K (past the GEMV path's 8)
+                       Case{10, 2, 8, 256, 1032},  // GEMM 2 split along K, its last split shorter
                        Case{8448, 2, 4, 512, 200}})  // enough full blocks for the 256-wide prefill tiles
     for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
       const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 7);
@@ -206,6 +207,54 @@ TEST(FusedExpertsGpu, MatchesTheOracle) {
                    "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" + std::to_string(c.experts) +
                        " H=" + std::to_string(c.hidden) + " N=" + std::to_string(c.inter) + " " + dtype_name(dt));
     }
+}
+
+// The decode path (at most 8 tokens and 64 pairs, 16-byte rows): each expert's rows streamed once for all its tokens.
+// Experts shared by several tokens (skewed routing; two experts for eight tokens: 8 pairs each, a full pass), 64
+// pairs, a token listing one expert twice (three pairs of one expert at two tokens: two passes of two), dropped ids,
+// both biases with swigluoai; one token sums its experts straight into the output, more go through moe_sum.
+TEST(FusedExpertsGpu, DecodePathMatchesTheOracle) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, k, experts, hidden, inter;
+  };
+  for (const Case c : {Case{1, 8, 128, 256, 96}, Case{1, 2, 8, 512, 136}, Case{2, 2, 8, 512, 136},
+                       Case{4, 8, 16, 128, 64}, Case{8, 8, 128, 64, 32}, Case{8, 2, 2, 128, 64}, Case{3, 4, 4, 96, 40},
+                       Case{1, 6, 64, 2048, 1408}})  // DeepSeek-V2-Lite's experts
+    for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
+      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" +
+                               std::to_string(c.experts) + " H=" + std::to_string(c.hidden) + " N=" +
+                               std::to_string(c.inter) + " " + dtype_name(dt);
+      const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 23);
+      FusedExperts op;
+      expect_close(op.forward(in.x, in.w13, in.w2, in.weights, in.ids),
+                   op.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu), in.ids.to(kCpu)), dt,
+                   what);
+      const Tensor b13 = randn({c.experts, 2 * c.inter}, dt, 33, 0.5), b2 = randn({c.experts, c.hidden}, dt, 34, 0.5);
+      FusedExperts oai(FusedExperts::Activation::swigluoai, 1.702, 0.6);
+      expect_close(oai.forward(in.x, in.w13, in.w2, in.weights, in.ids, b13, b2),
+                   oai.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu), in.ids.to(kCpu),
+                               b13.to(kCpu), b2.to(kCpu)),
+                   dt, what + " swigluoai, biases");
+    }
+  // A token listing expert 3 twice, and dropped ids (their pairs add nothing: the oracle's equivalent is a valid expert
+  // with weight 0), at one token and at three.
+  const int64_t E = 8, H = 128, N = 64;
+  for (const auto& [T, ids, kept] :
+       {std::tuple{int64_t(2), std::vector<int32_t>{3, 3, 3, 5}, std::vector<int32_t>{3, 3, 3, 5}},
+        std::tuple{int64_t(1), std::vector<int32_t>{-1, 2, 8, 6}, std::vector<int32_t>{0, 2, 0, 6}},
+        std::tuple{int64_t(3), std::vector<int32_t>{1, 9, 1, 1, -2, 4}, std::vector<int32_t>{1, 0, 1, 1, 0, 4}}}) {
+    const int64_t k = int64_t(ids.size()) / T;
+    const ExpertsInputs in = experts_inputs(T, k, E, H, N, DType::bf16, cases::Routing::uniform, 29);
+    std::vector<double> w = in.weights.to(kCpu).to_doubles();
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] != kept[i]) w[i] = 0;
+    const Tensor gpu = FusedExperts().forward(in.x, in.w13, in.w2, in.weights, Tensor::from_i32(ids, {T, k}).to(kGpu));
+    const Tensor cpu = FusedExperts().forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu),
+                                              Tensor::from_floats(std::vector<float>(w.begin(), w.end()), {T, k}),
+                                              Tensor::from_i32(kept, {T, k}));
+    expect_close(gpu, cpu, DType::bf16, "T=" + std::to_string(T) + " repeated and dropped ids");
+  }
 }
 
 TEST(FusedExpertsGpu, OutOfRangeIdsAreDropped) {
@@ -268,7 +317,7 @@ TEST(FusedExpertsGpu, SwigluoaiWithBiasesMatchesTheOracle) {
     int64_t tokens, k, experts, hidden, inter;
   };
   for (const Case c : {Case{5, 4, 8, 200, 136}, Case{37, 4, 16, 96, 48}, Case{3, 1, 2, 100, 60},
-                       Case{2, 2, 8, 1024, 256}, Case{3, 2, 8, 256, 1032}, Case{8448, 2, 4, 512, 200}})
+                       Case{9, 2, 8, 1024, 256}, Case{10, 2, 8, 256, 1032}, Case{8448, 2, 4, 512, 200}})
     for (const DType dt : {DType::bf16, DType::f32}) {
       const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 21);
       const Tensor b13 = randn({c.experts, 2 * c.inter}, dt, 31, 0.5), b2 = randn({c.experts, c.hidden}, dt, 32, 0.5);

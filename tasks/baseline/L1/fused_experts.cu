@@ -10,9 +10,11 @@
 #ifdef KBN_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <type_traits>
 
 #include "L1/attention_mma.cuh"  // smem_addr, pack2, KernelLaunchFacts, runs_sm90_image
+#include "L1/gemv.cuh"
 #include "L1/mbarrier.cuh"
 #include "L1/tma.cuh"
 #include "L1/wgmma.cuh"
@@ -27,7 +29,8 @@ namespace {
 
 // ---- kernel layer ----
 //
-// The GPU path, all on the stream with no host sync (so it can be captured in a CUDA graph):
+// The GPU path, all on the stream with no host sync (so it can be captured in a CUDA graph); up to kGemvMaxTokens
+// tokens take the decode path further down instead:
 //   1. moe_align_block_size (L1/moe_align_block_size.h) with kBlockM: the pairs grouped by expert, padded to blocks
 //      of kBlockM rows, one expert per block.
 //   2. moe_permute: x_sorted[r] = hidden_states[sorted[r] / top_k] (zeros for padding rows), so the GEMMs read their
@@ -512,6 +515,234 @@ __global__ void __launch_bounds__(kTile* kTile) moe_expert_gemm_simt_kernel(Gemm
 
 }  // namespace simt_path
 
+// ---- the decode path: a few tokens, each expert's rows streamed once as GEMVs ----
+//
+// At a handful of tokens the grouped GEMMs above are mostly padding (a 128-row block for each touched expert) and
+// most of their time is the seven launches' ramps (alignment, permute, two GEMMs, their reduces, the sum), not the
+// weight bytes. Up to kGemvMaxTokens tokens (and kGemvMaxPairs pairs) take two GEMV kernels instead, no alignment:
+//   GEMM 1: block (column tile, pair p) acts for the expert e of pair p when p is e's first pair (the warp finds e's
+//           pairs with two ballots over topk_ids; later pairs of e exit at once). Warp w streams e's gate row c and up
+//           row c (c = its column) once and dots them with the hidden rows of every token routed to e, then writes
+//           act(g, u) for each of those pairs: act [num_pairs, inter].
+//   GEMM 2: one token: block (row tile) sums the token's top_k experts for its rows, weight by weight, straight into
+//           out; more tokens: block (row tile, pair p) owns e's pairs as above, streams w2[e] row r once and writes
+//           each pair's weighted row to cache [num_pairs, hidden], which moe_sum adds per token.
+// Every weight byte a token batch touches is read once (as the grouped path does), with 16-byte loads kept in flight
+// per lane; rounding points are the grouped path's (g, u, act, each weighted y in the activation dtype; the sum over
+// top_k in fp32 in pair order).
+constexpr int kGemvMaxTokens = 8, kGemvMaxPairs = 64, kGemvWarps = 4, kGemvUnroll = 4;
+static_assert(kGemvMaxTokens <= 8, "with_pow2 picks the pass width from 1, 2, 4, 8");
+
+struct GemvParams {
+  const void* x;  // [num_tokens, hidden]
+  const void* w13;
+  const void* w2;
+  const void* w13_bias;  // or nullptr
+  const void* w2_bias;   // or nullptr
+  const float* topk_weights;
+  const int32_t* ids;  // [num_pairs]
+  void* act;           // [num_pairs, inter]
+  void* out;           // one token: out [1, hidden]; else cache [num_pairs, hidden]
+  ExpertAct fn;
+  int num_pairs, top_k, hidden, inter, num_experts;
+};
+
+// Bit i set: pair i routes to `expert` (pairs below kGemvMaxPairs). The same in every lane.
+__device__ __forceinline__ uint64_t pairs_of(const GemvParams& g, int expert) {
+  const int lane = int(threadIdx.x % 32);
+  const bool a = lane < g.num_pairs && g.ids[lane] == expert;
+  const bool b = lane + 32 < g.num_pairs && g.ids[lane + 32] == expert;
+  return uint64_t(__ballot_sync(0xffffffffu, a)) | uint64_t(__ballot_sync(0xffffffffu, b)) << 32;
+}
+
+// acc[r][i] += <row r, vec(i)> over `vectors` 16-byte vectors, for the n (<= kMaxN) vectors vec(i); lane l takes
+// vectors l, l + 32, ... with kGemvUnroll loads of each row in flight before the math. Sums land in every lane.
+template <class T, int kRows, int kMaxN, class Vec>
+__device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], int vectors, int n, Vec vec,
+                                         float (&acc)[kRows][kMaxN]) {
+  const int lane = int(threadIdx.x % 32);
+  int v = lane;
+  for (; v + 32 * (kGemvUnroll - 1) < vectors; v += 32 * kGemvUnroll) {
+    uint4 w[kRows][kGemvUnroll];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) w[r][u] = load_weight(rows[r] + v + 32 * u);
+#pragma unroll
+    for (int i = 0; i < kMaxN; ++i) {
+      if (i >= n) break;
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        const uint4 x = vec(i, v + 32 * u);
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r][i] = dot16<T>(w[r][u], x, acc[r][i]);
+      }
+    }
+  }
+  for (; v < vectors; v += 32) {
+    uint4 w[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) w[r] = load_weight(rows[r] + v);
+#pragma unroll
+    for (int i = 0; i < kMaxN; ++i) {
+      if (i >= n) break;
+      const uint4 x = vec(i, v);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[r][i] = dot16<T>(w[r], x, acc[r][i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kMaxN; ++i) {
+    if (i >= n) break;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r][i] = warp_sum(acc[r][i]);
+  }
+}
+
+// The pairs of `mask` from bit `from` on, at most kMaxN: their indices in pair[], the count returned.
+template <int kMaxN>
+__device__ __forceinline__ int next_pairs(uint64_t mask, int& from, int (&pair)[kMaxN]) {
+  int n = 0;
+  while (n < kMaxN && from < 64) {
+    const uint64_t rest = mask >> from;
+    if (rest == 0) {
+      from = 64;
+      break;
+    }
+    from += __ffsll(static_cast<long long>(rest)) - 1;
+    pair[n++] = from++;
+  }
+  return n;
+}
+
+// GEMM 1 for the pairs of the block's expert, kMaxN of them per pass (a power of two >= the tokens: an expert has at
+// most one pair per token unless a token lists it twice).
+template <class T, int kMaxN>
+__global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_act_kernel(GemvParams g) {
+  constexpr int N = 16 / int(sizeof(T));
+  const int lane = int(threadIdx.x % 32), p = blockIdx.y;
+  const int c = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
+  const int e = g.ids[p];
+  if (e < 0 || e >= g.num_experts || c >= g.inter) return;
+  const uint64_t mask = pairs_of(g, e);
+  if (mask & ((uint64_t(1) << p) - 1)) return;  // an earlier pair owns the expert
+  const T* w = static_cast<const T*>(g.w13) + int64_t(e) * 2 * g.inter * g.hidden;
+  const uint4* const rows[2] = {reinterpret_cast<const uint4*>(w + int64_t(c) * g.hidden),
+                                reinterpret_cast<const uint4*>(w + int64_t(g.inter + c) * g.hidden)};
+  const T* bias = g.w13_bias ? static_cast<const T*>(g.w13_bias) + int64_t(e) * 2 * g.inter : nullptr;
+  const float bg = bias ? to_f32(bias[c]) : 0.f, bu = bias ? to_f32(bias[g.inter + c]) : 0.f;
+  const T* x = static_cast<const T*>(g.x);
+  for (int from = p;;) {
+    int pair[kMaxN];
+    const int n = next_pairs<kMaxN>(mask, from, pair);
+    if (n == 0) break;
+    float acc[2][kMaxN] = {};
+    dot_rows<T, 2, kMaxN>(
+        rows, g.hidden / N, n,
+        [&](int i, int v) { return __ldg(reinterpret_cast<const uint4*>(x + int64_t(pair[i] / g.top_k) * g.hidden) + v); },
+        acc);
+#pragma unroll
+    for (int i = 0; i < kMaxN; ++i)
+      if (i < n && lane == i)
+        static_cast<T*>(g.act)[int64_t(pair[i]) * g.inter + c] =
+            from_f32<T>(expert_act(g.fn, round_to<T>(acc[0][i] + bg), round_to<T>(acc[1][i] + bu)));
+  }
+}
+
+// GEMM 2, more than one token: cache[pair, r] = round(w_pair (w2[e] row r . act[pair] + b2)) for the pairs of the
+// block's expert (row r: the warp's); a dropped pair's row is zero.
+template <class T, int kMaxN>
+__global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_kernel(GemvParams g) {
+  constexpr int N = 16 / int(sizeof(T));
+  const int lane = int(threadIdx.x % 32);
+  const int r = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
+  if (r >= g.hidden) return;
+  const int p = blockIdx.y, e = g.ids[p];
+  T* out = static_cast<T*>(g.out);
+  if (e < 0 || e >= g.num_experts) {
+    if (lane == 0) out[int64_t(p) * g.hidden + r] = from_f32<T>(0.f);
+    return;
+  }
+  const uint64_t mask = pairs_of(g, e);
+  if (mask & ((uint64_t(1) << p) - 1)) return;
+  const uint4* const row[1] = {
+      reinterpret_cast<const uint4*>(static_cast<const T*>(g.w2) + (int64_t(e) * g.hidden + r) * g.inter)};
+  const float b = g.w2_bias ? to_f32(static_cast<const T*>(g.w2_bias)[int64_t(e) * g.hidden + r]) : 0.f;
+  const T* act = static_cast<const T*>(g.act);
+  for (int from = p;;) {
+    int pair[kMaxN];
+    const int n = next_pairs<kMaxN>(mask, from, pair);
+    if (n == 0) break;
+    float acc[1][kMaxN] = {};
+    dot_rows<T, 1, kMaxN>(
+        row, g.inter / N, n,
+        [&](int i, int v) { return __ldg(reinterpret_cast<const uint4*>(act + int64_t(pair[i]) * g.inter) + v); }, acc);
+#pragma unroll
+    for (int i = 0; i < kMaxN; ++i)
+      if (i < n && lane == i) out[int64_t(pair[i]) * g.hidden + r] = from_f32<T>(g.topk_weights[pair[i]] * (acc[0][i] + b));
+  }
+}
+
+// GEMM 2, one token: out[r] = sum over its pairs j, in order, of round(w_j (w2[e_j] row r . act[j] + b2)). The pairs
+// go kChunk at a time with their rows side by side, 8 / kChunk vectors of each in flight per lane; a dropped pair (id
+// out of range) reads nothing and adds nothing.
+template <class T, int kChunk>
+__global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_token_kernel(GemvParams g) {
+  constexpr int N = 16 / int(sizeof(T)), kU = 8 / kChunk;
+  const int lane = int(threadIdx.x % 32);
+  const int r = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
+  if (r >= g.hidden) return;
+  const int vectors = g.inter / N;
+  float sum = 0.f;
+  for (int j0 = 0; j0 < g.top_k; j0 += kChunk) {
+    const uint4* rows[kChunk];
+    const uint4* acts[kChunk];
+    int ids[kChunk];
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      ids[i] = j0 + i < g.top_k ? g.ids[j0 + i] : -1;
+      if (ids[i] >= g.num_experts) ids[i] = -1;
+      rows[i] = reinterpret_cast<const uint4*>(static_cast<const T*>(g.w2) +
+                                               (int64_t(max(ids[i], 0)) * g.hidden + r) * g.inter);
+      acts[i] = reinterpret_cast<const uint4*>(static_cast<const T*>(g.act) + int64_t(j0 + i) * g.inter);
+    }
+    float acc[kChunk] = {};
+    for (int v0 = lane; v0 < vectors; v0 += 32 * kU) {
+      uint4 w[kU][kChunk];
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i)
+          if (ids[i] >= 0 && v0 + 32 * u < vectors) w[u][i] = load_weight(rows[i] + v0 + 32 * u);
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+#pragma unroll
+        for (int i = 0; i < kChunk; ++i)
+          if (ids[i] >= 0 && v0 + 32 * u < vectors) acc[i] = dot16<T>(w[u][i], __ldg(acts[i] + v0 + 32 * u), acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i)
+      if (ids[i] >= 0) {
+        const float b = g.w2_bias ? to_f32(static_cast<const T*>(g.w2_bias)[int64_t(ids[i]) * g.hidden + r]) : 0.f;
+        sum += round_to<T>(g.topk_weights[j0 + i] * (warp_sum(acc[i]) + b));
+      }
+  }
+  if (lane == 0) static_cast<T*>(g.out)[r] = from_f32<T>(sum);
+}
+
+// Calls f(std::integral_constant<int, P>) with P the smallest of 1, 2, 4, 8 that is >= n (n <= 8).
+template <class F>
+void with_pow2(int64_t n, F&& f) {
+  if (n <= 1)
+    f(std::integral_constant<int, 1>{});
+  else if (n <= 2)
+    f(std::integral_constant<int, 2>{});
+  else if (n <= 4)
+    f(std::integral_constant<int, 4>{});
+  else
+    f(std::integral_constant<int, 8>{});
+}
+
 struct ExpertsLaunch {
   const void* x;
   const void* w13;
@@ -716,6 +947,46 @@ bool launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
   return false;
 }
 
+// Whether the decode path takes a launch: few tokens and pairs, rows of whole 16-byte vectors, aligned operands.
+bool gemv_path_applies(int64_t tokens, int64_t pairs, int64_t hidden, int64_t inter, DType dt,
+                       std::initializer_list<const void*> operands) {
+  const int64_t n = 16 / int64_t(dtype_size(dt));
+  if (tokens > kGemvMaxTokens || pairs > kGemvMaxPairs || hidden % n != 0 || inter % n != 0) return false;
+  for (const void* ptr : operands)
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return false;
+  return true;
+}
+
+// The decode path's two kernels; returns the [tokens, top_k, hidden] rows for moe_sum, or undefined when one token's
+// rows were summed into `out` directly.
+template <class T>
+Tensor launch_gemv_experts(GemvParams g, int64_t tokens, void* out, DType dt, Device device, Stream stream) {
+  Tensor act = Tensor::empty({g.num_pairs, g.inter}, dt, device);
+  g.act = act.data_ptr();
+  const unsigned col_tiles = unsigned((g.inter + kGemvWarps - 1) / kGemvWarps);
+  const unsigned row_tiles = unsigned((g.hidden + kGemvWarps - 1) / kGemvWarps);
+  constexpr unsigned kThreadsPerBlock = kGemvWarps * 32;
+  Tensor cache;
+  with_pow2(tokens, [&](auto max_n) {
+    moe_gemv_act_kernel<T, max_n()><<<dim3(col_tiles, unsigned(g.num_pairs)), kThreadsPerBlock, 0, stream>>>(g);
+    KBN_CUDA_CHECK_LAUNCH();
+    if (tokens > 1) {
+      cache = Tensor::empty({tokens, g.top_k, g.hidden}, dt, device);
+      g.out = cache.data_ptr();
+      moe_gemv_down_kernel<T, max_n()><<<dim3(row_tiles, unsigned(g.num_pairs)), kThreadsPerBlock, 0, stream>>>(g);
+      KBN_CUDA_CHECK_LAUNCH();
+    }
+  });
+  if (tokens == 1) {
+    g.out = out;
+    with_pow2(std::min<int64_t>(g.top_k, 8), [&](auto chunk) {
+      moe_gemv_down_token_kernel<T, chunk()><<<dim3(row_tiles, 1), kThreadsPerBlock, 0, stream>>>(g);
+      KBN_CUDA_CHECK_LAUNCH();
+    });
+  }
+  return cache;
+}
+
 }  // namespace
 #endif  // KBN_WITH_CUDA
 
@@ -782,14 +1053,38 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
   }
   if (t == 0) return out;
 #ifdef KBN_WITH_CUDA
-  const int64_t pairs = t * k, padded = MoeAlignBlockSize::max_padded(pairs, kBlockM, e);
+  const int64_t pairs = t * k;
+  const DType dt = hidden_states.dtype();
+  const Device d = hidden_states.device();
+  const ExpertAct act_fn{.swigluoai = activation_ == Activation::swigluoai, .alpha = float(alpha_), .limit = float(limit_)};
+  if (gemv_path_applies(t, pairs, h, inter, dt, {hidden_states.data_ptr(), w13.data_ptr(), w2.data_ptr()})) {
+    const GemvParams g{.x = hidden_states.data_ptr(),
+                       .w13 = w13.data_ptr(),
+                       .w2 = w2.data_ptr(),
+                       .w13_bias = w13_bias.defined() ? w13_bias.data_ptr() : nullptr,
+                       .w2_bias = w2_bias.defined() ? w2_bias.data_ptr() : nullptr,
+                       .topk_weights = topk_weights.data<float>(),
+                       .ids = topk_ids.data<int32_t>(),
+                       .act = nullptr,
+                       .out = nullptr,
+                       .fn = act_fn,
+                       .num_pairs = int(pairs),
+                       .top_k = int(k),
+                       .hidden = int(h),
+                       .inter = int(inter),
+                       .num_experts = int(e)};
+    Tensor cache;
+    dispatch_float16_32(dt, kOp, "hidden_states", [&](auto tag) {
+      cache = launch_gemv_experts<decltype(tag)>(g, t, out.data_ptr(), dt, d, current_stream());
+    });
+    return cache.defined() ? MoeSum().forward(cache) : out;
+  }
+  const int64_t padded = MoeAlignBlockSize::max_padded(pairs, kBlockM, e);
   KBN_CHECK(padded * std::max(h, inter) <= std::numeric_limits<int32_t>::max() && e * std::max(2 * inter, h) <=
                                                                                      std::numeric_limits<int32_t>::max(),
             kOp, ": shapes too large for 32-bit row indices: hidden_states ", hidden_states.str(), ", w13 ", w13.str(),
             ", top_k ", k);
   auto [sorted, expert_ids, post] = MoeAlignBlockSize(kBlockM, e).forward(topk_ids);
-  const Device d = hidden_states.device();
-  const DType dt = hidden_states.dtype();
   Tensor x_sorted = Tensor::empty({padded, h}, dt, d);
   Tensor act = Tensor::empty({padded, inter}, dt, d);
   Tensor cache = Tensor::empty({t, k, h}, dt, d);
@@ -807,9 +1102,7 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
                         .out = out.data_ptr(),
                         .w13_bias = w13_bias.defined() ? w13_bias.data_ptr() : nullptr,
                         .w2_bias = w2_bias.defined() ? w2_bias.data_ptr() : nullptr,
-                        .act_fn = {.swigluoai = activation_ == Activation::swigluoai,
-                                .alpha = float(alpha_),
-                                .limit = float(limit_)},
+                        .act_fn = act_fn,
                         .num_pairs = int(pairs),
                         .top_k = int(k),
                         .hidden = int(h),

@@ -4,8 +4,9 @@
 // act is silu(g) * u (Mixtral, Qwen3-MoE, DeepSeek) or gpt-oss's swigluoai (reference::ExpertFeatures); the biases
 // are optional (gpt-oss has them). The expert GEMMs run grouped: the pairs are aligned per expert
 // (L1/moe_align_block_size.h), gathered into expert order, multiplied block by block with their expert's weights
-// (w2's output scaled by the routing weight), and summed per token (L1/moe_sum.h). Intermediates are rounded to the
-// activation dtype as vLLM's caches are.
+// (w2's output scaled by the routing weight), and summed per token (L1/moe_sum.h). Up to 8 tokens (decode) take two
+// GEMV kernels instead that stream each touched expert's rows once for all its tokens, with no alignment. Intermediates
+// are rounded to the activation dtype as vLLM's caches are.
 #include "kbn/variant.h"
 #include "reference/reference.h"
 

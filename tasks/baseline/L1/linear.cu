@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "L1/gemv.cuh"
 #include "kbn/allocator.h"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
@@ -72,39 +73,6 @@ uint32_t alignment_of(const void* p) {
 constexpr int kGemvWarps = 4;
 constexpr int kGemvLoadsInFlight = 8;
 
-// 16 bytes of the weight. Read once: not allocated in L1, which holds x for every warp of the SM.
-__device__ __forceinline__ uint4 load_weight(const uint4* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
-
-// acc + <a, b> over the 16 bytes of T in each of a and b (8 elements of a 16-bit type, 4 of f32).
-template <class T>
-__device__ __forceinline__ float dot16(uint4 a, uint4 b, float acc) {
-  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if constexpr (std::is_same_v<T, float>) {
-      acc = fmaf(__uint_as_float(wa[j]), __uint_as_float(wb[j]), acc);
-    } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      acc = fmaf(__uint_as_float(wa[j] << 16), __uint_as_float(wb[j] << 16), acc);
-      acc = fmaf(__uint_as_float(wa[j] & 0xffff0000u), __uint_as_float(wb[j] & 0xffff0000u), acc);
-    } else {
-      static_assert(std::is_same_v<T, __half>);
-      __half2 ha, hb;
-      __builtin_memcpy(&ha, &wa[j], sizeof(ha));
-      __builtin_memcpy(&hb, &wb[j], sizeof(hb));
-      const float2 fa = __half22float2(ha), fb = __half22float2(hb);
-      acc = fmaf(fa.x, fb.x, acc);
-      acc = fmaf(fa.y, fb.y, acc);
-    }
-  }
-  return acc;
-}
-
 // out[row] = <weight[row], x> (+ bias[row]) for the warp's row; k is a multiple of the 16-byte vector.
 template <class T>
 __global__ void __launch_bounds__(kGemvWarps * 32)
@@ -126,8 +94,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int u = 0; u < kGemvLoadsInFlight; ++u) acc = dot16<T>(wv[u], __ldg(xv + i + 32 * u), acc);
   }
   for (; i < kv; i += 32) acc = dot16<T>(load_weight(w + i), __ldg(xv + i), acc);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  acc = warp_sum(acc);
   if (lane == 0) out[row] = from_f32<T>(acc + (bias != nullptr ? to_f32(bias[row]) : 0.f));
 }
 

@@ -117,8 +117,9 @@ KBN_REGISTER_OPS(r) {
                return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4])};
              }),
          // Its alignment kernels, and the sum when GEMM 2 is not split, are the moe_align_block_size and moe_sum
-         // ops' own: a kernel trace shows them on their own lines. The split-K reduces are this op's.
-         .kernels = {"moe_permute", "moe_expert_gemm", "moe_act_mul_splits", "moe_sum_splits"},
+         // ops' own: a kernel trace shows them on their own lines. The split-K reduces and the decode path's GEMVs
+         // (up to 8 tokens) are this op's.
+         .kernels = {"moe_permute", "moe_expert_gemm", "moe_act_mul_splits", "moe_sum_splits", "moe_gemv"},
          .cases = fused_experts_cases});
 }
 
