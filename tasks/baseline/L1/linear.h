@@ -1,7 +1,8 @@
 #pragma once
 // The GEMM of vLLM's UnquantizedLinearMethod.apply (F.linear): out = x @ weight^T + bias. On the GPU, through
-// cuBLASLt with the heuristic's algorithm cached per shape; for one token (batch-1 decode), a GEMV kernel that
-// streams the weight near the copy rate, where cuBLASLt's kernels reach 50-80% of it on 4096-wide projections.
+// cuBLASLt (kbn/cublaslt_linear.h) with the heuristic's algorithm cached per shape; for one token (batch-1 decode), a
+// GEMV kernel that streams the weight near the copy rate, where cuBLASLt's kernels reach 50-80% of it on 4096-wide
+// projections.
 #include "kbn/variant.h"
 
 namespace kbn::KBN_VARIANT {
@@ -12,10 +13,6 @@ class Linear : public Module {
   // x: [num_tokens, in_features] (row stride may exceed in_features); weight: [out_features, in_features]
   // contiguous; bias: [out_features] or undefined -> new [num_tokens, out_features]
   Tensor forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
-  // The same with the output in out_dtype: x's dtype, or f32 from 16-bit x and weight (the products and their fp32
-  // sum are not rounded to 16 bits: F.linear(x.float(), weight.float()) up to summation order, as DeepSeek's routers
-  // compute their logits). bias, when defined, is in out_dtype.
-  Tensor forward(const Tensor& x, const Tensor& weight, const Tensor& bias, DType out_dtype);
 };
 
 }  // namespace kbn::KBN_VARIANT

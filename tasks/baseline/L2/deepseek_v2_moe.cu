@@ -5,14 +5,14 @@
 namespace kbn::KBN_VARIANT {
 
 DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& prefix, const ParamOptions& opts)
-    : gate(config.hidden_size, config.n_routed_experts, false, false, opts, prefix + ".gate", DType::f32),
-      experts(config.n_routed_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
+    : experts(config.n_routed_experts, config.num_experts_per_tok, config.hidden_size, config.moe_intermediate_size,
               /*reduce_results=*/false, /*renormalize=*/false, prefix + ".experts", opts),
       router_(config.num_experts_per_tok, config.norm_topk_prob, config.n_group, config.topk_group, config.scoring_func,
               config.routed_scaling_factor) {
   KBN_CHECK(config.n_routed_experts > 0, "DeepseekV2MoE ", prefix, ": n_routed_experts must be positive, got ",
             config.n_routed_experts);
-  register_module("gate", &gate);
+  gate_weight = Tensor::empty({config.n_routed_experts, config.hidden_size}, opts.dtype, opts.device);
+  register_parameter("gate.weight", &gate_weight, InitKind::normal);
   if (config.topk_method == "noaux_tc") {
     e_score_correction_bias = Tensor::empty({config.n_routed_experts}, DType::f32, opts.device);
     register_parameter("gate.e_score_correction_bias", &e_score_correction_bias, InitKind::zeros);
@@ -27,7 +27,7 @@ DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& 
 }
 
 Tensor DeepseekV2MoE::forward(const Tensor& hidden_states) {
-  auto [router_logits, unused_bias] = gate.forward(hidden_states);
+  const Tensor router_logits = gate_.forward(hidden_states, gate_weight);
   auto [topk_weights, topk_ids] = router_.forward(router_logits, e_score_correction_bias);
   Tensor out = experts.forward_routed(hidden_states, topk_weights, topk_ids);
   if (parallel_state().tp_size > 1) out = all_reduce_.forward(out);

@@ -1,7 +1,7 @@
 #pragma once
-// DeepseekV2MoE (vLLM vllm/model_executor/models/deepseek_v2.py): a router GEMM (`gate`, no bias, f32 logits as
-// DeepSeek's and HF's MoEGate / DeepseekV3TopkRouter compute them: bf16-rounded logits tie and flip near-equal experts;
-// V3 adds the score-correction bias `gate.e_score_correction_bias`), DeepSeek's grouped top-k routing (L1/grouped_topk.h: softmax
+// DeepseekV2MoE (vLLM vllm/model_executor/models/deepseek_v2.py): a router GEMM (`gate.weight`, no bias, f32 logits
+// as DeepSeek's MoEGate and HF's DeepseekV3TopkRouter compute them: L1/router_gemm.h; V3 adds the score-correction
+// bias `gate.e_score_correction_bias`), DeepSeek's grouped top-k routing (L1/grouped_topk.h: softmax
 // or sigmoid scores, n_group / topk_group, renormalised when norm_topk_prob, times routed_scaling_factor), the routed
 // experts (FusedMoE, fed that routing), plus the shared experts: one MLP of n_shared_experts * moe_intermediate_size
 // that every token passes through. out = routed + shared.
@@ -11,9 +11,9 @@
 #include "L1/all_reduce.h"
 #include "L1/grouped_topk.h"
 #include "L1/moe_sum.h"
+#include "L1/router_gemm.h"
 #include "L2/fused_moe.h"
 #include "L2/llama_mlp.h"
-#include "L2/replicated_linear.h"
 #include "configs/deepseek_v2.h"
 #include "kbn/variant.h"
 
@@ -26,12 +26,13 @@ class DeepseekV2MoE : public Module {
   // hidden_states: [num_tokens, hidden_size] contiguous -> [num_tokens, hidden_size]
   Tensor forward(const Tensor& hidden_states);
 
-  ReplicatedLinear gate;
+  Tensor gate_weight;              // gate.weight [n_routed_experts, hidden_size], replicated on every rank
   Tensor e_score_correction_bias;  // [n_routed_experts] f32; defined only for topk_method "noaux_tc"
   FusedMoE experts;
   std::unique_ptr<LlamaMLP> shared_experts;  // null when n_shared_experts is 0
 
  private:
+  RouterGemm gate_;
   GroupedTopk router_;
   MoeSum sum_;  // routed + shared, as a two-term moe_sum
   AllReduce all_reduce_;

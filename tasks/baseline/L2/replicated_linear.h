@@ -1,9 +1,7 @@
 #pragma once
 // ReplicatedLinear (vLLM vllm/model_executor/layers/linear.py): every tensor-parallel rank holds the whole weight
 // and computes the whole output; the MoE blocks' routers (gate: hidden_size -> num_experts). Weight [out, in] like
-// PyTorch; forward returns (output, output_bias) as the parallel linears do (L2/parallel_linear.h). out_dtype f32 keeps
-// a router's logits unrounded (DeepSeek's gates: F.linear on the f32 upcasts of bf16 operands); the bias is then f32.
-#include <optional>
+// PyTorch; forward returns (output, output_bias) as the parallel linears do (L2/parallel_linear.h).
 #include <string>
 #include <utility>
 
@@ -15,7 +13,7 @@ namespace kbn::KBN_VARIANT {
 class ReplicatedLinear : public Module {
  public:
   ReplicatedLinear(int64_t input_size, int64_t output_size, bool bias, bool skip_bias_add, const ParamOptions& opts,
-                   const std::string& prefix = "", std::optional<DType> out_dtype = std::nullopt);
+                   const std::string& prefix = "");
 
   // x: [num_tokens, input_size] -> ([num_tokens, output_size], bias or undefined)
   std::pair<Tensor, Tensor> forward(const Tensor& x);
@@ -26,7 +24,6 @@ class ReplicatedLinear : public Module {
  private:
   int64_t input_size_, output_size_;
   bool skip_bias_add_;
-  DType out_dtype_;
   Linear linear_;
 };
 
