@@ -49,7 +49,10 @@ KBN_REGISTER_OPS(r) {
          .make = adapter(
              "router_gemm", 2, [](const OpArgs&) { return std::make_unique<RouterGemm>(); },
              [](RouterGemm& op, const Tensors& t) { return Tensors{op.forward(t[0], t[1])}; }),
-         .kernels = {"gemm", "nvjet", "xmma", "cutlass", "cublas"},
+         // NOTE: cuBLASLt's kernels are declared by linear, as for bmm: a kernel trace counts the gate's GEMM as
+         // linear's (declaring the same names here would make every cuBLAS kernel "linear / router_gemm (shared
+         // kernel)").
+         .kernels = {},
          .cases = router_gemm_cases,
          // The logits are f32 whatever the operands' dtype: f32 accumulation against the oracle's double sums.
          .tolerance = [](DType) { return dtype_tolerance(DType::f32); }});
