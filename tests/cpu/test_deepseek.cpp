@@ -481,6 +481,22 @@ TEST(GatherCache, RowsInPositionOrderZerosPastTheEndAndBadArgumentsNamed) {
 
 // The absorbed weights exist only after process_weights_after_loading, and a forward without them says so; the model
 // serves its cache specs as latent rows (one 40-wide row per token per layer for the tiny config).
+TEST(RouterGemm, F32LogitsOfTheOracleAndBadArgumentsNamed) {
+  // bf16 operands whose exact products sum to a value between two bf16 numbers: the logit stays unrounded.
+  const Tensor x = Tensor::from_floats({1.f, 1.f}, {1, 2}, DType::bf16);
+  const Tensor w = Tensor::from_floats({1.f, float(0x1p-10), -2.f, 0.5f}, {2, 2}, DType::bf16);
+  const Tensor logits = baseline::RouterGemm().forward(x, w);
+  ASSERT_EQ(logits.dtype(), DType::f32);
+  EXPECT_EQ(logits.to_doubles(), (std::vector<double>{1 + 0x1p-10, -1.5}));
+  const auto message = [](const Tensor& a, const Tensor& b) {
+    return error_of([&] { baseline::RouterGemm().forward(a, b); });
+  };
+  EXPECT_NE(message(Tensor::zeros({2}, DType::bf16), w).find("router_gemm: argument 'x'"), std::string::npos);
+  EXPECT_NE(message(x, Tensor::zeros({2, 2}, DType::f16)).find("'weight'"), std::string::npos);
+  EXPECT_NE(message(x, Tensor::zeros({2, 3}, DType::bf16)).find("hidden"), std::string::npos);
+  EXPECT_NE(message(Tensor::zeros({1, 2}, DType::i32), w).find("'x'"), std::string::npos);
+}
+
 TEST(DeepseekV2Model, LatentCacheSpecsAndAbsorbedWeightsAfterLoading) {
   const engine::ModelSpec spec = engine::resolve_model("tiny-deepseek-v2");
   baseline::DeepseekV2ForCausalLM model(spec.config, {DType::f32, Device::cpu()});
