@@ -196,5 +196,4 @@ void cublaslt_linear(void* out, const void* x, const void* weight, const void* b
                "cublasLtMatmul", s);
 }
 
-
 }  // namespace kbn

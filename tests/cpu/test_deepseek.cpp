@@ -414,9 +414,11 @@ TEST(DeepseekV2MoE, TheRouterRanksF32LogitsThatBf16WouldTie) {
   // shared expert.
   const auto sig = [](double v) { return 1 / (1 + std::exp(-v)); };
   const double s4 = sig(1 + 3 * 0x1p-10), s2 = sig(1 + 0x1p-9);
-  const float w4 = float(c.routed_scaling_factor * s4 / (s4 + s2)), w2 = float(c.routed_scaling_factor * s2 / (s4 + s2));
+  const float w4 = float(c.routed_scaling_factor * s4 / (s4 + s2)),
+              w2 = float(c.routed_scaling_factor * s2 / (s4 + s2));
   const auto routed = [&](int32_t a, int32_t b) {
-    return moe.experts.forward_routed(x, Tensor::from_floats({w4, w2, w4, w2}, {2, 2}), Tensor::from_i32({a, b, a, b}, {2, 2}))
+    return moe.experts
+        .forward_routed(x, Tensor::from_floats({w4, w2, w4, w2}, {2, 2}), Tensor::from_i32({a, b, a, b}, {2, 2}))
         .to_doubles();
   };
   const std::vector<double> r = routed(4, 2), tied = routed(0, 2), sh = moe.shared_experts->forward(x).to_doubles(),

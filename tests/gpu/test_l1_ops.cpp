@@ -329,8 +329,8 @@ TEST(EmbeddingGpu, ScaledRowsBitwiseEqualToTheCpu) {
       fill_randint_(ids, seed++, 0, 1000);
       const Pair id = from_host(ids);
       poison_next_output({300, 3840}, dt);
-      expect_bitwise_equal(op.forward(id.gpu, weight.gpu, 0, 1000, scale), op.forward(id.cpu, weight.cpu, 0, 1000, scale),
-                           "embedding x scale");
+      expect_bitwise_equal(op.forward(id.gpu, weight.gpu, 0, 1000, scale),
+                           op.forward(id.cpu, weight.cpu, 0, 1000, scale), "embedding x scale");
     }
   }
 }
@@ -398,15 +398,26 @@ TEST(LinearGpu, MatchesOracle) {
     bool bias;
     int64_t pad;  // x row stride = k + pad
   };
-  const Case cases[] = {{1, 4096, 4096, false, 0},    {37, 769, 5125, false, 0},   {37, 769, 5125, true, 0},
-                        {512, 4096, 14336, false, 0}, {7, 4096, 6144, true, 0},    {64, 1024, 1000, false, 64},
-                        {33, 768, 512, true, 3},      {4100, 1024, 512, false, 0}, {1, 8, 3, true, 0},
+  const Case cases[] = {{1, 4096, 4096, false, 0},
+                        {37, 769, 5125, false, 0},
+                        {37, 769, 5125, true, 0},
+                        {512, 4096, 14336, false, 0},
+                        {7, 4096, 6144, true, 0},
+                        {64, 1024, 1000, false, 64},
+                        {33, 768, 512, true, 3},
+                        {4100, 1024, 512, false, 0},
+                        {1, 8, 3, true, 0},
                         // one token takes the GEMV: the 8B down projection's k, a row tail (k not a multiple of
                         // 256 elements), an odd n; rows 16-byte vectors cannot walk (k = 770) stay on cuBLASLt,
                         // as do 2..8 tokens
-                        {1, 14336, 4096, false, 0},   {1, 776, 300, true, 0},      {1, 1000, 777, true, 0},
-                        {1, 770, 64, false, 0},       {2, 776, 300, true, 8},      {4, 14336, 512, false, 0},
-                        {8, 4096, 2048, true, 0},     {2, 768, 64, true, 1}};
+                        {1, 14336, 4096, false, 0},
+                        {1, 776, 300, true, 0},
+                        {1, 1000, 777, true, 0},
+                        {1, 770, 64, false, 0},
+                        {2, 776, 300, true, 8},
+                        {4, 14336, 512, false, 0},
+                        {8, 4096, 2048, true, 0},
+                        {2, 768, 64, true, 1}};
   uint64_t seed = 500;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
@@ -434,8 +445,8 @@ TEST(RouterGemmGpu, F32LogitsFrom16BitOperandsAreNotRounded) {
   // is f32 accumulation's (~1e-7 relative); logits rounded to 16 bits would be ~1e-3 off.
   uint64_t seed = 700;
   for (DType dt : {DType::bf16, DType::f16}) {
-    for (auto [m, k, n] : {std::tuple{1, 2048, 64}, std::tuple{22, 1710, 8}, std::tuple{300, 7168, 256},
-                           std::tuple{1, 776, 300}}) {
+    for (auto [m, k, n] :
+         {std::tuple{1, 2048, 64}, std::tuple{22, 1710, 8}, std::tuple{300, 7168, 256}, std::tuple{1, 776, 300}}) {
       SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(m) + "x" + std::to_string(k) + "x" +
                    std::to_string(n));
       const Pair x = randn({m, k}, dt, seed++);
@@ -570,33 +581,34 @@ TEST(StoreKVCacheGpu, Fp8CachesRoundLikeTheOracle) {
     int64_t tokens, hd;
   };
   for (const Shape3 c : {Shape3{300, 128}, Shape3{2500, 64}, Shape3{50, 20}})
-  for (DType dt : kFloatTypes) {
-    SCOPED_TRACE(std::string(dtype_name(dt)) + " tokens " + std::to_string(c.tokens) + " head " + std::to_string(c.hd));
-    const int64_t tokens = c.tokens, kvh = 8, hd = c.hd, bs = 16, blocks = (tokens + 40) / bs + 1;
-    const Pair qkv = randn({tokens, 3 * kvh * hd}, dt, seed++, 300.0);  // std 300: many elements saturate
-    const Pair key = qkv_view(qkv, {tokens, kvh, hd}, 0), value = qkv_view(qkv, {tokens, kvh, hd}, kvh * hd);
-    std::vector<int64_t> slots(static_cast<size_t>(blocks * bs));
-    std::iota(slots.begin(), slots.end(), 0);
-    std::mt19937_64 rng(seed++);
-    std::shuffle(slots.begin(), slots.end(), rng);
-    slots.resize(size_t(tokens));
-    for (size_t t = 5; t < slots.size(); t += 9) slots[t] = -1;
-    const Pair slot_mapping = from_host(Tensor::from_i64(slots, {tokens}));
-    const Shape shape{blocks, bs, kvh, hd};
-    const Pair kc{Tensor::zeros(shape, DType::fp8e4m3, kCpu), Tensor::zeros(shape, DType::fp8e4m3, kGpu)};
-    const Pair vc{Tensor::zeros(shape, DType::fp8e4m3, kCpu), Tensor::zeros(shape, DType::fp8e4m3, kGpu)};
-    op.forward(key.gpu, value.gpu, kc.gpu, vc.gpu, slot_mapping.gpu);
-    op.forward(key.cpu, value.cpu, kc.cpu, vc.cpu, slot_mapping.cpu);
-    expect_bitwise_equal(kc.gpu, kc.cpu, "fp8 key_cache");
-    expect_bitwise_equal(vc.gpu, vc.cpu, "fp8 value_cache");
-    // Per-tensor scales (a calibrated checkpoint's k_scale / v_scale): float(x) / scale, rounded once, as the oracle.
-    // k_scale 0.7 pushes more keys past 448 (saturated), v_scale 3.3 brings most values back into range.
-    const kbn::KVScales scales{0.7f, 3.3f};
-    op.forward(key.gpu, value.gpu, kc.gpu, vc.gpu, slot_mapping.gpu, scales);
-    op.forward(key.cpu, value.cpu, kc.cpu, vc.cpu, slot_mapping.cpu, scales);
-    expect_bitwise_equal(kc.gpu, kc.cpu, "fp8 key_cache, k_scale 0.7");
-    expect_bitwise_equal(vc.gpu, vc.cpu, "fp8 value_cache, v_scale 3.3");
-  }
+    for (DType dt : kFloatTypes) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " tokens " + std::to_string(c.tokens) + " head " +
+                   std::to_string(c.hd));
+      const int64_t tokens = c.tokens, kvh = 8, hd = c.hd, bs = 16, blocks = (tokens + 40) / bs + 1;
+      const Pair qkv = randn({tokens, 3 * kvh * hd}, dt, seed++, 300.0);  // std 300: many elements saturate
+      const Pair key = qkv_view(qkv, {tokens, kvh, hd}, 0), value = qkv_view(qkv, {tokens, kvh, hd}, kvh * hd);
+      std::vector<int64_t> slots(static_cast<size_t>(blocks * bs));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::mt19937_64 rng(seed++);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(size_t(tokens));
+      for (size_t t = 5; t < slots.size(); t += 9) slots[t] = -1;
+      const Pair slot_mapping = from_host(Tensor::from_i64(slots, {tokens}));
+      const Shape shape{blocks, bs, kvh, hd};
+      const Pair kc{Tensor::zeros(shape, DType::fp8e4m3, kCpu), Tensor::zeros(shape, DType::fp8e4m3, kGpu)};
+      const Pair vc{Tensor::zeros(shape, DType::fp8e4m3, kCpu), Tensor::zeros(shape, DType::fp8e4m3, kGpu)};
+      op.forward(key.gpu, value.gpu, kc.gpu, vc.gpu, slot_mapping.gpu);
+      op.forward(key.cpu, value.cpu, kc.cpu, vc.cpu, slot_mapping.cpu);
+      expect_bitwise_equal(kc.gpu, kc.cpu, "fp8 key_cache");
+      expect_bitwise_equal(vc.gpu, vc.cpu, "fp8 value_cache");
+      // Per-tensor scales (a calibrated checkpoint's k_scale / v_scale): float(x) / scale, rounded once, as the oracle.
+      // k_scale 0.7 pushes more keys past 448 (saturated), v_scale 3.3 brings most values back into range.
+      const kbn::KVScales scales{0.7f, 3.3f};
+      op.forward(key.gpu, value.gpu, kc.gpu, vc.gpu, slot_mapping.gpu, scales);
+      op.forward(key.cpu, value.cpu, kc.cpu, vc.cpu, slot_mapping.cpu, scales);
+      expect_bitwise_equal(kc.gpu, kc.cpu, "fp8 key_cache, k_scale 0.7");
+      expect_bitwise_equal(vc.gpu, vc.cpu, "fp8 value_cache, v_scale 3.3");
+    }
 }
 
 TEST(StoreKVCacheGpu, AllPaddingLeavesCachesUntouched) {
@@ -706,8 +718,8 @@ TEST(GeluAndMulGpu, MatchesOracle) {
     int64_t tokens, d, pad, offset;
   };
   // Gemma-3-12B's I = 15360 at decode and prefill sizes; odd widths and pads force the scalar path.
-  const Case cases[] = {{1, 15360, 0, 0}, {37, 15360, 0, 0}, {7, 769, 0, 0},   {37, 5125, 0, 0},
-                        {33, 1536, 16, 8}, {33, 1536, 3, 1}, {2, 8, 0, 0},     {5, 1, 0, 0}};
+  const Case cases[] = {{1, 15360, 0, 0},  {37, 15360, 0, 0}, {7, 769, 0, 0}, {37, 5125, 0, 0},
+                        {33, 1536, 16, 8}, {33, 1536, 3, 1},  {2, 8, 0, 0},   {5, 1, 0, 0}};
   uint64_t seed = 700;
   for (const char* approximate : {"tanh", "none"}) {
     GeluAndMul op(approximate);
@@ -744,8 +756,8 @@ TEST(SwigluOaiAndMulGpu, MatchesOracle) {
   };
   // gpt-oss-20b: N = 2880 per expert, rows = tokens x top_k 4; odd widths, odd pads and offsets take the scalar
   // path (an odd offset breaks the 16-byte alignment of the interleaved pairs).
-  const Case cases[] = {{4, 2880, 0, 0}, {148, 2880, 0, 0}, {7, 769, 0, 0}, {37, 5125, 0, 0},
-                        {33, 1536, 16, 8}, {33, 1536, 3, 1}, {33, 1536, 2, 2}, {5, 1, 0, 0}};
+  const Case cases[] = {{4, 2880, 0, 0},   {148, 2880, 0, 0}, {7, 769, 0, 0},   {37, 5125, 0, 0},
+                        {33, 1536, 16, 8}, {33, 1536, 3, 1},  {33, 1536, 2, 2}, {5, 1, 0, 0}};
   SwigluOAIAndMul op(1.702, 7.0);
   uint64_t seed = 800;
   for (DType dt : kFloatTypes) {
@@ -828,8 +840,7 @@ TEST(GemmaRmsNormGpu, PerHeadQkNormsOnFusedQkvViews) {
       const int64_t D = c.head_dim, width = (c.heads + 2 * c.kv_heads) * D;
       const Pair qkv = randn({c.tokens, width}, dt, seed++);
       for (const bool is_q : {true, false}) {
-        const Pair view =
-            qkv_view(qkv, {c.tokens, is_q ? c.heads : c.kv_heads, D}, is_q ? 0 : c.heads * D);
+        const Pair view = qkv_view(qkv, {c.tokens, is_q ? c.heads : c.kv_heads, D}, is_q ? 0 : c.heads * D);
         poison_next_output(view.cpu.shape(), dt);
         expect_close(norm_gpu.forward(view.gpu), norm_cpu.forward(view.cpu), elementwise_tol(dt),
                      is_q ? "gemma q norm" : "gemma k norm");

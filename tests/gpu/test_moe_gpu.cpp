@@ -68,8 +68,8 @@ TEST(TopkSoftmaxGpu, MatchesTheOracleIncludingTies) {
   struct Shape3 {
     int64_t tokens, experts, k;
   };
-  for (const Shape3 s : {Shape3{1, 8, 2}, Shape3{37, 8, 2}, Shape3{300, 128, 8}, Shape3{65, 60, 4},
-                         Shape3{9, 256, 8}, Shape3{17, 512, 32}, Shape3{5, 3, 3}})
+  for (const Shape3 s : {Shape3{1, 8, 2}, Shape3{37, 8, 2}, Shape3{300, 128, 8}, Shape3{65, 60, 4}, Shape3{9, 256, 8},
+                         Shape3{17, 512, 32}, Shape3{5, 3, 3}})
     for (const DType dt : {DType::bf16, DType::f16, DType::f32})
       for (const bool renormalize : {true, false}) {
         // Logits on a coarse grid (multiples of 0.25 in [-2, 2]) so that many tie.
@@ -148,8 +148,8 @@ TEST(MoeAlignBlockSizeGpu, MatchesTheOracleExactly) {
       MoeAlignBlockSize op(c.block, c.experts);
       auto [s_gpu, e_gpu, p_gpu] = op.forward(ids.to(kGpu));
       auto [s_cpu, e_cpu, p_cpu] = op.forward(ids);
-      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" +
-                               std::to_string(c.experts) + " bs=" + std::to_string(c.block) + " " +
+      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) +
+                               " E=" + std::to_string(c.experts) + " bs=" + std::to_string(c.block) + " " +
                                cases::routing_name(routing);
       expect_equal_ints(s_gpu, s_cpu, what + " sorted_token_ids");
       expect_equal_ints(e_gpu, e_cpu, what + " expert_ids");
@@ -195,14 +195,16 @@ TEST(FusedExpertsGpu, MatchesTheOracle) {
   // K, and a launch large enough for the 256-wide tiles.
   for (const Case c : {Case{1, 2, 8, 256, 320}, Case{5, 2, 8, 200, 136}, Case{130, 2, 4, 128, 64},
                        Case{37, 8, 16, 96, 48}, Case{3, 1, 2, 100, 60},
-                       Case{9, 2, 8, 1024, 256},   // few tiles, long K: GEMM 1 split along K (past the GEMV path's 8)
-                       Case{10, 2, 8, 256, 1032},  // GEMM 2 split along K, its last split shorter
+                       Case{9, 2, 8, 1024, 256},     // few tiles, long K: GEMM 1 split along K (past the GEMV path's 8)
+                       Case{10, 2, 8, 256, 1032},    // GEMM 2 split along K, its last split shorter
                        Case{8448, 2, 4, 512, 200}})  // enough full blocks for the 256-wide prefill tiles
     for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
-      const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 7);
+      const ExpertsInputs in =
+          experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 7);
       FusedExperts op;
       const Tensor gpu = op.forward(in.x, in.w13, in.w2, in.weights, in.ids);
-      const Tensor cpu = op.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu), in.ids.to(kCpu));
+      const Tensor cpu =
+          op.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu), in.ids.to(kCpu));
       expect_close(gpu, cpu, dt,
                    "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" + std::to_string(c.experts) +
                        " H=" + std::to_string(c.hidden) + " N=" + std::to_string(c.inter) + " " + dtype_name(dt));
@@ -222,10 +224,11 @@ TEST(FusedExpertsGpu, DecodePathMatchesTheOracle) {
                        Case{4, 8, 16, 128, 64}, Case{8, 8, 128, 64, 32}, Case{8, 2, 2, 128, 64}, Case{3, 4, 4, 96, 40},
                        Case{1, 6, 64, 2048, 1408}})  // DeepSeek-V2-Lite's experts
     for (const DType dt : {DType::bf16, DType::f16, DType::f32}) {
-      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" +
-                               std::to_string(c.experts) + " H=" + std::to_string(c.hidden) + " N=" +
-                               std::to_string(c.inter) + " " + dtype_name(dt);
-      const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 23);
+      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) +
+                               " E=" + std::to_string(c.experts) + " H=" + std::to_string(c.hidden) +
+                               " N=" + std::to_string(c.inter) + " " + dtype_name(dt);
+      const ExpertsInputs in =
+          experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 23);
       FusedExperts op;
       expect_close(op.forward(in.x, in.w13, in.w2, in.weights, in.ids),
                    op.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu), in.ids.to(kCpu)), dt,
@@ -271,10 +274,10 @@ TEST(FusedExpertsGpu, OutOfRangeIdsAreDropped) {
   }
   const Tensor gpu = FusedExperts().forward(
       in.x, in.w13, in.w2, in.weights, Tensor::from_i32(std::vector<int32_t>(bad.begin(), bad.end()), {T, k}).to(kGpu));
-  const Tensor cpu = FusedExperts().forward(
-      in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu),
-      Tensor::from_floats(std::vector<float>(w.begin(), w.end()), {T, k}, DType::f32),
-      Tensor::from_i32(std::vector<int32_t>(ids.begin(), ids.end()), {T, k}));
+  const Tensor cpu =
+      FusedExperts().forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu),
+                             Tensor::from_floats(std::vector<float>(w.begin(), w.end()), {T, k}, DType::f32),
+                             Tensor::from_i32(std::vector<int32_t>(ids.begin(), ids.end()), {T, k}));
   expect_close(gpu, cpu, DType::bf16, "dropped pairs");
 }
 
@@ -292,13 +295,12 @@ TEST(FusedExpertsGpu, HopperMatchesF32AtModelShapes) {
         const ExpertsInputs in = experts_inputs(T, c.k, c.experts, c.hidden, c.inter, DType::bf16, routing, 13);
         FusedExperts op;
         const Tensor bf16 = op.forward(in.x, in.w13, in.w2, in.weights, in.ids);
-        const Tensor f32 = op.forward(in.x.to(DType::f32), in.w13.to(DType::f32), in.w2.to(DType::f32), in.weights,
-                                      in.ids);
+        const Tensor f32 =
+            op.forward(in.x.to(DType::f32), in.w13.to(DType::f32), in.w2.to(DType::f32), in.weights, in.ids);
         // The bf16 path rounds g, u, the activation and each expert's output to bf16, so an element where the
         // top_k outputs cancel carries a few bf16 ulps of the summands' scale: atol 4e-2 of the output's rms per
         // element, and the mean relative error (sum |a - e| / sum |e|) within 5e-3.
-        const std::string what =
-            std::string(c.model) + " T=" + std::to_string(T) + " " + cases::routing_name(routing);
+        const std::string what = std::string(c.model) + " T=" + std::to_string(T) + " " + cases::routing_name(routing);
         const CompareStats s = compare_close(bf16.to(DType::f32).to(kCpu), f32.to(kCpu), Tolerance{1.6e-2, 4e-2, 0});
         EXPECT_EQ(s.bad, 0) << what << ": " << s.describe();
         EXPECT_LT(s.mean_rel_err(), 5e-3) << what << ": " << s.describe();
@@ -319,15 +321,16 @@ TEST(FusedExpertsGpu, SwigluoaiWithBiasesMatchesTheOracle) {
   for (const Case c : {Case{5, 4, 8, 200, 136}, Case{37, 4, 16, 96, 48}, Case{3, 1, 2, 100, 60},
                        Case{9, 2, 8, 1024, 256}, Case{10, 2, 8, 256, 1032}, Case{8448, 2, 4, 512, 200}})
     for (const DType dt : {DType::bf16, DType::f32}) {
-      const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 21);
+      const ExpertsInputs in =
+          experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 21);
       const Tensor b13 = randn({c.experts, 2 * c.inter}, dt, 31, 0.5), b2 = randn({c.experts, c.hidden}, dt, 32, 0.5);
       FusedExperts op(FusedExperts::Activation::swigluoai, 1.702, 0.6);
       const Tensor gpu = op.forward(in.x, in.w13, in.w2, in.weights, in.ids, b13, b2);
       const Tensor cpu = op.forward(in.x.to(kCpu), in.w13.to(kCpu), in.w2.to(kCpu), in.weights.to(kCpu),
                                     in.ids.to(kCpu), b13.to(kCpu), b2.to(kCpu));
-      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) + " E=" +
-                               std::to_string(c.experts) + " H=" + std::to_string(c.hidden) + " N=" +
-                               std::to_string(c.inter) + " " + dtype_name(dt);
+      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) +
+                               " E=" + std::to_string(c.experts) + " H=" + std::to_string(c.hidden) +
+                               " N=" + std::to_string(c.inter) + " " + dtype_name(dt);
       expect_close(gpu, cpu, dt, what);
       // The biases and the activation matter: without them the output differs.
       const Tensor plain = FusedExperts().forward(in.x, in.w13, in.w2, in.weights, in.ids);

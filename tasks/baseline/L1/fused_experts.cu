@@ -48,13 +48,13 @@ namespace {
 //
 // Hopper (bf16 / f16, sm_90a image): a block computes a kBlockM x kBlockN accumulator tile (kBlockN 128 at decode
 // sizes, 256 at prefill sizes), or its share of K, with wgmma from shared memory, fed by a TMA producer through a
-// ring of stages of (A: kBlockM x 64, B: kBlockN x 64) 128-byte-swizzled tiles (A's padding rows are not copied). GEMM 1's B tile is
-// kBlockN / 2 gate rows and the matching up rows of one expert (two TMA boxes), so the activation is fused in the
-// epilogue and a block writes kBlockN / 2 columns of act; GEMM 2's B tile is kBlockN rows of w2.
-// Every other dtype or layout runs a shared-memory-tiled SIMT kernel of the same structure.
+// ring of stages of (A: kBlockM x 64, B: kBlockN x 64) 128-byte-swizzled tiles (A's padding rows are not copied). GEMM
+// 1's B tile is kBlockN / 2 gate rows and the matching up rows of one expert (two TMA boxes), so the activation is
+// fused in the epilogue and a block writes kBlockN / 2 columns of act; GEMM 2's B tile is kBlockN rows of w2. Every
+// other dtype or layout runs a shared-memory-tiled SIMT kernel of the same structure.
 constexpr int kBlockM = 128;
 constexpr int kBlockK = 64;  // one 128-byte swizzle row of 16-bit values
-constexpr int kGroupM = 8;  // m blocks that walk the n tiles together (their B tiles are shared through L2)
+constexpr int kGroupM = 8;   // m blocks that walk the n tiles together (their B tiles are shared through L2)
 
 struct PermuteParams {
   void* x_sorted;  // [max_padded, hidden]
@@ -122,10 +122,10 @@ struct GemmParams {
   const float* topk_weights;  // [num_pairs]
   void* out;
   int num_pairs;
-  int n_out;       // valid output columns
-  int b_rows;      // rows of one expert's weight matrix
-  int up_offset;   // mode 1: row of the first up row within an expert
-  int k;           // the reduction extent
+  int n_out;      // valid output columns
+  int b_rows;     // rows of one expert's weight matrix
+  int up_offset;  // mode 1: row of the first up row within an expert
+  int k;          // the reduction extent
   int m_blocks, n_tiles;
   // Split K (decode sizes, where the tiles alone would leave SMs idle): work item w is split w % splits of tile
   // w / splits, reducing k blocks [split * kb_per_split, +kb_per_split); its f32 partial sums go to
@@ -167,7 +167,7 @@ namespace hopper_path {
 constexpr int kConsumerThreads = 256;  // two warpgroups, 64 rows each
 constexpr int kThreads = 128 + kConsumerThreads;
 constexpr uint32_t kATileBytes = kBlockM * kBlockK * 2;  // 128 rows x 128 bytes
-constexpr int kABoxRows = 16;                              // A's TMA box: 16 rows (two swizzle atoms) x 64 columns
+constexpr int kABoxRows = 16;                            // A's TMA box: 16 rows (two swizzle atoms) x 64 columns
 
 // The two tile shapes: kBlockN = 128 (B tile 128 rows, 5 stages) for decode-sized launches, where more blocks keep
 // more SMs streaming weights, and kBlockN = 256 (4 stages) for prefill, where the wider tile halves the
@@ -204,7 +204,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     moe_expert_gemm_tma_kernel(GemmParams p, const __grid_constant__ CUtensorMap a_map,
                                const __grid_constant__ CUtensorMap b_map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "fused_experts: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a"
+#error \
+    "fused_experts: wgmma needs Hopper's arch-specific target: KBN_CUDA_GENCODE -gencode=arch=compute_90a,code=sm_90a"
 #endif
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Cfg = Tile<kBlockN>;
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x;
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full_bar + 8 * s, 1);                         // the producer's arrive.expect_tx
+      mbar_init(full_bar + 8 * s, 1);                       // the producer's arrive.expect_tx
       mbar_init(empty_bar + 8 * s, kConsumerThreads / 32);  // lane 0 of every consumer warp
     }
     mbar_fence_init();
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int j = 0; j < live; ++j)
             tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
           if constexpr (kMode == 1) {
-            tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                      // gate rows
+            tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                       // gate rows
             tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
           } else {
             tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
@@ -294,7 +295,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kb = kb0; kb < kb1; ++kb, ++it) {
       const int s = it % kStages;
       mbar_wait(full_bar + 8 * s, uint32_t((it / kStages) & 1));
-      const uint32_t a_s = base + s * Cfg::kStageBytes + wg * (64 * 128), b_s = base + s * Cfg::kStageBytes + kATileBytes;
+      const uint32_t a_s = base + s * Cfg::kStageBytes + wg * (64 * 128),
+                     b_s = base + s * Cfg::kStageBytes + kATileBytes;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 16; ++kk)
@@ -342,7 +344,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int col = n * kOutCols + 8 * j + 2 * t;
           if (col >= p.n_out) continue;
           const int gi = 4 * j + 2 * half, ui = 4 * (j + kHalfTiles) + 2 * half;
-          const float2 bg = bias2<T>(p.bias, expert, p.b_rows, col), bu = bias2<T>(p.bias, expert, p.b_rows, p.up_offset + col);
+          const float2 bg = bias2<T>(p.bias, expert, p.b_rows, col),
+                       bu = bias2<T>(p.bias, expert, p.b_rows, p.up_offset + col);
           const float a0 = expert_act(p.act, round_to<T>(d[gi] + bg.x), round_to<T>(d[ui] + bu.x));
           const float a1 = expert_act(p.act, round_to<T>(d[gi + 1] + bg.y), round_to<T>(d[ui + 1] + bu.y));
           *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(a0, a1);
@@ -378,7 +381,8 @@ bool encode_matrix_map(CUtensorMap& map, const void* base, DType dt, int64_t row
   const cuuint64_t strides[1] = {cuuint64_t(cols * 2)};
   const cuuint32_t box[2] = {cuuint32_t(kBlockK), cuuint32_t(box_rows)};
   const cuuint32_t elem[2] = {1, 1};
-  const CUtensorMapDataType type = dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const CUtensorMapDataType type =
+      dt == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   return fn(&map, type, 2, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -389,7 +393,7 @@ bool encode_matrix_map(CUtensorMap& map, const void* base, DType dt, int64_t row
 // ---- the split-K reductions (decode sizes; see GemmParams::splits) ----
 
 struct ActSplitsParams {
-  void* act;  // [max_padded, inter]
+  void* act;        // [max_padded, inter]
   const float* ws;  // [splits, num_pairs, 2 * inter]
   const int32_t* sorted;
   const int32_t* expert_ids;  // per kBlockM rows
@@ -446,8 +450,9 @@ struct SumSplitsParams {
   int num_tokens, hidden, top_k, splits, num_experts;
 };
 
-// out[t] = sum over t's valid pairs of round(weight * y), y = the sum of GEMM 2's splits (+ the expert's bias): moe_sum fused with the
-// split reduction and the routing weight (pairs with an out-of-range expert id contribute zero, as when unsplit).
+// out[t] = sum over t's valid pairs of round(weight * y), y = the sum of GEMM 2's splits (+ the expert's bias): moe_sum
+// fused with the split reduction and the routing weight (pairs with an out-of-range expert id contribute zero, as when
+// unsplit).
 template <class T>
 __global__ void __launch_bounds__(128) moe_sum_splits_kernel(SumSplitsParams p) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -639,7 +644,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_act_kernel(GemvParam
     float acc[2][kMaxN] = {};
     dot_rows<T, 2, kMaxN>(
         rows, g.hidden / N, n,
-        [&](int i, int v) { return __ldg(reinterpret_cast<const uint4*>(x + int64_t(pair[i] / g.top_k) * g.hidden) + v); },
+        [&](int i, int v) {
+          return __ldg(reinterpret_cast<const uint4*>(x + int64_t(pair[i] / g.top_k) * g.hidden) + v);
+        },
         acc);
 #pragma unroll
     for (int i = 0; i < kMaxN; ++i)
@@ -679,7 +686,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_kernel(GemvPara
         [&](int i, int v) { return __ldg(reinterpret_cast<const uint4*>(act + int64_t(pair[i]) * g.inter) + v); }, acc);
 #pragma unroll
     for (int i = 0; i < kMaxN; ++i)
-      if (i < n && lane == i) out[int64_t(pair[i]) * g.hidden + r] = from_f32<T>(g.topk_weights[pair[i]] * (acc[0][i] + b));
+      if (i < n && lane == i)
+        out[int64_t(pair[i]) * g.hidden + r] = from_f32<T>(g.topk_weights[pair[i]] * (acc[0][i] + b));
   }
 }
 
@@ -1028,9 +1036,8 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
   check_contiguous(topk_weights, kOp, "topk_weights");
   check_size(topk_weights, kOp, "topk_weights", 0, t, "num_tokens");
   check_size(topk_weights, kOp, "topk_weights", 1, k, "top_k");
-  for (const auto& [arg, tensor] :
-       {std::pair{"w13", &w13}, std::pair{"w2", &w2}, std::pair{"topk_weights", &topk_weights},
-        std::pair{"topk_ids", &topk_ids}})
+  for (const auto& [arg, tensor] : {std::pair{"w13", &w13}, std::pair{"w2", &w2},
+                                    std::pair{"topk_weights", &topk_weights}, std::pair{"topk_ids", &topk_ids}})
     check_same_device(hidden_states, *tensor, kOp, "hidden_states", arg);
   KBN_CHECK(k >= 1 && k <= e, kOp, ": argument 'topk_ids' ", topk_ids.str(), " must choose 1 to num_experts (", e,
             ") experts per token");
@@ -1056,7 +1063,8 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
   const int64_t pairs = t * k;
   const DType dt = hidden_states.dtype();
   const Device d = hidden_states.device();
-  const ExpertAct act_fn{.swigluoai = activation_ == Activation::swigluoai, .alpha = float(alpha_), .limit = float(limit_)};
+  const ExpertAct act_fn{
+      .swigluoai = activation_ == Activation::swigluoai, .alpha = float(alpha_), .limit = float(limit_)};
   if (gemv_path_applies(t, pairs, h, inter, dt, {hidden_states.data_ptr(), w13.data_ptr(), w2.data_ptr()})) {
     const GemvParams g{.x = hidden_states.data_ptr(),
                        .w13 = w13.data_ptr(),
@@ -1080,8 +1088,8 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
     return cache.defined() ? MoeSum().forward(cache) : out;
   }
   const int64_t padded = MoeAlignBlockSize::max_padded(pairs, kBlockM, e);
-  KBN_CHECK(padded * std::max(h, inter) <= std::numeric_limits<int32_t>::max() && e * std::max(2 * inter, h) <=
-                                                                                     std::numeric_limits<int32_t>::max(),
+  KBN_CHECK(padded * std::max(h, inter) <= std::numeric_limits<int32_t>::max() &&
+                e * std::max(2 * inter, h) <= std::numeric_limits<int32_t>::max(),
             kOp, ": shapes too large for 32-bit row indices: hidden_states ", hidden_states.str(), ", w13 ", w13.str(),
             ", top_k ", k);
   auto [sorted, expert_ids, post] = MoeAlignBlockSize(kBlockM, e).forward(topk_ids);

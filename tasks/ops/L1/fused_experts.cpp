@@ -33,8 +33,8 @@ enum class Route { uniform, skewed, router };
 const char* route_name(Route r) { return r == Route::uniform ? "uniform" : r == Route::skewed ? "skewed" : "router"; }
 
 // (topk_weights, topk_ids) on `d`.
-std::pair<Tensor, Tensor> make_routing(Route r, int64_t T, int64_t k, int64_t E, int64_t H, bool renormalize,
-                                       Device d, uint64_t seed) {
+std::pair<Tensor, Tensor> make_routing(Route r, int64_t T, int64_t k, int64_t E, int64_t H, bool renormalize, Device d,
+                                       uint64_t seed) {
   if (r != Route::router) {
     const auto routing = r == Route::uniform ? cases::Routing::uniform : cases::Routing::skewed;
     return {cases::routing_weights(T, k, d, seed, "topk_weights"),
@@ -93,34 +93,34 @@ std::vector<BenchCase> fused_experts_cases(const ModelView& m, const CaseOptions
 }  // namespace
 
 KBN_REGISTER_OPS(r) {
-  r.add({.name = "fused_experts",
-         .class_name = "FusedExperts",
-         .level = 1,
-         .header = "L1/fused_experts.h",
-         .ctor_args = {"activation (optional: 0 silu, 1 swigluoai)", "alpha (optional)", "limit (optional)"},
-         .args = {"hidden_states", "w13", "w2", "topk_weights", "topk_ids", "w13_bias (optional)",
-                  "w2_bias (optional)"},
-         .mutates = {},
-         .make = adapter(
-             "fused_experts", 5, 7,
-             [](const OpArgs& a) {
-               const int64_t act = a.get_int_or("activation", 0);
-               KBN_CHECK(act == 0 || act == 1, "fused_experts: argument 'activation' must be 0 (silu) or 1 (swigluoai), got ",
-                         act);
-               return std::make_unique<FusedExperts>(
-                   act == 1 ? FusedExperts::Activation::swigluoai : FusedExperts::Activation::silu,
-                   a.get("alpha", 1.702), a.get("limit", 7.0));
-             },
-             [](FusedExperts& op, const Tensors& t) {
-               KBN_CHECK(t.size() != 6, "fused_experts: the biases come as a pair (w13_bias, w2_bias), got one");
-               if (t.size() == 7) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], t[6])};
-               return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4])};
-             }),
-         // Its alignment kernels, and the sum when GEMM 2 is not split, are the moe_align_block_size and moe_sum
-         // ops' own: a kernel trace shows them on their own lines. The split-K reduces and the decode path's GEMVs
-         // (up to 8 tokens) are this op's.
-         .kernels = {"moe_permute", "moe_expert_gemm", "moe_act_mul_splits", "moe_sum_splits", "moe_gemv"},
-         .cases = fused_experts_cases});
+  r.add(
+      {.name = "fused_experts",
+       .class_name = "FusedExperts",
+       .level = 1,
+       .header = "L1/fused_experts.h",
+       .ctor_args = {"activation (optional: 0 silu, 1 swigluoai)", "alpha (optional)", "limit (optional)"},
+       .args = {"hidden_states", "w13", "w2", "topk_weights", "topk_ids", "w13_bias (optional)", "w2_bias (optional)"},
+       .mutates = {},
+       .make = adapter(
+           "fused_experts", 5, 7,
+           [](const OpArgs& a) {
+             const int64_t act = a.get_int_or("activation", 0);
+             KBN_CHECK(act == 0 || act == 1,
+                       "fused_experts: argument 'activation' must be 0 (silu) or 1 (swigluoai), got ", act);
+             return std::make_unique<FusedExperts>(
+                 act == 1 ? FusedExperts::Activation::swigluoai : FusedExperts::Activation::silu, a.get("alpha", 1.702),
+                 a.get("limit", 7.0));
+           },
+           [](FusedExperts& op, const Tensors& t) {
+             KBN_CHECK(t.size() != 6, "fused_experts: the biases come as a pair (w13_bias, w2_bias), got one");
+             if (t.size() == 7) return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4], t[5], t[6])};
+             return Tensors{op.forward(t[0], t[1], t[2], t[3], t[4])};
+           }),
+       // Its alignment kernels, and the sum when GEMM 2 is not split, are the moe_align_block_size and moe_sum
+       // ops' own: a kernel trace shows them on their own lines. The split-K reduces and the decode path's GEMVs
+       // (up to 8 tokens) are this op's.
+       .kernels = {"moe_permute", "moe_expert_gemm", "moe_act_mul_splits", "moe_sum_splits", "moe_gemv"},
+       .cases = fused_experts_cases});
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -26,9 +26,9 @@ std::vector<BenchCase> grouped_topk_cases(const ModelView& m, const CaseOptions&
   std::vector<BenchCase> out;
   for (int64_t T : cases::token_counts(o)) {
     BenchCase b = cases::base("grouped_topk", m, T, dt);
-    b.label = "T=" + cases::str(T) + " E=" + cases::str(E) + " k=" + cases::str(k) + " groups=" +
-              cases::str(r.topk_group) + "/" + cases::str(r.num_expert_group) + (r.sigmoid_scores ? " sigmoid" : " softmax") +
-              (r.score_correction_bias ? " bias" : "");
+    b.label = "T=" + cases::str(T) + " E=" + cases::str(E) + " k=" + cases::str(k) +
+              " groups=" + cases::str(r.topk_group) + "/" + cases::str(r.num_expert_group) +
+              (r.sigmoid_scores ? " sigmoid" : " softmax") + (r.score_correction_bias ? " bias" : "");
     b.args.values = {{"top_k", double(k)},
                      {"renormalize", r.renormalize ? 1.0 : 0.0},
                      {"num_expert_group", double(r.num_expert_group)},
@@ -42,7 +42,7 @@ std::vector<BenchCase> grouped_topk_cases(const ModelView& m, const CaseOptions&
           bias ? cases::normal({E}, DType::f32, d, seed, "e_score_correction_bias", 0.05) : Tensor()};
     };
     b.bytes = T * E * es + (bias ? E * 4 : 0) + T * k * 8;  // logits (and bias) read; f32 weights and i32 ids written
-    b.flops = 6 * T * E;                                      // score, bias, group and top-k comparisons per logit
+    b.flops = 6 * T * E;                                    // score, bias, group and top-k comparisons per logit
     b.input_bytes = T * E * es + (bias ? E * 4 : 0);
     b.output_numel = 2 * T * k;
     out.push_back(std::move(b));
