@@ -23,16 +23,14 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t(32) << 20;
 
-using GemmShape = CublasLtLinear;
-
 // The shape in words, for error messages.
-std::string shape_words(const GemmShape& s) {
+std::string shape_words(const CublasLtLinear& s) {
   return detail::concat("out[", s.m, ", ", s.n, "] = x[", s.m, ", ", s.k, "] (row stride ", s.lda, ") @ weight[", s.n,
                         ", ", s.k, "]^T", s.has_bias ? " + bias" : "", " in ", dtype_name(s.dtype),
                         s.out_dtype != s.dtype ? detail::concat(" to ", dtype_name(s.out_dtype)) : std::string());
 }
 
-void check_cublas(cublasStatus_t status, const char* call, const GemmShape& s) {
+void check_cublas(cublasStatus_t status, const char* call, const CublasLtLinear& s) {
   KBN_CHECK(status == CUBLAS_STATUS_SUCCESS, s.op, ": ", call, " failed with ", cublasLtGetStatusName(status), " (",
             cublasLtGetStatusString(status), ") for ", shape_words(s));
 }
@@ -98,7 +96,7 @@ class LinearContext {
   // The handle of the device, the plan of the key (built on first use) and the workspace of the stream.
   // NOTE: one 32 MiB workspace per (device, stream), as PyTorch keeps one per (handle, stream): GEMMs on
   // two streams of one device may run concurrently and must not share scratch memory.
-  Launch prepare(const PlanKey& key, const GemmShape& s, const void* bias, Stream stream) {
+  Launch prepare(const PlanKey& key, const CublasLtLinear& s, const void* bias, Stream stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     cublasLtHandle_t& handle = handles_[key.device];
     if (handle == nullptr) check_cublas(cublasLtCreate(&handle), "cublasLtCreate", s);
@@ -110,7 +108,7 @@ class LinearContext {
   }
 
  private:
-  static std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t handle, const PlanKey& key, const GemmShape& s,
+  static std::unique_ptr<GemmPlan> make_plan(cublasLtHandle_t handle, const PlanKey& key, const CublasLtLinear& s,
                                              const void* bias) {
     const cudaDataType_t type = cuda_type(s.dtype), out_type = cuda_type(s.out_dtype);
     auto plan = std::make_unique<GemmPlan>();

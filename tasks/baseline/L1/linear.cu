@@ -5,8 +5,6 @@
 #include "kbn/checks.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
-#include <cstdint>
-
 #include "L1/gemv.cuh"
 #include "kbn/cublaslt_linear.h"
 #include "kbn/cuda_check.h"
