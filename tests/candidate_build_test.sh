@@ -111,8 +111,20 @@ case "$case" in
     kern honest || { echo "FAIL: the honest candidate did not pass"; cat "$art/honest.out"; exit 1; }
     expect_in "$(cat "$art/honest.out")" "6 of 6 cases pass"
     expect_in "$(cat "$art/honest.out")" "in the blocks that include it"
-    speedup=$(grep -o '"geomean_speedup": [0-9.e+-]*' "$art/honest.json" | awk '{print $2}')
-    awk -v s="$speedup" 'BEGIN { exit !(s > 1.0) }' || { echo "FAIL: honest candidate not faster (geomean $speedup)"; exit 1; }
+    # Timing on a shared 2-core machine is noise at the honest candidate's margin (it measured 0.93x once under
+    # ctest -j2), so its speedup is only required to be a positive number; the timing's direction is checked
+    # with `slow`, a correct candidate that waits ~2 ms per call (hundreds of times the op): it must PASS and be
+    # reported far slower.
+    geomean() { grep -o '"geomean_speedup": [0-9.e+-]*' "$1" | awk '{print $2}'; }
+    speedup=$(geomean "$art/honest.json")
+    awk -v s="$speedup" 'BEGIN { exit !(s > 0) }' || { echo "FAIL: honest candidate's speedup '$speedup'"; exit 1; }
+    KBN_CHEAT=slow "$build/kb_nano" kernels --device cpu --model tiny-llama --target rms_norm --tokens 5 --random 0 \
+      --seeds 1 --no-composition --json "$art/slow.json" >"$art/slow.out" 2>&1 ||
+      { echo "FAIL: the slow (correct) candidate did not pass"; cat "$art/slow.out"; exit 1; }
+    slow=$(geomean "$art/slow.json")
+    awk -v s="$slow" 'BEGIN { exit !(s > 0 && s < 0.5) }' ||
+      { echo "FAIL: a candidate 2 ms slower per call reported a speedup of '$slow'"; cat "$art/slow.out"; exit 1; }
+    echo "honest: ${speedup}x; slow: ${slow}x"
     failed_as() {  # name, json, out, wanted checks (ERE): the checks of the failing rows are all wanted ones
       local checks
       checks=$(grep -o '"check": "[a-z ]*"' "$2" 2>/dev/null | sed 's/"check": //; s/"//g' | grep -v '^$' | sort -u)

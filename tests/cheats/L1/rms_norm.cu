@@ -1,5 +1,5 @@
 // A candidate rms_norm for the harness's cheat corpus (tests/cheats/README.md): the baseline file with its
-// rms_norm forward replaced by an honest, faster-on-CPU implementation and eight shortcuts selected by the
+// rms_norm forward replaced by an honest implementation, a slow honest one and eight shortcuts selected by the
 // KBN_CHEAT environment variable. One build serves the whole corpus.
 #include "L1/rms_norm.h"
 
@@ -329,6 +329,13 @@ Tensor RMSNorm::forward(const Tensor& x) {
 #endif
   }
   const int64_t rows = mode == "partial_write" ? T / 2 : T;
+  if (mode == "slow") {
+    // Correct, but every call first waits about 2 ms: the control for the timing's direction.
+    if (x.is_cpu()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+#ifdef KBN_WITH_CUDA
+    else side_stream_delay<<<1, 1, 0, current_stream()>>>(4'000'000);
+#endif
+  }
   honest_rms_norm(out, x, weight, eps_, rows, current_stream());
   if (mode == "low_precision") out = out.to(DType::fp8e4m3).to(x.dtype());  // rounds to 3 mantissa bits
   if (mode == "cached_output") cached = out;
