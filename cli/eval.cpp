@@ -74,6 +74,9 @@ struct Options {
   std::string admission = "reserve";  // reserve | optimistic
   std::string kv_cache_dtype = "auto";  // auto | fp8 | fp8_e4m3
   bool compare_kv_cache_dtype = false;  // run the baseline with auto KV, then with kv_cache_dtype, and align them
+  int nano_batches = 1;                 // overlapped nano-batches per eager step (1: off)
+  int64_t nano_batch_min_tokens = 256;  // a step splits only into nano-batches of this many tokens or more
+  bool compare_nano_batches = false;    // run the baseline whole, then with --nano-batches, and align them
   int64_t divergence_samples = 64;
   std::string json;
   std::string csv;
@@ -87,6 +90,8 @@ struct Options {
 struct VariantRun {
   std::string name;            // the variant's name, or with --compare-kv-cache-dtype "baseline+kv-fp8e4m3"
   std::string kv_cache_dtype;  // the engine's --kv-cache-dtype for this run
+  int nano_batches = 1;        // the engine's nano-batches per eager step for this run
+  int64_t nano_steps = 0;      // steps of the measured run that ran as overlapped nano-batches
   engine::RunResult result;
   engine::ServingMetrics metrics;
   engine::KVCacheSizing sizing;
@@ -305,7 +310,13 @@ nlohmann::json metrics_json(const VariantRun& r) {
            {{"sizes", r.graph_sizes},
             {"capture_s", r.graph_capture_s},
             {"capture_bytes", r.graph_capture_bytes},
-            {"graph_steps", r.graph_steps}}}};
+            {"graph_steps", r.graph_steps}}},
+          {"nano_batches",
+           {{"count", r.nano_batches},
+            {"nano_batched_steps", r.nano_steps},
+            {"definition",
+             "a step run eagerly ran as min(count, its sequences) nano-batches when that gave each min_tokens "
+             "tokens or more, each the whole model on a CUDA stream of its own (engine/nano_batch.h); nano_batched_steps of the measured run did"}}}};
 }
 
 // One CSV line per variant: the throughput and latency figures of --json (times in ms), the serial floor where
@@ -399,6 +410,14 @@ void print_table(const std::vector<VariantRun>& runs) {
     }
     cells.push_back(std::move(steps));
     cells.push_back(std::move(capture));
+  }
+  if (std::any_of(runs.begin(), runs.end(), [](const VariantRun& r) { return r.nano_batches > 1; })) {
+    std::vector<std::string> line{"nano-batched steps / steps"};
+    for (const auto& r : runs)
+      line.push_back(r.nano_batches > 1 ? std::to_string(r.nano_steps) + " / " + std::to_string(r.metrics.steps) +
+                                              " (" + std::to_string(r.nano_batches) + " each)"
+                                        : "off");
+    cells.push_back(std::move(line));
   }
   {
     // What the KV cache held at its fullest, per running request, and what the same requests' table slots would cost
@@ -612,7 +631,8 @@ void run_url(const Options& o, bool max_num_seqs_given) {
       {o.tp != 1, "--tp"},                     {o.mode != "eager", "--mode"},
       {max_num_seqs_given, "--max-num-seqs"},  {o.max_num_batched_tokens > 0, "--max-num-batched-tokens"},
       {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
-      {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"}};
+      {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"},
+      {o.nano_batches != 1, "--nano-batches"}, {o.compare_nano_batches, "--compare-nano-batches"}};
   for (const auto& [given, flag] : engine_flags)
     KBN_CHECK(!given, flag, ": with --url the engine is the server's (set it on kb_nano serve)");
   double rate = 0;
@@ -673,6 +693,14 @@ void check_run_flags(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1,
             "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
+  engine::check_nano_batching({o.nano_batches, o.nano_batch_min_tokens}, "--nano-batches / --nano-batch-min-tokens");
+  KBN_CHECK(o.nano_batches == 1 || o.tp == 1, "--nano-batches ", o.nano_batches,
+            ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
+            "buffer, which two nano-batches would use at once), got --tp ", o.tp);
+  KBN_CHECK(!o.compare_nano_batches || o.nano_batches > 1,
+            "--compare-nano-batches: compares --nano-batches N (N >= 2) with whole steps; give --nano-batches 2");
+  KBN_CHECK(!(o.compare_nano_batches && o.compare_kv_cache_dtype),
+            "--compare-nano-batches and --compare-kv-cache-dtype each run the baseline twice; give one of them");
   KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
             "--admission: expected reserve or optimistic, got '", o.admission, "'");
 }
@@ -681,6 +709,7 @@ void check_run_flags(const Options& o, bool max_num_seqs_given) {
 struct Pass {
   Variant variant;
   std::string kv_cache_dtype, name;
+  int nano_batches = 1;
 };
 
 // The runs: each variant with --kv-cache-dtype, or (--compare-kv-cache-dtype) the baseline with the model's dtype in
@@ -708,10 +737,17 @@ std::vector<Pass> select_passes(const Options& o) {
     KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-kv-cache-dtype: runs the baseline "
               "twice (two KV dtypes); it does not combine with --variant ", o.variant.empty() ? "both" : o.variant,
               " (pass --variant baseline)");
-    passes = {{Variant::baseline, "auto", "baseline"},
-              {Variant::baseline, o.kv_cache_dtype, std::string("baseline+kv-") + dtype_name(*kv)}};
+    passes = {{Variant::baseline, "auto", "baseline", o.nano_batches},
+              {Variant::baseline, o.kv_cache_dtype, std::string("baseline+kv-") + dtype_name(*kv), o.nano_batches}};
+  } else if (o.compare_nano_batches) {
+    KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-nano-batches: runs the baseline "
+              "twice (whole steps, then nano-batches); it does not combine with --variant ",
+              o.variant.empty() ? "both" : o.variant, " (pass --variant baseline)");
+    passes = {{Variant::baseline, o.kv_cache_dtype, "baseline", 1},
+              {Variant::baseline, o.kv_cache_dtype, "baseline+nano-" + std::to_string(o.nano_batches),
+               o.nano_batches}};
   } else {
-    for (Variant v : variants) passes.push_back({v, o.kv_cache_dtype, variant_name(v)});
+    for (Variant v : variants) passes.push_back({v, o.kv_cache_dtype, variant_name(v), o.nano_batches});
   }
   return passes;
 }
@@ -766,6 +802,7 @@ engine::EngineConfig engine_config(const Options& o, const engine::WorkloadSpec&
   ecfg.check_finite = o.check_finite;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
   ecfg.reserve_max_tokens = o.admission == "reserve";
+  ecfg.nano_batching = {o.nano_batches, o.nano_batch_min_tokens};
   return ecfg;
 }
 
@@ -849,6 +886,10 @@ void print_setup(const EvalSetup& e) {
               ecfg.reserve_max_tokens ? "reserving every running request's max_tokens (no preemption)"
                                       : "optimistic (vLLM's; preemption by recompute)",
               ecfg.enable_prefix_caching ? "on" : "off");
+  if (o.nano_batches > 1)
+    std::printf("  nano-batches: %sup to %d per eager step, of >= %lld tokens each, each on a stream of its own%s\n",
+                o.compare_nano_batches ? "whole steps, then " : "", o.nano_batches, (long long)o.nano_batch_min_tokens,
+                e.device.is_cuda() ? "" : " (on the CPU one after another)");
   if (e.wave > 0)
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)e.wave);
   std::fflush(stdout);
@@ -889,8 +930,10 @@ VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorMod
   VariantRun run;
   run.name = pass.name;
   run.kv_cache_dtype = pass.kv_cache_dtype;
+  run.nano_batches = pass.nano_batches;
   engine::EngineConfig ecfg = e.ecfg;
   ecfg.kv_cache_dtype = pass.kv_cache_dtype;
+  ecfg.nano_batching.count = pass.nano_batches;
   const ModelEngine m = build_model_engine(e.spec, pass.variant, e.popts, e.o.seed, e.device, ecfg, group);
   engine::LLMEngine& eng = *m.engine;
   run.sizing = eng.kv_cache_sizing();
@@ -920,6 +963,7 @@ VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorMod
   warm_up(eng, e.max_model_len, 4);  // outside the timed run
   Progress progress(run.name.c_str());
   const int64_t graph_steps_before = eng.runner().num_graph_steps();
+  const int64_t nano_steps_before = eng.runner().num_nano_batched_steps();
   const auto flushes = [&] {
     return e.device.is_cuda() ? int64_t(cuda_allocator_stats(e.device.index).num_cache_flushes) : int64_t(0);
   };
@@ -933,6 +977,7 @@ VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorMod
   }
   run.metrics = run.result.metrics();
   run.graph_steps = eng.runner().num_graph_steps() - graph_steps_before;
+  run.nano_steps = eng.runner().num_nano_batched_steps() - nano_steps_before;
   run.cache_flushes = flushes() - flushes_before;
   if (rates) run.floor = engine::serial_floor(floor_model, run.result.step_shapes, *rates);
   return run;
@@ -1044,6 +1089,9 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
                  {"prefix_caching", ecfg.enable_prefix_caching},
                  {"kv_cache_dtype", o.kv_cache_dtype},
                  {"compare_kv_cache_dtype", o.compare_kv_cache_dtype},
+                 {"nano_batches", o.nano_batches},
+                 {"nano_batch_min_tokens", o.nano_batch_min_tokens},
+                 {"compare_nano_batches", o.compare_nano_batches},
                  {"admission", o.admission},
                  {"reserve_max_tokens", ecfg.reserve_max_tokens},
                  {"num_kv_blocks_requested", o.num_kv_blocks},
@@ -1204,6 +1252,17 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--compare-kv-cache-dtype", o->compare_kv_cache_dtype,
                 "Run the baseline twice, with the model's dtype in the KV pages and then with --kv-cache-dtype's, and "
                 "report both and their greedy alignment with the first divergences scored (fp8 KV's accuracy cost)");
+  cmd->add_option("--nano-batches", o->nano_batches,
+                  "Overlapped nano-batches (NanoFlow's): a step run eagerly runs as N nano-batches (fewer "
+                  "when it has fewer sequences) when each gets --nano-batch-min-tokens tokens, each the whole model on a CUDA stream of its own, so one's decode "
+                  "attention can run under another's GEMMs; steps a CUDA graph serves are not split; --tp 1 only "
+                  "(default 1: off; at most 8)");
+  cmd->add_option("--nano-batch-min-tokens", o->nano_batch_min_tokens,
+                  "Tokens per nano-batch below which a step is not split (default 256)")
+      ->check(integer_at_least(1));
+  cmd->add_flag("--compare-nano-batches", o->compare_nano_batches,
+                "Run the baseline twice, with whole steps and then with --nano-batches, and report both and their "
+                "greedy alignment");
   cmd->add_option("--admission", o->admission,
                   "reserve (default): admit a request only while every running request can still reach its "
                   "max_tokens, so nothing is preempted (exact for these ignore_eos workloads, whose requests all run to "

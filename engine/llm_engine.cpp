@@ -80,10 +80,16 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   }
   const std::optional<DType> kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, "engine: kv_cache_dtype");
   const int n = int(models.size());
+  check_nano_batching(config.nano_batching, "engine: nano_batching");
+  KBN_CHECK(config.nano_batching.count == 1 || n == 1, "engine: nano_batching.count ", config.nano_batching.count,
+            " (overlapped nano-batches) needs tensor-parallel size 1, got ", n,
+            ": each rank has one communicator and one peer-memory staging buffer, which the nano-batches' all-reduces "
+            "would use at once from two streams");
   runners_.resize(size_t(n));
   for_each_rank([&](int r) {
     runners_[size_t(r)] = std::make_unique<ModelRunner>(*models[size_t(r)], variant, devices[size_t(r)],
                                                         config.block_size, config.mode, kv_dtype);
+    runners_[size_t(r)]->set_nano_batching(config.nano_batching);
   });
   if (config.num_kv_blocks > 0) {
     sizing_.num_blocks = config.num_kv_blocks;

@@ -50,6 +50,12 @@ struct EngineConfig {
   // the paged K/V in fp8 e4m3 (half a 16-bit page) with each attention layer's per-tensor k_scale / v_scale (from
   // the checkpoint, else 1.0).
   std::string kv_cache_dtype = "auto";
+  // Overlapped nano-batches (engine/nano_batch.h; count 1, the default: off): a step run eagerly runs as
+  // min(count, its sequences) nano-batches when that gives each min_tokens tokens or more, each the whole model on a CUDA stream of its own, so one's
+  // decode attention can run under another's GEMMs. Steps a CUDA graph serves are not split. One GPU only: with
+  // tensor parallelism the nano-batches' all-reduces would run concurrently on each rank's one communicator and
+  // peer-memory staging buffer, so the engine refuses the combination.
+  NanoBatching nano_batching;
 };
 
 struct EngineProgress {

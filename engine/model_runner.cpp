@@ -92,8 +92,10 @@ void ModelRunner::capture_cuda_graphs(const std::vector<int64_t>& sizes, int64_t
   graphs_ = std::make_unique<CudaGraphRunner>(model_, kv_caches_, device_, stream(), sizes, max_model_len, block_size_);
 }
 
-StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out) const {
-  const StreamGuard guard(stream());
+StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out) const { return prepare_inputs(out, stream()); }
+
+StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out, Stream s) const {
+  const StreamGuard guard(s);
   std::vector<StepSequence> seqs;
   seqs.reserve(out.seqs.size());
   std::vector<int64_t> ids;
@@ -129,9 +131,71 @@ struct ModelRunner::StepEvents {
   StepEvents(const StepEvents&) = delete;
   StepEvents& operator=(const StepEvents&) = delete;
 };
+struct ModelRunner::NanoStreams {
+  std::vector<std::unique_ptr<OwnedStream>> streams;
+  cudaEvent_t fork = nullptr;
+  std::vector<cudaEvent_t> done;
+  NanoStreams(Device device, int count) {
+    const DeviceGuard guard(device);
+    KBN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    for (int i = 0; i < count; ++i) {
+      streams.push_back(std::make_unique<OwnedStream>(device));
+      done.push_back(nullptr);
+      KBN_CUDA_CHECK(cudaEventCreateWithFlags(&done.back(), cudaEventDisableTiming));
+    }
+  }
+  ~NanoStreams() {
+    streams.clear();  // each waits for its work first
+    if (fork) cudaEventDestroy(fork);
+    for (cudaEvent_t e : done)
+      if (e) cudaEventDestroy(e);
+  }
+  NanoStreams(const NanoStreams&) = delete;
+  NanoStreams& operator=(const NanoStreams&) = delete;
+};
 #else
 struct ModelRunner::StepEvents {};
+struct ModelRunner::NanoStreams {};
 #endif
+
+namespace {
+
+// Rows (source, row) gathered into one tensor in the order given, one copy per run of consecutive rows of one source;
+// a single run is a slice of its source (no copy).
+Tensor gather_rows(const std::vector<std::pair<const Tensor*, int64_t>>& rows, Device device) {
+  struct Run {
+    const Tensor* src;
+    int64_t begin, end;
+  };
+  std::vector<Run> runs;
+  for (const auto& [src, r] : rows) {
+    if (!runs.empty() && runs.back().src == src && runs.back().end == r)
+      runs.back().end = r + 1;
+    else
+      runs.push_back({src, r, r + 1});
+  }
+  if (runs.size() == 1) return runs[0].src->slice(0, runs[0].begin, runs[0].end);
+  const Tensor& first = *runs[0].src;
+  Tensor out = Tensor::empty({int64_t(rows.size()), first.size(1)}, first.dtype(), device);
+  int64_t at = 0;
+  for (const Run& run : runs) {
+    out.slice(0, at, at + run.end - run.begin).copy_(run.src->slice(0, run.begin, run.end));
+    at += run.end - run.begin;
+  }
+  return out;
+}
+
+}  // namespace
+
+void ModelRunner::set_nano_batching(const NanoBatching& nb) {
+  check_nano_batching(nb, "model runner: nano-batching");
+  KBN_CHECK(nano_streams_ == nullptr || nb.count == nano_.count,
+            "model runner: the number of nano-batches is fixed once steps have run with ", nano_.count);
+  nano_ = nb;
+#ifdef KBN_WITH_CUDA
+  if (device_.is_cuda() && nb.count > 1 && !nano_streams_) nano_streams_ = std::make_shared<NanoStreams>(device_, nb.count);
+#endif
+}
 
 void ModelRunner::mark(int i) {
   if (!profiling_) return;
@@ -159,6 +223,10 @@ double ModelRunner::between(int a, int b) const {
 
 std::vector<int64_t> ModelRunner::run(const SchedulerOutput& out, std::vector<KVCache>& caches) {
   if (out.empty()) return {};
+  if (nano_.count > 1) {
+    const std::vector<NanoBatch> parts = split_nano_batches(out, nano_);
+    if (parts.size() > 1) return run_nano_batches(out, parts, caches);
+  }
   const double t0 = steady_seconds();
   StepInputs in = prepare_inputs(out);
   last_step_times_.prepare_s = steady_seconds() - t0;
@@ -172,6 +240,65 @@ std::vector<int64_t> ModelRunner::run(const SchedulerOutput& out, std::vector<KV
   return sample(out, hidden, in.logit_rows, caches, &in.metadata);
 }
 
+std::vector<int64_t> ModelRunner::run_nano_batches(const SchedulerOutput& out, const std::vector<NanoBatch>& parts,
+                                                   std::vector<KVCache>& caches) {
+  ++num_nano_steps_;
+  last_step_times_.nano_batches = int(parts.size());
+  const size_t n = parts.size();
+  std::vector<Stream> streams(n, stream());
+#ifdef KBN_WITH_CUDA
+  if (device_.is_cuda()) {
+    KBN_CHECK(nano_streams_ && nano_streams_->streams.size() >= n, "model runner: no stream for ", n, " nano-batches");
+    KBN_CUDA_CHECK(cudaEventRecord(nano_streams_->fork, stream()));
+    for (size_t i = 0; i < n; ++i) {
+      streams[i] = nano_streams_->streams[i]->get();
+      KBN_CUDA_CHECK(cudaStreamWaitEvent(streams[i], nano_streams_->fork, 0));
+    }
+  }
+#endif
+  mark(0);
+  // Each nano-batch's inputs, forward and hidden states live on its stream: the caching allocator reuses their
+  // blocks only for later work on that stream, which the next step's fork orders after this step's join.
+  std::vector<StepInputs> in(n);
+  std::vector<Tensor> hidden(n);
+  double prepare_s = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double t0 = steady_seconds();
+    in[i] = prepare_inputs(parts[i].out, streams[i]);
+    prepare_s += steady_seconds() - t0;
+    const StreamGuard guard(streams[i]);
+    const ForwardContextGuard context({&in[i].metadata, &caches});
+    hidden[i] = model_.forward(in[i].input_ids, in[i].positions);
+  }
+  last_step_times_.prepare_s = prepare_s;
+#ifdef KBN_WITH_CUDA
+  if (device_.is_cuda()) {
+    for (size_t i = 0; i < n; ++i) {
+      KBN_CUDA_CHECK(cudaEventRecord(nano_streams_->done[i], streams[i]));
+      KBN_CUDA_CHECK(cudaStreamWaitEvent(stream(), nano_streams_->done[i], 0));
+    }
+  }
+#endif
+  mark(1);
+  // The sampled rows in step order: sequence parts[p].indices[j] samples from row logit_rows[k] of nano-batch p, its
+  // k-th sampling sequence.
+  std::vector<std::pair<size_t, size_t>> where(out.seqs.size(), {n, 0});  // (nano-batch, its k-th sampler)
+  for (size_t p = 0; p < n; ++p) {
+    size_t k = 0;
+    for (size_t j = 0; j < parts[p].indices.size(); ++j)
+      if (parts[p].out.seqs[j].samples) where[parts[p].indices[j]] = {p, k++};
+  }
+  std::vector<std::pair<const Tensor*, int64_t>> rows;
+  for (size_t i = 0; i < out.seqs.size(); ++i)
+    if (out.seqs[i].samples) rows.push_back({&hidden[where[i].first], in[where[i].first].logit_rows[where[i].second]});
+  if (rows.empty()) {
+    mark(2);
+    return {};
+  }
+  const Tensor last = gather_rows(rows, device_);
+  return sample_rows(out, last, last, caches, nullptr);
+}
+
 std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tensor& hidden,
                                          const std::vector<int64_t>& rows, const std::vector<KVCache>& caches,
                                          const AttentionMetadata* md) {
@@ -179,32 +306,20 @@ std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tenso
     mark(2);
     return {};
   }
-  // Gather the sampling rows as runs of consecutive rows (decodes are one run at the end); one run that is a
-  // slice needs no copy.
-  std::vector<std::pair<int64_t, int64_t>> runs;
-  for (int64_t r : rows) {
-    if (!runs.empty() && runs.back().second == r)
-      runs.back().second = r + 1;
-    else
-      runs.push_back({r, r + 1});
-  }
-  Tensor last;
-  if (runs.size() == 1) {
-    last = hidden.slice(0, runs[0].first, runs[0].second);
-  } else {
-    last = Tensor::empty({int64_t(rows.size()), hidden.size(1)}, hidden.dtype(), device_);
-    int64_t at = 0;
-    for (const auto& [a, b] : runs) {
-      last.slice(0, at, at + b - a).copy_(hidden.slice(0, a, b));
-      at += b - a;
-    }
-  }
+  // Gathered as runs of consecutive rows (decodes are one run at the end); one run is a slice, no copy.
+  std::vector<std::pair<const Tensor*, int64_t>> refs;
+  for (int64_t r : rows) refs.push_back({&hidden, r});
+  return sample_rows(out, gather_rows(refs, device_), hidden, caches, md);
+}
+
+std::vector<int64_t> ModelRunner::sample_rows(const SchedulerOutput& out, const Tensor& last, const Tensor& hidden,
+                                              const std::vector<KVCache>& caches, const AttentionMetadata* md) {
   Tensor logits = model_.compute_logits(last);
   ++steps_sampled_;
   if (check_finite_ && non_finite_count(logits) > 0) {
     const StepInputs rebuilt = md ? StepInputs{} : prepare_inputs(out);
     check_logits_finite(logits, hidden, md ? *md : rebuilt.metadata, caches,
-                        "step " + std::to_string(steps_sampled_) + " that sampled (" + std::to_string(rows.size()) +
+                        "step " + std::to_string(steps_sampled_) + " that sampled (" + std::to_string(last.size(0)) +
                             " sequences)");
   }
   mark(2);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/cuda_graph_runner.h"
+#include "engine/nano_batch.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/step_profile.h"
@@ -102,6 +103,15 @@ class ModelRunner {
   // names the first layer whose output was not finite (engine/finite_check.h).
   void set_check_finite(bool on) { check_finite_ = on; }
   const StepTimes& last_step_times() const { return last_step_times_; }
+  // Overlapped nano-batches (engine/nano_batch.h; count 1, the default: off). Steps that run eagerly (every step in
+  // eager mode; in graph mode those no graph serves) and reach nb's thresholds are split; on CUDA each nano-batch
+  // runs the whole model on a stream of its own, forked from and joined into the runner's stream, and the sampled
+  // rows are gathered in step order before the logits. On the CPU they run one after another (the same tokens as
+  // one batch: what the CPU tests check). Set it before the KV cache is sized, so the profile step splits too.
+  void set_nano_batching(const NanoBatching& nb);
+  const NanoBatching& nano_batching() const { return nano_; }
+  // Steps run as overlapped nano-batches so far.
+  int64_t num_nano_batched_steps() const { return num_nano_steps_; }
 
   // Forward + logits + sampling of a dummy all-prefill step (num_tokens tokens in num_seqs sequences) on
   // temporary caches: the largest step the scheduler can produce. Used for sizing; callable on CPU too. Returns
@@ -113,10 +123,19 @@ class ModelRunner {
   // The stream the runner's device work goes to: its own in graph mode, else the caller's current stream.
   Stream stream() const { return stream_ ? stream_->get() : current_stream(); }
   std::vector<int64_t> run(const SchedulerOutput& out, std::vector<KVCache>& caches);
+  // run() of a step split into nano-batches (more than one).
+  std::vector<int64_t> run_nano_batches(const SchedulerOutput& out, const std::vector<NanoBatch>& parts,
+                                        std::vector<KVCache>& caches);
+  // The step's tensors, uploaded on stream s.
+  StepInputs prepare_inputs(const SchedulerOutput& out, Stream s) const;
   // Logits of hidden rows `rows` (the sampling sequences' last tokens, in out.seqs order), then sampling. `caches`
   // and `md` (null: rebuilt from `out`) serve --check-finite's search for the layer behind non-finite logits.
   std::vector<int64_t> sample(const SchedulerOutput& out, const Tensor& hidden, const std::vector<int64_t>& rows,
                               const std::vector<KVCache>& caches, const AttentionMetadata* md);
+  // The same from the gathered rows `last` ([sampling sequences, hidden]); `hidden` is what --check-finite's search
+  // tests last (the step's final hidden states, or `last` itself).
+  std::vector<int64_t> sample_rows(const SchedulerOutput& out, const Tensor& last, const Tensor& hidden,
+                                   const std::vector<KVCache>& caches, const AttentionMetadata* md);
   // Step timing marks: 0 before the forward, 1 after it, 2 after the logits. On CUDA an event recorded on the
   // runner's stream; on CPU the host clock (the work is synchronous there).
   void mark(int i);
@@ -143,6 +162,10 @@ class ModelRunner {
   double host_marks_[3] = {0, 0, 0};
   struct StepEvents;                     // three CUDA events, created on first use (CUDA devices only)
   std::shared_ptr<StepEvents> events_;  // shared_ptr: the deleter is defined in the .cpp with the CUDA types
+  NanoBatching nano_;
+  int64_t num_nano_steps_ = 0;
+  struct NanoStreams;                       // a stream and an event per nano-batch, a fork event (CUDA devices)
+  std::shared_ptr<NanoStreams> nano_streams_;
 };
 
 }  // namespace kbn::engine

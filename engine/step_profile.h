@@ -13,6 +13,7 @@ struct StepTimes {
   double logits_s = 0;   // device span of the sampling rows' gather and the LM head
   double execute_s = 0;  // host wall of the whole execute(), until the sampled ids are on the host
   bool graph = false;    // served by a CUDA graph replay
+  int nano_batches = 1;  // overlapped nano-batches it ran as (engine/nano_batch.h)
 };
 
 // Sums over the steps of one kind.

@@ -1,0 +1,45 @@
+#pragma once
+// Nano-batches (NanoFlow, Zhu et al. 2024): a step's sequences split into a few smaller batches that run the whole
+// model each, on streams of their own, so that one nano-batch's memory-bound work (decode attention reading the KV
+// cache, GEMV-sized layers) runs while another's compute-bound GEMMs hold the tensor cores. A step run serially is
+// bounded below by the sum of its GEMM time and its KV read time (engine/serial_floor.h); overlapped nano-batches
+// can go under that sum.
+//
+// Every family's forward treats a step's sequences independently (attention reads only a sequence's own pages,
+// recurrent state is per slot, MoE routes each token alone), and within a step no sequence reads a KV block
+// another one writes (a block is shared through prefix caching only once all of its tokens are computed, which
+// happens after the step): so the nano-batches of one step need no synchronisation between them, only a fork from
+// and a join into the step's stream.
+#include <cstdint>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace kbn::engine {
+
+struct NanoBatching {
+  // Nano-batches per step: 1 runs every step as one batch (the serial engine).
+  int count = 1;
+  // A step is split into min(count, its sequences) nano-batches only when it has at least min_tokens tokens for each:
+  // below that the extra launches and the weights read once per nano-batch cost more than the overlap can hide.
+  int64_t min_tokens = 256;
+};
+
+// Checks count >= 1 and min_tokens >= 1; the error names the field (`what` prefixes it, e.g. "--nano-batches").
+void check_nano_batching(const NanoBatching& nb, const char* what);
+
+struct NanoBatch {
+  SchedulerOutput out;          // its sequences in their order in the step (prefills first), their token count
+  std::vector<size_t> indices;  // out.seqs[i] is the step's seqs[indices[i]]
+};
+
+// Splits `step` into nb.count nano-batches (fewer when it has fewer sequences; one, the whole step, when it is
+// below the thresholds). The prefill chunks are dealt largest first to the nano-batch holding the fewest tokens,
+// then the decodes one by one the same way, so the nano-batches' token counts (their GEMM work) differ by at most
+// the largest chunk; each nano-batch then takes its number of decodes as one contiguous run of the step's (nano-batch
+// 0 the first run), so its sampled rows gather in one copy. Every sequence keeps its whole chunk: a chunk split
+// across nano-batches would read K/V that the other one writes in the same step. No nano-batch is empty; each lists
+// its prefills first, as the step does.
+std::vector<NanoBatch> split_nano_batches(const SchedulerOutput& step, const NanoBatching& nb);
+
+}  // namespace kbn::engine
