@@ -76,6 +76,7 @@ struct Options {
   bool compare_kv_cache_dtype = false;  // run the baseline with auto KV, then with kv_cache_dtype, and align them
   int nano_batches = 1;                 // overlapped nano-batches per eager step (1: off)
   int64_t nano_batch_min_tokens = 256;  // a step splits only into nano-batches of this many tokens or more
+  std::string nano_batch_split = "balanced";  // balanced | kind
   bool compare_nano_batches = false;    // run the baseline whole, then with --nano-batches, and align them
   int64_t divergence_samples = 64;
   std::string json;
@@ -632,7 +633,8 @@ void run_url(const Options& o, bool max_num_seqs_given) {
       {max_num_seqs_given, "--max-num-seqs"},  {o.max_num_batched_tokens > 0, "--max-num-batched-tokens"},
       {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
       {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"},
-      {o.nano_batches != 1, "--nano-batches"}, {o.compare_nano_batches, "--compare-nano-batches"}};
+      {o.nano_batches != 1, "--nano-batches"}, {o.compare_nano_batches, "--compare-nano-batches"},
+      {o.nano_batch_split != "balanced", "--nano-batch-split"}};
   for (const auto& [given, flag] : engine_flags)
     KBN_CHECK(!given, flag, ": with --url the engine is the server's (set it on kb_nano serve)");
   double rate = 0;
@@ -694,6 +696,7 @@ void check_run_flags(const Options& o, bool max_num_seqs_given) {
             "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
   engine::check_nano_batching({o.nano_batches, o.nano_batch_min_tokens}, "--nano-batches / --nano-batch-min-tokens");
+  (void)engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split");
   KBN_CHECK(o.nano_batches == 1 || o.tp == 1, "--nano-batches ", o.nano_batches,
             ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
             "buffer, which two nano-batches would use at once), got --tp ", o.tp);
@@ -802,7 +805,8 @@ engine::EngineConfig engine_config(const Options& o, const engine::WorkloadSpec&
   ecfg.check_finite = o.check_finite;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
   ecfg.reserve_max_tokens = o.admission == "reserve";
-  ecfg.nano_batching = {o.nano_batches, o.nano_batch_min_tokens};
+  ecfg.nano_batching = {o.nano_batches, o.nano_batch_min_tokens,
+                        engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split")};
   return ecfg;
 }
 
@@ -887,8 +891,9 @@ void print_setup(const EvalSetup& e) {
                                       : "optimistic (vLLM's; preemption by recompute)",
               ecfg.enable_prefix_caching ? "on" : "off");
   if (o.nano_batches > 1)
-    std::printf("  nano-batches: %sup to %d per eager step, of >= %lld tokens each, each on a stream of its own%s\n",
-                o.compare_nano_batches ? "whole steps, then " : "", o.nano_batches, (long long)o.nano_batch_min_tokens,
+    std::printf("  nano-batches: %sup to %d per eager step (%s), of >= %lld tokens each, each on a stream of its own%s\n",
+                o.compare_nano_batches ? "whole steps, then " : "", o.nano_batches, o.nano_batch_split.c_str(),
+                (long long)o.nano_batch_min_tokens,
                 e.device.is_cuda() ? "" : " (on the CPU one after another)");
   if (e.wave > 0)
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)e.wave);
@@ -1091,6 +1096,7 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
                  {"compare_kv_cache_dtype", o.compare_kv_cache_dtype},
                  {"nano_batches", o.nano_batches},
                  {"nano_batch_min_tokens", o.nano_batch_min_tokens},
+                 {"nano_batch_split", o.nano_batch_split},
                  {"compare_nano_batches", o.compare_nano_batches},
                  {"admission", o.admission},
                  {"reserve_max_tokens", ecfg.reserve_max_tokens},
@@ -1260,6 +1266,10 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--nano-batch-min-tokens", o->nano_batch_min_tokens,
                   "Tokens per nano-batch below which a step is not split (default 256)")
       ->check(integer_at_least(1));
+  cmd->add_option("--nano-batch-split", o->nano_batch_split,
+                  "How a step's sequences are dealt to nano-batches: balanced (default: prefill chunks and decodes "
+                  "alike, token counts evened out) or kind (chunks to the first half of the nano-batches, decodes to "
+                  "the rest, so decode attention meets prefill GEMMs)");
   cmd->add_flag("--compare-nano-batches", o->compare_nano_batches,
                 "Run the baseline twice, with whole steps and then with --nano-batches, and report both and their "
                 "greedy alignment");

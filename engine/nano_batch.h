@@ -11,11 +11,23 @@
 // happens after the step): so the nano-batches of one step need no synchronisation between them, only a fork from
 // and a join into the step's stream.
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/scheduler.h"
 
 namespace kbn::engine {
+
+// How a step's sequences are dealt to its nano-batches.
+// balanced: every nano-batch gets prefill chunks and decodes alike, their token counts evened out: the nano-batches
+//   run the same kernels on similar shapes, and overlap where one is ahead of another.
+// by_kind: when the step has both, the prefill chunks go to the first half of the nano-batches (at least one) and the
+//   decodes to the rest, so a decode nano-batch's attention (memory-bound: it reads every cached token) meets a
+//   prefill nano-batch's GEMMs (compute-bound); a step of one kind splits as balanced.
+enum class NanoBatchSplit { balanced, by_kind };
+const char* nano_batch_split_name(NanoBatchSplit s);
+// "balanced" or "kind"; the error names `what` and what was expected.
+NanoBatchSplit parse_nano_batch_split(const std::string& s, const char* what);
 
 struct NanoBatching {
   // Nano-batches per step: 1 runs every step as one batch (the serial engine).
@@ -23,6 +35,7 @@ struct NanoBatching {
   // A step is split into min(count, its sequences) nano-batches only when it has at least min_tokens tokens for each:
   // below that the extra launches and the weights read once per nano-batch cost more than the overlap can hide.
   int64_t min_tokens = 256;
+  NanoBatchSplit split = NanoBatchSplit::balanced;
 };
 
 // Checks count >= 1 and min_tokens >= 1; the error names the field (`what` prefixes it, e.g. "--nano-batches").
@@ -34,12 +47,12 @@ struct NanoBatch {
 };
 
 // Splits `step` into nb.count nano-batches (fewer when it has fewer sequences; one, the whole step, when it is
-// below the thresholds). The prefill chunks are dealt largest first to the nano-batch holding the fewest tokens,
-// then the decodes one by one the same way, so the nano-batches' token counts (their GEMM work) differ by at most
-// the largest chunk; each nano-batch then takes its number of decodes as one contiguous run of the step's (nano-batch
-// 0 the first run), so its sampled rows gather in one copy. Every sequence keeps its whole chunk: a chunk split
-// across nano-batches would read K/V that the other one writes in the same step. No nano-batch is empty; each lists
-// its prefills first, as the step does.
+// below the thresholds). The prefill chunks are dealt largest first to the nano-batch (of those nb.split gives them)
+// holding the fewest tokens, then the decodes one by one the same way, so balanced nano-batches' token counts (their
+// GEMM work) differ by at most the largest chunk; each nano-batch then takes its number of decodes as one contiguous
+// run of the step's (the lowest nano-batch the first run), so its sampled rows gather in one copy. Every sequence keeps
+// its whole chunk: a chunk split across nano-batches would read K/V that the other one writes in the same step. No
+// nano-batch is empty; each lists its prefills first, as the step does.
 std::vector<NanoBatch> split_nano_batches(const SchedulerOutput& step, const NanoBatching& nb);
 
 }  // namespace kbn::engine

@@ -11,7 +11,8 @@ fail() {
   echo "eval_nano_batch_test: $*" >&2
   exit 1
 }
-"$kb_nano" eval --device cpu --num-requests 6 --nano-batches 3 --nano-batch-min-tokens 2 --compare-nano-batches \
+"$kb_nano" eval --device cpu --num-requests 6 --nano-batches 3 --nano-batch-min-tokens 2 --nano-batch-split kind \
+  --compare-nano-batches \
   --json "$dir/e.json" >"$dir/e.log" 2>&1 || { cat "$dir/e.log"; fail "the run failed"; }
 log=$(cat "$dir/e.log")
 [[ $log == *"baseline+nano-3"* ]] || fail "no baseline+nano-3 pass: $log"
@@ -21,6 +22,7 @@ split=${BASH_REMATCH[1]} steps=${BASH_REMATCH[2]}
 ((split > 0 && split <= steps)) || fail "$split of $steps steps split"
 [[ $log == *"greedy alignment, baseline+nano-3 vs baseline: 6/6 requests identical"* ]] || fail "alignment: $log"
 grep -q '"nano_batch_min_tokens": 2' "$dir/e.json" || fail "nano_batch_min_tokens not in the JSON"
+grep -q '"nano_batch_split": "kind"' "$dir/e.json" || fail "nano_batch_split not in the JSON"
 grep -q '"nano_batched_steps": '"$split" "$dir/e.json" || fail "nano_batched_steps $split not in the JSON"
 refused() {  # wanted text, flags...
   local want=$1 err
@@ -30,6 +32,7 @@ refused() {  # wanted text, flags...
 }
 refused "--nano-batches 2: overlapped nano-batches need --tp 1" --nano-batches 2 --tp 2
 refused "nano-batches per step must be 1 (off) .. 8, got 9" --nano-batches 9
+refused "--nano-batch-split: expected balanced or kind, got 'even'" --nano-batches 2 --nano-batch-split even
 refused "--compare-nano-batches: compares --nano-batches N (N >= 2) with whole steps" --compare-nano-batches
 refused "each run the baseline twice" --nano-batches 2 --compare-nano-batches --compare-kv-cache-dtype \
   --kv-cache-dtype fp8

@@ -117,6 +117,43 @@ TEST(NanoBatchSplit, DealsChunksLargestFirstAndDecodesAsOneRunEach) {
   EXPECT_EQ(three[2].out.num_tokens, 34);
 }
 
+TEST(NanoBatchSplit, ByKindGivesChunksAndDecodesNanoBatchesOfTheirOwn) {
+  FakeStep step({10, 50, 20, 30}, 8);  // ids 0..3 the chunks, 4..11 the decodes
+  const auto two = split_nano_batches(step.out, {2, 1, NanoBatchSplit::by_kind});
+  ASSERT_EQ(two.size(), 2u);
+  check_partition(step.out, two);
+  EXPECT_EQ(ids_of(two[0]), (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(ids_of(two[1]), (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  // Four: two for the chunks (50 + 10, 30 + 20), two for the decodes (4 each, as runs).
+  const auto four = split_nano_batches(step.out, {4, 1, NanoBatchSplit::by_kind});
+  ASSERT_EQ(four.size(), 4u);
+  check_partition(step.out, four);
+  EXPECT_EQ(ids_of(four[0]), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(ids_of(four[1]), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(ids_of(four[2]), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(ids_of(four[3]), (std::vector<int64_t>{8, 9, 10, 11}));
+  // One decode and four nano-batches: the chunks take three.
+  FakeStep few({10, 50, 20, 30}, 1);
+  const auto parts = split_nano_batches(few.out, {4, 1, NanoBatchSplit::by_kind});
+  ASSERT_EQ(parts.size(), 4u);
+  check_partition(few.out, parts);
+  EXPECT_EQ(ids_of(parts[3]), (std::vector<int64_t>{4}));
+  // A decode-only step splits as balanced.
+  FakeStep decodes({}, 6);
+  const auto d = split_nano_batches(decodes.out, {2, 1, NanoBatchSplit::by_kind});
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0].out.num_tokens, 3);
+  EXPECT_EQ(parse_nano_batch_split("kind", "x"), NanoBatchSplit::by_kind);
+  EXPECT_EQ(parse_nano_batch_split("balanced", "x"), NanoBatchSplit::balanced);
+  try {
+    parse_nano_batch_split("even", "--nano-batch-split");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--nano-batch-split: expected balanced or kind, got 'even'"),
+              std::string::npos);
+  }
+}
+
 TEST(NanoBatchSplit, DecodeOnlyStepsSplitEvenly) {
   FakeStep step({}, 9);
   const auto parts = split_nano_batches(step.out, {3, 1});
@@ -152,7 +189,8 @@ RC_GTEST_PROP(NanoBatchSplit, EverySplitIsAPartitionWithBalancedTokens, ()) {
   const auto prefill = *rc::gen::container<std::vector<int64_t>>(rc::gen::inRange<int64_t>(2, 200));
   const int64_t decodes = *rc::gen::inRange<int64_t>(0, 40);
   RC_PRE(!prefill.empty() || decodes > 0);
-  const NanoBatching nb{*rc::gen::inRange(1, 9), *rc::gen::inRange<int64_t>(1, 64)};
+  const NanoBatching nb{*rc::gen::inRange(1, 9), *rc::gen::inRange<int64_t>(1, 64),
+                        *rc::gen::element(NanoBatchSplit::balanced, NanoBatchSplit::by_kind)};
   FakeStep step(prefill, decodes);
   const auto parts = split_nano_batches(step.out, nb);
   check_partition(step.out, parts);
@@ -161,6 +199,12 @@ RC_GTEST_PROP(NanoBatchSplit, EverySplitIsAPartitionWithBalancedTokens, ()) {
   const size_t want = std::min<size_t>(size_t(nb.count), n);
   const bool split = want > 1 && step.out.num_tokens >= int64_t(want) * nb.min_tokens;
   RC_ASSERT(parts.size() == (split ? want : 1u));
+  if (nb.split == NanoBatchSplit::by_kind && !prefill.empty() && decodes > 0) {
+    // By kind: no nano-batch holds both.
+    for (const NanoBatch& b : parts)
+      RC_ASSERT(b.out.num_prefills == 0 || b.out.num_prefills == int64_t(b.out.seqs.size()) || parts.size() == 1);
+    return;
+  }
   // Greedy dealing keeps every nano-batch within the largest chunk of the lightest.
   const int64_t largest = std::max<int64_t>(1, prefill.empty() ? 1 : *std::max_element(prefill.begin(), prefill.end()));
   int64_t lo = INT64_MAX, hi = 0;
@@ -233,11 +277,13 @@ TEST_P(NanoBatchEngine, SplitStepsGiveTheTokensOfWholeOnes) {
   const EngineConfig roomy = config(24, 512);
   const Outcome whole = run(*model, roomy, reqs, {1, 1});
   EXPECT_EQ(whole.nano_steps, 0);
-  for (const int count : {2, 3}) {
-    const Outcome split = run(*model, roomy, reqs, {count, 1});
-    EXPECT_EQ(split.tokens, whole.tokens) << count << " nano-batches";
+  for (const NanoBatching nb : {NanoBatching{2, 1}, NanoBatching{3, 1}, NanoBatching{2, 1, NanoBatchSplit::by_kind},
+                                NanoBatching{4, 1, NanoBatchSplit::by_kind}}) {
+    const std::string what = std::to_string(nb.count) + " nano-batches, " + nano_batch_split_name(nb.split);
+    const Outcome split = run(*model, roomy, reqs, nb);
+    EXPECT_EQ(split.tokens, whole.tokens) << what;
     EXPECT_EQ(split.steps, whole.steps);
-    EXPECT_GT(split.nano_steps, split.steps / 2) << count << " nano-batches";
+    EXPECT_GT(split.nano_steps, split.steps / 2) << what;
   }
   // A pool of 13 blocks of 4 tokens per KV cache group holds the longest sequence (47 tokens) and little more: the
   // rest wait, and running ones are preempted. A model without pages (Mamba-2) gets 2 state slots instead.
@@ -273,8 +319,8 @@ TEST(NanoBatchEngine, TinyLlamaMatchesHuggingFace) {
   auto model = build_model(resolve_model(dir), Variant::baseline, {DType::f32, Device::cpu()}, 0);
   std::vector<Request> reqs;
   for (const auto& p : expected["prompts"])
-    reqs.push_back(request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(),
-                           int64_t(p["greedy_ids"].size())));
+    reqs.push_back(
+        request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(), int64_t(p["greedy_ids"].size())));
   const Outcome r = run(*model, config(16, 512), reqs, {2, 1});
   EXPECT_GT(r.nano_steps, 0);
   for (size_t i = 0; i < reqs.size(); ++i)
@@ -291,9 +337,10 @@ TEST(NanoBatchEngine, TensorParallelIsRefusedByName) {
     LLMEngine engine({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nano_batching.count 2 (overlapped nano-batches) needs tensor-parallel size 1, "
-                                         "got 2"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("nano_batching.count 2 (overlapped nano-batches) needs tensor-parallel size 1, "
+                                   "got 2"),
+        std::string::npos)
         << e.what();
   }
   cfg.nano_batching = {0, 1};

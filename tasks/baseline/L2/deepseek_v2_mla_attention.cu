@@ -64,9 +64,15 @@ void DeepseekV2MLAAttention::process_weights_after_loading() {
 
 const Tensor& DeepseekV2MLAAttention::block_ids(int64_t n, Device device) {
   if (!block_ids_.defined() || block_ids_.size(0) < n || block_ids_.device() != device) {
-    std::vector<int32_t> ids(size_t(std::max<int64_t>(n, 64)));
+    // NOTE: one table for every stream that runs this layer (the engine's overlapped nano-batches run the model on
+    // several at once): the device drains before the old table is dropped and after the new one is written, so no
+    // stream reads a table while it changes. It doubles, so this happens a few times per run (never in a decode
+    // graph: decodes do not use it).
+    synchronize(device);
+    std::vector<int32_t> ids(size_t(std::max<int64_t>(2 * n, 64)));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
     block_ids_ = Tensor::from_i32(ids, {int64_t(ids.size())}).to(device);
+    synchronize(device);
   }
   return block_ids_;
 }
