@@ -49,6 +49,10 @@
 #              $FP8_MODELS (default Llama-3.1-8B, Gemma-3-12B, gpt-oss-20b), and eval --compare-kv-cache-dtype (16-bit
 #              then fp8 pages: both runs, their greedy alignment, the first divergences) on $EVAL_MODEL's
 #              $EVAL_WORKLOADS (default balanced), graph mode
+#   nano       issue 20 item 3's overlapped nano-batches: their GPU test (eager and graph mode = whole steps' tokens,
+#              four families), then eval --compare-nano-batches (whole steps, then 2 nano-batches, aligned; serial floor
+#              and floor / duration for each) on $EVAL_MODEL's $EVAL_WORKLOADS (default balanced) in graph mode, with
+#              --nano-batch-split balanced and kind; $NANO_FLAGS added (e.g. --kernel-trace, --nano-batch-min-tokens)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -214,6 +218,18 @@ for part in "$@"; do
         step "eval_${w}_compare_kv_fp8" "${EVAL_LIMIT:-300}" build/kb_nano eval --model "${EVAL_MODEL:-llama-3.1-8b-instruct}" \
           --workload "$w" --mode graph --variant baseline --kv-cache-dtype fp8 --compare-kv-cache-dtype \
           --max-model-len 4096 --json "$out/eval_${w}_compare_kv_fp8.json"
+      done
+      ;;
+    nano)
+      step gpu_tests_nano 240 build/tests/kbn_gpu_tests --gtest_filter='*NanoBatchGpu*' \
+        --gtest_output=json:"$out/gpu_tests_nano.json"
+      for w in ${EVAL_WORKLOADS:-balanced}; do
+        for split in balanced kind; do
+          # shellcheck disable=SC2086  # NANO_FLAGS is a list of flags
+          step "eval_${w}_nano2_$split" "${EVAL_LIMIT:-300}" build/kb_nano eval --model "${EVAL_MODEL:-llama-3.1-8b-instruct}" \
+            --workload "$w" --mode graph --variant baseline --nano-batches 2 --nano-batch-split "$split" \
+            --compare-nano-batches ${NANO_FLAGS:-} --json "$out/eval_${w}_nano2_$split.json"
+        done
       done
       ;;
     mamba)
