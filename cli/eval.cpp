@@ -77,6 +77,7 @@ struct Options {
   int nano_batches = 1;                 // overlapped nano-batches per eager step (1: off)
   int64_t nano_batch_min_tokens = 256;  // a step splits only into nano-batches of this many tokens or more
   std::string nano_batch_split = "balanced";  // balanced | kind
+  int nano_batch_gemm_sms = 0;                // SMs the nano-batches' cuBLASLt GEMMs aim at (0: all)
   bool compare_nano_batches = false;    // run the baseline whole, then with --nano-batches, and align them
   int64_t divergence_samples = 64;
   std::string json;
@@ -634,7 +635,8 @@ void run_url(const Options& o, bool max_num_seqs_given) {
       {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
       {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"},
       {o.nano_batches != 1, "--nano-batches"}, {o.compare_nano_batches, "--compare-nano-batches"},
-      {o.nano_batch_split != "balanced", "--nano-batch-split"}};
+      {o.nano_batch_split != "balanced", "--nano-batch-split"},
+      {o.nano_batch_gemm_sms != 0, "--nano-batch-gemm-sms"}};
   for (const auto& [given, flag] : engine_flags)
     KBN_CHECK(!given, flag, ": with --url the engine is the server's (set it on kb_nano serve)");
   double rate = 0;
@@ -695,7 +697,9 @@ void check_run_flags(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1,
             "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
-  engine::check_nano_batching({o.nano_batches, o.nano_batch_min_tokens}, "--nano-batches / --nano-batch-min-tokens");
+  engine::check_nano_batching({o.nano_batches, o.nano_batch_min_tokens, engine::NanoBatchSplit::balanced,
+                               o.nano_batch_gemm_sms},
+                              "--nano-batches / --nano-batch-min-tokens / --nano-batch-gemm-sms");
   (void)engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split");
   KBN_CHECK(o.nano_batches == 1 || o.tp == 1, "--nano-batches ", o.nano_batches,
             ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
@@ -806,7 +810,8 @@ engine::EngineConfig engine_config(const Options& o, const engine::WorkloadSpec&
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
   ecfg.reserve_max_tokens = o.admission == "reserve";
   ecfg.nano_batching = {o.nano_batches, o.nano_batch_min_tokens,
-                        engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split")};
+                        engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split"),
+                        o.nano_batch_gemm_sms};
   return ecfg;
 }
 
@@ -891,9 +896,12 @@ void print_setup(const EvalSetup& e) {
                                       : "optimistic (vLLM's; preemption by recompute)",
               ecfg.enable_prefix_caching ? "on" : "off");
   if (o.nano_batches > 1)
-    std::printf("  nano-batches: %sup to %d per eager step (%s), of >= %lld tokens each, each on a stream of its own%s\n",
+    std::printf("  nano-batches: %sup to %d per eager step (%s), of >= %lld tokens each, each on a stream of its "
+                "own%s%s\n",
                 o.compare_nano_batches ? "whole steps, then " : "", o.nano_batches, o.nano_batch_split.c_str(),
                 (long long)o.nano_batch_min_tokens,
+                o.nano_batch_gemm_sms > 0 ? (", GEMMs aimed at " + std::to_string(o.nano_batch_gemm_sms) + " SMs").c_str()
+                                          : "",
                 e.device.is_cuda() ? "" : " (on the CPU one after another)");
   if (e.wave > 0)
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)e.wave);
@@ -1097,6 +1105,7 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
                  {"nano_batches", o.nano_batches},
                  {"nano_batch_min_tokens", o.nano_batch_min_tokens},
                  {"nano_batch_split", o.nano_batch_split},
+                 {"nano_batch_gemm_sms", o.nano_batch_gemm_sms},
                  {"compare_nano_batches", o.compare_nano_batches},
                  {"admission", o.admission},
                  {"reserve_max_tokens", ecfg.reserve_max_tokens},
@@ -1270,6 +1279,10 @@ void add_eval_command(CLI::App& app) {
                   "How a step's sequences are dealt to nano-batches: balanced (default: prefill chunks and decodes "
                   "alike, token counts evened out) or kind (chunks to the first half of the nano-batches, decodes to "
                   "the rest, so decode attention meets prefill GEMMs)");
+  cmd->add_option("--nano-batch-gemm-sms", o->nano_batch_gemm_sms,
+                  "SMs each nano-batch's cuBLASLt GEMMs aim at (cuBLASLt's SM count target), leaving the rest to the "
+                  "other nano-batch's kernels, as NanoFlow partitions the SMs (default 0: the whole GPU)")
+      ->check(integer_at_least(0));
   cmd->add_flag("--compare-nano-batches", o->compare_nano_batches,
                 "Run the baseline twice, with whole steps and then with --nano-batches, and report both and their "
                 "greedy alignment");

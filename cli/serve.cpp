@@ -530,6 +530,7 @@ struct Options {
   int nano_batches = 1;
   int64_t nano_batch_min_tokens = 256;
   std::string nano_batch_split = "balanced";
+  int nano_batch_gemm_sms = 0;
   int64_t max_body_bytes = 8 << 20;
   int tp = 1;
   double gpu_memory_utilization = 0.9;
@@ -598,7 +599,8 @@ void run(const Options& o) {
   ecfg.mode = engine::parse_execution_mode(mode_name);
   ecfg.kv_cache_dtype = o.kv_cache_dtype;
   ecfg.nano_batching = {o.nano_batches, o.nano_batch_min_tokens,
-                        engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split")};
+                        engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split"),
+                        o.nano_batch_gemm_sms};
   engine::check_nano_batching(ecfg.nano_batching, "--nano-batches / --nano-batch-min-tokens");
   KBN_CHECK(o.nano_batches == 1 || o.tp == 1, "--nano-batches ", o.nano_batches,
             ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
@@ -886,6 +888,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--nano-batch-min-tokens", o->nano_batch_min_tokens,
                   "Tokens per nano-batch below which a step is not split (default 256)")
       ->check(integer_at_least(1));
+  cmd->add_option("--nano-batch-gemm-sms", o->nano_batch_gemm_sms,
+                  "SMs each nano-batch's cuBLASLt GEMMs aim at (default 0: the whole GPU)")
+      ->check(integer_at_least(0));
   cmd->add_option("--nano-batch-split", o->nano_batch_split,
                   "balanced (default: prefill chunks and decodes alike) or kind (chunks and decodes in nano-batches of "
                   "their own)");

@@ -12,6 +12,7 @@
 #include "kbn/device_errors.h"
 #include "kbn/weight_loading.h"
 #ifdef KBN_WITH_CUDA
+#include "kbn/cublaslt_linear.h"
 #include "kbn/cuda_check.h"
 #endif
 
@@ -193,7 +194,14 @@ void ModelRunner::set_nano_batching(const NanoBatching& nb) {
             "model runner: the number of nano-batches is fixed once steps have run with ", nano_.count);
   nano_ = nb;
 #ifdef KBN_WITH_CUDA
-  if (device_.is_cuda() && nb.count > 1 && !nano_streams_) nano_streams_ = std::make_shared<NanoStreams>(device_, nb.count);
+  if (device_.is_cuda() && nb.gemm_sms > 0) {
+    int sms = 0;
+    KBN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_.index));
+    KBN_CHECK(nb.gemm_sms <= sms, "model runner: nano-batching: the SMs a nano-batch's GEMMs aim at (", nb.gemm_sms,
+              ") exceed ", device_.str(), "'s ", sms);
+  }
+  if (device_.is_cuda() && nb.count > 1 && !nano_streams_)
+    nano_streams_ = std::make_shared<NanoStreams>(device_, nb.count);
 #endif
 }
 
@@ -268,6 +276,9 @@ std::vector<int64_t> ModelRunner::run_nano_batches(const SchedulerOutput& out, c
     prepare_s += steady_seconds() - t0;
     const StreamGuard guard(streams[i]);
     const ForwardContextGuard context({&in[i].metadata, &caches});
+#ifdef KBN_WITH_CUDA
+    const CublasLtSmCountTarget sms(nano_.gemm_sms);
+#endif
     hidden[i] = model_.forward(in[i].input_ids, in[i].positions);
   }
   last_step_times_.prepare_s = prepare_s;

@@ -10,6 +10,7 @@ namespace kbn::engine {
 void check_nano_batching(const NanoBatching& nb, const char* what) {
   KBN_CHECK(nb.count >= 1 && nb.count <= 8, what, ": nano-batches per step must be 1 (off) .. 8, got ", nb.count);
   KBN_CHECK(nb.min_tokens >= 1, what, ": the minimum tokens per nano-batch must be >= 1, got ", nb.min_tokens);
+  KBN_CHECK(nb.gemm_sms >= 0, what, ": the SMs a nano-batch's GEMMs aim at must be >= 0 (0: all), got ", nb.gemm_sms);
 }
 
 const char* nano_batch_split_name(NanoBatchSplit s) { return s == NanoBatchSplit::by_kind ? "kind" : "balanced"; }

@@ -36,9 +36,14 @@ struct NanoBatching {
   // below that the extra launches and the weights read once per nano-batch cost more than the overlap can hide.
   int64_t min_tokens = 256;
   NanoBatchSplit split = NanoBatchSplit::balanced;
+  // The SMs each nano-batch's cuBLASLt GEMMs aim at (kbn::CublasLtSmCountTarget; 0: the whole device), leaving the
+  // rest to the kernels another nano-batch runs meanwhile, as NanoFlow partitions the SMs. kb-nano's own kernels
+  // (attention, MoE experts) are not limited.
+  int gemm_sms = 0;
 };
 
-// Checks count >= 1 and min_tokens >= 1; the error names the field (`what` prefixes it, e.g. "--nano-batches").
+// Checks count in 1..8, min_tokens >= 1 and gemm_sms >= 0; the error names the field (`what` prefixes it, e.g.
+// "--nano-batches").
 void check_nano_batching(const NanoBatching& nb, const char* what);
 
 struct NanoBatch {

@@ -44,8 +44,11 @@ uint32_t alignment_of(const void* p) {
   return align;
 }
 
+thread_local int tls_sm_count_target = 0;
+
 struct PlanKey {
   int device;
+  int sm_target;  // 0: the whole device
   DType dtype, out_dtype;
   int64_t m, n, k, lda;
   bool has_bias;
@@ -119,6 +122,11 @@ class LinearContext {
                  "cublasLtMatmulDescSetAttribute(TRANSA)", s);
     check_cublas(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)),
                  "cublasLtMatmulDescSetAttribute(TRANSB)", s);
+    if (key.sm_target > 0) {
+      const int32_t sms = key.sm_target;
+      check_cublas(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof(sms)),
+                   "cublasLtMatmulDescSetAttribute(SM_COUNT_TARGET)", s);
+    }
     if (s.has_bias) {
       const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
       check_cublas(
@@ -168,9 +176,19 @@ class LinearContext {
 
 }  // namespace
 
+int cublaslt_sm_count_target() { return tls_sm_count_target; }
+
+CublasLtSmCountTarget::CublasLtSmCountTarget(int sms) : prev_(tls_sm_count_target) {
+  KBN_CHECK(sms >= 0, "cuBLASLt SM count target: expected >= 0 (0: the whole device), got ", sms);
+  tls_sm_count_target = sms;
+}
+
+CublasLtSmCountTarget::~CublasLtSmCountTarget() { tls_sm_count_target = prev_; }
+
 void cublaslt_linear(void* out, const void* x, const void* weight, const void* bias, const CublasLtLinear& s,
                      int device, Stream stream) {
   const PlanKey key{.device = device,
+                    .sm_target = tls_sm_count_target,
                     .dtype = s.dtype,
                     .out_dtype = s.out_dtype,
                     .m = s.m,

@@ -19,6 +19,22 @@ struct CublasLtLinear {
   const char* op;  // the caller, named in errors
 };
 
+// The SMs the calling thread's GEMMs aim at (0, the default: the whole device): cuBLASLt's
+// CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, which tunes the algorithm choice, and a persistent kernel's grid, for a device
+// that concurrent work on another stream shares (the engine's overlapped nano-batches: engine/nano_batch.h). Plans are
+// cached per target. The RAII guard sets it for its scope and restores the previous value.
+int cublaslt_sm_count_target();
+class CublasLtSmCountTarget {
+ public:
+  explicit CublasLtSmCountTarget(int sms);
+  ~CublasLtSmCountTarget();
+  CublasLtSmCountTarget(const CublasLtSmCountTarget&) = delete;
+  CublasLtSmCountTarget& operator=(const CublasLtSmCountTarget&) = delete;
+
+ private:
+  int prev_;
+};
+
 // On `stream` (the device's current context); m, n, k > 0; bias: [n] or nullptr.
 void cublaslt_linear(void* out, const void* x, const void* weight, const void* bias, const CublasLtLinear& shape,
                      int device, Stream stream);

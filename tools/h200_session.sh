@@ -52,7 +52,7 @@
 #   nano       issue 20 item 3's overlapped nano-batches: their GPU test (eager and graph mode = whole steps' tokens,
 #              four families), then eval --compare-nano-batches (whole steps, then 2 nano-batches, aligned; serial floor
 #              and floor / duration for each) on $EVAL_MODEL's $EVAL_WORKLOADS (default balanced) in graph mode, with
-#              --nano-batch-split balanced and kind; $NANO_FLAGS added (e.g. --kernel-trace, --nano-batch-min-tokens)
+#              --nano-batch-split balanced and kind; $NANO_FLAGS added (e.g. --kernel-trace, --nano-batch-gemm-sms 100)
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)

@@ -183,6 +183,8 @@ TEST(NanoBatchSplit, BadSettingsAreNamed) {
       << message({0, 1});
   EXPECT_NE(message({9, 1}).find("got 9"), std::string::npos);
   EXPECT_NE(message({2, 0}).find("minimum tokens per nano-batch must be >= 1, got 0"), std::string::npos);
+  EXPECT_NE(message({2, 1, NanoBatchSplit::balanced, -1}).find("GEMMs aim at must be >= 0 (0: all), got -1"),
+            std::string::npos);
 }
 
 RC_GTEST_PROP(NanoBatchSplit, EverySplitIsAPartitionWithBalancedTokens, ()) {
