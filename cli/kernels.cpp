@@ -502,7 +502,7 @@ Row run_case(const bench::BenchCase& c, const Options& o, Context& ctx) {
         r.timed_check = tr.check;
         r.after_timing = tr.reason;
       } else {
-        const std::string wrong = bench::verify_timed_samples(c, be, *base, tr.samples, ctx.device);
+        const std::string wrong = bench::verify_timed_samples(c, be, *base, tr.samples, ctx.device, oracle.get());
         if (!wrong.empty()) {
           r.timed_check = "timed outputs";
           r.after_timing = wrong;
@@ -698,6 +698,8 @@ nlohmann::json row_json(const Row& r, const Options& o, bool compare) {
                      {"reason", r.validation.reason},
                      {"runs", r.validation.runs},
                      {"oracle_runs", r.validation.oracle_runs},
+                     {"routing_tie_rows_exempt", r.validation.routing_tie_rows},
+                     {"routing_tie_comparisons", r.validation.routing_tie_comparisons},
                      {"worst_mean_rel_err_vs_baseline", r.validation.worst_mean_rel_err}};
   j["baseline"] = timing_json(r.base);
   if (compare) {

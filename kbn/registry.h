@@ -60,6 +60,12 @@ struct OpEntry {
   // (Mamba-2's A, which must stay negative, and its time-step bias): those distributions keep them as the case made
   // them.
   std::vector<std::string> fixed_inputs;
+  // The op computes MoE router logits from its inputs and routes on them through topk_softmax (a MoE block with its
+  // gate, or a layer holding one): where its outputs disagree with the baseline's or the oracle's, validation asks the
+  // oracle which tokens' routing is a near-tie of the rounded logits (reference::RoutingTieLog) and compares again
+  // with those tokens' rows taken as equal (bench/validate.h). Ops given the logits as an input route identically
+  // on both sides and must not set it.
+  bool router_inside = false;
   // Validation tolerance per dtype when the default (two ulps of the output type) does not fit the op.
   std::function<Tolerance(DType)> tolerance;
   // The facts file that registered this entry (set by the registry), for error messages.

@@ -34,6 +34,34 @@ void check_ids(const Tensor& topk_ids, const char* op, int64_t num_experts) {
 
 }  // namespace
 
+namespace {
+
+thread_local RoutingTieLog* tls_tie_log = nullptr;
+
+// The spacing of `dtype`'s values at |x| (its unit in the last place).
+double ulp_of(double x, DType dtype) {
+  const int digits = dtype == DType::bf16 ? 8 : dtype == DType::f16 ? 11 : 24;  // significand bits
+  int e = 0;
+  (void)std::frexp(std::max(std::abs(x), 1e-30), &e);  // |x| = m 2^e, m in [0.5, 1)
+  return std::ldexp(1.0, e - digits);
+}
+
+}  // namespace
+
+RoutingTieLog::RoutingTieLog() {
+  KBN_CHECK(tls_tie_log == nullptr, "reference::RoutingTieLog: one per thread at a time");
+  tls_tie_log = this;
+}
+
+RoutingTieLog::~RoutingTieLog() { tls_tie_log = nullptr; }
+
+RoutingTieLog* RoutingTieLog::active() { return tls_tie_log; }
+
+void RoutingTieLog::record(int64_t row, int64_t num_rows) {
+  rows_.insert(row);
+  num_rows_ = std::max(num_rows_, num_rows);
+}
+
 void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_output, bool renormalize) {
   constexpr const char* kOp = "reference::topk_softmax";
   check_rank(gating_output, kOp, "gating_output", 2, "[num_tokens, num_experts]");
@@ -63,6 +91,13 @@ void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_o
     std::iota(order.begin(), order.end(), 0);
     // Best logit first; equal logits: lower expert first.
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row[a] > row[b]; });
+    if (RoutingTieLog* log = RoutingTieLog::active(); log && k < e) {
+      const double last = row[order[size_t(k - 1)]], next = row[order[size_t(k)]];
+      const bool all_equal = std::all_of(row, row + e, [&](double v) { return v == row[0]; });
+      if (!all_equal && last - next <= kRoutingTieUlps * ulp_of(std::max(std::abs(last), std::abs(next)),
+                                                                 gating_output.dtype()))
+        log->record(t, n);
+    }
     double chosen = 0;
     for (int64_t j = 0; j < k; ++j) chosen += std::exp(row[order[size_t(j)]] - mx) / sum;
     for (int64_t j = 0; j < k; ++j) {

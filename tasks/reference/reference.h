@@ -5,6 +5,7 @@
 // ops call these on CPU tensors, which is how the whole L1..L4 stack runs (and is tested) without a GPU.
 #include <cmath>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -157,6 +158,32 @@ namespace kbn::reference {
 // lower index first) best first, their probabilities (divided by the chosen ones' sum when renormalize).
 // topk_weights: [num_tokens, top_k] f32; topk_ids: [num_tokens, top_k] i32. A NaN logit is an error naming it.
 void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_output, bool renormalize);
+
+// Routing near-ties (the validation's exemption, bench/validate.h). While a RoutingTieLog lives on the calling thread,
+// topk_softmax records each token whose top_k-th and next logits lie within kRoutingTieUlps ulps of gating_output's
+// dtype at their magnitude: a gate GEMM that rounds once differently (two ulps each way, the linear op's tolerance)
+// can order those two experts either way, so two correct implementations of a block that computes its router logits
+// may route the token differently. A row whose logits are all equal (an all-zero input row) is not recorded: every
+// implementation computes such logits exactly and breaks the tie alike (lower index first).
+constexpr int kRoutingTieUlps = 4;
+class RoutingTieLog {
+ public:
+  RoutingTieLog();  // one per thread at a time
+  ~RoutingTieLog();
+  RoutingTieLog(const RoutingTieLog&) = delete;
+  RoutingTieLog& operator=(const RoutingTieLog&) = delete;
+  // Token rows of the routers' inputs with a near-tie, over every topk_softmax call since construction, and the most
+  // rows a call routed.
+  const std::set<int64_t>& rows() const { return rows_; }
+  int64_t num_rows() const { return num_rows_; }
+  // Used by topk_softmax.
+  static RoutingTieLog* active();
+  void record(int64_t row, int64_t num_rows);
+
+ private:
+  std::set<int64_t> rows_;
+  int64_t num_rows_ = 0;
+};
 
 // vLLM's grouped_topk (DeepSeek-V2/V3 routers). Scores: softmax (in double) or sigmoid of each row of gating_output
 // [num_tokens, num_experts]; with e_score_correction_bias ([num_experts] f32, V3's noaux_tc) the choice uses

@@ -40,7 +40,8 @@ KBN_REGISTER_OPS(r) {
                "mixtral_moe", m, o, {.params = H * m.moe->num_experts, .in_features = H, .out_features = H});
            add_expert_work(cs, m);
            return cs;
-         }});
+         },
+         .router_inside = true});
 }
 
 }  // namespace kbn::KBN_VARIANT

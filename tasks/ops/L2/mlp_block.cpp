@@ -36,7 +36,8 @@ KBN_REGISTER_OPS(r) {
                cases::block_cases("mlp_block", m, o, {.params = H * E + E, .in_features = H, .out_features = H});
            add_expert_work(cs, m);
            return cs;
-         }});
+         },
+         .router_inside = true});
 }
 
 }  // namespace kbn::KBN_VARIANT

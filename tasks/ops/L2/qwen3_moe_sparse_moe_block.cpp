@@ -41,7 +41,8 @@ KBN_REGISTER_OPS(r) {
                                                            .out_features = H});
            add_expert_work(cs, m);
            return cs;
-         }});
+         },
+         .router_inside = true});
 }
 
 }  // namespace kbn::KBN_VARIANT

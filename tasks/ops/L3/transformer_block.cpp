@@ -47,7 +47,8 @@ KBN_REGISTER_OPS(r) {
                {.params = params, .in_features = H, .out_features = H, .attention = true, .residual = true});
            add_expert_work(cs, m);
            return cs;
-         }});
+         },
+         .router_inside = true});
 }
 
 }  // namespace kbn::KBN_VARIANT
