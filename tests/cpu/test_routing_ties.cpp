@@ -17,6 +17,7 @@
 #include "kbn/config.h"
 #include "kbn/module.h"
 #include "kbn/registry.h"
+#include "wrapped_op.h"
 #include "reference/reference.h"
 
 using namespace kbn;
@@ -61,18 +62,7 @@ TEST(RoutingTies, TopkSoftmaxRecordsTokensWhoseBoundaryLogitsAreWithinFourUlps) 
 
 namespace {
 
-// A hand-made op wrapping the CPU baseline with another forward.
-class WrappedOp : public AnyOp {
- public:
-  using Hook = std::function<std::vector<Tensor>(AnyOp&, const std::vector<Tensor>&)>;
-  WrappedOp(std::unique_ptr<AnyOp> inner, Hook hook) : inner_(std::move(inner)), hook_(std::move(hook)) {}
-  Module& module() override { return inner_->module(); }
-  std::vector<Tensor> call(const std::vector<Tensor>& args) override { return hook_(*inner_, args); }
-
- private:
-  std::unique_ptr<AnyOp> inner_;
-  Hook hook_;
-};
+using test::WrappedOp;  // the CPU baseline op with another forward (tests/wrapped_op.h)
 
 struct MoeFixture {
   bench::BenchCase c;

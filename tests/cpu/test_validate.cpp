@@ -16,6 +16,7 @@
 #include "kbn/config.h"
 #include "kbn/module.h"
 #include "kbn/registry.h"
+#include "wrapped_op.h"
 
 using namespace kbn;
 
@@ -82,18 +83,7 @@ TEST(Compare, RmsScaledToleranceAndExactModes) {
   EXPECT_THROW(compare_close(a, Tensor::from_floats({1, 2, 3, 4}, {4}), {}), Error);
 }
 
-// A hand-made op wrapping the CPU baseline rms_norm with a behaviour switch.
-class WrappedOp : public AnyOp {
- public:
-  using Hook = std::function<std::vector<Tensor>(AnyOp&, const std::vector<Tensor>&)>;
-  WrappedOp(std::unique_ptr<AnyOp> inner, Hook hook) : inner_(std::move(inner)), hook_(std::move(hook)) {}
-  Module& module() override { return inner_->module(); }
-  std::vector<Tensor> call(const std::vector<Tensor>& args) override { return hook_(*inner_, args); }
-
- private:
-  std::unique_ptr<AnyOp> inner_;
-  Hook hook_;
-};
+using test::WrappedOp;  // the CPU baseline op with another forward (tests/wrapped_op.h)
 
 struct Fixture {
   bench::BenchCase c;

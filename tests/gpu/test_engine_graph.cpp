@@ -2,9 +2,10 @@
 // to the next captured batch size) gives exactly the greedy tokens of eager mode on the tiny Llama in f32 (the
 // generic attention kernel), through whole and chunked prefills, mixed steps and preemption; and a replay on
 // the tensor-core split-KV decode kernel (bf16, head size 64, partitions chosen for max_model_len) agrees with
-// an eager decode of the same step.
+// an eager decode of the same step. Overlapped nano-batches, in both modes, give the tokens of whole steps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -43,6 +44,7 @@ struct EngineRun {
   int64_t steps = 0;
   int64_t preemptions = 0;
   int64_t graph_steps = 0;
+  int64_t nano_steps = 0;  // steps run as overlapped nano-batches (EngineConfig::nano_batching)
   std::vector<int64_t> graph_sizes;
 };
 
@@ -55,6 +57,7 @@ EngineRun run_engine(CausalLM& model, EngineConfig cfg, ExecutionMode mode, cons
   out.steps = r.steps;
   out.preemptions = r.preemptions;
   out.graph_steps = engine.runner().num_graph_steps();
+  out.nano_steps = engine.runner().num_nano_batched_steps();
   if (const CudaGraphRunner* g = engine.runner().cuda_graphs()) out.graph_sizes = g->sizes();
   return out;
 }
@@ -256,3 +259,53 @@ TEST(EngineGraphGpu, TinyGptOssGraphModeGivesTheEagerTokensAndTransformers) {
   }
   expect_transformers_greedy(*model, dir);
 }
+
+// Overlapped nano-batches (engine/nano_batch.h): every eager step of two or more sequences split into 2 or 3
+// nano-batches, each the whole model on a stream of its own, gives the greedy tokens of whole steps, in eager mode
+// and in graph mode (decode-only steps replay graphs, the rest split), with chunked prefill and a tight pool, for a
+// paged-KV model (tiny Llama), sliding windows, sinks and MoE (tiny gpt-oss), MLA's latent cache (tiny DeepSeek-V2,
+// whose prefill shares a block-id table across streams) and recurrent state (tiny Mamba-2); f32 weights.
+class NanoBatchGpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NanoBatchGpu, SplitStepsGiveTheTokensOfWholeSteps) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  auto model = build_model(resolve_model(kbn::test::fixture_dir() + "/" + GetParam()), Variant::baseline,
+                           {DType::f32, Device::cuda(0)}, 0);
+  const std::vector<Request> reqs = mixed_requests(13, 40, model->vocab_size());
+  EngineConfig chunked;
+  chunked.max_model_len = 256;
+  chunked.num_kv_blocks = 512;
+  chunked.max_num_seqs = 16;
+  chunked.max_num_batched_tokens = 24;  // prefills in chunks, sharing steps with decodes
+  EngineConfig tight = chunked;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 40 * int64_t(kv_cache_groups(model->cache_specs()).windows.size());
+  if (has_state_layers(model->cache_specs())) tight.num_state_slots = 4;
+  for (const auto& [name, config] : {std::pair<const char*, EngineConfig>{"chunked", chunked}, {"tight pool", tight}}) {
+    SCOPED_TRACE(name);
+    const EngineRun whole = run_engine(*model, config, ExecutionMode::eager, reqs);
+    for (const NanoBatching nb : {NanoBatching{2, 1}, NanoBatching{3, 1}, NanoBatching{2, 1, NanoBatchSplit::by_kind}}) {
+      for (const ExecutionMode mode : {ExecutionMode::eager, ExecutionMode::graph}) {
+        SCOPED_TRACE(std::to_string(nb.count) + " nano-batches, " + nano_batch_split_name(nb.split) + ", " +
+                     execution_mode_name(mode));
+        EngineConfig cfg = config;
+        cfg.nano_batching = nb;
+        const EngineRun split = run_engine(*model, cfg, mode, reqs);
+        EXPECT_GT(split.nano_steps, 0);
+        if (mode == ExecutionMode::graph) {
+          EXPECT_GT(split.graph_steps, 0);
+        }
+        ASSERT_EQ(split.tokens.size(), reqs.size());
+        for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(split.tokens[i], whole.tokens[i]) << "request " << i;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, NanoBatchGpu,
+                         ::testing::Values("tiny-llama", "tiny-gpt-oss", "tiny-deepseek-v2", "tiny-mamba2"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
