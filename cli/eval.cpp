@@ -71,6 +71,7 @@ struct Options {
   bool kernel_trace = false;
   bool no_prefix_caching = false;
   bool check_finite = false;
+  bool pdl = false;  // programmatic dependent launch of the kernels written for it (kbn/pdl.cuh)
   std::string admission = "reserve";  // reserve | optimistic
   std::string kv_cache_dtype = "auto";  // auto | fp8 | fp8_e4m3
   bool compare_kv_cache_dtype = false;  // run the baseline with auto KV, then with kv_cache_dtype, and align them
@@ -634,6 +635,7 @@ void run_url(const Options& o, bool max_num_seqs_given) {
       {max_num_seqs_given, "--max-num-seqs"},  {o.max_num_batched_tokens > 0, "--max-num-batched-tokens"},
       {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
       {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"},
+      {o.pdl, "--pdl"},
       {o.nano_batches != 1, "--nano-batches"}, {o.compare_nano_batches, "--compare-nano-batches"},
       {o.nano_batch_split != "balanced", "--nano-batch-split"},
       {o.nano_batch_gemm_sms != 0, "--nano-batch-gemm-sms"}};
@@ -895,6 +897,8 @@ void print_setup(const EvalSetup& e) {
               ecfg.reserve_max_tokens ? "reserving every running request's max_tokens (no preemption)"
                                       : "optimistic (vLLM's; preemption by recompute)",
               ecfg.enable_prefix_caching ? "on" : "off");
+  if (dependent_launch_enabled())
+    std::printf("  programmatic dependent launch on (--pdl or KBN_PDL=1): the decode-path kernels of kbn/pdl.cuh\n");
   if (o.nano_batches > 1)
     std::printf("  nano-batches: %sup to %d per eager step (%s), of >= %lld tokens each, each on a stream of its "
                 "own%s%s\n",
@@ -1106,6 +1110,7 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
                  {"nano_batch_min_tokens", o.nano_batch_min_tokens},
                  {"nano_batch_split", o.nano_batch_split},
                  {"nano_batch_gemm_sms", o.nano_batch_gemm_sms},
+                 {"dependent_launch", dependent_launch_enabled()},
                  {"compare_nano_batches", o.compare_nano_batches},
                  {"admission", o.admission},
                  {"reserve_max_tokens", ecfg.reserve_max_tokens},
@@ -1139,6 +1144,7 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
 void run(const Options& o, bool max_num_seqs_given) {
   if (!o.url.empty()) return run_url(o, max_num_seqs_given);
   check_run_flags(o, max_num_seqs_given);
+  if (o.pdl) set_dependent_launch(true);
   const std::vector<Pass> passes = select_passes(o);
   const EvalSetup e = make_setup(o, max_num_seqs_given);
   print_setup(e);
@@ -1283,6 +1289,11 @@ void add_eval_command(CLI::App& app) {
                   "SMs each nano-batch's cuBLASLt GEMMs aim at (cuBLASLt's SM count target), leaving the rest to the "
                   "other nano-batch's kernels, as NanoFlow partitions the SMs (default 0: the whole GPU)")
       ->check(integer_at_least(0));
+  cmd->add_flag("--pdl", o->pdl,
+                "Programmatic dependent launch (Hopper): kb-nano's decode-path kernels (embedding, norms, the one-token "
+                "GEMV, rotary, KV store, decode attention, silu*mul) may be scheduled while the kernel before them "
+                "drains, and wait in-kernel for it (kbn/pdl.cuh; also KBN_PDL=1 for any command): an experiment, off "
+                "by default");
   cmd->add_flag("--compare-nano-batches", o->compare_nano_batches,
                 "Run the baseline twice, with whole steps and then with --nano-batches, and report both and their "
                 "greedy alignment");

@@ -1,5 +1,7 @@
 #include "kbn/device.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -23,6 +25,23 @@ Device parse_device(const std::string& s) {
   }
   KBN_FAIL("device: expected 'cpu', 'cuda' or 'cuda:N', got '", s, "'");
 }
+
+namespace {
+std::atomic<int> g_dependent_launch{-1};  // -1: not decided yet (read KBN_PDL)
+}  // namespace
+
+bool dependent_launch_enabled() {
+  int v = g_dependent_launch.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("KBN_PDL");
+    v = env && std::string(env) == "1" ? 1 : 0;
+    int expected = -1;
+    if (!g_dependent_launch.compare_exchange_strong(expected, v)) v = expected;
+  }
+  return v == 1;
+}
+
+void set_dependent_launch(bool on) { g_dependent_launch.store(on ? 1 : 0); }
 
 static thread_local Stream tls_stream = nullptr;
 Stream current_stream() { return tls_stream; }

@@ -30,6 +30,14 @@ Device parse_device(const std::string& s);
 bool cuda_available();
 int cuda_device_count();
 
+// Programmatic dependent launch (Hopper and later; kbn/pdl.cuh): the kernels written for it, which wait for the grids
+// before them before touching memory, are launched so that they may be scheduled while the kernel before them on the
+// stream drains, hiding the launch gap between small kernels (batch-1 decode runs ~9 per layer). Off unless KBN_PDL=1
+// is in the environment at the first query or set_dependent_launch(true) is called: an experiment until measured
+// (eval --pdl); kernels launched while it is on keep it inside the CUDA graphs they are captured into.
+bool dependent_launch_enabled();
+void set_dependent_launch(bool on);
+
 // The stream that ops launch on for the calling thread (default: the legacy default stream, nullptr).
 Stream current_stream();
 void set_current_stream(Stream s);

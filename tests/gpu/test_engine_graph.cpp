@@ -309,3 +309,61 @@ INSTANTIATE_TEST_SUITE_P(Families, NanoBatchGpu,
                            std::replace(name.begin(), name.end(), '-', '_');
                            return name;
                          });
+
+// Programmatic dependent launch (kbn/pdl.cuh): with the decode path's kernels launched to overlap the kernel before
+// them, eager and graph mode give the tokens of plain launches: the tiny Llama in f32 (the generic attention kernel)
+// and a two-layer bf16 Llama with head size 64 (the tensor-core split-KV decode kernel and its reduce), with chunked
+// prefill. The bf16 model's contexts reach 1.5k tokens, so decode splits its keys.
+TEST(EngineGraphGpu, DependentLaunchGivesTheTokensOfPlainLaunches) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  std::ifstream f(kbn::test::fixture_dir() + "/tiny-llama/config.json");
+  nlohmann::json config = nlohmann::json::parse(f);
+  config["hidden_size"] = 256;
+  config["num_attention_heads"] = 4;
+  config["num_key_value_heads"] = 2;
+  config["head_dim"] = 64;
+  config["intermediate_size"] = 512;
+  config["max_position_embeddings"] = 4096;
+  config["dtype"] = "bfloat16";
+  const std::string path = ::testing::TempDir() + "/kbn_pdl_bf16_llama.json";
+  std::ofstream(path) << config.dump(2);
+  struct Case {
+    const char* name;
+    std::unique_ptr<CausalLM> model;
+    std::vector<Request> reqs;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"tiny-llama f32",
+                   build_model(resolve_model(kbn::test::fixture_dir() + "/tiny-llama"), Variant::baseline,
+                               {DType::f32, Device::cuda(0)}, 0),
+                   {}});
+  cases.push_back({"bf16 head 64", build_model(resolve_model(path), Variant::baseline, {DType::bf16, Device::cuda(0)}, 5),
+                   {}});
+  std::filesystem::remove(path);
+  cases[0].reqs = mixed_requests(13, 40, cases[0].model->vocab_size());
+  for (int64_t i = 0; i < 6; ++i) {  // prompts of 300..1500 tokens, 24 new each
+    Request r;
+    r.id = i;
+    for (int64_t j = 0; j < 300 + 240 * i; ++j) r.prompt.push_back((i * 97 + j * 31 + 5) % cases[1].model->vocab_size());
+    r.sampling.max_tokens = 24;
+    r.sampling.ignore_eos = true;
+    cases[1].reqs.push_back(std::move(r));
+  }
+  EngineConfig cfg;
+  cfg.max_model_len = 2048;
+  cfg.num_kv_blocks = 1024;
+  cfg.max_num_seqs = 16;
+  cfg.max_num_batched_tokens = 512;
+  for (Case& c : cases) {
+    for (const ExecutionMode mode : {ExecutionMode::eager, ExecutionMode::graph}) {
+      SCOPED_TRACE(std::string(c.name) + ", " + execution_mode_name(mode));
+      set_dependent_launch(false);
+      const EngineRun plain = run_engine(*c.model, cfg, mode, c.reqs);
+      set_dependent_launch(true);
+      const EngineRun pdl = run_engine(*c.model, cfg, mode, c.reqs);
+      set_dependent_launch(false);
+      ASSERT_EQ(pdl.tokens.size(), c.reqs.size());
+      for (size_t i = 0; i < c.reqs.size(); ++i) EXPECT_EQ(pdl.tokens[i], plain.tokens[i]) << "request " << i;
+    }
+  }
+}

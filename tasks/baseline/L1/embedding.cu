@@ -13,6 +13,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -44,6 +45,7 @@ constexpr int kMaxGridY = 65535;
 // of 33+ tokens already cover all 132 SMs.
 template <class Id, class Unit, int kTok>
 __global__ void __launch_bounds__(kThreads) embedding_kernel(EmbeddingParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   const int i = blockIdx.x * kThreads + threadIdx.x;
   if (i >= p.row_units) return;
   for (int64_t t0 = int64_t(blockIdx.y) * kTok; t0 < p.num_tokens; t0 += int64_t(gridDim.y) * kTok) {
@@ -77,14 +79,14 @@ void launch_embedding(EmbeddingParams p, int64_t row_bytes, size_t esize, DType 
   const dim3 grid{unsigned((p.row_units + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(steps, kMaxGridY))};
   if (id_dtype == DType::i32) {
     if (four)
-      embedding_kernel<int32_t, Unit, 4><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(embedding_kernel<int32_t, Unit, 4>, grid, kThreads, 0, stream, p);
     else
-      embedding_kernel<int32_t, Unit, 1><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(embedding_kernel<int32_t, Unit, 1>, grid, kThreads, 0, stream, p);
   } else {
     if (four)
-      embedding_kernel<int64_t, Unit, 4><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(embedding_kernel<int64_t, Unit, 4>, grid, kThreads, 0, stream, p);
     else
-      embedding_kernel<int64_t, Unit, 1><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(embedding_kernel<int64_t, Unit, 1>, grid, kThreads, 0, stream, p);
   }
   KBN_CUDA_CHECK_LAUNCH();
 }

@@ -17,6 +17,7 @@
 #include "L1/tma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -97,6 +98,7 @@ constexpr int kReduceThreads = 128;
 // grid = (num_heads, num_seqs); block = kReduceThreads.
 template <class T>
 __global__ void __launch_bounds__(kReduceThreads) flash_attn_decode_reduce_kernel(DecodeParams p, int head_size) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   __shared__ float weights[kMaxSplits];
   const int head = blockIdx.x, seq = blockIdx.y;
   const int seq_len = p.seq_lens[seq];
@@ -149,6 +151,7 @@ constexpr int kMinPartitionKeys = 256;
 // block (saves one launch at small batch).
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(DecodeParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
   constexpr int kTileElems = kTileKeys * kHeadDim;
   static_assert(kTileKeys * kChunks % kThreads == 0 && kRows * kChunks % kThreads == 0, "whole copy rounds");
@@ -399,11 +402,11 @@ void launch_flash_attn_decode(DecodeParams p, Device device, int64_t num_seqs, i
     p.partial_max_sum = partial_max_sum.data<float>();
   }
   const dim3 grid{unsigned(num_splits), unsigned(num_kv_heads * p.head_chunks), unsigned(num_seqs)};
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  launch_pdl(kernel, grid, kThreads, smem, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
   if (num_splits > 1) {
     const dim3 reduce_grid{unsigned(p.num_heads), unsigned(num_seqs)};
-    flash_attn_decode_reduce_kernel<T><<<reduce_grid, kReduceThreads, 0, stream>>>(p, kHeadDim);
+    launch_pdl(flash_attn_decode_reduce_kernel<T>, reduce_grid, kReduceThreads, 0, stream, p, kHeadDim);
     KBN_CUDA_CHECK_LAUNCH();
   }
 }
@@ -582,6 +585,7 @@ __device__ __forceinline__ uint32_t mma_word(uint32_t w) {
 // head) and skip the reduce launch when the blocks balance over the SMs.
 template <class T, class KV, int kHeadDim, int kNT>
 __global__ void __launch_bounds__(kThreads) flash_attn_decode_split_kernel(DecodeParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cfg = DecodeConfig<kHeadDim, kNT, int(sizeof(KV))>;
   using M = std::conditional_t<Cfg::kConvert, __half, T>;  // the mmas' input type
@@ -1009,11 +1013,11 @@ void launch_flash_attn_decode_rows(DecodeParams p, Device device, int64_t num_se
   // The kv heads (and head chunks) of one (sequence, partition) are neighbours in launch order: they read the
   // same pages at about the same time.
   const dim3 grid{unsigned(num_kv_heads * p.head_chunks), unsigned(num_splits), unsigned(num_seqs)};
-  kernel<<<grid, kThreads, smem, stream>>>(p);
+  launch_pdl(kernel, grid, kThreads, smem, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
   if (num_splits > 1) {
     const dim3 reduce_grid{unsigned(p.num_heads), unsigned(num_seqs)};
-    flash_attn_decode_reduce_kernel<T><<<reduce_grid, kReduceThreads, 0, stream>>>(p, kHeadDim);
+    launch_pdl(flash_attn_decode_reduce_kernel<T>, reduce_grid, kReduceThreads, 0, stream, p, kHeadDim);
     KBN_CUDA_CHECK_LAUNCH();
   }
 }

@@ -9,6 +9,7 @@
 #include "kbn/cublaslt_linear.h"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -40,6 +41,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int kv = k / int(16 / sizeof(T));  // vectors per row
   float acc = 0.f;
   int i = lane;
+  // The weight is a parameter no kernel of the step writes: its first loads go out before the wait for the kernel
+  // before this one (dependent launch: kbn/pdl.cuh), under that kernel's tail; x is read after it.
+  if (i + 32 * (kGemvLoadsInFlight - 1) < kv) {
+    uint4 wv[kGemvLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kGemvLoadsInFlight; ++u) wv[u] = load_weight(w + i + 32 * u);
+    pdl_wait();
+#pragma unroll
+    for (int u = 0; u < kGemvLoadsInFlight; ++u) acc = dot16<T>(wv[u], __ldg(xv + i + 32 * u), acc);
+    i += 32 * kGemvLoadsInFlight;
+  } else {
+    pdl_wait();
+  }
   for (; i + 32 * (kGemvLoadsInFlight - 1) < kv; i += 32 * kGemvLoadsInFlight) {
     uint4 wv[kGemvLoadsInFlight];
 #pragma unroll
@@ -55,8 +69,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 template <class T>
 void launch_gemv(T* out, const T* x, const T* weight, const T* bias, int64_t n, int64_t k, Stream stream) {
   const auto grid = unsigned((n + kGemvWarps - 1) / kGemvWarps);
-  gemv_kernel<T><<<grid, kGemvWarps * 32, 0, stream>>>(out, x, weight, bias, int(n), int(k));
-  KBN_CUDA_CHECK_LAUNCH();
+  launch_pdl(gemv_kernel<T>, grid, kGemvWarps * 32, 0, stream, out, x, weight, bias, int(n), int(k));
 }
 
 // Whether the GEMV takes this call: one token, and x and weight rows that 16-byte vectors can walk.

@@ -5,6 +5,7 @@
 
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 
 namespace kbn::KBN_VARIANT {
 namespace {
@@ -62,6 +63,7 @@ __device__ __forceinline__ float block_sum(float v) {
 // one read and one write per element of each buffer beyond the L2-resident re-read.
 template <class T, bool kFused, bool kVec, int kThreads>
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   using V = Vec16<T>;
   constexpr int N = kVec ? V::N : 1;
   const int64_t row = blockIdx.x;
@@ -132,6 +134,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
 // fused_add_rms_norm unchanged (0.99-1.00x).
 template <class T, bool kFused, int kThreads, int kVecs>
 __global__ void __launch_bounds__(kThreads) rms_norm_regs_kernel(RmsNormParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   using V = Vec16<T>;
   constexpr int N = V::N;
   const int64_t row = blockIdx.x;
@@ -193,6 +196,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_regs_kernel(RmsNormParams p
 // a block per row would leave most of its threads idle and launch one block per (token, head).
 template <class T, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32) rms_norm_warp_kernel(RmsNormParams p, int64_t rows) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   using V = Vec16<T>;
   constexpr int N = V::N;
   const int lane = threadIdx.x & 31;
@@ -229,6 +233,7 @@ __global__ void __launch_bounds__(kWarps * 32) rms_norm_warp_kernel(RmsNormParam
 // from L1/L2.
 template <class T, int kN, int kThreads>
 __global__ void __launch_bounds__(kThreads) rms_norm_f32_residual_kernel(RmsNormParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   const int64_t row = blockIdx.x;
   T* x = static_cast<T*>(const_cast<void*>(p.x)) + row * p.x_stride;
   float* res = static_cast<float*>(p.residual) + row * p.residual_stride;
@@ -281,6 +286,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_f32_residual_kernel(RmsNorm
 // looped kernel (each thread's elements in index order, then block_sum).
 template <class T, int kThreads, int kIters>
 __global__ void __launch_bounds__(kThreads) rms_norm_f32_residual_regs_kernel(RmsNormParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   const int64_t row = blockIdx.x;
   T* x = static_cast<T*>(const_cast<void*>(p.x)) + row * p.x_stride;
   float* res = static_cast<float*>(p.residual) + row * p.residual_stride;
@@ -334,15 +340,15 @@ void launch_rms_norm_f32_residual(const RmsNormParams& p, int64_t rows, Stream s
                    aligned(p.residual, p.residual_stride, 4, 16);
   const int64_t steps = p.hidden / 4;
   if (vec && steps <= kThreads * 2)
-    rms_norm_f32_residual_regs_kernel<T, kThreads, 2><<<unsigned(rows), kThreads, 0, stream>>>(p);
+    launch_pdl(rms_norm_f32_residual_regs_kernel<T, kThreads, 2>, unsigned(rows), kThreads, 0, stream, p);
   else if (vec && steps <= kThreads * 4)
-    rms_norm_f32_residual_regs_kernel<T, kThreads, 4><<<unsigned(rows), kThreads, 0, stream>>>(p);
+    launch_pdl(rms_norm_f32_residual_regs_kernel<T, kThreads, 4>, unsigned(rows), kThreads, 0, stream, p);
   else if (vec && steps <= kThreads * 8)
-    rms_norm_f32_residual_regs_kernel<T, kThreads, 8><<<unsigned(rows), kThreads, 0, stream>>>(p);
+    launch_pdl(rms_norm_f32_residual_regs_kernel<T, kThreads, 8>, unsigned(rows), kThreads, 0, stream, p);
   else if (vec)
-    rms_norm_f32_residual_kernel<T, 4, kThreads><<<unsigned(rows), kThreads, 0, stream>>>(p);
+    launch_pdl(rms_norm_f32_residual_kernel<T, 4, kThreads>, unsigned(rows), kThreads, 0, stream, p);
   else
-    rms_norm_f32_residual_kernel<T, 1, kThreads><<<unsigned(rows), kThreads, 0, stream>>>(p);
+    launch_pdl(rms_norm_f32_residual_kernel<T, 1, kThreads>, unsigned(rows), kThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -366,24 +372,24 @@ void launch_rms_norm(const RmsNormParams& p, int64_t rows, Stream stream) {
   if constexpr (!kFused) {
     if (vec && nvec <= 32) {
       constexpr int kWarps = 8;
-      rms_norm_warp_kernel<T, kWarps><<<unsigned((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream>>>(p, rows);
+      launch_pdl(rms_norm_warp_kernel<T, kWarps>, unsigned((rows + kWarps - 1) / kWarps), kWarps * 32, 0, stream, p, rows);
       KBN_CUDA_CHECK_LAUNCH();
       return;
     }
   }
   if (vec && nvec <= kThreads * 8) {  // rows up to 16384 bf16 / 8192 f32 values: held in registers
     if (nvec <= kThreads)
-      rms_norm_regs_kernel<T, kFused, kThreads, 1><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_regs_kernel<T, kFused, kThreads, 1>, grid, kThreads, 0, stream, p);
     else if (nvec <= kThreads * 2)
-      rms_norm_regs_kernel<T, kFused, kThreads, 2><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_regs_kernel<T, kFused, kThreads, 2>, grid, kThreads, 0, stream, p);
     else if (nvec <= kThreads * 4)
-      rms_norm_regs_kernel<T, kFused, kThreads, 4><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_regs_kernel<T, kFused, kThreads, 4>, grid, kThreads, 0, stream, p);
     else
-      rms_norm_regs_kernel<T, kFused, kThreads, 8><<<grid, kThreads, 0, stream>>>(p);
+      launch_pdl(rms_norm_regs_kernel<T, kFused, kThreads, 8>, grid, kThreads, 0, stream, p);
   } else if (vec)
-    rms_norm_kernel<T, kFused, true, kThreads><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(rms_norm_kernel<T, kFused, true, kThreads>, grid, kThreads, 0, stream, p);
   else
-    rms_norm_kernel<T, kFused, false, kThreads><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(rms_norm_kernel<T, kFused, false, kThreads>, grid, kThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

@@ -10,6 +10,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -49,6 +50,7 @@ __device__ __forceinline__ void rotate(T& x, T& y, T c, T s) {
 // cache (a kernel cannot raise; the engine validates positions).
 template <class T, bool kNeox, bool kVec>
 __global__ void __launch_bounds__(kMaxThreads) rotary_embedding_kernel(RotaryParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   using V = Vec16<T>;
   constexpr int N = kVec ? V::N : 1;
   const int64_t t = blockIdx.x;
@@ -114,11 +116,11 @@ void launch_rotary_embedding(const RotaryParams& p, int64_t num_tokens, bool is_
   const int threads = std::clamp((items + 31) / 32 * 32, 32, kMaxThreads);
   const dim3 grid{unsigned(num_tokens)};
   if (vec)
-    rotary_embedding_kernel<T, true, true><<<grid, threads, 0, stream>>>(p);
+    launch_pdl(rotary_embedding_kernel<T, true, true>, grid, threads, 0, stream, p);
   else if (is_neox)
-    rotary_embedding_kernel<T, true, false><<<grid, threads, 0, stream>>>(p);
+    launch_pdl(rotary_embedding_kernel<T, true, false>, grid, threads, 0, stream, p);
   else
-    rotary_embedding_kernel<T, false, false><<<grid, threads, 0, stream>>>(p);
+    launch_pdl(rotary_embedding_kernel<T, false, false>, grid, threads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

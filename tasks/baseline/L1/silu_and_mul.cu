@@ -9,6 +9,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -39,6 +40,7 @@ __device__ __forceinline__ float silu_mul(float gate, float up) { return gate / 
 // No index division is needed (the token comes from blockIdx.y).
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kThreads) silu_and_mul_kernel(SiluAndMulParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   using V = Vec16<T>;
   constexpr int N = kVec ? V::N : 1;
   const int i = blockIdx.x * kThreads + threadIdx.x;  // vector index within the output row
@@ -77,9 +79,9 @@ void launch_silu_and_mul(const SiluAndMulParams& p, Stream stream) {
   const int per_row = vec ? p.d / N : p.d;
   const dim3 grid{unsigned((per_row + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(p.num_tokens, kMaxGridY))};
   if (vec)
-    silu_and_mul_kernel<T, true><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(silu_and_mul_kernel<T, true>, grid, kThreads, 0, stream, p);
   else
-    silu_and_mul_kernel<T, false><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(silu_and_mul_kernel<T, false>, grid, kThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

@@ -12,6 +12,7 @@
 
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -58,6 +59,7 @@ __device__ __forceinline__ void block_slots(const StoreKVCacheParams& p, int64_t
 // NOTE: slots >= num_slots are skipped rather than written out of bounds (a kernel cannot raise).
 template <class Unit, int kTok>
 __global__ void __launch_bounds__(kThreads) store_kvcache_kernel(StoreKVCacheParams p, int64_t num_tokens) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   const int64_t t0 = int64_t(blockIdx.x) * kTok;
   int64_t slot[kTok];
   block_slots<kTok>(p, t0, num_tokens, slot);
@@ -101,9 +103,9 @@ void launch_store_kvcache(StoreKVCacheParams p, int64_t num_tokens, int64_t head
   // Four tokens per block once there are enough blocks to fill the GPU several times over: each thread then
   // has four key and four value loads in flight instead of one, and the grid has a quarter of the blocks.
   if (num_tokens >= 2048)
-    store_kvcache_kernel<Unit, 4><<<unsigned((num_tokens + 3) / 4), kThreads, 0, stream>>>(p, num_tokens);
+    launch_pdl(store_kvcache_kernel<Unit, 4>, unsigned((num_tokens + 3) / 4), kThreads, 0, stream, p, num_tokens);
   else
-    store_kvcache_kernel<Unit, 1><<<unsigned(num_tokens), kThreads, 0, stream>>>(p, num_tokens);
+    launch_pdl(store_kvcache_kernel<Unit, 1>, unsigned(num_tokens), kThreads, 0, stream, p, num_tokens);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -115,6 +117,7 @@ void launch_store_kvcache(StoreKVCacheParams p, int64_t num_tokens, int64_t head
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     store_kvcache_fp8_kernel(StoreKVCacheParams p, int head_size, float k_scale, float v_scale) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slot_mapping[t * p.slot_stride];
   if (slot < 0 || slot >= p.num_slots) return;
@@ -165,8 +168,8 @@ __device__ __forceinline__ void store8_fp8(__nv_fp8_e4m3* dst, const float (&x)[
 // the fp8 store 2.5x the 16-bit one in the engine). kTok tokens per block as in the 16-bit copy.
 template <class T, int kTok>
 __global__ void __launch_bounds__(kThreads)
-    store_kvcache_fp8x8_kernel(StoreKVCacheParams p, int64_t num_tokens, int head_size, float k_scale,
-                               float v_scale) {
+    store_kvcache_fp8x8_kernel(StoreKVCacheParams p, int64_t num_tokens, int head_size, float k_scale, float v_scale) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   const int64_t t0 = int64_t(blockIdx.x) * kTok;
   int64_t slot[kTok];
   block_slots<kTok>(p, t0, num_tokens, slot);
@@ -253,22 +256,22 @@ void StoreKVCache::forward(const Tensor& key, const Tensor& value, const Tensor&
     KBN_CHECK(num_kv_heads * head_size <= std::numeric_limits<int>::max(), op,
               ": a token row of 'key' is too wide, got ", key.str());
     const size_t es = key.element_size();
-    const bool vec8 = head_size % 8 == 0 && aligned16(p.key, p.key_token_stride, es) &&
-                      aligned16(p.key, p.key_head_stride, es) && aligned16(p.value, p.value_token_stride, es) &&
-                      aligned16(p.value, p.value_head_stride, es) &&
-                      reinterpret_cast<uintptr_t>(p.key_cache) % 8 == 0 &&
-                      reinterpret_cast<uintptr_t>(p.value_cache) % 8 == 0;
+    const bool vec8 =
+        head_size % 8 == 0 && aligned16(p.key, p.key_token_stride, es) && aligned16(p.key, p.key_head_stride, es) &&
+        aligned16(p.value, p.value_token_stride, es) && aligned16(p.value, p.value_head_stride, es) &&
+        reinterpret_cast<uintptr_t>(p.key_cache) % 8 == 0 && reinterpret_cast<uintptr_t>(p.value_cache) % 8 == 0;
     dispatch_float16_32(key.dtype(), op, "key", [&](auto t) {
       using T = decltype(t);
       const Stream stream = current_stream();
       if (!vec8)
-        store_kvcache_fp8_kernel<T><<<unsigned(num_tokens), kThreads, 0, stream>>>(p, int(head_size), scales.k, scales.v);
+        launch_pdl(store_kvcache_fp8_kernel<T>, unsigned(num_tokens), kThreads, 0, stream, p, int(head_size), scales.k,
+                   scales.v);
       else if (num_tokens >= 2048)
-        store_kvcache_fp8x8_kernel<T, 4>
-            <<<unsigned((num_tokens + 3) / 4), kThreads, 0, stream>>>(p, num_tokens, int(head_size), scales.k, scales.v);
+        launch_pdl(store_kvcache_fp8x8_kernel<T, 4>, unsigned((num_tokens + 3) / 4), kThreads, 0, stream, p, num_tokens,
+                   int(head_size), scales.k, scales.v);
       else
-        store_kvcache_fp8x8_kernel<T, 1>
-            <<<unsigned(num_tokens), kThreads, 0, stream>>>(p, num_tokens, int(head_size), scales.k, scales.v);
+        launch_pdl(store_kvcache_fp8x8_kernel<T, 1>, unsigned(num_tokens), kThreads, 0, stream, p, num_tokens,
+                   int(head_size), scales.k, scales.v);
       KBN_CUDA_CHECK_LAUNCH();
     });
     return;
