@@ -133,7 +133,9 @@ struct ModelRunner::StepEvents {
   StepEvents& operator=(const StepEvents&) = delete;
 };
 struct ModelRunner::NanoStreams {
-  std::vector<std::unique_ptr<OwnedStream>> streams;
+  // Per nano-batch: a stream of the default priority, and one of the greatest (the decode nano-batches of a step the
+  // by-kind split divides: their memory-bound attention takes SMs first as the other's GEMM blocks retire).
+  std::vector<std::unique_ptr<OwnedStream>> streams, urgent;
   cudaEvent_t fork = nullptr;
   std::vector<cudaEvent_t> done;
   NanoStreams(Device device, int count) {
@@ -141,12 +143,14 @@ struct ModelRunner::NanoStreams {
     KBN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     for (int i = 0; i < count; ++i) {
       streams.push_back(std::make_unique<OwnedStream>(device));
+      urgent.push_back(std::make_unique<OwnedStream>(device, true));
       done.push_back(nullptr);
       KBN_CUDA_CHECK(cudaEventCreateWithFlags(&done.back(), cudaEventDisableTiming));
     }
   }
   ~NanoStreams() {
     streams.clear();  // each waits for its work first
+    urgent.clear();
     if (fork) cudaEventDestroy(fork);
     for (cudaEvent_t e : done)
       if (e) cudaEventDestroy(e);
@@ -258,8 +262,10 @@ std::vector<int64_t> ModelRunner::run_nano_batches(const SchedulerOutput& out, c
   if (device_.is_cuda()) {
     KBN_CHECK(nano_streams_ && nano_streams_->streams.size() >= n, "model runner: no stream for ", n, " nano-batches");
     KBN_CUDA_CHECK(cudaEventRecord(nano_streams_->fork, stream()));
+    const bool mixed = out.num_prefills > 0 && out.num_decodes() > 0;
     for (size_t i = 0; i < n; ++i) {
-      streams[i] = nano_streams_->streams[i]->get();
+      const bool urgent = nano_.split == NanoBatchSplit::by_kind && mixed && parts[i].out.num_prefills == 0;
+      streams[i] = (urgent ? nano_streams_->urgent[i] : nano_streams_->streams[i])->get();
       KBN_CUDA_CHECK(cudaStreamWaitEvent(streams[i], nano_streams_->fork, 0));
     }
   }

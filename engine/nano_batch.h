@@ -23,7 +23,8 @@ namespace kbn::engine {
 //   run the same kernels on similar shapes, and overlap where one is ahead of another.
 // by_kind: when the step has both, the prefill chunks go to the first half of the nano-batches (at least one) and the
 //   decodes to the rest, so a decode nano-batch's attention (memory-bound: it reads every cached token) meets a
-//   prefill nano-batch's GEMMs (compute-bound); a step of one kind splits as balanced.
+//   prefill nano-batch's GEMMs (compute-bound); a step of one kind splits as balanced. On CUDA the decode
+//   nano-batches of such a step run on streams of the greatest priority, so their blocks take SMs first.
 enum class NanoBatchSplit { balanced, by_kind };
 const char* nano_batch_split_name(NanoBatchSplit s);
 // "balanced" or "kind"; the error names `what` and what was expected.

@@ -91,10 +91,12 @@ DeviceGuard::~DeviceGuard() {
   if (prev_ >= 0) cudaSetDevice(prev_);
 }
 
-OwnedStream::OwnedStream(Device device) {
+OwnedStream::OwnedStream(Device device, bool high_priority) {
   if (device.is_cpu()) return;
   const DeviceGuard guard(device);
-  KBN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  int least = 0, greatest = 0;
+  if (high_priority) KBN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  KBN_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, high_priority ? greatest : least));
 }
 
 OwnedStream::~OwnedStream() {
@@ -125,7 +127,7 @@ DeviceGuard::DeviceGuard(Device device) {
 }
 DeviceGuard::~DeviceGuard() = default;
 
-OwnedStream::OwnedStream(Device device) {
+OwnedStream::OwnedStream(Device device, bool) {
   KBN_CHECK(device.is_cpu(), "OwnedStream: kb-nano was built without CUDA; no device ", device.str());
 }
 OwnedStream::~OwnedStream() = default;

@@ -59,7 +59,9 @@ class DeviceGuard {
 // stream, so work another stream does is never waited for by accident); destroyed after a sync.
 class OwnedStream {
  public:
-  explicit OwnedStream(Device device);
+  // high_priority: the device's greatest stream priority (its blocks are scheduled first when several streams have
+  // work waiting for SMs), else the default.
+  explicit OwnedStream(Device device, bool high_priority = false);
   ~OwnedStream();
   OwnedStream(const OwnedStream&) = delete;
   OwnedStream& operator=(const OwnedStream&) = delete;
