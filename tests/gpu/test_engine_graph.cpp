@@ -62,6 +62,25 @@ EngineRun run_engine(CausalLM& model, EngineConfig cfg, ExecutionMode mode, cons
   return out;
 }
 
+// A two-layer Llama in bf16 with head size 64 (the tiny Llama widened), random weights of `seed`, on cuda:0: the
+// tensor-core decode kernel, which splits the keys.
+std::unique_ptr<CausalLM> bf16_head64_llama(uint64_t seed) {
+  std::ifstream f(kbn::test::fixture_dir() + "/tiny-llama/config.json");
+  nlohmann::json config = nlohmann::json::parse(f);
+  config["hidden_size"] = 256;
+  config["num_attention_heads"] = 4;
+  config["num_key_value_heads"] = 2;
+  config["head_dim"] = 64;
+  config["intermediate_size"] = 512;
+  config["max_position_embeddings"] = 4096;
+  config["dtype"] = "bfloat16";
+  const std::string path = ::testing::TempDir() + "/kbn_graph_bf16_llama.json";
+  std::ofstream(path) << config.dump(2);
+  auto model = build_model(resolve_model(path), Variant::baseline, {DType::bf16, Device::cuda(0)}, seed);
+  std::filesystem::remove(path);
+  return model;
+}
+
 }  // namespace
 
 TEST(EngineGraphGpu, TinyLlamaGraphModeGivesTheEagerTokens) {
@@ -108,20 +127,7 @@ TEST(EngineGraphGpu, TinyLlamaGraphModeGivesTheEagerTokens) {
 
 TEST(EngineGraphGpu, SplitKvDecodeReplayMatchesEagerDecode) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
-  // A two-layer Llama in bf16 with head size 64: the tensor-core decode kernel, which splits the keys.
-  std::ifstream f(kbn::test::fixture_dir() + "/tiny-llama/config.json");
-  nlohmann::json config = nlohmann::json::parse(f);
-  config["hidden_size"] = 256;
-  config["num_attention_heads"] = 4;
-  config["num_key_value_heads"] = 2;
-  config["head_dim"] = 64;
-  config["intermediate_size"] = 512;
-  config["max_position_embeddings"] = 4096;
-  config["dtype"] = "bfloat16";
-  const std::string path = ::testing::TempDir() + "/kbn_graph_bf16_llama.json";
-  std::ofstream(path) << config.dump(2);
-  auto model = build_model(resolve_model(path), Variant::baseline, {DType::bf16, Device::cuda(0)}, 5);
-  std::filesystem::remove(path);
+  auto model = bf16_head64_llama(5);  // the tensor-core decode kernel, which splits the keys
 
   const Device dev = Device::cuda(0);
   const int64_t block_size = 16, max_model_len = 4096;
@@ -219,9 +225,9 @@ TEST(EngineGraphGpu, TinyMamba2GraphModeGivesTheEagerTokensAndTransformers) {
   EngineConfig preempting = whole;
   preempting.block_size = 4;
   preempting.num_kv_blocks = 40;
-  for (const auto& [name, cfg, preempts] : {std::tuple{"whole prefills", whole, false},
-                                            std::tuple{"chunked prefills", chunked, false},
-                                            std::tuple{"preemption", preempting, true}}) {
+  for (const auto& [name, cfg, preempts] :
+       {std::tuple{"whole prefills", whole, false}, std::tuple{"chunked prefills", chunked, false},
+        std::tuple{"preemption", preempting, true}}) {
     SCOPED_TRACE(name);
     const EngineRun eager = run_engine(*model, cfg, ExecutionMode::eager, reqs);
     const EngineRun graph = run_engine(*model, cfg, ExecutionMode::graph, reqs);
@@ -284,7 +290,8 @@ TEST_P(NanoBatchGpu, SplitStepsGiveTheTokensOfWholeSteps) {
   for (const auto& [name, config] : {std::pair<const char*, EngineConfig>{"chunked", chunked}, {"tight pool", tight}}) {
     SCOPED_TRACE(name);
     const EngineRun whole = run_engine(*model, config, ExecutionMode::eager, reqs);
-    for (const NanoBatching nb : {NanoBatching{2, 1}, NanoBatching{3, 1}, NanoBatching{2, 1, NanoBatchSplit::by_kind}}) {
+    for (const NanoBatching nb :
+         {NanoBatching{2, 1}, NanoBatching{3, 1}, NanoBatching{2, 1, NanoBatchSplit::by_kind}}) {
       for (const ExecutionMode mode : {ExecutionMode::eager, ExecutionMode::graph}) {
         SCOPED_TRACE(std::to_string(nb.count) + " nano-batches, " + nano_batch_split_name(nb.split) + ", " +
                      execution_mode_name(mode));
@@ -316,17 +323,6 @@ INSTANTIATE_TEST_SUITE_P(Families, NanoBatchGpu,
 // prefill. The bf16 model's contexts reach 1.5k tokens, so decode splits its keys.
 TEST(EngineGraphGpu, DependentLaunchGivesTheTokensOfPlainLaunches) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
-  std::ifstream f(kbn::test::fixture_dir() + "/tiny-llama/config.json");
-  nlohmann::json config = nlohmann::json::parse(f);
-  config["hidden_size"] = 256;
-  config["num_attention_heads"] = 4;
-  config["num_key_value_heads"] = 2;
-  config["head_dim"] = 64;
-  config["intermediate_size"] = 512;
-  config["max_position_embeddings"] = 4096;
-  config["dtype"] = "bfloat16";
-  const std::string path = ::testing::TempDir() + "/kbn_pdl_bf16_llama.json";
-  std::ofstream(path) << config.dump(2);
   struct Case {
     const char* name;
     std::unique_ptr<CausalLM> model;
@@ -337,14 +333,13 @@ TEST(EngineGraphGpu, DependentLaunchGivesTheTokensOfPlainLaunches) {
                    build_model(resolve_model(kbn::test::fixture_dir() + "/tiny-llama"), Variant::baseline,
                                {DType::f32, Device::cuda(0)}, 0),
                    {}});
-  cases.push_back({"bf16 head 64", build_model(resolve_model(path), Variant::baseline, {DType::bf16, Device::cuda(0)}, 5),
-                   {}});
-  std::filesystem::remove(path);
+  cases.push_back({"bf16 head 64", bf16_head64_llama(5), {}});
   cases[0].reqs = mixed_requests(13, 40, cases[0].model->vocab_size());
   for (int64_t i = 0; i < 6; ++i) {  // prompts of 300..1500 tokens, 24 new each
     Request r;
     r.id = i;
-    for (int64_t j = 0; j < 300 + 240 * i; ++j) r.prompt.push_back((i * 97 + j * 31 + 5) % cases[1].model->vocab_size());
+    for (int64_t j = 0; j < 300 + 240 * i; ++j)
+      r.prompt.push_back((i * 97 + j * 31 + 5) % cases[1].model->vocab_size());
     r.sampling.max_tokens = 24;
     r.sampling.ignore_eos = true;
     cases[1].reqs.push_back(std::move(r));
