@@ -128,6 +128,10 @@ struct SerialFloor {
   double kv_read_s = 0;             // KV bytes / copy rate
   double attention_flops_s = 0;     // attention FLOPs / GEMM rate
   double weight_bytes = 0, gemm_flops = 0, kv_bytes = 0, attention_flops = 0;  // summed over steps
+  // The overlapped floor: per step max(all bytes / copy rate, all FLOPs / GEMM rate), the step's weights, KV and
+  // FLOPs at both rates at once: what a schedule that overlaps memory-bound and compute-bound work perfectly
+  // (overlapped nano-batches, engine/nano_batch.h) could reach at best. At most floor_s.
+  double overlap_floor_s = 0;
   // Each op's share of floor_s: a step's GEMM term is split by the ops' bytes when bytes bound it, else by their
   // FLOPs; attention goes to the decode and prefill kernels. The shares sum to floor_s.
   std::vector<OpFloor> by_op;
@@ -135,6 +139,7 @@ struct SerialFloor {
 
   // floor_s / measured_s: 1 is the floor reached; 0 when nothing was measured.
   double achieved(double measured_s) const { return measured_s > 0 ? floor_s / measured_s : 0; }
+  double overlap_achieved(double measured_s) const { return measured_s > 0 ? overlap_floor_s / measured_s : 0; }
   // The op's share, 0 when the floor attributes nothing to it.
   double op_floor_s(const std::string& op) const;
 };

@@ -102,6 +102,9 @@ TEST(SerialFloor, DenseDecodeStepIsBoundByBytes) {
   EXPECT_DOUBLE_EQ(f.op_floor_s("flash_attn_decode"), 0.96 + 0.384);
   EXPECT_DOUBLE_EQ(f.op_floor_s("flash_attn_prefill"), 0);
   EXPECT_DOUBLE_EQ(f.achieved(8.416), 0.5);
+  // Overlapped: max((2864 + 960) B / 1000, (8448 + 1920) FLOP / 5000) = max(3.824, 2.0736).
+  EXPECT_DOUBLE_EQ(f.overlap_floor_s, 3.824);
+  EXPECT_DOUBLE_EQ(f.overlap_achieved(7.648), 0.5);
 }
 
 TEST(SerialFloor, DensePrefillStepIsBoundByFlops) {
@@ -124,6 +127,8 @@ TEST(SerialFloor, DensePrefillStepIsBoundByFlops) {
   EXPECT_DOUBLE_EQ(f.op_floor_s("linear"), 5.1712);
   EXPECT_DOUBLE_EQ(f.op_floor_s("embedding"), 0);  // a FLOP-bound step's GEMM term goes by FLOPs
   EXPECT_DOUBLE_EQ(f.op_floor_s("flash_attn_prefill"), 0.48 + 0.768);
+  // Overlapped: max((2992 + 480) / 1000, (25856 + 3840) / 5000) = max(3.472, 5.9392).
+  EXPECT_DOUBLE_EQ(f.overlap_floor_s, 5.9392);
 
   // A step where no chunk reaches its end runs no LM head.
   s.logit_rows = 0;
@@ -136,6 +141,9 @@ TEST(SerialFloor, DensePrefillStepIsBoundByFlops) {
   for (const auto& o : both.by_op) shares += o.floor_s;
   EXPECT_NEAR(shares, both.floor_s, 1e-12);
   EXPECT_EQ(both.steps, 2);
+  // Each step's own max; the prefill step now has no LM head: (25344 + 3840) FLOP / 5000 = 5.8368 s.
+  EXPECT_NEAR(both.overlap_floor_s, 3.824 + 5.8368, 1e-12);
+  EXPECT_LT(both.overlap_floor_s, both.floor_s);
 }
 
 TEST(SerialFloor, MoeDecodeAndPrefillSteps) {
