@@ -9,6 +9,7 @@
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
 #include "L1/causal_conv1d.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -44,6 +45,7 @@ constexpr int kUpdateThreads = 128;
 // (kPadStateSlot, a padding row of a CUDA-graph batch) gets a zero output and touches no state.
 template <class T, int kN, int kW>
 __global__ void __launch_bounds__(kUpdateThreads) causal_conv1d_update_kernel(ConvUpdateParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   constexpr int kH = kW - 1;
   const int b = blockIdx.y;
   const int64_t c = (int64_t(blockIdx.x) * kUpdateThreads + threadIdx.x) * kN;
@@ -80,9 +82,9 @@ void launch_causal_conv1d_update(const ConvUpdateParams& p, bool vec, Stream str
   const int per_thread = vec ? kVecN : 1;
   const dim3 grid{unsigned((p.dim / per_thread + kUpdateThreads - 1) / kUpdateThreads), unsigned(p.batch)};
   if (vec)
-    causal_conv1d_update_kernel<T, kVecN, kW><<<grid, kUpdateThreads, 0, stream>>>(p);
+    launch_pdl(causal_conv1d_update_kernel<T, kVecN, kW>, grid, kUpdateThreads, 0, stream, p);
   else
-    causal_conv1d_update_kernel<T, 1, kW><<<grid, kUpdateThreads, 0, stream>>>(p);
+    launch_pdl(causal_conv1d_update_kernel<T, 1, kW>, grid, kUpdateThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/device_errors.h"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -36,6 +37,7 @@ constexpr int kThreads = 64;
 // Padding tokens (slot -1) are skipped; a slot outside the cache is reported and its row left unwritten.
 template <class Unit>
 __global__ void __launch_bounds__(kThreads) concat_and_cache_mla_kernel(ConcatAndCacheMLAParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   const int64_t t = blockIdx.x;
   const int64_t slot = p.slot_mapping[t * p.slot_stride];
   if (slot == -1) return;
@@ -67,7 +69,7 @@ void launch_concat_and_cache_mla(ConcatAndCacheMLAParams p, int64_t num_tokens, 
   p.pe_units = int(pe_bytes / U);
   p.c_stride = p.c_stride * e / U;
   p.pe_stride = p.pe_stride * e / U;
-  concat_and_cache_mla_kernel<Unit><<<unsigned(num_tokens), kThreads, 0, stream>>>(p);
+  launch_pdl(concat_and_cache_mla_kernel<Unit>, unsigned(num_tokens), kThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

@@ -9,6 +9,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -47,6 +48,7 @@ __device__ __forceinline__ float gelu_mul(float g, float up) {
 // and the vector choice are silu_and_mul's (L1/silu_and_mul.cu has the reasoning).
 template <class T, bool kVec, bool kTanh>
 __global__ void __launch_bounds__(kThreads) gelu_and_mul_kernel(GeluAndMulParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   using V = Vec16<T>;
   constexpr int N = kVec ? V::N : 1;
   const int i = blockIdx.x * kThreads + threadIdx.x;  // vector index within the output row
@@ -85,9 +87,9 @@ void launch_gelu_and_mul(const GeluAndMulParams& p, Stream stream) {
   const int per_row = vec ? p.d / N : p.d;
   const dim3 grid{unsigned((per_row + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(p.num_tokens, kMaxGridY))};
   if (vec)
-    gelu_and_mul_kernel<T, true, kTanh><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(gelu_and_mul_kernel<T, true, kTanh>, grid, kThreads, 0, stream, p);
   else
-    gelu_and_mul_kernel<T, false, kTanh><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(gelu_and_mul_kernel<T, false, kTanh>, grid, kThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 

@@ -8,6 +8,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -42,6 +43,7 @@ __device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
 // gate in flight per thread; the tiny test model's 64-channel groups are 8 lanes, 16 rows per CTA.
 template <class T, int kN, int kVecs>
 __global__ void __launch_bounds__(kNormThreads) mixer2_rms_norm_gated_kernel(GatedNormParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   __shared__ float warp_sums[kNormThreads / 32];
   const int lane = int(threadIdx.x) & (p.lanes - 1);
   const int64_t row = int64_t(blockIdx.x) * (kNormThreads / p.lanes) + int(threadIdx.x) / p.lanes;
@@ -107,6 +109,7 @@ __global__ void __launch_bounds__(kNormThreads) mixer2_rms_norm_gated_kernel(Gat
 // second pass recomputing y from x and gate (re-read from L2).
 template <class T>
 __global__ void __launch_bounds__(kNormThreads) mixer2_rms_norm_gated_wide_kernel(GatedNormParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   __shared__ float warp_sums[kNormThreads / 32];
   __shared__ float total;
   const int64_t row = blockIdx.x;
@@ -143,7 +146,7 @@ void launch_rows(GatedNormParams p, int nvec, Stream stream) {
   p.lanes = lanes;
   const int rows_per_cta = kNormThreads / lanes;
   const int64_t grid = (p.rows + rows_per_cta - 1) / rows_per_cta;
-  mixer2_rms_norm_gated_kernel<T, kN, kVecs><<<unsigned(grid), kNormThreads, 0, stream>>>(p);
+  launch_pdl(mixer2_rms_norm_gated_kernel<T, kN, kVecs>, unsigned(grid), kNormThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -155,7 +158,7 @@ void launch_mixer2_rms_norm_gated(const GatedNormParams& p, Stream stream) {
   } else if (nvec <= kNormThreads * kMaxVecsPerThread) {
     launch_rows<T, kN, kMaxVecsPerThread>(p, nvec, stream);
   } else {
-    mixer2_rms_norm_gated_wide_kernel<T><<<unsigned(p.rows), kNormThreads, 0, stream>>>(p);
+    launch_pdl(mixer2_rms_norm_gated_wide_kernel<T>, unsigned(p.rows), kNormThreads, 0, stream, p);
     KBN_CUDA_CHECK_LAUNCH();
   }
 }

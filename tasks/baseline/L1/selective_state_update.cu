@@ -13,6 +13,7 @@
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #include "kbn/device_errors.h"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -108,9 +109,12 @@ struct alignas(kV * sizeof(S)) StateChunk {
 // (ssu_min_ctas): 8 CTAs per SM, 64 KiB of state loads in flight per SM. The op reads and writes each state value
 // once; its other traffic (x, dt, B, C, out) is about 1% of that.
 // An index outside [0, num_slots) is reported (kbn/device_errors.h) and that sequence left untouched; the index -1
-// (kPadStateSlot) marks a padding row (CUDA-graph batches padded to a captured size): its output is zero, no state is read.
+// (kPadStateSlot) marks a padding row (CUDA-graph batches padded to a captured size): its output is zero, no state is
+// read.
 template <class T, class S, int kV, int kLanes>
-__global__ void __launch_bounds__(kSsuMaxThreads, ssu_min_ctas<T, S, kLanes>()) selective_state_update_kernel(SsuParams p) {
+__global__ void __launch_bounds__(kSsuMaxThreads, ssu_min_ctas<T, S, kLanes>())
+    selective_state_update_kernel(SsuParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   // kLanes > 0: the shape the launch checked, a row of exactly kLanes chunks and whole CTAs of rows (no bounds).
   constexpr bool kFixed = kLanes > 0;
   const int lanes = kFixed ? kLanes : p.lanes;
@@ -194,7 +198,7 @@ __global__ void __launch_bounds__(kSsuMaxThreads, ssu_min_ctas<T, S, kLanes>()) 
 template <class T, class S, int kV, int kLanes>
 void launch_ssu_kernel(const SsuParams& p, int batch, int threads, Stream stream) {
   const dim3 grid{unsigned(p.num_heads * p.slices), unsigned(batch)};
-  selective_state_update_kernel<T, S, kV, kLanes><<<grid, threads, 0, stream>>>(p);
+  launch_pdl(selective_state_update_kernel<T, S, kV, kLanes>, grid, threads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -360,8 +364,8 @@ Tensor SelectiveStateUpdate::forward(const Tensor& state, const Tensor& x, const
       const bool vec_shape = N % kV == 0 && reinterpret_cast<uintptr_t>(p.state) % 16 == 0;
       SsuParams q = p;
       Tensor Bc, Cc;
-      if (vec_shape && !(aligned_to(q.B, q.B_stride, sizeof(T), bc_align) &&
-                         aligned_to(q.C, q.C_stride, sizeof(T), bc_align))) {
+      if (vec_shape &&
+          !(aligned_to(q.B, q.B_stride, sizeof(T), bc_align) && aligned_to(q.C, q.C_stride, sizeof(T), bc_align))) {
         Bc = B.contiguous();
         Cc = C.contiguous();
         q.B = Bc.data_ptr();

@@ -10,6 +10,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -43,6 +44,7 @@ __device__ __forceinline__ float swiglu_oai(float gate, float up, float alpha, f
 // (gate, up) pairs and yields N / 2 outputs, stored as one 8-byte word (4 bf16/f16 or 2 f32 values).
 template <class T, bool kVec>
 __global__ void __launch_bounds__(kThreads) swiglu_oai_and_mul_kernel(SwigluOAIParams p) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   using V = Vec16<T>;
   constexpr int N = kVec ? V::N : 2;                  // input elements per thread: N / 2 pairs
   constexpr int M = N / 2;                            // outputs per thread
@@ -84,9 +86,9 @@ void launch_swiglu_oai_and_mul(const SwigluOAIParams& p, Stream stream) {
   const int per_row = vec ? p.d / M : p.d;
   const dim3 grid{unsigned((per_row + kThreads - 1) / kThreads), unsigned(std::min<int64_t>(p.num_tokens, kMaxGridY))};
   if (vec)
-    swiglu_oai_and_mul_kernel<T, true><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(swiglu_oai_and_mul_kernel<T, true>, grid, kThreads, 0, stream, p);
   else
-    swiglu_oai_and_mul_kernel<T, false><<<grid, kThreads, 0, stream>>>(p);
+    launch_pdl(swiglu_oai_and_mul_kernel<T, false>, grid, kThreads, 0, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
