@@ -194,9 +194,6 @@ Tensor gather_rows(const std::vector<std::pair<const Tensor*, int64_t>>& rows, D
 
 void ModelRunner::set_nano_batching(const NanoBatching& nb) {
   check_nano_batching(nb, "model runner: nano-batching");
-  KBN_CHECK(nano_streams_ == nullptr || nb.count == nano_.count,
-            "model runner: the number of nano-batches is fixed once steps have run with ", nano_.count);
-  nano_ = nb;
 #ifdef KBN_WITH_CUDA
   if (device_.is_cuda() && nb.gemm_sms > 0) {
     int sms = 0;
@@ -204,9 +201,15 @@ void ModelRunner::set_nano_batching(const NanoBatching& nb) {
     KBN_CHECK(nb.gemm_sms <= sms, "model runner: nano-batching: the SMs a nano-batch's GEMMs aim at (", nb.gemm_sms,
               ") exceed ", device_.str(), "'s ", sms);
   }
-  if (device_.is_cuda() && nb.count > 1 && !nano_streams_)
-    nano_streams_ = std::make_shared<NanoStreams>(device_, nb.count);
+  if (device_.is_cuda() && nb.count > 1) {
+    // Streams are made once (a stream the allocator has cached blocks for must outlive them): a later setting may
+    // use fewer nano-batches, not more.
+    KBN_CHECK(!nano_streams_ || nano_streams_->streams.size() >= size_t(nb.count), "model runner: nano-batching: ",
+              nb.count, " nano-batches after streams were made for ", nano_streams_ ? nano_streams_->streams.size() : 0);
+    if (!nano_streams_) nano_streams_ = std::make_shared<NanoStreams>(device_, nb.count);
+  }
 #endif
+  nano_ = nb;
 }
 
 void ModelRunner::mark(int i) {
