@@ -135,16 +135,22 @@ struct TieRows {
   int64_t num_rows = 0;  // the routed token count: outputs with this many rows are masked
 };
 
+// The oracle's own copies of `inputs` on the CPU (Tensor::to returns the tensor itself when it is already there).
+std::vector<Tensor> cpu_copies(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> out;
+  for (const Tensor& t : inputs) out.push_back(!t.defined() ? Tensor() : t.is_cpu() ? t.clone() : t.to(Device::cpu()));
+  return out;
+}
+
 TieRows routing_ties(AnyOp& oracle, const std::vector<Tensor>& inputs) {
-  std::vector<Tensor> cpu_in;
-  for (const Tensor& t : inputs) cpu_in.push_back(!t.defined() ? Tensor() : t.is_cpu() ? t.clone() : t.to(Device::cpu()));
   const reference::RoutingTieLog log;
-  (void)oracle.call(cpu_in);
+  (void)oracle.call(cpu_copies(inputs));
   return {log.rows(), log.num_rows()};
 }
 
 // `got` with the near-tied tokens' rows taken from `want`, in each output whose leading dimension is the token count.
-std::vector<Tensor> with_tie_rows(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const TieRows& ties) {
+std::vector<Tensor> with_tie_rows(const std::vector<Tensor>& got, const std::vector<Tensor>& want,
+                                  const TieRows& ties) {
   std::vector<Tensor> out;
   for (size_t j = 0; j < got.size(); ++j) {
     const Tensor& g = got[j];
@@ -246,11 +252,7 @@ Validation validate_candidate(const BenchCase& c, const OpEntry& entry, AnyOp& b
       // NOTE: the oracle runs on the first seed's inputs (every distribution): it is single-threaded double
       // precision on the host, and the other seeds are already held to the baseline.
       if (oracle && o.check_oracle && s == 0) {
-        std::vector<Tensor> cpu_in;
-        // The oracle gets its own copies (Tensor::to returns the tensor itself when it is already on the CPU).
-        for (const Tensor& t : pristine)
-          cpu_in.push_back(!t.defined() ? Tensor() : t.is_cpu() ? t.clone() : t.to(Device::cpu()));
-        const std::vector<Tensor> truth = oracle->call(cpu_in);
+        const std::vector<Tensor> truth = oracle->call(cpu_copies(pristine));
         double cand_rel = 0, base_rel = 0;
         if (auto f = compare_with_ties(rec.outputs, truth, tol, "oracle", entry, &cand_rel, ties, v))
           return fail(f, context);
@@ -327,10 +329,9 @@ std::string verify_timed_samples(const BenchCase& c, const OpEntry& entry, AnyOp
     const std::vector<Tensor> want = baseline.call(in);
     synchronize(device);
     if (auto f = compare_with_ties(s.outputs, want, tol, "baseline", entry, nullptr, ties, counts)) {
-      const std::string which =
-          s.call == -2 ? "the call made after timing, on fresh values written into input set 0"
-                       : "timed call " + std::to_string(s.call) + " (input set " + std::to_string(s.set) +
-                             ", new values written into it just before)";
+      const std::string which = s.call == -2 ? "the call made after timing, on fresh values written into input set 0"
+                                             : "timed call " + std::to_string(s.call) + " (input set " +
+                                                   std::to_string(s.set) + ", new values written into it just before)";
       return which + ": " + f.reason;
     }
   }

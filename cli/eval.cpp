@@ -75,10 +75,7 @@ struct Options {
   std::string admission = "reserve";  // reserve | optimistic
   std::string kv_cache_dtype = "auto";  // auto | fp8 | fp8_e4m3
   bool compare_kv_cache_dtype = false;  // run the baseline with auto KV, then with kv_cache_dtype, and align them
-  int nano_batches = 1;                 // overlapped nano-batches per eager step (1: off)
-  int64_t nano_batch_min_tokens = 256;  // a step splits only into nano-batches of this many tokens or more
-  std::string nano_batch_split = "balanced";  // balanced | kind
-  int nano_batch_gemm_sms = 0;                // SMs the nano-batches' cuBLASLt GEMMs aim at (0: all)
+  NanoBatchFlags nano;                  // overlapped nano-batches (count 1: off)
   bool compare_nano_batches = false;    // run the baseline whole, then with --nano-batches, and align them
   int64_t divergence_samples = 64;
   std::string json;
@@ -321,7 +318,8 @@ nlohmann::json metrics_json(const VariantRun& r) {
             {"nano_batched_steps", r.nano_steps},
             {"definition",
              "a step run eagerly ran as min(count, its sequences) nano-batches when that gave each min_tokens "
-             "tokens or more, each the whole model on a CUDA stream of its own (engine/nano_batch.h); nano_batched_steps of the measured run did"}}}};
+             "tokens or more, each the whole model on a CUDA stream of its own (engine/nano_batch.h); "
+             "nano_batched_steps of the measured run did"}}}};
 }
 
 // One CSV line per variant: the throughput and latency figures of --json (times in ms), the serial floor where
@@ -642,9 +640,7 @@ void run_url(const Options& o, bool max_num_seqs_given) {
       {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
       {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"},
       {o.pdl, "--pdl"},
-      {o.nano_batches != 1, "--nano-batches"}, {o.compare_nano_batches, "--compare-nano-batches"},
-      {o.nano_batch_split != "balanced", "--nano-batch-split"},
-      {o.nano_batch_gemm_sms != 0, "--nano-batch-gemm-sms"}};
+      {o.nano.given(), "--nano-batches / --nano-batch-*"},      {o.compare_nano_batches, "--compare-nano-batches"}};
   for (const auto& [given, flag] : engine_flags)
     KBN_CHECK(!given, flag, ": with --url the engine is the server's (set it on kb_nano serve)");
   double rate = 0;
@@ -705,14 +701,8 @@ void check_run_flags(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(o.gpu_memory_utilization > 0 && o.gpu_memory_utilization <= 1,
             "--gpu-memory-utilization: expected a fraction in (0, 1], got ", o.gpu_memory_utilization);
   KBN_CHECK(o.divergence_samples >= 0, "--divergence-samples: expected a count >= 0, got ", o.divergence_samples);
-  engine::check_nano_batching({o.nano_batches, o.nano_batch_min_tokens, engine::NanoBatchSplit::balanced,
-                               o.nano_batch_gemm_sms},
-                              "--nano-batches / --nano-batch-min-tokens / --nano-batch-gemm-sms");
-  (void)engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split");
-  KBN_CHECK(o.nano_batches == 1 || o.tp == 1, "--nano-batches ", o.nano_batches,
-            ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
-            "buffer, which two nano-batches would use at once), got --tp ", o.tp);
-  KBN_CHECK(!o.compare_nano_batches || o.nano_batches > 1,
+  (void)o.nano.resolve(o.tp);
+  KBN_CHECK(!o.compare_nano_batches || o.nano.count > 1,
             "--compare-nano-batches: compares --nano-batches N (N >= 2) with whole steps; give --nano-batches 2");
   KBN_CHECK(!(o.compare_nano_batches && o.compare_kv_cache_dtype),
             "--compare-nano-batches and --compare-kv-cache-dtype each run the baseline twice; give one of them");
@@ -752,17 +742,17 @@ std::vector<Pass> select_passes(const Options& o) {
     KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-kv-cache-dtype: runs the baseline "
               "twice (two KV dtypes); it does not combine with --variant ", o.variant.empty() ? "both" : o.variant,
               " (pass --variant baseline)");
-    passes = {{Variant::baseline, "auto", "baseline", o.nano_batches},
-              {Variant::baseline, o.kv_cache_dtype, std::string("baseline+kv-") + dtype_name(*kv), o.nano_batches}};
+    passes = {{Variant::baseline, "auto", "baseline", o.nano.count},
+              {Variant::baseline, o.kv_cache_dtype, std::string("baseline+kv-") + dtype_name(*kv), o.nano.count}};
   } else if (o.compare_nano_batches) {
     KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-nano-batches: runs the baseline "
               "twice (whole steps, then nano-batches); it does not combine with --variant ",
               o.variant.empty() ? "both" : o.variant, " (pass --variant baseline)");
     passes = {{Variant::baseline, o.kv_cache_dtype, "baseline", 1},
-              {Variant::baseline, o.kv_cache_dtype, "baseline+nano-" + std::to_string(o.nano_batches),
-               o.nano_batches}};
+              {Variant::baseline, o.kv_cache_dtype, "baseline+nano-" + std::to_string(o.nano.count),
+               o.nano.count}};
   } else {
-    for (Variant v : variants) passes.push_back({v, o.kv_cache_dtype, variant_name(v), o.nano_batches});
+    for (Variant v : variants) passes.push_back({v, o.kv_cache_dtype, variant_name(v), o.nano.count});
   }
   return passes;
 }
@@ -817,9 +807,7 @@ engine::EngineConfig engine_config(const Options& o, const engine::WorkloadSpec&
   ecfg.check_finite = o.check_finite;
   ecfg.enable_prefix_caching = !o.no_prefix_caching;
   ecfg.reserve_max_tokens = o.admission == "reserve";
-  ecfg.nano_batching = {o.nano_batches, o.nano_batch_min_tokens,
-                        engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split"),
-                        o.nano_batch_gemm_sms};
+  ecfg.nano_batching = o.nano.resolve(o.tp);
   return ecfg;
 }
 
@@ -905,12 +893,12 @@ void print_setup(const EvalSetup& e) {
               ecfg.enable_prefix_caching ? "on" : "off");
   if (dependent_launch_enabled())
     std::printf("  programmatic dependent launch on (--pdl or KBN_PDL=1): the decode-path kernels of kbn/pdl.cuh\n");
-  if (o.nano_batches > 1)
+  if (o.nano.count > 1)
     std::printf("  nano-batches: %sup to %d per eager step (%s), of >= %lld tokens each, each on a stream of its "
                 "own%s%s\n",
-                o.compare_nano_batches ? "whole steps, then " : "", o.nano_batches, o.nano_batch_split.c_str(),
-                (long long)o.nano_batch_min_tokens,
-                o.nano_batch_gemm_sms > 0 ? (", GEMMs aimed at " + std::to_string(o.nano_batch_gemm_sms) + " SMs").c_str()
+                o.compare_nano_batches ? "whole steps, then " : "", o.nano.count, o.nano.split.c_str(),
+                (long long)o.nano.min_tokens,
+                o.nano.gemm_sms > 0 ? (", GEMMs aimed at " + std::to_string(o.nano.gemm_sms) + " SMs").c_str()
                                           : "",
                 e.device.is_cuda() ? "" : " (on the CPU one after another)");
   if (e.wave > 0)
@@ -1112,10 +1100,10 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
                  {"prefix_caching", ecfg.enable_prefix_caching},
                  {"kv_cache_dtype", o.kv_cache_dtype},
                  {"compare_kv_cache_dtype", o.compare_kv_cache_dtype},
-                 {"nano_batches", o.nano_batches},
-                 {"nano_batch_min_tokens", o.nano_batch_min_tokens},
-                 {"nano_batch_split", o.nano_batch_split},
-                 {"nano_batch_gemm_sms", o.nano_batch_gemm_sms},
+                 {"nano_batches", o.nano.count},
+                 {"nano_batch_min_tokens", o.nano.min_tokens},
+                 {"nano_batch_split", o.nano.split},
+                 {"nano_batch_gemm_sms", o.nano.gemm_sms},
                  {"dependent_launch", dependent_launch_enabled()},
                  {"compare_nano_batches", o.compare_nano_batches},
                  {"admission", o.admission},
@@ -1279,27 +1267,11 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--compare-kv-cache-dtype", o->compare_kv_cache_dtype,
                 "Run the baseline twice, with the model's dtype in the KV pages and then with --kv-cache-dtype's, and "
                 "report both and their greedy alignment with the first divergences scored (fp8 KV's accuracy cost)");
-  cmd->add_option("--nano-batches", o->nano_batches,
-                  "Overlapped nano-batches (NanoFlow's): a step run eagerly runs as N nano-batches (fewer "
-                  "when it has fewer sequences) when each gets --nano-batch-min-tokens tokens, each the whole model on a CUDA stream of its own, so one's decode "
-                  "attention can run under another's GEMMs; steps a CUDA graph serves are not split; --tp 1 only "
-                  "(default 1: off; at most 8)");
-  cmd->add_option("--nano-batch-min-tokens", o->nano_batch_min_tokens,
-                  "Tokens per nano-batch below which a step is not split (default 256)")
-      ->check(integer_at_least(1));
-  cmd->add_option("--nano-batch-split", o->nano_batch_split,
-                  "How a step's sequences are dealt to nano-batches: balanced (default: prefill chunks and decodes "
-                  "alike, token counts evened out) or kind (chunks to the first half of the nano-batches, decodes to "
-                  "the rest, so decode attention meets prefill GEMMs)");
-  cmd->add_option("--nano-batch-gemm-sms", o->nano_batch_gemm_sms,
-                  "SMs each nano-batch's cuBLASLt GEMMs aim at (cuBLASLt's SM count target), leaving the rest to the "
-                  "other nano-batch's kernels, as NanoFlow partitions the SMs (default 0: the whole GPU)")
-      ->check(integer_at_least(0));
+  o->nano.add_to(cmd);
   cmd->add_flag("--pdl", o->pdl,
-                "Programmatic dependent launch (Hopper): kb-nano's decode-path kernels (embedding, norms, the one-token "
-                "GEMV, rotary, KV store, decode attention, silu*mul) may be scheduled while the kernel before them "
-                "drains, and wait in-kernel for it (kbn/pdl.cuh; also KBN_PDL=1 for any command): an experiment, off "
-                "by default");
+                "Programmatic dependent launch (Hopper): kb-nano's decode-path kernels (the README lists them) may be "
+                "scheduled while the kernel before them drains, and wait in-kernel for it (kbn/pdl.cuh; also "
+                "KBN_PDL=1 for any command): an experiment, off by default");
   cmd->add_flag("--compare-nano-batches", o->compare_nano_batches,
                 "Run the baseline twice, with whole steps and then with --nano-batches, and report both and their "
                 "greedy alignment");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "cli/args.h"
 #include "kbn/error.h"
 
 namespace kbn::cli {
@@ -31,9 +32,8 @@ std::string resolve_tokenizer_path(const std::string& tokenizer, const std::stri
   return spec.tokenizer_path;
 }
 
-ModelEngine build_model_engine(const engine::ModelSpec& spec, Variant variant, const ParamOptions& popts,
-                               uint64_t seed, Device device, const engine::EngineConfig& config,
-                               engine::TensorParallelGroup* group) {
+ModelEngine build_model_engine(const engine::ModelSpec& spec, Variant variant, const ParamOptions& popts, uint64_t seed,
+                               Device device, const engine::EngineConfig& config, engine::TensorParallelGroup* group) {
   ModelEngine m;
   if (!group) {
     m.model = engine::build_model(spec, variant, popts, seed);
@@ -54,6 +54,38 @@ void warm_up(engine::LLMEngine& eng, int64_t max_model_len, int64_t max_tokens) 
   warm.sampling.max_tokens = max_tokens;
   warm.sampling.ignore_eos = true;
   eng.run_to_completion({warm});
+}
+
+void NanoBatchFlags::add_to(CLI::App* cmd) {
+  cmd->add_option("--nano-batches", count,
+                  "Overlapped nano-batches (NanoFlow's): a step run eagerly runs as N nano-batches (fewer when it has "
+                  "fewer sequences) when each gets --nano-batch-min-tokens tokens, each the whole model on a CUDA "
+                  "stream of its own, so one's decode attention can run under another's GEMMs; steps a CUDA graph "
+                  "serves are not split; --tp 1 only (default 1: off; at most 8)");
+  cmd->add_option("--nano-batch-min-tokens", min_tokens,
+                  "Tokens per nano-batch below which a step is not split (default 256)")
+      ->check(integer_at_least(1));
+  cmd->add_option("--nano-batch-split", split,
+                  "How a step's sequences are dealt to nano-batches: balanced (default: prefill chunks and decodes "
+                  "alike, token counts evened out) or kind (chunks to the first half of the nano-batches, decodes to "
+                  "the rest on high-priority streams, so decode attention meets prefill GEMMs)");
+  cmd->add_option("--nano-batch-gemm-sms", gemm_sms,
+                  "SMs each nano-batch's cuBLASLt GEMMs aim at (cuBLASLt's SM count target), leaving the rest to the "
+                  "other nano-batch's kernels, as NanoFlow partitions the SMs (default 0: the whole GPU)")
+      ->check(integer_at_least(0));
+}
+
+bool NanoBatchFlags::given() const { return count != 1 || min_tokens != 256 || split != "balanced" || gemm_sms != 0; }
+
+engine::NanoBatching NanoBatchFlags::resolve(int tp) const {
+  const engine::NanoBatching nb{count, min_tokens, engine::parse_nano_batch_split(split, "--nano-batch-split"),
+                                gemm_sms};
+  engine::check_nano_batching(nb, "--nano-batches / --nano-batch-min-tokens / --nano-batch-gemm-sms");
+  KBN_CHECK(count == 1 || tp == 1, "--nano-batches ", count,
+            ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
+            "buffer, which two nano-batches would use at once), got --tp ",
+            tp);
+  return nb;
 }
 
 }  // namespace kbn::cli

@@ -11,6 +11,10 @@
 #include "engine/tp_group.h"
 #include "kbn/device.h"
 
+namespace CLI {
+class App;
+}
+
 namespace kbn::cli {
 
 // --device: the named device ("cpu", "cuda", "cuda:N"), or the default one when empty; a CUDA device that is not
@@ -35,9 +39,20 @@ struct ModelEngine {
 };
 // The model of `spec` with seeded random weights (or its checkpoint) on `device`, or sharded over `group` when one
 // is given, and its engine.
-ModelEngine build_model_engine(const engine::ModelSpec& spec, Variant variant, const ParamOptions& popts,
-                               uint64_t seed, Device device, const engine::EngineConfig& config,
-                               engine::TensorParallelGroup* group);
+ModelEngine build_model_engine(const engine::ModelSpec& spec, Variant variant, const ParamOptions& popts, uint64_t seed,
+                               Device device, const engine::EngineConfig& config, engine::TensorParallelGroup* group);
+
+// The overlapped nano-batch flags of eval and serve (engine/nano_batch.h), declared and checked in one place.
+struct NanoBatchFlags {
+  int count = 1;                   // --nano-batches
+  int64_t min_tokens = 256;        // --nano-batch-min-tokens
+  std::string split = "balanced";  // --nano-batch-split
+  int gemm_sms = 0;                // --nano-batch-gemm-sms
+  void add_to(CLI::App* cmd);
+  bool given() const;  // any of them differs from its default
+  // The engine's setting; refused naming the flag when out of range or given with --tp > 1.
+  engine::NanoBatching resolve(int tp) const;
+};
 
 // One short request (16 prompt tokens, `max_tokens` out) through the engine before anything is timed or served:
 // the first step of a process pays one-time costs (library handles, kernel loading, first allocations).

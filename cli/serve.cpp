@@ -527,10 +527,7 @@ struct Options {
   int64_t max_num_batched_tokens = 0;
   int64_t num_kv_blocks = 0;
   std::string kv_cache_dtype = "auto";
-  int nano_batches = 1;
-  int64_t nano_batch_min_tokens = 256;
-  std::string nano_batch_split = "balanced";
-  int nano_batch_gemm_sms = 0;
+  NanoBatchFlags nano;
   int64_t max_body_bytes = 8 << 20;
   int tp = 1;
   double gpu_memory_utilization = 0.9;
@@ -598,13 +595,7 @@ void run(const Options& o) {
   ecfg.gpu_memory_utilization = o.gpu_memory_utilization;
   ecfg.mode = engine::parse_execution_mode(mode_name);
   ecfg.kv_cache_dtype = o.kv_cache_dtype;
-  ecfg.nano_batching = {o.nano_batches, o.nano_batch_min_tokens,
-                        engine::parse_nano_batch_split(o.nano_batch_split, "--nano-batch-split"),
-                        o.nano_batch_gemm_sms};
-  engine::check_nano_batching(ecfg.nano_batching, "--nano-batches / --nano-batch-min-tokens");
-  KBN_CHECK(o.nano_batches == 1 || o.tp == 1, "--nano-batches ", o.nano_batches,
-            ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
-            "buffer, which two nano-batches would use at once), got --tp ", o.tp);
+  ecfg.nano_batching = o.nano.resolve(o.tp);
   const ModelEngine m = build_model_engine(spec, variant, popts, o.seed, device, ecfg, group.get());
   engine::LLMEngine& eng = *m.engine;
   warm_up(eng, sv.max_model_len, 2);  // before the first client
@@ -881,19 +872,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype,
                   "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages with the checkpoint's "
                   "per-tensor k_scale / v_scale, else 1.0)");
-  cmd->add_option("--nano-batches", o->nano_batches,
-                  "Overlapped nano-batches: a step run eagerly runs as N nano-batches (fewer when it has fewer "
-                  "requests), each the whole model on a CUDA stream of its own, when each gets "
-                  "--nano-batch-min-tokens tokens; --tp 1 only (default 1: off; at most 8)");
-  cmd->add_option("--nano-batch-min-tokens", o->nano_batch_min_tokens,
-                  "Tokens per nano-batch below which a step is not split (default 256)")
-      ->check(integer_at_least(1));
-  cmd->add_option("--nano-batch-gemm-sms", o->nano_batch_gemm_sms,
-                  "SMs each nano-batch's cuBLASLt GEMMs aim at (default 0: the whole GPU)")
-      ->check(integer_at_least(0));
-  cmd->add_option("--nano-batch-split", o->nano_batch_split,
-                  "balanced (default: prefill chunks and decodes alike) or kind (chunks and decodes in nano-batches of "
-                  "their own)");
+  o->nano.add_to(cmd);
   cmd->add_option("--num-kv-blocks", o->num_kv_blocks, "KV cache blocks (0, the default: sized from memory)")
       ->check(integer_at_least(0));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,

@@ -51,10 +51,10 @@ struct EngineConfig {
   // the checkpoint, else 1.0).
   std::string kv_cache_dtype = "auto";
   // Overlapped nano-batches (engine/nano_batch.h; count 1, the default: off): a step run eagerly runs as
-  // min(count, its sequences) nano-batches when that gives each min_tokens tokens or more, each the whole model on a CUDA stream of its own, so one's
-  // decode attention can run under another's GEMMs. Steps a CUDA graph serves are not split. One GPU only: with
-  // tensor parallelism the nano-batches' all-reduces would run concurrently on each rank's one communicator and
-  // peer-memory staging buffer, so the engine refuses the combination.
+  // min(count, its sequences) nano-batches when that gives each min_tokens tokens or more, each the whole model on a
+  // CUDA stream of its own, so one's decode attention can run under another's GEMMs. Steps a CUDA graph serves are not
+  // split. One GPU only: with tensor parallelism the nano-batches' all-reduces would run concurrently on each rank's
+  // one communicator and peer-memory staging buffer, so the engine refuses the combination.
   NanoBatching nano_batching;
 };
 
@@ -84,7 +84,7 @@ struct RunResult {
   int64_t preemptions = 0;
   int64_t cached_tokens = 0;  // prefix-cache hits at admission, in tokens
   KvPeak kv_peak;             // the run's largest KV cache use
-  StepProfile profile;  // the run's steps (EngineConfig::profile_steps; all zero otherwise)
+  StepProfile profile;        // the run's steps (EngineConfig::profile_steps; all zero otherwise)
   // Every step of the run as scheduled (tokens, contexts, sampling rows): what its serial floor is computed from.
   std::vector<StepShape> step_shapes;
 
@@ -146,7 +146,7 @@ class LLMEngine {
   std::unique_ptr<Scheduler> scheduler_;
   int64_t vocab_size_;
   int64_t steps_ = 0;
-  int64_t window_ = 0;  // the largest sliding window among the model's layers (0: none)
+  int64_t window_ = 0;              // the largest sliding window among the model's layers (0: none)
   int64_t kv_bytes_per_token_ = 0;  // rank 0's paged bytes of one token over all layers (KvPeak::full_bytes)
   StepProfile profile_;
   std::vector<StepShape>* step_shapes_ = nullptr;  // run_to_completion's result while it runs

@@ -171,7 +171,8 @@ SerialFloor serial_floor(const FloorModel& model, const std::vector<StepShape>& 
     }
     f.kv_read_s += w.kv_bytes() / copy;
     f.attention_flops_s += w.attention_flops() / gemm;
-    f.overlap_floor_s += std::max((w.weight_bytes() + w.kv_bytes()) / copy, (w.gemm_flops() + w.attention_flops()) / gemm);
+    f.overlap_floor_s +=
+        std::max((w.weight_bytes() + w.kv_bytes()) / copy, (w.gemm_flops() + w.attention_flops()) / gemm);
     decode += w.decode_kv_bytes / copy + w.decode_flops / gemm;
     prefill += w.prefill_kv_bytes / copy + w.prefill_flops / gemm;
     state_decode += w.decode_state_bytes / copy + w.decode_state_flops / gemm;
