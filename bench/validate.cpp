@@ -170,7 +170,6 @@ std::vector<Tensor> with_tie_rows(const std::vector<Tensor>& got, const std::vec
 // The near-tied tokens of one input set, asked of the oracle once and only when a comparison needs them.
 class LazyTies {
  public:
-  LazyTies() = default;
   // No oracle, or an op without a router inside: never any.
   LazyTies(AnyOp* oracle, const OpEntry& e, std::vector<Tensor> inputs)
       : oracle_(e.router_inside ? oracle : nullptr), inputs_(std::move(inputs)) {}

@@ -109,7 +109,6 @@ class ModelRunner {
   // rows are gathered in step order before the logits. On the CPU they run one after another (the same tokens as
   // one batch: what the CPU tests check). Set it before the KV cache is sized, so the profile step splits too.
   void set_nano_batching(const NanoBatching& nb);
-  const NanoBatching& nano_batching() const { return nano_; }
   // Steps run as overlapped nano-batches so far.
   int64_t num_nano_batched_steps() const { return num_nano_steps_; }
 
