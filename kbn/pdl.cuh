@@ -25,6 +25,17 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Lets the grid launched after this one on the stream (if launch_pdl launched it with dependent launch on) be
+// scheduled once every block of this grid has called this or exited, instead of when the blocks exit: for a kernel
+// whose successor has work to do before its pdl_wait (loading weights). Call it after this kernel's own pdl_wait, so
+// that the successor starts only when everything before this kernel is complete: what this kernel read before it ran
+// (e.g. routing ids) is then final for the successor too. A no-op below sm_90 and without a dependent launch.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization when dependent launch is on;
 // checks the launch. `kernel` must call pdl_wait() before touching memory.
 template <class... Params, class... Args>

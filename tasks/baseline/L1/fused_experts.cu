@@ -20,6 +20,7 @@
 #include "L1/wgmma.cuh"
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -625,6 +626,10 @@ __device__ __forceinline__ int next_pairs(uint64_t mask, int& from, int (&pair)[
 template <class T, int kMaxN>
 __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_act_kernel(GemvParams g) {
   constexpr int N = 16 / int(sizeof(T));
+  // Dependent launch (kbn/pdl.cuh): the routing ids and x come from the kernels before; GEMM 2 may be scheduled once
+  // every block is past this point, and prefetches its weight rows while this kernel finishes.
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = int(threadIdx.x % 32), p = blockIdx.y;
   const int c = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
   const int e = g.ids[p];
@@ -656,6 +661,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_act_kernel(GemvParam
   }
 }
 
+// The first kPrefetchBytes of a weight row into L2, one 128-byte line per lane at a time: what GEMM 2 does before its
+// pdl_wait while GEMM 1 finishes (its expert ids are final then: GEMM 1 triggered its launch after its own wait).
+constexpr int64_t kPrefetchBytes = 4096;
+__device__ __forceinline__ void prefetch_row_l2(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  const int64_t n = bytes < kPrefetchBytes ? bytes : kPrefetchBytes;
+  for (int64_t off = int64_t(threadIdx.x % 32) * 128; off < n; off += 32 * 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+}
+
 // GEMM 2, more than one token: cache[pair, r] = round(w_pair (w2[e] row r . act[pair] + b2)) for the pairs of the
 // block's expert (row r: the warp's); a dropped pair's row is zero.
 template <class T, int kMaxN>
@@ -666,6 +681,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_kernel(GemvPara
   if (r >= g.hidden) return;
   const int p = blockIdx.y, e = g.ids[p];
   T* out = static_cast<T*>(g.out);
+  if (e >= 0 && e < g.num_experts)
+    prefetch_row_l2(static_cast<const T*>(g.w2) + (int64_t(e) * g.hidden + r) * g.inter, int64_t(g.inter) * sizeof(T));
+  pdl_wait();  // act comes from GEMM 1
   if (e < 0 || e >= g.num_experts) {
     if (lane == 0) out[int64_t(p) * g.hidden + r] = from_f32<T>(0.f);
     return;
@@ -701,6 +719,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_token_kernel(Ge
   const int r = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
   if (r >= g.hidden) return;
   const int vectors = g.inter / N;
+  for (int j = 0; j < g.top_k; ++j) {
+    const int id = g.ids[j];
+    if (id >= 0 && id < g.num_experts)
+      prefetch_row_l2(static_cast<const T*>(g.w2) + (int64_t(id) * g.hidden + r) * g.inter,
+                      int64_t(g.inter) * sizeof(T));
+  }
+  pdl_wait();  // act comes from GEMM 1
   float sum = 0.f;
   for (int j0 = 0; j0 < g.top_k; j0 += kChunk) {
     const uint4* rows[kChunk];
@@ -976,20 +1001,19 @@ Tensor launch_gemv_experts(GemvParams g, int64_t tokens, void* out, DType dt, De
   constexpr unsigned kThreadsPerBlock = kGemvWarps * 32;
   Tensor cache;
   with_pow2(tokens, [&](auto max_n) {
-    moe_gemv_act_kernel<T, max_n()><<<dim3(col_tiles, unsigned(g.num_pairs)), kThreadsPerBlock, 0, stream>>>(g);
-    KBN_CUDA_CHECK_LAUNCH();
+    launch_pdl(moe_gemv_act_kernel<T, max_n()>, dim3(col_tiles, unsigned(g.num_pairs)), dim3(kThreadsPerBlock), 0,
+               stream, g);
     if (tokens > 1) {
       cache = Tensor::empty({tokens, g.top_k, g.hidden}, dt, device);
       g.out = cache.data_ptr();
-      moe_gemv_down_kernel<T, max_n()><<<dim3(row_tiles, unsigned(g.num_pairs)), kThreadsPerBlock, 0, stream>>>(g);
-      KBN_CUDA_CHECK_LAUNCH();
+      launch_pdl(moe_gemv_down_kernel<T, max_n()>, dim3(row_tiles, unsigned(g.num_pairs)), dim3(kThreadsPerBlock), 0,
+                 stream, g);
     }
   });
   if (tokens == 1) {
     g.out = out;
     with_pow2(std::min<int64_t>(g.top_k, 8), [&](auto chunk) {
-      moe_gemv_down_token_kernel<T, chunk()><<<dim3(row_tiles, 1), kThreadsPerBlock, 0, stream>>>(g);
-      KBN_CUDA_CHECK_LAUNCH();
+      launch_pdl(moe_gemv_down_token_kernel<T, chunk()>, dim3(row_tiles, 1), dim3(kThreadsPerBlock), 0, stream, g);
     });
   }
   return cache;

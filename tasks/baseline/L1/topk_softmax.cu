@@ -9,6 +9,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -47,6 +48,7 @@ __device__ __forceinline__ bool ranks_before(float v, int i, float bv, int bi) {
 
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32) topk_softmax_kernel(TopkParams p) {
+  pdl_wait();  // the router's logits come from the kernel before (kbn/pdl.cuh)
   const int lane = threadIdx.x % 32;
   const int64_t t = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (t >= p.num_tokens) return;
@@ -117,8 +119,7 @@ template <class T>
 void launch_topk_softmax(const TopkParams& p, Stream stream) {
   if (p.num_tokens == 0) return;
   const auto grid = unsigned((p.num_tokens + kWarps - 1) / kWarps);
-  topk_softmax_kernel<T><<<grid, kWarps * 32, 0, stream>>>(p);
-  KBN_CUDA_CHECK_LAUNCH();
+  launch_pdl(topk_softmax_kernel<T>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
 }
 
 }  // namespace
