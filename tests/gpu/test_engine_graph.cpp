@@ -334,7 +334,13 @@ TEST(EngineGraphGpu, DependentLaunchGivesTheTokensOfPlainLaunches) {
                                {DType::f32, Device::cuda(0)}, 0),
                    {}});
   cases.push_back({"bf16 head 64", bf16_head64_llama(5), {}});
+  // topk_softmax and fused_experts' decode-path GEMVs (up to 8 tokens a step), the second launched early.
+  cases.push_back({"tiny-qwen3-moe bf16",
+                   build_model(resolve_model(kbn::test::fixture_dir() + "/tiny-qwen3-moe"), Variant::baseline,
+                               {DType::bf16, Device::cuda(0)}, 0),
+                   {}});
   cases[0].reqs = mixed_requests(13, 40, cases[0].model->vocab_size());
+  cases[2].reqs = mixed_requests(13, 40, cases[2].model->vocab_size());
   for (int64_t i = 0; i < 6; ++i) {  // prompts of 300..1500 tokens, 24 new each
     Request r;
     r.id = i;
