@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kbn/checks.h"
+#include "kbn/parallel.h"
 #include "reference/reference.h"
 
 namespace kbn::reference {
@@ -44,8 +45,8 @@ int64_t check_heads(const char* op, const Tensor& out, const Tensor& q, const Te
   check_dtype(out, op, "out", {DType::f32, DType::f16, DType::bf16});
   check_cpu(out, op, "out");
   KBN_CHECK(out.size(0) == q.size(0) && out.size(1) == q.size(1) && out.size(2) == value_cache.size(3), op,
-            ": argument 'out' ", out.str(), " must be [", q.size(0), ", ", q.size(1), ", head_size_v = ",
-            value_cache.size(3), "] (q ", q.str(), ", value_cache ", value_cache.str(), ")");
+            ": argument 'out' ", out.str(), " must be [", q.size(0), ", ", q.size(1),
+            ", head_size_v = ", value_cache.size(3), "] (q ", q.str(), ", value_cache ", value_cache.str(), ")");
   return num_heads / num_kv_heads;
 }
 
@@ -100,8 +101,8 @@ std::vector<double> gather_sequence(const Tensor& cache, const PagedBatch& batch
 }
 
 // Checks the features against q's heads; returns the sinks as doubles (empty without).
-std::vector<double> check_features(const char* op, const AttentionFeatures& f, const Tensor& q,
-                                   const Tensor& key_cache, const Tensor& value_cache) {
+std::vector<double> check_features(const char* op, const AttentionFeatures& f, const Tensor& q, const Tensor& key_cache,
+                                   const Tensor& value_cache) {
   check_kv_scales(op, {f.kv_scales.k, 1.f}, key_cache.dtype());
   check_kv_scales(op, {1.f, f.kv_scales.v}, value_cache.dtype());
   KBN_CHECK(f.sliding_window >= 0, op, ": argument 'sliding_window' must be >= 0 (0: no window), got ",
@@ -113,8 +114,7 @@ std::vector<double> check_features(const char* op, const AttentionFeatures& f, c
   check_attention_sinks(op, sinks, q.size(1));
   check_cpu(sinks, op, "sinks");
   std::vector<double> v = sinks.to_doubles();
-  for (size_t h = 0; h < v.size(); ++h)
-    KBN_CHECK(!std::isnan(v[h]), op, ": argument 'sinks' holds NaN at head ", h);
+  for (size_t h = 0; h < v.size(); ++h) KBN_CHECK(!std::isnan(v[h]), op, ": argument 'sinks' holds NaN at head ", h);
   return v;
 }
 
@@ -142,11 +142,14 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
     std::vector<double> values = gather_sequence(value_cache, batch, b);
     for (double& k : keys) k *= double(features.kv_scales.k);
     for (double& v : values) v *= double(features.kv_scales.v);
-    std::vector<double> weights(static_cast<size_t>(seq_len)), acc(static_cast<size_t>(head_size_v));
-    for (int64_t j = 0; j < q_len; ++j) {
-      const int64_t row = q_begin + j, position = seq_len - q_len + j;
-      const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
-      for (int64_t h = 0; h < num_heads; ++h) {
+    // Every (query row, head) is independent: threads take contiguous ranges of them (kbn/parallel.h).
+    const int64_t work = seq_len * (head_size + head_size_v);
+    parallel_for(q_len * num_heads, grain_for(work), [&](int64_t begin, int64_t end) {
+      std::vector<double> weights(static_cast<size_t>(seq_len)), acc(static_cast<size_t>(head_size_v));
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t j = i / num_heads, h = i % num_heads;
+        const int64_t row = q_begin + j, position = seq_len - q_len + j;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, position - window + 1) : 0;
         const int64_t kv_head = h / heads_per_kv_head;
         const double* query = &qv[size_t((row * num_heads + h) * head_size)];
         double max_score = sinks.empty() ? -std::numeric_limits<double>::infinity() : sinks[size_t(h)];
@@ -175,7 +178,7 @@ void attend(Tensor& out, const Tensor& q, const Tensor& key_cache, const Tensor&
         for (int64_t d = 0; d < head_size_v; ++d)
           o[size_t((row * num_heads + h) * head_size_v + d)] = float(acc[size_t(d)] / denom);
       }
-    }
+    });
   }
   out.copy_(Tensor::from_floats(o, {num_tokens, num_heads, head_size_v}, DType::f32));
 }
@@ -314,8 +317,8 @@ void mla_decode(Tensor& out, const Tensor& q, const Tensor& kv_cache, const Tens
   check_size(out, op, "out", 0, q.size(0), "num_seqs = q.size(0)");
   check_size(out, op, "out", 1, q.size(1), "num_heads = q.size(1)");
   const int64_t L = out.size(2);
-  KBN_CHECK(L > 0 && L <= width, op, ": argument 'out' ", out.str(), " must hold kv_lora_rank values per head, at most ",
-            "the latent row width ", width);
+  KBN_CHECK(L > 0 && L <= width, op, ": argument 'out' ", out.str(),
+            " must hold kv_lora_rank values per head, at most ", "the latent row width ", width);
   // One shared key head of the row's full width; the values are the same rows, of which the first L are kept.
   const Tensor cache = kv_cache.view({kv_cache.size(0), kv_cache.size(1), 1, width});
   Tensor full = Tensor::empty(q.shape(), DType::f32);

@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "kbn/checks.h"
+#include "kbn/parallel.h"
 #include "reference/reference.h"
 
 namespace kbn::reference {
@@ -37,15 +38,18 @@ void linear(Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bi
   const std::vector<double> xv = x.to_doubles();
   const std::vector<double> b = bias.defined() ? bias.to_doubles() : std::vector<double>(size_t(out_features), 0.0);
   std::vector<float> o(size_t(num_tokens * out_features));
-  for (int64_t j = 0; j < out_features; ++j) {
-    // NOTE: one weight row at a time, so a vocabulary-sized weight never exists as doubles all at once.
-    const std::vector<double> w = weight.select(0, j).to_doubles();
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      double acc = b[size_t(j)];
-      for (int64_t i = 0; i < in_features; ++i) acc += xv[size_t(t * in_features + i)] * w[size_t(i)];
-      o[size_t(t * out_features + j)] = float(acc);
+  // Output features are independent: threads take contiguous ranges of them (kbn/parallel.h).
+  parallel_for(out_features, grain_for(num_tokens * in_features), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      // NOTE: one weight row at a time, so a vocabulary-sized weight never exists as doubles all at once.
+      const std::vector<double> w = weight.select(0, j).to_doubles();
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        double acc = b[size_t(j)];
+        for (int64_t i = 0; i < in_features; ++i) acc += xv[size_t(t * in_features + i)] * w[size_t(i)];
+        o[size_t(t * out_features + j)] = float(acc);
+      }
     }
-  }
+  });
   out.copy_(Tensor::from_floats(o, {num_tokens, out_features}, DType::f32));
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kbn/checks.h"
+#include "kbn/parallel.h"
 #include "reference/reference.h"
 
 namespace kbn::reference {
@@ -94,8 +95,8 @@ void topk_softmax(Tensor& topk_weights, Tensor& topk_ids, const Tensor& gating_o
     if (RoutingTieLog* log = RoutingTieLog::active(); log && k < e) {
       const double last = row[order[size_t(k - 1)]], next = row[order[size_t(k)]];
       const bool all_equal = std::all_of(row, row + e, [&](double v) { return v == row[0]; });
-      if (!all_equal && last - next <= kRoutingTieUlps * ulp_of(std::max(std::abs(last), std::abs(next)),
-                                                                 gating_output.dtype()))
+      if (!all_equal &&
+          last - next <= kRoutingTieUlps * ulp_of(std::max(std::abs(last), std::abs(next)), gating_output.dtype()))
         log->record(t, n);
     }
     double chosen = 0;
@@ -200,10 +201,11 @@ void moe_align_block_size(Tensor& sorted_token_ids, Tensor& expert_ids, Tensor& 
   check_ids(topk_ids, kOp, num_experts);
   const int64_t pairs = topk_ids.numel();
   const int64_t max_padded = sorted_token_ids.numel(), blocks = expert_ids.numel();
-  KBN_CHECK(max_padded % block_size == 0 && blocks == max_padded / block_size, kOp,
-            ": sorted_token_ids [", max_padded, "] and expert_ids [", blocks, "] disagree with block_size ", block_size);
+  KBN_CHECK(max_padded % block_size == 0 && blocks == max_padded / block_size, kOp, ": sorted_token_ids [", max_padded,
+            "] and expert_ids [", blocks, "] disagree with block_size ", block_size);
   const auto ids = topk_ids.to_ints();
-  std::vector<int32_t> sorted(static_cast<size_t>(max_padded), int32_t(pairs)), experts(static_cast<size_t>(blocks), int32_t(num_experts));
+  std::vector<int32_t> sorted(static_cast<size_t>(max_padded), int32_t(pairs)),
+      experts(static_cast<size_t>(blocks), int32_t(num_experts));
   int64_t pos = 0;
   for (int64_t x = 0; x < num_experts; ++x) {
     const int64_t start = pos;
@@ -295,35 +297,50 @@ void fused_experts(Tensor& out, const Tensor& x, const Tensor& w13, const Tensor
   const auto ids = topk_ids.to_ints();
   // Each touched expert's weights, converted once.
   std::vector<std::vector<double>> w13v(static_cast<size_t>(e)), w2v(static_cast<size_t>(e));
-  for (int64_t id : ids)
-    if (w13v[size_t(id)].empty()) {
+  std::vector<int64_t> touched;
+  {
+    std::vector<bool> seen(static_cast<size_t>(e), false);
+    for (int64_t id : ids) {
+      if (seen[size_t(id)]) continue;
+      seen[size_t(id)] = true;
+      touched.push_back(id);
+    }
+  }
+  parallel_for(int64_t(touched.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t id = touched[size_t(i)];
       w13v[size_t(id)] = w13.select(0, id).to_doubles();
       w2v[size_t(id)] = w2.select(0, id).to_doubles();
     }
-  std::vector<double> sum(size_t(n * h), 0.0), hid(size_t(2 * inter)), act(static_cast<size_t>(inter)), y(static_cast<size_t>(h));
-  for (int64_t t = 0; t < n; ++t) {
-    const double* xt = xv.data() + t * h;
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t id = ids[size_t(t * k + j)];
-      const std::vector<double>& a = w13v[size_t(id)];
-      for (int64_t r = 0; r < 2 * inter; ++r) {
-        double s = 0;
-        for (int64_t c = 0; c < h; ++c) s += a[size_t(r * h + c)] * xt[c];
-        hid[size_t(r)] = b13.empty() ? s : s + b13[size_t(id * 2 * inter + r)];
+  });
+  std::vector<double> sum(size_t(n * h), 0.0);
+  // Tokens are independent: each thread sums its own tokens' rows, in the serial order.
+  parallel_for(n, grain_for(k * 3 * inter * h), [&](int64_t t_begin, int64_t t_end) {
+    std::vector<double> hid(size_t(2 * inter)), act(static_cast<size_t>(inter)), y(static_cast<size_t>(h));
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const double* xt = xv.data() + t * h;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t id = ids[size_t(t * k + j)];
+        const std::vector<double>& a = w13v[size_t(id)];
+        for (int64_t r = 0; r < 2 * inter; ++r) {
+          double s = 0;
+          for (int64_t c = 0; c < h; ++c) s += a[size_t(r * h + c)] * xt[c];
+          hid[size_t(r)] = b13.empty() ? s : s + b13[size_t(id * 2 * inter + r)];
+        }
+        const std::vector<double> hr = rounded(hid, dt);
+        for (int64_t i = 0; i < inter; ++i) act[size_t(i)] = activation(hr[size_t(i)], hr[size_t(inter + i)]);
+        const std::vector<double> ar = rounded(act, dt);
+        const std::vector<double>& b = w2v[size_t(id)];
+        for (int64_t r = 0; r < h; ++r) {
+          double s = 0;
+          for (int64_t c = 0; c < inter; ++c) s += b[size_t(r * inter + c)] * ar[size_t(c)];
+          y[size_t(r)] = wv[size_t(t * k + j)] * (b2.empty() ? s : s + b2[size_t(id * h + r)]);
+        }
+        const std::vector<double> yr = rounded(y, dt);
+        for (int64_t r = 0; r < h; ++r) sum[size_t(t * h + r)] += yr[size_t(r)];
       }
-      const std::vector<double> hr = rounded(hid, dt);
-      for (int64_t i = 0; i < inter; ++i) act[size_t(i)] = activation(hr[size_t(i)], hr[size_t(inter + i)]);
-      const std::vector<double> ar = rounded(act, dt);
-      const std::vector<double>& b = w2v[size_t(id)];
-      for (int64_t r = 0; r < h; ++r) {
-        double s = 0;
-        for (int64_t c = 0; c < inter; ++c) s += b[size_t(r * inter + c)] * ar[size_t(c)];
-        y[size_t(r)] = wv[size_t(t * k + j)] * (b2.empty() ? s : s + b2[size_t(id * h + r)]);
-      }
-      const std::vector<double> yr = rounded(y, dt);
-      for (int64_t r = 0; r < h; ++r) sum[size_t(t * h + r)] += yr[size_t(r)];
     }
-  }
+  });
   out.copy_(Tensor::from_floats(std::vector<float>(sum.begin(), sum.end()), {n, h}, DType::f32));
 }
 
