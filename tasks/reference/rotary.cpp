@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kbn/checks.h"
+#include "kbn/parallel.h"
 #include "reference/reference.h"
 
 namespace kbn::reference {
@@ -166,13 +167,16 @@ Tensor rope_cos_sin_cache(int64_t rotary_dim, int64_t max_position, double base,
   const double mscale = rope_attention_scaling(scaling);
   const int64_t half = rotary_dim / 2;
   std::vector<float> table(size_t(max_position * rotary_dim));
-  for (int64_t p = 0; p < max_position; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = double(p) * inv_freq[size_t(i)];
-      table[size_t(p * rotary_dim + i)] = float(std::cos(angle) * mscale);
-      table[size_t(p * rotary_dim + half + i)] = float(std::sin(angle) * mscale);
+  // Positions are independent (a 128k-position table is millions of cos / sin): threads take ranges of them.
+  parallel_for(max_position, grain_for(32 * half), [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = double(p) * inv_freq[size_t(i)];
+        table[size_t(p * rotary_dim + i)] = float(std::cos(angle) * mscale);
+        table[size_t(p * rotary_dim + half + i)] = float(std::sin(angle) * mscale);
+      }
     }
-  }
+  });
   return Tensor::from_floats(table, {max_position, rotary_dim}, DType::f32);
 }
 

@@ -123,6 +123,8 @@ TEST(ParallelOracle, LinearAttentionAndExpertsMatchOneThread) {
     return out;
   });
 
+  expect_same_on_1_and_4_threads([] { return kbn::reference::rope_cos_sin_cache(128, 4096, 500000.0, {}); });
+
   // 24 tokens, top 2 of 8 experts, hidden 256, inter 128.
   const int64_t tokens = 24, experts = 8, top_k = 2, hidden = 256, inter = 128;
   const Tensor hs = random_tensor({tokens, hidden}, DType::bf16, 7);
