@@ -4,7 +4,9 @@
 #   build/          CUDA build of the main tree (kb_nano, tests/kbn_gpu_tests, tests/kbn_tests)
 #   build-cheats/   CUDA build with -DKBN_CANDIDATE_DIR=tests/cheats -DKBN_BUILD_TESTS=OFF (kb_nano only)
 # Usage, from the repo root on the GPU machine:  tools/h200_session.sh PART [PART ...]
-#   gpu-tests  every GPU test (incl. the engine's CUDA-graph tests) and the main job (tools/gpu_check.sh)
+#   gpu-tests  every GPU test (incl. the engine's CUDA-graph tests) and the main job; the suite outgrew one 10-minute
+#              device call (its op contracts at real shapes): GPU_SHARDS=N GPU_SHARD=i runs gtest's shard i of N
+#              (one call per shard), the main job with shard 0
 #   kernels    kb_nano kernels, every L1 op of $KERNELS_MODEL (default llama-3.1-8b-instruct), baseline alone
 #              (JSON + Markdown), one step per op
 #   fixtures   tools/hf_reference.py for each of $FIXTURE_CONFIGS (models/ names): transformers' logits and greedy
@@ -89,8 +91,11 @@ step() {  # name, seconds, command...: runs it under a time limit, logs it, reco
 for part in "$@"; do
   case "$part" in
     gpu-tests)
-      step gpu_tests 300 build/tests/kbn_gpu_tests --gtest_output=json:"$out/gpu_tests.json"
-      step generate_8b 90 build/kb_nano generate --max-new-tokens 64 --json "$out/generate_8b.json"
+      shards=${GPU_SHARDS:-1} shard=${GPU_SHARD:-0}
+      tag=$([[ $shards -gt 1 ]] && echo "_shard${shard}of$shards" || true)
+      step "gpu_tests$tag" 540 env GTEST_TOTAL_SHARDS="$shards" GTEST_SHARD_INDEX="$shard" build/tests/kbn_gpu_tests \
+        --gtest_output=json:"$out/gpu_tests$tag.json"
+      [[ $shard -eq 0 ]] && step generate_8b 90 build/kb_nano generate --max-new-tokens 64 --json "$out/generate_8b.json"
       ;;
     kernels)
       # One step per op so that a time limit loses one op's rows, not the run's.
