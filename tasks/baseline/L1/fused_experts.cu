@@ -551,6 +551,7 @@ struct GemvParams {
   void* out;           // one token: out [1, hidden]; else cache [num_pairs, hidden]
   ExpertAct fn;
   int num_pairs, top_k, hidden, inter, num_experts;
+  bool prefetch;  // GEMM 2 prefetches its rows into L2 before its pdl_wait (only when launched early: dependent launch)
 };
 
 // Bit i set: pair i routes to `expert` (pairs below kGemvMaxPairs). The same in every lane.
@@ -681,7 +682,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_kernel(GemvPara
   if (r >= g.hidden) return;
   const int p = blockIdx.y, e = g.ids[p];
   T* out = static_cast<T*>(g.out);
-  if (e >= 0 && e < g.num_experts)
+  if (g.prefetch && e >= 0 && e < g.num_experts)
     prefetch_row_l2(static_cast<const T*>(g.w2) + (int64_t(e) * g.hidden + r) * g.inter, int64_t(g.inter) * sizeof(T));
   pdl_wait();  // act comes from GEMM 1
   if (e < 0 || e >= g.num_experts) {
@@ -719,7 +720,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_token_kernel(Ge
   const int r = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
   if (r >= g.hidden) return;
   const int vectors = g.inter / N;
-  for (int j = 0; j < g.top_k; ++j) {
+  for (int j = 0; g.prefetch && j < g.top_k; ++j) {
     const int id = g.ids[j];
     if (id >= 0 && id < g.num_experts)
       prefetch_row_l2(static_cast<const T*>(g.w2) + (int64_t(id) * g.hidden + r) * g.inter,
@@ -996,6 +997,7 @@ template <class T>
 Tensor launch_gemv_experts(GemvParams g, int64_t tokens, void* out, DType dt, Device device, Stream stream) {
   Tensor act = Tensor::empty({g.num_pairs, g.inter}, dt, device);
   g.act = act.data_ptr();
+  g.prefetch = dependent_launch_enabled();
   const unsigned col_tiles = unsigned((g.inter + kGemvWarps - 1) / kGemvWarps);
   const unsigned row_tiles = unsigned((g.hidden + kGemvWarps - 1) / kGemvWarps);
   constexpr unsigned kThreadsPerBlock = kGemvWarps * 32;
@@ -1104,7 +1106,8 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
                        .top_k = int(k),
                        .hidden = int(h),
                        .inter = int(inter),
-                       .num_experts = int(e)};
+                       .num_experts = int(e),
+                       .prefetch = false};
     Tensor cache;
     dispatch_float16_32(dt, kOp, "hidden_states", [&](auto tag) {
       cache = launch_gemv_experts<decltype(tag)>(g, t, out.data_ptr(), dt, d, current_stream());
