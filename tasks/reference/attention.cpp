@@ -348,23 +348,26 @@ void mla_attention(Tensor& out, const Tensor& q, const Tensor& kv_cache, const T
   KBN_CHECK(V <= D, op, ": v_head_dim ", V, " (argument 'out') wider than the key's ", D, " is not supported");
   const std::vector<double> lat = kv_cache.to_doubles(), w = kv_b_weight.to_doubles();
   std::vector<float> keys(size_t(nb * bs * H * D)), values(size_t(nb * bs * H * D), 0.f);
-  for (int64_t r = 0; r < nb * bs; ++r) {
-    const double* row = &lat[size_t(r * width)];
-    for (int64_t h = 0; h < H; ++h) {
-      float* k = &keys[size_t((r * H + h) * D)];
-      float* v = &values[size_t((r * H + h) * D)];
-      for (int64_t i = 0; i < P + V; ++i) {
-        const double* wi = &w[size_t((h * (P + V) + i) * L)];
-        double acc = 0;
-        for (int64_t l = 0; l < L; ++l) acc += wi[l] * row[l];
-        if (i < P)
-          k[i] = float(acc);
-        else
-          v[i - P] = float(acc);
+  // Cache rows are independent: threads take ranges of them.
+  parallel_for(nb * bs, grain_for(H * (P + V) * L), [&](int64_t r_begin, int64_t r_end) {
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const double* row = &lat[size_t(r * width)];
+      for (int64_t h = 0; h < H; ++h) {
+        float* k = &keys[size_t((r * H + h) * D)];
+        float* v = &values[size_t((r * H + h) * D)];
+        for (int64_t i = 0; i < P + V; ++i) {
+          const double* wi = &w[size_t((h * (P + V) + i) * L)];
+          double acc = 0;
+          for (int64_t l = 0; l < L; ++l) acc += wi[l] * row[l];
+          if (i < P)
+            k[i] = float(acc);
+          else
+            v[i - P] = float(acc);
+        }
+        for (int64_t i = 0; i < R; ++i) k[P + i] = float(row[L + i]);
       }
-      for (int64_t i = 0; i < R; ++i) k[P + i] = float(row[L + i]);
     }
-  }
+  });
   const Tensor key_cache = Tensor::from_floats(keys, {nb, bs, H, D});
   const Tensor value_cache = Tensor::from_floats(values, {nb, bs, H, D});
   Tensor full = Tensor::empty({T, H, D}, DType::f32);

@@ -1,8 +1,10 @@
 // Oracle: Mamba-2's ops (vLLM MambaMixer2): the causal depthwise convolution for prefill and decode, the SSM scan
 // (the recurrence, and the chunked SSD form the kernels use), its one-token update, and the gated group RMSNorm.
+#include <algorithm>
 #include <cmath>
 
 #include "kbn/checks.h"
+#include "kbn/parallel.h"
 #include "reference/reference.h"
 
 namespace kbn::reference {
@@ -136,8 +138,8 @@ ScanInputs scan_inputs(const Tensor& out, const Tensor& final_states, const Tens
                        int64_t chunk_size, const char* op) {
   ScanInputs in;
   in.s = scan_shape(x, dt, A, B, C, D, dt_bias, op);
-  KBN_CHECK(chunk_size >= 1 && (chunk_size & (chunk_size - 1)) == 0, op,
-            ": chunk_size must be a power of two, got ", chunk_size);
+  KBN_CHECK(chunk_size >= 1 && (chunk_size & (chunk_size - 1)) == 0, op, ": chunk_size must be a power of two, got ",
+            chunk_size);
   KBN_CHECK(out.shape() == x.shape(), op, ": 'out' ", out.str(), " must match 'x' ", x.str());
   in.q = sequence_starts(query_start_loc, x.size(0), op);
   const int64_t num_seqs = int64_t(in.q.size()) - 1;
@@ -183,8 +185,7 @@ void causal_conv1d_fn(Tensor& out, const Tensor& x, const Tensor& weight, const 
     for (int64_t c = 0; c < dim; ++c) {
       // The sequence's inputs on this channel, after the width - 1 before them.
       buf.assign(size_t(H + len), 0.0);
-      for (int64_t k = 0; k < H; ++k)
-        buf[size_t(k)] = has_init[s] ? st[size_t((slot[s] * H + k) * dim + c)] : 0.0;
+      for (int64_t k = 0; k < H; ++k) buf[size_t(k)] = has_init[s] ? st[size_t((slot[s] * H + k) * dim + c)] : 0.0;
       for (int64_t t = 0; t < len; ++t) buf[size_t(H + t)] = xv[size_t((begin + t) * dim + c)];
       for (int64_t t = 0; t < len; ++t) {
         double acc = a.b[size_t(c)];
@@ -230,19 +231,23 @@ void causal_conv1d_update(Tensor& out, const Tensor& x, Tensor& conv_states, con
 
 void mamba_chunk_scan_combined(Tensor& out, Tensor& final_states, const Tensor& x, const Tensor& dt, const Tensor& A,
                                const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& dt_bias,
-                               const MambaTimeStep& step, const Tensor& initial_states,
-                               const Tensor& has_initial_state, const Tensor& query_start_loc, int64_t chunk_size) {
+                               const MambaTimeStep& step, const Tensor& initial_states, const Tensor& has_initial_state,
+                               const Tensor& query_start_loc, int64_t chunk_size) {
   const char* op = "mamba_chunk_scan_combined";
   const ScanInputs in = scan_inputs(out, final_states, x, dt, A, B, C, D, dt_bias, initial_states, has_initial_state,
                                     query_start_loc, chunk_size, op);
   const ScanShape& s = in.s;
   const int64_t nh = s.num_heads, P = s.head_dim, G = s.n_groups, N = s.state_size, heads_per_group = nh / G;
   const int64_t num_seqs = int64_t(in.q.size()) - 1;
-  std::vector<double> y(in.x.size()), fin(size_t(num_seqs * nh * P * N)), S(size_t(P * N));
-  for (int64_t q = 0; q < num_seqs; ++q)
-    for (int64_t h = 0; h < nh; ++h) {
-      const int64_t g = h / heads_per_group;
-      for (int64_t i = 0; i < P * N; ++i) S[size_t(i)] = in.has_init[size_t(q)] ? in.init[size_t((q * nh + h) * P * N + i)] : 0.0;
+  std::vector<double> y(in.x.size()), fin(size_t(num_seqs * nh * P * N));
+  // Every (sequence, head) is its own recurrence, writing its own rows: threads take ranges of them.
+  const int64_t work = (in.q.back() / std::max<int64_t>(num_seqs, 1) + 1) * P * N * 3;
+  parallel_for(num_seqs * nh, grain_for(work), [&](int64_t begin, int64_t end) {
+    std::vector<double> S(size_t(P * N));
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t q = pair / nh, h = pair % nh, g = h / heads_per_group;
+      for (int64_t i = 0; i < P * N; ++i)
+        S[size_t(i)] = in.has_init[size_t(q)] ? in.init[size_t((q * nh + h) * P * N + i)] : 0.0;
       for (int64_t t = in.q[size_t(q)]; t < in.q[size_t(q) + 1]; ++t) {
         const double d = time_step(in.dt[size_t(t * nh + h)], s.dt_bias[size_t(h)], step);
         const double decay = std::exp(d * s.A[size_t(h)]);
@@ -261,27 +266,32 @@ void mamba_chunk_scan_combined(Tensor& out, Tensor& final_states, const Tensor& 
       }
       std::copy(S.begin(), S.end(), fin.begin() + (q * nh + h) * P * N);
     }
+  });
   write(out, y);
   write(final_states, fin);
 }
 
 void ssd_chunked_scan(Tensor& out, Tensor& final_states, const Tensor& x, const Tensor& dt, const Tensor& A,
-                      const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& dt_bias, const MambaTimeStep& step,
-                      const Tensor& initial_states, const Tensor& has_initial_state, const Tensor& query_start_loc,
-                      int64_t chunk_size) {
+                      const Tensor& B, const Tensor& C, const Tensor& D, const Tensor& dt_bias,
+                      const MambaTimeStep& step, const Tensor& initial_states, const Tensor& has_initial_state,
+                      const Tensor& query_start_loc, int64_t chunk_size) {
   const char* op = "ssd_chunked_scan";
   const ScanInputs in = scan_inputs(out, final_states, x, dt, A, B, C, D, dt_bias, initial_states, has_initial_state,
                                     query_start_loc, chunk_size, op);
   const ScanShape& s = in.s;
   const int64_t nh = s.num_heads, P = s.head_dim, G = s.n_groups, N = s.state_size, heads_per_group = nh / G;
   const int64_t num_seqs = int64_t(in.q.size()) - 1, L = chunk_size;
-  std::vector<double> y(in.x.size()), fin(size_t(num_seqs * nh * P * N)), S(size_t(P * N)), next(size_t(P * N));
-  std::vector<double> cs, dts;  // per token of the piece: inclusive cumulative sum of dt' A, and dt'
-  for (int64_t q = 0; q < num_seqs; ++q)
-    for (int64_t h = 0; h < nh; ++h) {
-      const int64_t g = h / heads_per_group;
+  std::vector<double> y(in.x.size()), fin(size_t(num_seqs * nh * P * N));
+  // Every (sequence, head) is its own scan, writing its own rows: threads take ranges of them.
+  const int64_t work = (in.q.back() / std::max<int64_t>(num_seqs, 1) + 1) * (P * N * 3 + L * (N + P));
+  parallel_for(num_seqs * nh, grain_for(work), [&](int64_t begin, int64_t end) {
+    std::vector<double> S(size_t(P * N)), next(size_t(P * N));
+    std::vector<double> cs, dts;  // per token of the piece: inclusive cumulative sum of dt' A, and dt'
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const int64_t q = pair / nh, h = pair % nh, g = h / heads_per_group;
       const double Ah = s.A[size_t(h)];
-      for (int64_t i = 0; i < P * N; ++i) S[size_t(i)] = in.has_init[size_t(q)] ? in.init[size_t((q * nh + h) * P * N + i)] : 0.0;
+      for (int64_t i = 0; i < P * N; ++i)
+        S[size_t(i)] = in.has_init[size_t(q)] ? in.init[size_t((q * nh + h) * P * N + i)] : 0.0;
       // Chunks lie on the packed token index (as vLLM's seq_idx / chunk_offsets): a sequence covers pieces of them.
       for (int64_t a = in.q[size_t(q)]; a < in.q[size_t(q) + 1];) {
         const int64_t b = std::min(in.q[size_t(q) + 1], (a / L + 1) * L), n_tok = b - a;
@@ -310,8 +320,7 @@ void ssd_chunked_scan(Tensor& out, Tensor& final_states, const Tensor& x, const 
             double cb = 0;
             for (int64_t n = 0; n < N; ++n) cb += Ct[n] * Bu[n];
             const double wgt = cb * std::exp(cs[size_t(i)] - cs[size_t(j)]) * dts[size_t(j)];
-            for (int64_t p = 0; p < P; ++p)
-              y[size_t((t * nh + h) * P + p)] += wgt * in.x[size_t((u * nh + h) * P + p)];
+            for (int64_t p = 0; p < P; ++p) y[size_t((t * nh + h) * P + p)] += wgt * in.x[size_t((u * nh + h) * P + p)];
           }
         }
         // The state leaving the piece.
@@ -331,6 +340,7 @@ void ssd_chunked_scan(Tensor& out, Tensor& final_states, const Tensor& x, const 
       }
       std::copy(S.begin(), S.end(), fin.begin() + (q * nh + h) * P * N);
     }
+  });
   write(out, y);
   write(final_states, fin);
 }

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -139,6 +140,51 @@ TEST(ParallelOracle, LinearAttentionAndExpertsMatchOneThread) {
   expect_same_on_1_and_4_threads([&] {
     Tensor out = Tensor::empty({tokens, hidden}, DType::f32);
     kbn::reference::fused_experts(out, hs, w13, w2, weights, ids);
+    return out;
+  });
+}
+
+TEST(ParallelOracle, ScansAndLatentAttentionMatchOneThread) {
+  using kbn::DType;
+  using kbn::Tensor;
+  // Mamba-2's two scans: 3 sequences of 40-200 tokens, 16 heads over 2 groups, head 16, state 32.
+  const int64_t nh = 16, P = 16, G = 2, N = 32;
+  const std::vector<int32_t> q = {0, 200, 240, 400};
+  const int64_t T = q.back();
+  const Tensor x = random_tensor({T, nh, P}, DType::f32, 11), dt = random_tensor({T, nh}, DType::f32, 12, 0.5);
+  const Tensor B = random_tensor({T, G, N}, DType::f32, 13), C = random_tensor({T, G, N}, DType::f32, 14);
+  Tensor A = random_tensor({nh}, DType::f32, 15);
+  for (int64_t h = 0; h < nh; ++h) A.data<float>()[h] = -0.1f - 0.1f * float(h);
+  const Tensor D = random_tensor({nh}, DType::f32, 16), dt_bias = random_tensor({nh}, DType::f32, 17, 0.3);
+  const Tensor init = random_tensor({3, nh, P, N}, DType::f32, 18);
+  const Tensor has_init = Tensor::from_i32({1, 0, 1}, {3}), starts = Tensor::from_i32(q, {4});
+  for (const bool chunked : {false, true}) {
+    for (const int part : {0, 1}) {  // the output, then the final states
+      SCOPED_TRACE(std::string(chunked ? "ssd_chunked_scan" : "mamba_chunk_scan_combined") +
+                   (part ? " states" : " out"));
+      expect_same_on_1_and_4_threads([&] {
+        Tensor y = Tensor::empty({T, nh, P}, DType::f32), fin = Tensor::empty({3, nh, P, N}, DType::f32);
+        if (chunked)
+          kbn::reference::ssd_chunked_scan(y, fin, x, dt, A, B, C, D, dt_bias, {}, init, has_init, starts, 64);
+        else
+          kbn::reference::mamba_chunk_scan_combined(y, fin, x, dt, A, B, C, D, dt_bias, {}, init, has_init, starts, 64);
+        return part ? fin : y;
+      });
+    }
+  }
+
+  // MLA prefill: 16 pages of 16 latent rows (latent 64 + rope 16), 4 heads of no-rope 32 / value 32.
+  const int64_t pages = 16, page = 16, L = 64, R = 16, H = 4, nope = 32, V = 32;
+  const Tensor cache = random_tensor({pages, page, L + R}, DType::bf16, 19);
+  const Tensor kv_b = random_tensor({H * (nope + V), L}, DType::bf16, 20, 0.1);
+  const Tensor mq = random_tensor({50, H, nope + R}, DType::bf16, 21);
+  const Tensor mstarts = Tensor::from_i32({0, 30, 50}, {3}), lens = Tensor::from_i32({100, 20}, {2});
+  std::vector<int32_t> table(2 * 8);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
+  const Tensor tables = Tensor::from_i32(table, {2, 8});
+  expect_same_on_1_and_4_threads([&] {
+    Tensor out = Tensor::empty({50, H, V}, DType::f32);
+    kbn::reference::mla_attention(out, mq, cache, kv_b, mstarts, lens, tables, 0.1);
     return out;
   });
 }
