@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "kbn/parallel.h"
+
 namespace kbn {
 
 uint64_t hash_seed(uint64_t seed, const char* label) {
@@ -43,18 +45,24 @@ void fill_random_(Tensor& t, uint64_t seed, int kind, double a, double b, const 
   }
   int64_t n = t.numel();
   Tensor f = Tensor::empty({n}, DType::f32);
+  // Element i is a function of (seed, i) alone: threads fill ranges of the elements, the same numbers as one thread.
+  const int64_t grain = grain_for(64);
   if (kind == 2) {
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t v = int64_t(random_value(seed, i, kind, a, b));
-      if (t.dtype() == DType::i32)
-        t.data<int32_t>()[i] = int32_t(v);
-      else
-        t.data<int64_t>()[i] = v;
-    }
+    parallel_for(n, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        int64_t v = int64_t(random_value(seed, i, kind, a, b));
+        if (t.dtype() == DType::i32)
+          t.data<int32_t>()[i] = int32_t(v);
+        else
+          t.data<int64_t>()[i] = v;
+      }
+    });
     return;
   }
   float* fp = f.data<float>();
-  for (int64_t i = 0; i < n; ++i) fp[i] = float(random_value(seed, i, kind, a, b));
+  parallel_for(n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) fp[i] = float(random_value(seed, i, kind, a, b));
+  });
   t.view({n}).copy_(f);
 }
 

@@ -97,6 +97,19 @@ kbn::Tensor random_tensor(const kbn::Shape& shape, kbn::DType dt, uint64_t seed,
   return t;
 }
 
+TEST(ParallelOracle, HostRandomFillsMatchOneThread) {
+  for (const int kind : {0, 1, 2}) {
+    SCOPED_TRACE(kind);
+    expect_same_on_1_and_4_threads([&] {
+      kbn::Tensor t = kbn::Tensor::empty({1 << 18}, kind == 2 ? kbn::DType::i64 : kbn::DType::bf16);
+      if (kind == 0) kbn::fill_normal_(t, 7, 0.0, 1.0);
+      if (kind == 1) kbn::fill_uniform_(t, 7, -1.0, 1.0);
+      if (kind == 2) kbn::fill_randint_(t, 7, 0, 1000);
+      return t;
+    });
+  }
+}
+
 TEST(ParallelOracle, LinearAttentionAndExpertsMatchOneThread) {
   using kbn::DType;
   using kbn::Tensor;
