@@ -895,11 +895,12 @@ void print_setup(const EvalSetup& e) {
     std::printf("  programmatic dependent launch on (--pdl or KBN_PDL=1): the decode-path kernels of kbn/pdl.cuh\n");
   if (o.nano.count > 1)
     std::printf("  nano-batches: %sup to %d per eager step (%s), of >= %lld tokens each, each on a stream of its "
-                "own%s%s\n",
+                "own%s%s%s\n",
                 o.compare_nano_batches ? "whole steps, then " : "", o.nano.count, o.nano.split.c_str(),
                 (long long)o.nano.min_tokens,
                 o.nano.gemm_sms > 0 ? (", GEMMs aimed at " + std::to_string(o.nano.gemm_sms) + " SMs").c_str()
                                           : "",
+                o.nano.stagger ? ", staggered (each starts at the previous one's first attention)" : "",
                 e.device.is_cuda() ? "" : " (on the CPU one after another)");
   if (e.wave > 0)
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)e.wave);
@@ -1103,6 +1104,7 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
                  {"nano_batches", o.nano.count},
                  {"nano_batch_min_tokens", o.nano.min_tokens},
                  {"nano_batch_split", o.nano.split},
+                 {"nano_batch_stagger", o.nano.stagger},
                  {"nano_batch_gemm_sms", o.nano.gemm_sms},
                  {"dependent_launch", dependent_launch_enabled()},
                  {"compare_nano_batches", o.compare_nano_batches},

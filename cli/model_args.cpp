@@ -73,13 +73,19 @@ void NanoBatchFlags::add_to(CLI::App* cmd) {
                   "SMs each nano-batch's cuBLASLt GEMMs aim at (cuBLASLt's SM count target), leaving the rest to the "
                   "other nano-batch's kernels, as NanoFlow partitions the SMs (default 0: the whole GPU)")
       ->check(integer_at_least(0));
+  cmd->add_flag("--nano-batch-stagger", stagger,
+                "Each nano-batch after the first starts once the one before has reached its first layer's attention, "
+                "so that one's attention runs under the next one's GEMMs (without it they start together and run the "
+                "same kinds of kernel at once; CUDA only)");
 }
 
-bool NanoBatchFlags::given() const { return count != 1 || min_tokens != 256 || split != "balanced" || gemm_sms != 0; }
+bool NanoBatchFlags::given() const {
+  return count != 1 || min_tokens != 256 || split != "balanced" || gemm_sms != 0 || stagger;
+}
 
 engine::NanoBatching NanoBatchFlags::resolve(int tp) const {
   const engine::NanoBatching nb{count, min_tokens, engine::parse_nano_batch_split(split, "--nano-batch-split"),
-                                gemm_sms};
+                                gemm_sms, stagger};
   engine::check_nano_batching(nb, "--nano-batches / --nano-batch-min-tokens / --nano-batch-gemm-sms");
   KBN_CHECK(count == 1 || tp == 1, "--nano-batches ", count,
             ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "

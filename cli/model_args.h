@@ -48,6 +48,7 @@ struct NanoBatchFlags {
   int64_t min_tokens = 256;        // --nano-batch-min-tokens
   std::string split = "balanced";  // --nano-batch-split
   int gemm_sms = 0;                // --nano-batch-gemm-sms
+  bool stagger = false;            // --nano-batch-stagger
   void add_to(CLI::App* cmd);
   bool given() const;  // any of them differs from its default
   // The engine's setting; refused naming the flag when out of range or given with --tp > 1.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 
 #include "engine/clock.h"
 #include "engine/finite_check.h"
@@ -137,7 +138,9 @@ struct ModelRunner::NanoStreams {
   // by-kind split divides: their memory-bound attention takes SMs first as the other's GEMM blocks retire).
   std::vector<std::unique_ptr<OwnedStream>> streams, urgent;
   cudaEvent_t fork = nullptr;
-  std::vector<cudaEvent_t> done;
+  // done[i]: nano-batch i's forward is enqueued (the join); entered[i]: it reached its first layer's cache (the
+  // staggered start of nano-batch i + 1).
+  std::vector<cudaEvent_t> done, entered;
   NanoStreams(Device device, int count) {
     const DeviceGuard guard(device);
     KBN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
@@ -146,14 +149,17 @@ struct ModelRunner::NanoStreams {
       urgent.push_back(std::make_unique<OwnedStream>(device, true));
       done.push_back(nullptr);
       KBN_CUDA_CHECK(cudaEventCreateWithFlags(&done.back(), cudaEventDisableTiming));
+      entered.push_back(nullptr);
+      KBN_CUDA_CHECK(cudaEventCreateWithFlags(&entered.back(), cudaEventDisableTiming));
     }
   }
   ~NanoStreams() {
     streams.clear();  // each waits for its work first
     urgent.clear();
     if (fork) cudaEventDestroy(fork);
-    for (cudaEvent_t e : done)
-      if (e) cudaEventDestroy(e);
+    for (const std::vector<cudaEvent_t>* events : {&done, &entered})
+      for (cudaEvent_t e : *events)
+        if (e) cudaEventDestroy(e);
   }
   NanoStreams(const NanoStreams&) = delete;
   NanoStreams& operator=(const NanoStreams&) = delete;
@@ -279,16 +285,39 @@ std::vector<int64_t> ModelRunner::run_nano_batches(const SchedulerOutput& out, c
   std::vector<StepInputs> in(n);
   std::vector<Tensor> hidden(n);
   double prepare_s = 0;
+  // Staggered starts (nano_.stagger, CUDA): nano-batch i + 1 starts its forward only once nano-batch i has reached its
+  // first layer's attention (the hook records entered[i] there, after that layer's projections), so that one's
+  // attention meets the next one's GEMMs instead of both running the same kind of kernel at once.
+  bool entered_prev = false;
   for (size_t i = 0; i < n; ++i) {
     const double t0 = steady_seconds();
     in[i] = prepare_inputs(parts[i].out, streams[i]);
     prepare_s += steady_seconds() - t0;
     const StreamGuard guard(streams[i]);
-    const ForwardContextGuard context({&in[i].metadata, &caches});
+    std::function<void(int64_t)> hook;
+    bool entered = false;
+    if (nano_.stagger) {  // on the CPU (nano-batches one after another) only counted
+      if (entered_prev) {
+        ++num_staggered_starts_;
+#ifdef KBN_WITH_CUDA
+        if (device_.is_cuda()) KBN_CUDA_CHECK(cudaStreamWaitEvent(streams[i], nano_streams_->entered[i - 1], 0));
+#endif
+      }
+      if (i + 1 < n)
+        hook = [&, i](int64_t) {
+          if (entered) return;  // the first layer only
+#ifdef KBN_WITH_CUDA
+          if (device_.is_cuda()) KBN_CUDA_CHECK(cudaEventRecord(nano_streams_->entered[i], streams[i]));
+#endif
+          entered = true;
+        };
+    }
+    const ForwardContextGuard context({&in[i].metadata, &caches, &hook});
 #ifdef KBN_WITH_CUDA
     const CublasLtSmCountTarget sms(nano_.gemm_sms);
 #endif
     hidden[i] = model_.forward(in[i].input_ids, in[i].positions);
+    entered_prev = entered;  // a model with no layer reading a cache never records it: the next one need not wait
   }
   last_step_times_.prepare_s = prepare_s;
 #ifdef KBN_WITH_CUDA

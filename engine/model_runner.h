@@ -111,6 +111,8 @@ class ModelRunner {
   void set_nano_batching(const NanoBatching& nb);
   // Steps run as overlapped nano-batches so far.
   int64_t num_nano_batched_steps() const { return num_nano_steps_; }
+  // Nano-batches that started after the previous one reached its first layer's attention (NanoBatching::stagger).
+  int64_t num_staggered_starts() const { return num_staggered_starts_; }
 
   // Forward + logits + sampling of a dummy all-prefill step (num_tokens tokens in num_seqs sequences) on
   // temporary caches: the largest step the scheduler can produce. Used for sizing; callable on CPU too. Returns
@@ -163,6 +165,7 @@ class ModelRunner {
   std::shared_ptr<StepEvents> events_;  // shared_ptr: the deleter is defined in the .cpp with the CUDA types
   NanoBatching nano_;
   int64_t num_nano_steps_ = 0;
+  int64_t num_staggered_starts_ = 0;
   struct NanoStreams;                       // a stream and an event per nano-batch, a fork event (CUDA devices)
   std::shared_ptr<NanoStreams> nano_streams_;
 };

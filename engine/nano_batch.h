@@ -41,6 +41,10 @@ struct NanoBatching {
   // rest to the kernels another nano-batch runs meanwhile, as NanoFlow partitions the SMs. kb-nano's own kernels
   // (attention, MoE experts) are not limited.
   int gemm_sms = 0;
+  // Staggered starts (CUDA): nano-batch i + 1 begins once nano-batch i has reached its first layer's attention (or
+  // Mamba-2 mixer; kbn::ForwardContext::layer_hook), offsetting them by the first layer's projections so that one's
+  // attention meets the other's GEMMs. Without it all start together and run the same kinds of kernel at once.
+  bool stagger = false;
 };
 
 // Checks count in 1..8, min_tokens >= 1 and gemm_sms >= 0; the error names the field (`what` prefixes it, e.g.

@@ -2,6 +2,7 @@
 // Per-step attention metadata, set by whoever runs the model (the engine's model runner, a test, the kernel
 // bench) and read by attention layers, as in vLLM's set_forward_context / get_forward_context.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,14 @@ struct AttentionMetadata {
 struct ForwardContext {
   const AttentionMetadata* attn_metadata = nullptr;
   std::vector<KVCache>* kv_caches = nullptr;  // indexed by layer
+  // Called by each layer that reads its cache (attention, latent attention, Mamba-2's mixer) with its layer index,
+  // before it launches that work: where whoever runs the model marks progress through the layers (the engine's
+  // staggered nano-batches record an event on the stream there). nullptr: nothing.
+  const std::function<void(int64_t layer)>* layer_hook = nullptr;
+
+  void entering_layer_cache(int64_t layer) const {
+    if (layer_hook && *layer_hook) (*layer_hook)(layer);
+  }
 };
 
 // Throws when no context is set (an attention layer called outside a model step).

@@ -12,7 +12,7 @@ fail() {
   exit 1
 }
 "$kb_nano" eval --device cpu --num-requests 6 --nano-batches 3 --nano-batch-min-tokens 2 --nano-batch-split kind \
-  --compare-nano-batches \
+  --nano-batch-stagger --compare-nano-batches \
   --json "$dir/e.json" >"$dir/e.log" 2>&1 || { cat "$dir/e.log"; fail "the run failed"; }
 log=$(cat "$dir/e.log")
 [[ $log == *"baseline+nano-3"* ]] || fail "no baseline+nano-3 pass: $log"
@@ -23,6 +23,8 @@ split=${BASH_REMATCH[1]} steps=${BASH_REMATCH[2]}
 [[ $log == *"greedy alignment, baseline+nano-3 vs baseline: 6/6 requests identical"* ]] || fail "alignment: $log"
 grep -q '"nano_batch_min_tokens": 2' "$dir/e.json" || fail "nano_batch_min_tokens not in the JSON"
 grep -q '"nano_batch_split": "kind"' "$dir/e.json" || fail "nano_batch_split not in the JSON"
+grep -q '"nano_batch_stagger": true' "$dir/e.json" || fail "nano_batch_stagger not in the JSON"
+[[ $log == *"staggered (each starts at the previous one's first attention)"* ]] || fail "no stagger line: $log"
 grep -q '"nano_batched_steps": '"$split" "$dir/e.json" || fail "nano_batched_steps $split not in the JSON"
 refused() {  # wanted text, flags...
   local want=$1 err

@@ -54,7 +54,8 @@
 #   nano       issue 20 item 3's overlapped nano-batches: their GPU test (eager and graph mode = whole steps' tokens,
 #              four families), then eval --compare-nano-batches (whole steps, then 2 nano-batches, aligned; serial floor
 #              and floor / duration for each) on $EVAL_MODEL's $EVAL_WORKLOADS (default balanced) in graph mode, with
-#              --nano-batch-split balanced and kind; $NANO_FLAGS added (e.g. --kernel-trace, --nano-batch-gemm-sms 100)
+#              --nano-batch-split balanced and kind; $NANO_FLAGS added (e.g. --kernel-trace, --nano-batch-gemm-sms 100,
+#              --nano-batch-stagger)
 #   pdl        programmatic dependent launch (kbn/pdl.cuh): its GPU test, the engine and attention GPU tests again with
 #              KBN_PDL=1, then eval latency-b1 and latency-b32 in graph mode without and with --pdl on $EVAL_MODEL
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes

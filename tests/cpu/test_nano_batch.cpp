@@ -242,7 +242,7 @@ std::vector<Request> mixed_requests(int64_t vocab) {
 
 struct Outcome {
   std::vector<std::vector<int64_t>> tokens;
-  int64_t nano_steps = 0, steps = 0, preemptions = 0;
+  int64_t nano_steps = 0, steps = 0, preemptions = 0, staggered_starts = 0;
 };
 
 Outcome run(CausalLM& model, EngineConfig cfg, const std::vector<Request>& reqs, NanoBatching nb) {
@@ -252,6 +252,7 @@ Outcome run(CausalLM& model, EngineConfig cfg, const std::vector<Request>& reqs,
   Outcome out;
   for (const RequestOutput& o : r.outputs) out.tokens.push_back(o.tokens);
   out.nano_steps = engine.runner().num_nano_batched_steps();
+  out.staggered_starts = engine.runner().num_staggered_starts();
   out.steps = r.steps;
   out.preemptions = r.preemptions;
   return out;
@@ -286,7 +287,16 @@ TEST_P(NanoBatchEngine, SplitStepsGiveTheTokensOfWholeOnes) {
     EXPECT_EQ(split.tokens, whole.tokens) << what;
     EXPECT_EQ(split.steps, whole.steps);
     EXPECT_GT(split.nano_steps, split.steps / 2) << what;
+    EXPECT_EQ(split.staggered_starts, 0) << what;
   }
+  // Staggered starts: every nano-batch after the first waits for the one before to reach its first layer's attention
+  // (or mixer): the family's layers call the forward context's layer hook, once per nano-batch step boundary here.
+  NanoBatching staggered{3, 1};
+  staggered.stagger = true;
+  const Outcome st = run(*model, roomy, reqs, staggered);
+  EXPECT_EQ(st.tokens, whole.tokens);
+  EXPECT_GT(st.nano_steps, 0);
+  EXPECT_GE(st.staggered_starts, st.nano_steps) << "a layer of this family does not call the layer hook";
   // A pool of 13 blocks of 4 tokens per KV cache group holds the longest sequence (47 tokens) and little more: the
   // rest wait, and running ones are preempted. A model without pages (Mamba-2) gets 2 state slots instead.
   const std::vector<LayerCacheSpec> specs = model->cache_specs();

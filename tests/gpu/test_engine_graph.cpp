@@ -290,11 +290,13 @@ TEST_P(NanoBatchGpu, SplitStepsGiveTheTokensOfWholeSteps) {
   for (const auto& [name, config] : {std::pair<const char*, EngineConfig>{"chunked", chunked}, {"tight pool", tight}}) {
     SCOPED_TRACE(name);
     const EngineRun whole = run_engine(*model, config, ExecutionMode::eager, reqs);
+    NanoBatching staggered{3, 1};  // each nano-batch starts at the previous one's first attention (events)
+    staggered.stagger = true;
     for (const NanoBatching nb :
-         {NanoBatching{2, 1}, NanoBatching{3, 1}, NanoBatching{2, 1, NanoBatchSplit::by_kind}}) {
+         {NanoBatching{2, 1}, NanoBatching{3, 1}, NanoBatching{2, 1, NanoBatchSplit::by_kind}, staggered}) {
       for (const ExecutionMode mode : {ExecutionMode::eager, ExecutionMode::graph}) {
-        SCOPED_TRACE(std::to_string(nb.count) + " nano-batches, " + nano_batch_split_name(nb.split) + ", " +
-                     execution_mode_name(mode));
+        SCOPED_TRACE(std::to_string(nb.count) + " nano-batches, " + nano_batch_split_name(nb.split) +
+                     (nb.stagger ? ", staggered, " : ", ") + execution_mode_name(mode));
         EngineConfig cfg = config;
         cfg.nano_batching = nb;
         const EngineRun split = run_engine(*model, cfg, mode, reqs);

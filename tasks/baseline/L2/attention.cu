@@ -52,6 +52,7 @@ Tensor Attention::forward(const Tensor& query, const Tensor& key, const Tensor& 
   KBN_CHECK(layer_index_ < int64_t(ctx.kv_caches->size()), "Attention: layer ", layer_index_, " has no KV cache (",
             ctx.kv_caches->size(), " allocated)");
   KVCache& cache = (*ctx.kv_caches)[size_t(layer_index_)];
+  ctx.entering_layer_cache(layer_index_);
   const int64_t num_tokens = query.size(0);
   KBN_CHECK(num_tokens == md.num_tokens(), "Attention: ", num_tokens, " query tokens but the metadata describes ",
             md.num_tokens());

@@ -109,6 +109,7 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
   KBN_CHECK(layer_index_ < int64_t(ctx.kv_caches->size()), "DeepseekV2MLAAttention (", prefix_, "): layer ",
             layer_index_, " has no cache (", ctx.kv_caches->size(), " allocated)");
   const Tensor& latent = (*ctx.kv_caches)[size_t(layer_index_)].latent;
+  ctx.entering_layer_cache(layer_index_);
   KBN_CHECK(latent.defined(), "DeepseekV2MLAAttention (", prefix_, "): layer ", layer_index_,
             " has no latent cache (its cache spec is paged_latent)");
   const int64_t T = q.size(0), H = num_heads_, D = nope_ + rope_, W = rank_ + rope_;

@@ -209,6 +209,7 @@ Tensor MambaMixer2::forward(const Tensor& hidden_states) {
   KBN_CHECK(layer_idx_ < int64_t(ctx.kv_caches->size()), "MambaMixer2 (", prefix_, "): layer ", layer_idx_,
             " has no cache (", ctx.kv_caches->size(), " layers of caches)");
   const KVCache& cache = (*ctx.kv_caches)[size_t(layer_idx_)];
+  ctx.entering_layer_cache(layer_idx_);
   KBN_CHECK(cache.states.size() == 2, "MambaMixer2 (", prefix_, "): layer ", layer_idx_,
             " must hold a conv and an SSM state, has ", cache.states.size(), " state tensors");
   const int64_t P = md.num_prefills, Tp = md.num_prefill_tokens, Dn = md.num_decodes, T = md.num_tokens();
