@@ -1,8 +1,8 @@
 #pragma once
-// Host-side data parallelism for the oracle's heavy loops (tasks/reference/): the validation of a real model's
-// shapes multiplies and attends in doubles on the host, and one core made it the longest part of the GPU test
-// suite. Each range's results are computed exactly as in a serial loop (every output element by one thread, in
-// the same order), so the oracle's numbers do not depend on the thread count.
+// Host-side data parallelism for the oracle's heavy loops (tasks/reference/): validating a real model's shapes
+// multiplies and attends in doubles on the host, billions of multiply-adds per case (a 300-token Llama-3.1-8B QKV
+// projection: 7.5 G). Each range's results are computed exactly as in a serial loop (every output element by one
+// thread, in the same order), so the oracle's numbers do not depend on the thread count.
 #include <cstdint>
 #include <functional>
 
