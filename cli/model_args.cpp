@@ -87,6 +87,9 @@ engine::NanoBatching NanoBatchFlags::resolve(int tp) const {
   const engine::NanoBatching nb{count, min_tokens, engine::parse_nano_batch_split(split, "--nano-batch-split"),
                                 gemm_sms, stagger};
   engine::check_nano_batching(nb, "--nano-batches / --nano-batch-min-tokens / --nano-batch-gemm-sms");
+  KBN_CHECK(count > 1 || !given(),
+            "--nano-batch-min-tokens / --nano-batch-split / --nano-batch-gemm-sms / "
+            "--nano-batch-stagger set how steps split into nano-batches: give --nano-batches N (N >= 2) with them");
   KBN_CHECK(count == 1 || tp == 1, "--nano-batches ", count,
             ": overlapped nano-batches need --tp 1 (each rank's all-reduces have one communicator and one staging "
             "buffer, which two nano-batches would use at once), got --tp ",

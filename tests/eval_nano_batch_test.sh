@@ -36,6 +36,8 @@ refused "--nano-batches 2: overlapped nano-batches need --tp 1" --nano-batches 2
 refused "nano-batches per step must be 1 (off) .. 8, got 9" --nano-batches 9
 refused "--nano-batch-gemm-sms" --nano-batches 2 --nano-batch-gemm-sms -3
 refused "--nano-batch-split: expected balanced or kind, got 'even'" --nano-batches 2 --nano-batch-split even
+refused "give --nano-batches N (N >= 2) with them" --nano-batch-stagger
+refused "give --nano-batches N (N >= 2) with them" --nano-batch-split kind
 refused "--compare-nano-batches: compares --nano-batches N (N >= 2) with whole steps" --compare-nano-batches
 refused "each run the baseline twice" --nano-batches 2 --compare-nano-batches --compare-kv-cache-dtype \
   --kv-cache-dtype fp8
