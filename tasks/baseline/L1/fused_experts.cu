@@ -997,7 +997,6 @@ template <class T>
 Tensor launch_gemv_experts(GemvParams g, int64_t tokens, void* out, DType dt, Device device, Stream stream) {
   Tensor act = Tensor::empty({g.num_pairs, g.inter}, dt, device);
   g.act = act.data_ptr();
-  g.prefetch = dependent_launch_enabled();
   const unsigned col_tiles = unsigned((g.inter + kGemvWarps - 1) / kGemvWarps);
   const unsigned row_tiles = unsigned((g.hidden + kGemvWarps - 1) / kGemvWarps);
   constexpr unsigned kThreadsPerBlock = kGemvWarps * 32;
@@ -1107,7 +1106,7 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
                        .hidden = int(h),
                        .inter = int(inter),
                        .num_experts = int(e),
-                       .prefetch = false};
+                       .prefetch = dependent_launch_enabled()};
     Tensor cache;
     dispatch_float16_32(dt, kOp, "hidden_states", [&](auto tag) {
       cache = launch_gemv_experts<decltype(tag)>(g, t, out.data_ptr(), dt, d, current_stream());
