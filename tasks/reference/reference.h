@@ -64,6 +64,13 @@ Tensor rope_cos_sin_cache(int64_t rotary_dim, int64_t max_position, double base,
 void rotary_embedding(const Tensor& positions, Tensor& query, Tensor& key, int64_t head_size,
                       const Tensor& cos_sin_cache, bool is_neox);
 
+// vLLM fused_qk_norm_rope (FusedQKNormRope): the q and k heads of the fused qkv rows [T, (heads + 2 kv_heads) *
+// head_dim] normalised per head (rms_norm, or gemma_rms_norm when weight_offset is 1) into q_out [T, heads * head_dim]
+// and k_out [T, kv_heads * head_dim], rounded to their dtype, then rotated in place by rotary_embedding, NeoX style.
+void fused_qk_norm_rope(Tensor& q_out, Tensor& k_out, const Tensor& qkv, const Tensor& positions,
+                        const Tensor& q_weight, const Tensor& k_weight, const Tensor& cos_sin_cache, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, double eps, double weight_offset);
+
 // out[t, :] = weight[ids[t], :].   ids: [num_tokens] (i32 or i64), weight: [vocab, hidden]; out: [num_tokens, hidden]
 // An id outside [0, vocab) is an error naming the token.
 void embedding(Tensor& out, const Tensor& ids, const Tensor& weight);

@@ -213,4 +213,22 @@ void rotary_embedding(const Tensor& positions, Tensor& query, Tensor& key, int64
   rotate_heads(key, token_cos_sin, num_tokens, num_kv_heads, head_size, rotary_dim, is_neox);
 }
 
+void fused_qk_norm_rope(Tensor& q_out, Tensor& k_out, const Tensor& qkv, const Tensor& positions,
+                        const Tensor& q_weight, const Tensor& k_weight, const Tensor& cos_sin_cache, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, double eps, double weight_offset) {
+  constexpr const char* op = "reference::fused_qk_norm_rope";
+  check_rank(qkv, op, "qkv", 2, "[num_tokens, (num_heads + 2 num_kv_heads) * head_dim]");
+  check_size(qkv, op, "qkv", 1, (heads + 2 * kv_heads) * head_dim, "(num_heads + 2 num_kv_heads) * head_dim");
+  KBN_CHECK(weight_offset == 0.0 || weight_offset == 1.0, op, ": argument 'weight_offset' must be 0 (RMSNorm) or 1 ",
+            "(GemmaRMSNorm), got ", weight_offset);
+  const int64_t T = qkv.size(0), D = head_dim;
+  const Tensor q_heads = qkv.as_strided({T, heads, D}, {qkv.stride(0), D, 1}, qkv.offset());
+  const Tensor k_heads = qkv.as_strided({T, kv_heads, D}, {qkv.stride(0), D, 1}, qkv.offset() + heads * D);
+  Tensor q3 = q_out.view({T, heads, D}), k3 = k_out.view({T, kv_heads, D});
+  const auto norm = weight_offset == 0.0 ? &rms_norm : &gemma_rms_norm;
+  norm(q3, q_heads, q_weight, eps);
+  norm(k3, k_heads, k_weight, eps);
+  rotary_embedding(positions, q_out, k_out, D, cos_sin_cache, true);
+}
+
 }  // namespace kbn::reference

@@ -25,9 +25,11 @@
 #include "L1/all_reduce.h"
 #include "L1/argmax.h"
 #include "L1/embedding.h"
+#include "L1/fused_qk_norm_rope.h"
 #include "L1/gelu_and_mul.h"
 #include "L1/gemma_rms_norm.h"
 #include "L1/linear.h"
+#include "L1/rms_norm.h"
 #include "L1/rotary_embedding.h"
 #include "L1/router_gemm.h"
 #include "L1/silu_and_mul.h"
@@ -268,6 +270,90 @@ TEST(RotaryEmbeddingGpu, MatchesOracleOnFusedQkvViews) {
       // The whole fused tensor: q and k rotated alike, v and the padding untouched on both sides.
       expect_close(qkv.gpu, qkv.cpu, elementwise_tol(dt), "rotary_embedding qkv");
     }
+  }
+}
+
+// fused_qk_norm_rope against the three ops it replaces on the same qkv rows (the per-head RMSNorm or GemmaRMSNorm of q
+// and of k, then rotary_embedding in place): the same bits, at Qwen3's and Gemma-3's head sizes (32 for the tiny
+// models), padded rows, every float type; and against the oracle. Positions outside the table leave the heads
+// normalised but unrotated, as rotary_embedding leaves them.
+TEST(FusedQKNormRopeGpu, SameBitsAsTheNormsThenRotary) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t head, heads, kv_heads, tokens, pad;
+    bool gemma;
+  };
+  const Case cases[] = {{128, 32, 8, 1, 0, false},   {128, 32, 4, 37, 8, false}, {256, 16, 8, 5, 0, true},
+                        {256, 8, 4, 300, 16, true},  {64, 16, 2, 19, 0, false},  {32, 4, 2, 23, 8, false},
+                        {32, 4, 2, 7, 0, true},      {128, 8, 8, 2, 0, true}};
+  const int64_t max_position = 4096;
+  uint64_t seed = 700;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      if (!FusedQKNormRope::kernel_supports(dt, c.head)) continue;
+      const std::string what = std::string(dtype_name(dt)) + " head " + std::to_string(c.head) + " heads " +
+                               std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " tokens " +
+                               std::to_string(c.tokens) + (c.gemma ? " gemma" : "");
+      SCOPED_TRACE(what);
+      const int64_t D = c.head, q_size = c.heads * D, kv_size = c.kv_heads * D, T = c.tokens;
+      const Pair qkv = randn({T, q_size + 2 * kv_size + c.pad}, dt, seed++);
+      const Pair q_weight = randn({D}, dt, seed++), k_weight = randn({D}, dt, seed++);
+      Tensor positions = Tensor::empty({T}, DType::i64, kCpu);
+      fill_randint_(positions, seed++, 0, max_position);
+      if (T > 3) positions.data<int64_t>()[2] = max_position + 5;  // outside the table: normalised, not rotated
+      const Pair pos = from_host(positions);
+      RotaryEmbedding rope(D, D, max_position, c.gemma ? 10000.0 : 1000000.0, true, RopeScaling{}, {dt, kGpu});
+      FusedQKNormRope fused(c.heads, c.kv_heads, D, 1e-6, c.gemma ? 1.0 : 0.0);
+      const auto [q, k] = fused.forward(qkv.gpu, pos.gpu, q_weight.gpu, k_weight.gpu, rope.cos_sin_cache);
+      ASSERT_TRUE(q.is_contiguous() && k.is_contiguous());
+
+      // The three ops: per-head norms of the views inside the qkv rows, then rotary in place.
+      const Tensor q_heads = qkv.gpu.as_strided({T, c.heads, D}, {qkv.gpu.stride(0), D, 1}, qkv.gpu.offset());
+      const Tensor k_heads =
+          qkv.gpu.as_strided({T, c.kv_heads, D}, {qkv.gpu.stride(0), D, 1}, qkv.gpu.offset() + q_size);
+      Tensor q3, k3;
+      if (c.gemma) {
+        GemmaRMSNorm qn(D, 1e-6, {dt, kGpu}), kn(D, 1e-6, {dt, kGpu});
+        qn.weight.copy_(q_weight.gpu);
+        kn.weight.copy_(k_weight.gpu);
+        q3 = qn.forward(q_heads).view({T, q_size});
+        k3 = kn.forward(k_heads).view({T, kv_size});
+      } else {
+        RMSNorm qn(D, 1e-6, {dt, kGpu}), kn(D, 1e-6, {dt, kGpu});
+        qn.weight.copy_(q_weight.gpu);
+        kn.weight.copy_(k_weight.gpu);
+        q3 = qn.forward(q_heads).view({T, q_size});
+        k3 = kn.forward(k_heads).view({T, kv_size});
+      }
+      rope.forward(pos.gpu, q3, k3);
+      expect_bitwise_equal(q, q3, "q: fused vs norm + rotary");
+      expect_bitwise_equal(k, k3, "k: fused vs norm + rotary");
+
+      // The oracle (its rotary refuses positions outside the table: compare the in-range tokens' path on a copy
+      // whose out-of-range position is 0, on the GPU too).
+      if (T > 3) {
+        positions.data<int64_t>()[2] = 0;
+        const Pair pos_in = from_host(positions);
+        const auto [qg, kg] = fused.forward(qkv.gpu, pos_in.gpu, q_weight.gpu, k_weight.gpu, rope.cos_sin_cache);
+        const auto [qc, kc] = fused.forward(qkv.cpu, pos_in.cpu, q_weight.cpu, k_weight.cpu,
+                                            rope.cos_sin_cache.to(kCpu));
+        expect_close(qg, qc, elementwise_tol(dt), "q vs oracle");
+        expect_close(kg, kc, elementwise_tol(dt), "k vs oracle");
+      }
+    }
+  }
+}
+
+TEST(FusedQKNormRopeGpu, RefusesWhatTheKernelCannotTake) {
+  KBN_SKIP_WITHOUT_GPU();
+  FusedQKNormRope fused(2, 1, 96, 1e-6, 0.0);
+  const Tensor qkv = Tensor::zeros({3, 4 * 96}, DType::bf16, kGpu), pos = Tensor::zeros({3}, DType::i64, kGpu);
+  const Tensor w = Tensor::zeros({96}, DType::bf16, kGpu), cs = Tensor::zeros({16, 96}, DType::bf16, kGpu);
+  try {
+    fused.forward(qkv, pos, w, w, cs);
+    FAIL() << "head_dim 96 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "L1/flash_attn_decode.h"
 #include "L1/flash_attn_prefill.h"
+#include "L1/fused_qk_norm_rope.h"
 #include "L1/rotary_embedding.h"
 #include "L1/store_kvcache.h"
 #include "kbn/cache_spec.h"
@@ -44,22 +45,31 @@ class Attention : public Module {
   FlashAttnDecode decode_;
 };
 
-// The q/k path of the attention blocks with per-head q/k norms (Qwen3Attention, Gemma3Attention): q and k viewed per
-// head inside the fused qkv rows (no copy), each normalised into a new contiguous tensor, which rotary then rotates
-// in place and Attention reads as is; v stays a view of the qkv rows.
+// The q/k path of the attention blocks with per-head q/k norms (Qwen3Attention, Gemma3Attention): one
+// fused_qk_norm_rope kernel normalising each q and k head inside the fused qkv rows (no copy) into new contiguous q and
+// k and rotating them, where its kernel takes the shapes (NeoX rope over the whole head; dtype and head_dim per
+// FusedQKNormRope::kernel_supports; always on CPU tensors, where it is the same oracle arithmetic); else the three
+// ops it replaces: the norms (the same views, into new tensors), then rotary in place. v stays a view of the qkv rows.
 struct NormedQKV {
   Tensor q, k, v;  // q [T, heads * head_dim], k and v [T, kv_heads * head_dim]
 };
 
-// qkv: [T, (heads + 2 kv_heads) * head_dim] (any row stride); Norm: RMSNorm or GemmaRMSNorm over head_dim.
+// qkv: [T, (heads + 2 kv_heads) * head_dim] (any row stride); Norm: RMSNorm or GemmaRMSNorm over head_dim, whose
+// weight_offset `fused` was built with.
 template <class Norm>
 NormedQKV norm_rope_qkv(const Tensor& qkv, const Tensor& positions, int64_t heads, int64_t kv_heads,
-                        int64_t head_dim, Norm& q_norm, Norm& k_norm, RotaryEmbedding& rotary) {
+                        int64_t head_dim, Norm& q_norm, Norm& k_norm, RotaryEmbedding& rotary,
+                        FusedQKNormRope& fused) {
   const int64_t T = qkv.size(0), D = head_dim, q_size = heads * D, kv_size = kv_heads * D;
+  const Tensor v = qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size);
+  if (rotary.is_neox_style() && rotary.rotary_dim() == D &&
+      (qkv.is_cpu() || FusedQKNormRope::kernel_supports(qkv.dtype(), D))) {
+    auto [q, k] = fused.forward(qkv, positions, q_norm.weight, k_norm.weight, rotary.cos_sin_cache);
+    return {q, k, v};
+  }
   const Tensor q_heads = qkv.as_strided({T, heads, D}, {qkv.stride(0), D, 1}, qkv.offset());
   const Tensor k_heads = qkv.as_strided({T, kv_heads, D}, {qkv.stride(0), D, 1}, qkv.offset() + q_size);
-  NormedQKV out{q_norm.forward(q_heads).view({T, q_size}), k_norm.forward(k_heads).view({T, kv_size}),
-                qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size)};
+  NormedQKV out{q_norm.forward(q_heads).view({T, q_size}), k_norm.forward(k_heads).view({T, kv_size}), v};
   rotary.forward(positions, out.q, out.k);
   return out;
 }

@@ -27,6 +27,7 @@ Gemma3Attention::Gemma3Attention(const Gemma3TextConfig& c, int64_t layer_index,
       rotary_emb(c.head_dim, c.head_dim, c.max_position_embeddings,
                  layer_slides(c, layer_index) ? c.rope_local.theta : c.rope_global.theta, true,
                  layer_slides(c, layer_index) ? c.rope_local.scaling : c.rope_global.scaling, opts),
+      qk_norm_rope(qkv_proj.num_heads(), qkv_proj.num_kv_heads(), c.head_dim, c.rms_norm_eps, 1.0),
       attn(qkv_proj.num_heads(), c.head_dim, 1.0 / std::sqrt(c.query_pre_attn_scalar), qkv_proj.num_kv_heads(),
            prefix + ".attn", layer_slides(c, layer_index) ? c.sliding_window : 0, c.attn_logit_softcapping),
       sliding_(layer_slides(c, layer_index)),
@@ -42,7 +43,8 @@ Gemma3Attention::Gemma3Attention(const Gemma3TextConfig& c, int64_t layer_index,
 
 Tensor Gemma3Attention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
-  const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb);
+  const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb,
+                                     qk_norm_rope);
   Tensor attn_output = attn.forward(x.q, x.k, x.v);
   auto [output, out_bias] = o_proj.forward(attn_output);
   return output;

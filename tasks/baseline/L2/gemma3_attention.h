@@ -5,6 +5,7 @@
 #include <string>
 
 #include "L1/gemma_rms_norm.h"
+#include "L1/fused_qk_norm_rope.h"
 #include "L1/rotary_embedding.h"
 #include "L2/attention.h"
 #include "L2/parallel_linear.h"
@@ -29,6 +30,7 @@ class Gemma3Attention : public Module {
   GemmaRMSNorm q_norm;
   GemmaRMSNorm k_norm;
   RotaryEmbedding rotary_emb;
+  FusedQKNormRope qk_norm_rope;  // q_norm, k_norm and rotary_emb in one kernel where it applies (norm_rope_qkv)
   Attention attn;
 
  private:

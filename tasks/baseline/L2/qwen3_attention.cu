@@ -12,6 +12,7 @@ Qwen3Attention::Qwen3Attention(int64_t hidden_size, int64_t num_heads, int64_t n
       q_norm(head_dim, rms_norm_eps, opts),
       k_norm(head_dim, rms_norm_eps, opts),
       rotary_emb(head_dim, head_dim, max_position, rope_theta, true, rope_scaling, opts),
+      qk_norm_rope(qkv_proj.num_heads(), qkv_proj.num_kv_heads(), head_dim, rms_norm_eps, 0.0),
       attn(qkv_proj.num_heads(), head_dim, 1.0 / std::sqrt(double(head_dim)), qkv_proj.num_kv_heads(),
            prefix + ".attn"),
       head_dim_(head_dim),
@@ -26,7 +27,8 @@ Qwen3Attention::Qwen3Attention(int64_t hidden_size, int64_t num_heads, int64_t n
 
 Tensor Qwen3Attention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
-  const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb);
+  const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb,
+                                     qk_norm_rope);
   Tensor attn_output = attn.forward(x.q, x.k, x.v);
   auto [output, out_bias] = o_proj.forward(attn_output);
   return output;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "L1/rms_norm.h"
+#include "L1/fused_qk_norm_rope.h"
 #include "L1/rotary_embedding.h"
 #include "L2/attention.h"
 #include "L2/parallel_linear.h"
@@ -26,6 +27,7 @@ class Qwen3Attention : public Module {
   RMSNorm q_norm;
   RMSNorm k_norm;
   RotaryEmbedding rotary_emb;
+  FusedQKNormRope qk_norm_rope;  // q_norm, k_norm and rotary_emb in one kernel where it applies (norm_rope_qkv)
   Attention attn;
 
  private:

@@ -1,6 +1,7 @@
 // gemma3_for_causal_lm: Gemma3ForCausalLM (tasks/baseline/L4/gemma3.h), serving HF "Gemma3ForCausalLM" (Gemma-3's
 // text models). Its features: "sliding_window" (its sliding layers apply the config's window) and "logits_soft_cap"
-// (attention applies attn_logit_softcapping when a config sets it).
+// (attention applies attn_logit_softcapping when a config sets it), "gemma_norm" (its per-head q/k norms scale by
+// 1 + weight: fused_qk_norm_rope's cases take weight_offset 1).
 #include "L4/gemma3.h"
 #include "ops/op.h"
 
@@ -34,7 +35,7 @@ KBN_REGISTER_OPS(r) {
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<Gemma3ForCausalLM>(c, o);
          },
-         .features = {"sliding_window", "logits_soft_cap"}});
+         .features = {"sliding_window", "logits_soft_cap", "gemma_norm"}});
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,224 @@
+#include "L1/fused_qk_norm_rope.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+#ifdef KBN_WITH_CUDA
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
+#endif
+
+namespace kbn::KBN_VARIANT {
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+// ---- kernel layer: raw pointers, row strides, a params struct, a stream ----
+
+struct QKNormRopeParams {
+  const void* qkv;            // [num_tokens, (num_heads + 2 num_kv_heads) * head_dim], row stride qkv_stride
+  const int64_t* positions;   // [num_tokens], stride positions_stride
+  const void* q_weight;       // [head_dim]
+  const void* k_weight;       // [head_dim]
+  const void* cos_sin_cache;  // [max_position, head_dim] contiguous: cos | sin
+  void* q_out;                // [num_tokens, num_heads * head_dim] contiguous
+  void* k_out;                // [num_tokens, num_kv_heads * head_dim] contiguous
+  int64_t qkv_stride, positions_stride, max_position;
+  int num_heads, num_kv_heads;
+  float eps;
+  float weight_offset;  // the norm's scale is weight_offset + weight: 0 (RMSNorm) or 1 (GemmaRMSNorm)
+};
+
+constexpr int kWarps = 4;
+
+// The three kernels this one replaces, step for step: rms_norm_warp_kernel's sum of squares (each lane's 16-byte
+// vector, then the warp's butterfly) and scaling, rounded to T; rotary_embedding's fp32 rotation of the rounded
+// values, rounded to T. So its outputs are the same bits as theirs.
+template <class T>
+__device__ __forceinline__ T rotated(T x, T y, T c, T s, bool first_half) {
+  const float xf = to_f32(x), yf = to_f32(y), cf = to_f32(c), sf = to_f32(s);
+  return first_half ? from_f32<T>(xf * cf - yf * sf) : from_f32<T>(yf * cf + xf * sf);
+}
+
+// One warp per (token, head) over the q heads then the k heads of each token; lane l holds features
+// [l N, l N + N) of the head in one 16-byte vector (N = 16 / sizeof(T)), so the NeoX partner of lane l's features
+// (d + head_dim / 2) sits in lane l ^ kHalf.
+template <class T, int kHeadDim>
+__global__ void __launch_bounds__(kWarps * 32) fused_qk_norm_rope_kernel(QKNormRopeParams p, int64_t rows) {
+  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
+  using V = Vec16<T>;
+  constexpr int N = V::N;
+  constexpr int kVecs = kHeadDim / N;  // lanes holding the head
+  constexpr int kHalf = kVecs / 2;     // lanes between a NeoX pair's two features
+  static_assert(kVecs <= 32 && kVecs % 2 == 0 && (kHalf & (kHalf - 1)) == 0, "a head in one warp, NeoX halves");
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int heads = p.num_heads + p.num_kv_heads;
+  const int64_t t = row / heads;
+  const int head = int(row - t * heads);
+  const bool is_q = head < p.num_heads;
+  // q heads and then k heads are adjacent in the qkv row.
+  const T* x = static_cast<const T*>(p.qkv) + t * p.qkv_stride + int64_t(head) * kHeadDim;
+
+  V v;
+  float ss = 0.f;
+  if (lane < kVecs) {
+    v = reinterpret_cast<const V*>(x)[lane];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float z = to_f32(v.v[j]);
+      ss += z * z;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const float inv_rms = rsqrtf(ss / float(kHeadDim) + p.eps);
+  V normed;
+  if (lane < kVecs) {
+    const V wv = static_cast<const V*>(is_q ? p.q_weight : p.k_weight)[lane];
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float wf = to_f32(wv.v[j]);
+      normed.v[j] = from_f32<T>(to_f32(v.v[j]) * inv_rms * (p.weight_offset != 0.f ? p.weight_offset + wf : wf));
+    }
+  }
+  // The partner half's normalised features, word by word (every lane takes part in the shuffles).
+  V other;
+  {
+    uint32_t words[4], partner[4];
+    __builtin_memcpy(words, &normed, 16);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) partner[w] = __shfl_xor_sync(0xffffffffu, words[w], kHalf);
+    __builtin_memcpy(&other, partner, 16);
+  }
+  if (lane >= kVecs) return;
+  const int64_t pos = p.positions[t * p.positions_stride];
+  V result = normed;
+  if (pos >= 0 && pos < p.max_position) {  // else normalised but not rotated, as rotary_embedding leaves it
+    const bool first_half = lane < kHalf;
+    const T* cos = static_cast<const T*>(p.cos_sin_cache) + pos * kHeadDim;
+    const V c = reinterpret_cast<const V*>(cos)[lane % kHalf];
+    const V s = reinterpret_cast<const V*>(cos + kHeadDim / 2)[lane % kHalf];
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+      result.v[j] = first_half ? rotated(normed.v[j], other.v[j], c.v[j], s.v[j], true)
+                               : rotated(other.v[j], normed.v[j], c.v[j], s.v[j], false);
+  }
+  T* out = is_q ? static_cast<T*>(p.q_out) + (t * p.num_heads + head) * kHeadDim
+                : static_cast<T*>(p.k_out) + (t * p.num_kv_heads + (head - p.num_heads)) * kHeadDim;
+  reinterpret_cast<V*>(out)[lane] = result;
+}
+
+template <class T>
+void launch_fused_qk_norm_rope(const QKNormRopeParams& p, int64_t num_tokens, int64_t head_dim, Stream stream) {
+  const int64_t rows = num_tokens * (p.num_heads + p.num_kv_heads);
+  if (rows == 0) return;
+  const dim3 grid{unsigned((rows + kWarps - 1) / kWarps)};
+  const auto launch = [&](auto kernel) {
+    launch_pdl(kernel, grid, kWarps * 32, 0, stream, p, rows);
+    KBN_CUDA_CHECK_LAUNCH();
+  };
+  if (head_dim == 32)
+    launch(fused_qk_norm_rope_kernel<T, 32>);
+  else if (head_dim == 64)
+    launch(fused_qk_norm_rope_kernel<T, 64>);
+  else if (head_dim == 128)
+    launch(fused_qk_norm_rope_kernel<T, 128>);
+  else if constexpr (sizeof(T) == 2)
+    launch(fused_qk_norm_rope_kernel<T, 256>);  // head_dim 256 (kernel_supports)
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+#endif  // KBN_WITH_CUDA
+
+// ---- op layer ----
+
+FusedQKNormRope::FusedQKNormRope(int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps,
+                                 double weight_offset)
+    : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), eps_(eps), weight_offset_(weight_offset) {
+  constexpr const char* op = "FusedQKNormRope";
+  KBN_CHECK(num_heads > 0 && num_kv_heads > 0, op, ": arguments 'num_heads' and 'num_kv_heads' must be positive, got ",
+            num_heads, " and ", num_kv_heads);
+  KBN_CHECK(head_dim > 0 && head_dim % 2 == 0, op, ": argument 'head_dim' must be positive and even, got ", head_dim);
+  KBN_CHECK((num_heads + 2 * num_kv_heads) * head_dim <= std::numeric_limits<int>::max(), op,
+            ": too many heads: (num_heads + 2 num_kv_heads) * head_dim = ", (num_heads + 2 * num_kv_heads) * head_dim);
+  KBN_CHECK(eps >= 0, op, ": argument 'eps' must be non-negative, got ", eps);
+  KBN_CHECK(weight_offset == 0.0 || weight_offset == 1.0, op,
+            ": argument 'weight_offset' must be 0 (RMSNorm) or 1 (GemmaRMSNorm), got ", weight_offset);
+}
+
+bool FusedQKNormRope::kernel_supports(DType dtype, int64_t head_dim) {
+  if (dtype == DType::bf16 || dtype == DType::f16)
+    return head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256;
+  if (dtype == DType::f32) return head_dim == 32 || head_dim == 64 || head_dim == 128;
+  return false;
+}
+
+std::pair<Tensor, Tensor> FusedQKNormRope::forward(const Tensor& qkv, const Tensor& positions, const Tensor& q_weight,
+                                                   const Tensor& k_weight, const Tensor& cos_sin_cache) {
+  constexpr const char* op = "fused_qk_norm_rope";
+  const int64_t D = head_dim_, width = (num_heads_ + 2 * num_kv_heads_) * D;
+  check_rank(qkv, op, "qkv", 2, "[num_tokens, (num_heads + 2 num_kv_heads) * head_dim]");
+  check_dtype(qkv, op, "qkv", {DType::f32, DType::f16, DType::bf16});
+  check_size(qkv, op, "qkv", 1, width, "(num_heads + 2 num_kv_heads) * head_dim");
+  check_last_dim_contiguous(qkv, op, "qkv");
+  check_rank(positions, op, "positions", 1, "[num_tokens]");
+  check_dtype(positions, op, "positions", {DType::i64});
+  check_size(positions, op, "positions", 0, qkv.size(0), "num_tokens");
+  for (const auto& [w, name] : {std::pair{&q_weight, "q_weight"}, std::pair{&k_weight, "k_weight"}}) {
+    check_rank(*w, op, name, 1, "[head_dim]");
+    check_size(*w, op, name, 0, D, "head_dim");
+    check_same_dtype(qkv, *w, op, "qkv", name);
+    check_same_device(qkv, *w, op, "qkv", name);
+    check_contiguous(*w, op, name);
+  }
+  check_rank(cos_sin_cache, op, "cos_sin_cache", 2, "[max_position, head_dim]");
+  check_size(cos_sin_cache, op, "cos_sin_cache", 1, D, "head_dim (every feature rotates)");
+  check_same_dtype(qkv, cos_sin_cache, op, "qkv", "cos_sin_cache");
+  check_same_device(qkv, cos_sin_cache, op, "qkv", "cos_sin_cache");
+  check_same_device(qkv, positions, op, "qkv", "positions");
+  check_contiguous(cos_sin_cache, op, "cos_sin_cache");
+  const int64_t T = qkv.size(0);
+  Tensor q = Tensor::empty({T, num_heads_ * D}, qkv.dtype(), qkv.device());
+  Tensor k = Tensor::empty({T, num_kv_heads_ * D}, qkv.dtype(), qkv.device());
+  if (T == 0) return {q, k};
+  if (qkv.is_cpu()) {
+    reference::fused_qk_norm_rope(q, k, qkv, positions, q_weight, k_weight, cos_sin_cache, num_heads_, num_kv_heads_,
+                                  D, eps_, weight_offset_);
+    return {q, k};
+  }
+#ifdef KBN_WITH_CUDA
+  KBN_CHECK(kernel_supports(qkv.dtype(), D), op, ": argument 'qkv' ", qkv.str(),
+            ": the kernel takes head_dim 32, 64, 128 or 256 in bf16 / f16 and 32, 64 or 128 in f32, got head_dim ", D);
+  const int64_t es = int64_t(dtype_size(qkv.dtype()));
+  KBN_CHECK(aligned16(qkv.data_ptr()) && qkv.stride(0) * es % 16 == 0 && aligned16(q_weight.data_ptr()) &&
+                aligned16(k_weight.data_ptr()) && aligned16(cos_sin_cache.data_ptr()),
+            op, ": arguments 'qkv' (rows), 'q_weight', 'k_weight' and 'cos_sin_cache' must start on 16-byte boundaries, ",
+            "got qkv ", qkv.str());
+  const QKNormRopeParams p{.qkv = qkv.data_ptr(),
+                           .positions = positions.data<int64_t>(),
+                           .q_weight = q_weight.data_ptr(),
+                           .k_weight = k_weight.data_ptr(),
+                           .cos_sin_cache = cos_sin_cache.data_ptr(),
+                           .q_out = q.data_ptr(),
+                           .k_out = k.data_ptr(),
+                           .qkv_stride = qkv.stride(0),
+                           .positions_stride = positions.stride(0),
+                           .max_position = cos_sin_cache.size(0),
+                           .num_heads = int(num_heads_),
+                           .num_kv_heads = int(num_kv_heads_),
+                           .eps = float(eps_),
+                           .weight_offset = float(weight_offset_)};
+  dispatch_float16_32(qkv.dtype(), op, "qkv",
+                      [&](auto t) { launch_fused_qk_norm_rope<decltype(t)>(p, T, D, current_stream()); });
+#endif
+  return {q, k};
+}
+
+}  // namespace kbn::KBN_VARIANT
