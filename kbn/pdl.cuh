@@ -1,9 +1,10 @@
 #pragma once
 // Programmatic dependent launch (PDL; Hopper and later), for kb-nano's own kernels. A kernel written for it calls
 // pdl_wait() before it touches any memory (reads what earlier kernels wrote, or writes what they read): launched by
-// launch_pdl while kbn::dependent_launch_enabled(), it may be scheduled as soon as the kernel before it on the stream
-// starts retiring its blocks, and waits there until that grid has completed and its writes are visible; the launch
-// latency between the two kernels is hidden. Without the attribute (PDL off, or a plain launch) pdl_wait returns at
+// launch_pdl while kbn::dependent_launch_enabled(), it may be scheduled as soon as every block of the kernel before it
+// on the stream has passed that kernel's pdl_wait, and waits in its own until that grid has completed and its writes
+// are visible: the launch between the two kernels, and whatever read-only work comes before the wait, overlap the
+// kernel before. Without the attribute (PDL off, or a plain launch) pdl_wait returns at
 // once. Only kernels that call pdl_wait first may go through launch_pdl: one that did not could race the kernel before
 // it. Kernels after a PDL-launched one need nothing: a plain launch waits for it as always, and a PDL-launched one
 // waits in its own pdl_wait (which waits for the grid before it, which itself waited for its own: the chain is
@@ -18,18 +19,22 @@
 namespace kbn {
 
 // Waits until the grids this one depends on have completed and their memory operations are visible (griddepcontrol.
-// wait). A no-op below sm_90 and for a grid launched without programmatic dependency.
+// wait), then lets the grid launched after this one be scheduled (griddepcontrol.launch_dependents: once every block
+// of this grid has passed here or exited), so that its work before its own pdl_wait (a GEMV's first weight loads)
+// overlaps this grid's run, not only the launch between the two. Releasing after the wait, not before, keeps at most
+// two grids in flight and makes everything before this grid complete for the successor. The successor still waits in
+// its pdl_wait for this grid's completion, so the release is only a scheduling hint. A no-op below sm_90 and for a
+// grid launched without programmatic dependency.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
 // Lets the grid launched after this one on the stream (if launch_pdl launched it with dependent launch on) be
-// scheduled once every block of this grid has called this or exited, instead of when the blocks exit: for a kernel
-// whose successor has work to do before its pdl_wait (loading weights). Call it after this kernel's own pdl_wait, so
-// that the successor starts only when everything before this kernel is complete: what this kernel read before it ran
-// (e.g. routing ids) is then final for the successor too. A no-op below sm_90 and without a dependent launch.
+// scheduled once every block of this grid has called this or exited, instead of when the blocks exit. pdl_wait does
+// this already; for a kernel whose successor's early work must see more than "everything before this kernel is
+// complete", call it later (after that work) and say why. A no-op below sm_90 and without a dependent launch.
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

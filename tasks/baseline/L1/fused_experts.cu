@@ -628,9 +628,8 @@ template <class T, int kMaxN>
 __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_act_kernel(GemvParams g) {
   constexpr int N = 16 / int(sizeof(T));
   // Dependent launch (kbn/pdl.cuh): the routing ids and x come from the kernels before; GEMM 2 may be scheduled once
-  // every block is past this point, and prefetches its weight rows while this kernel finishes.
+  // every block is past this wait (pdl_wait releases it), and prefetches its weight rows while this kernel finishes.
   pdl_wait();
-  pdl_launch_dependents();
   const int lane = int(threadIdx.x % 32), p = blockIdx.y;
   const int c = int(blockIdx.x) * kGemvWarps + int(threadIdx.x / 32);
   const int e = g.ids[p];
@@ -663,7 +662,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_act_kernel(GemvParam
 }
 
 // The first kPrefetchBytes of a weight row into L2, one 128-byte line per lane at a time: what GEMM 2 does before its
-// pdl_wait while GEMM 1 finishes (its expert ids are final then: GEMM 1 triggered its launch after its own wait).
+// pdl_wait while GEMM 1 finishes (its expert ids are final then: GEMM 1 released its launch after its own wait).
 constexpr int64_t kPrefetchBytes = 4096;
 __device__ __forceinline__ void prefetch_row_l2(const void* row, int64_t bytes) {
   const char* p = static_cast<const char*>(row);
