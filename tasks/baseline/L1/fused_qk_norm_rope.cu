@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kWarps * 32) fused_qk_norm_rope_kernel(QKNormR
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   const float inv_rms = rsqrtf(ss / float(kHeadDim) + p.eps);
-  V normed;
+  V normed{};  // zero in the lanes past the head (their shuffled words go only to lanes that exit)
   if (lane < kVecs) {
     const V wv = static_cast<const V*>(is_q ? p.q_weight : p.k_weight)[lane];
 #pragma unroll
