@@ -14,6 +14,13 @@ KBN_REQUIRE_CTOR(GemmaRMSNorm, "L1/gemma_rms_norm.h", int64_t, double, const Par
 KBN_REQUIRE_METHOD(GemmaRMSNorm, Tensor, forward, (const Tensor&), "L1/gemma_rms_norm.h");
 KBN_REQUIRE_METHOD(GemmaRMSNorm, TensorPair, forward, (const Tensor&, const Tensor&), "L1/gemma_rms_norm.h");
 
+// The per-head q/k norms' weight is read by L2/attention.h's norm_rope_qkv (fused_qk_norm_rope takes it as an argument).
+template <class C>
+concept kbn_gemma_rms_norm_has_weight = requires(C& c) { static_cast<Tensor&>(c.weight); };
+static_assert(kbn_gemma_rms_norm_has_weight<GemmaRMSNorm>,
+              "L1/gemma_rms_norm.h: class 'GemmaRMSNorm' must keep its public `Tensor weight` as the baseline declares it "
+              "(norm_rope_qkv passes it to fused_qk_norm_rope)");
+
 namespace {
 
 // The layer norms over hidden_size (Gemma-3's four per layer and the final norm) and, for the plain norm, the

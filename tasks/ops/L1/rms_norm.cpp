@@ -14,6 +14,13 @@ KBN_REQUIRE_CTOR(RMSNorm, "L1/rms_norm.h", int64_t, double, const ParamOptions&)
 KBN_REQUIRE_METHOD(RMSNorm, Tensor, forward, (const Tensor&), "L1/rms_norm.h");
 KBN_REQUIRE_METHOD(RMSNorm, TensorPair, forward, (const Tensor&, const Tensor&), "L1/rms_norm.h");
 
+// The per-head q/k norms' weight is read by L2/attention.h's norm_rope_qkv (fused_qk_norm_rope takes it as an argument).
+template <class C>
+concept kbn_rms_norm_has_weight = requires(C& c) { static_cast<Tensor&>(c.weight); };
+static_assert(kbn_rms_norm_has_weight<RMSNorm>,
+              "L1/rms_norm.h: class 'RMSNorm' must keep its public `Tensor weight` as the baseline declares it "
+              "(norm_rope_qkv passes it to fused_qk_norm_rope)");
+
 namespace {
 
 std::vector<BenchCase> norm_cases(const std::string& op, const ModelView& m, const CaseOptions& o) {
