@@ -4,11 +4,11 @@
 // launch_pdl while kbn::dependent_launch_enabled(), it may be scheduled as soon as every block of the kernel before it
 // on the stream has passed that kernel's pdl_wait, and waits in its own until that grid has completed and its writes
 // are visible: the launch between the two kernels, and whatever read-only work comes before the wait, overlap the
-// kernel before. Without the attribute (PDL off, or a plain launch) pdl_wait returns at
-// once. Only kernels that call pdl_wait first may go through launch_pdl: one that did not could race the kernel before
-// it. Kernels after a PDL-launched one need nothing: a plain launch waits for it as always, and a PDL-launched one
-// waits in its own pdl_wait (which waits for the grid before it, which itself waited for its own: the chain is
-// ordered). Included only by CUDA translation units.
+// kernel before. Without the attribute (PDL off, or a plain launch) pdl_wait returns at once. Only kernels that call
+// pdl_wait first may go through launch_pdl: one that did not could race the kernel before it. Kernels after a
+// PDL-launched one need nothing: a plain launch waits for it as always, and a PDL-launched one waits in its own
+// pdl_wait (which waits for the grid before it, which itself waited for its own: the chain is ordered). Included only
+// by CUDA translation units.
 #include <cuda_runtime.h>
 
 #include <utility>
@@ -28,16 +28,6 @@ namespace kbn {
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Lets the grid launched after this one on the stream (if launch_pdl launched it with dependent launch on) be
-// scheduled once every block of this grid has called this or exited, instead of when the blocks exit. pdl_wait does
-// this already; for a kernel whose successor's early work must see more than "everything before this kernel is
-// complete", call it later (after that work) and say why. A no-op below sm_90 and without a dependent launch.
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
