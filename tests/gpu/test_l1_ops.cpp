@@ -296,7 +296,9 @@ TEST(FusedQKNormRopeGpu, SameBitsAsTheNormsThenRotary) {
                                std::to_string(c.tokens) + (c.gemma ? " gemma" : "");
       SCOPED_TRACE(what);
       const int64_t D = c.head, q_size = c.heads * D, kv_size = c.kv_heads * D, T = c.tokens;
-      const Pair qkv = randn({T, q_size + 2 * kv_size + c.pad}, dt, seed++);
+      // pad > 0: the rows are a view of wider rows (a row stride past the width, as a fused projection's slice).
+      const Pair wide = randn({T, q_size + 2 * kv_size + c.pad}, dt, seed++);
+      const Pair qkv = wide.slice(1, 0, q_size + 2 * kv_size);
       const Pair q_weight = randn({D}, dt, seed++), k_weight = randn({D}, dt, seed++);
       Tensor positions = Tensor::empty({T}, DType::i64, kCpu);
       fill_randint_(positions, seed++, 0, max_position);
