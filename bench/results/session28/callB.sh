@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 28, call B (build-dev/: 872c69e + the test fix of fused_qk_norm_rope's padded rows + session 27's last-block
 # merge of flash_attn_decode as tasks/candidate/): fused_qk_norm_rope's GPU tests again; the op beside the three it
-# replaces at Qwen3-8B's shapes; decode A/B (baseline vs last-block merge) at Llama-3.1-8B and gpt-oss-20b shapes;
+# replaces at Qwen3-8B's shapes; decode A/B (baseline vs last-block merge) at Llama-3.1-8B shapes;
 # latency-b1 in graph mode with both variants; Llama-3.1-8B latency-b32 without / with --pdl.
 set -u
 build-dev/unpack.sh
@@ -15,7 +15,6 @@ K="build/kb_nano kernels --variant both --no-composition --random 0 --seeds 1 --
 st tests 40 build/tests/kbn_gpu_tests --gtest_filter='FusedQKNormRopeGpu.*:FlashAttnDecodeGpu.*' --gtest_output=json:$O/tests.json
 st llama 110 $K --model llama-3.1-8b-instruct --tokens 1,8,64 --json $O/llama.json
 st eval_b1 90 build/kb_nano eval --workload latency-b1 --num-requests 8 --mode graph --variant both --max-model-len 4096 --json $O/eval_b1.json
-st gptoss 80 $K --model gpt-oss-20b --tokens 1,8 --json $O/gptoss.json
 st qknorm 100 build/kb_nano kernels --variant baseline --no-composition --random 0 --seeds 1 --model qwen3-8b --target fused_qk_norm_rope --target rms_norm --target rotary_embedding --tokens 1,8,64 --json $O/qknorm.json
 for p in off on; do
   fl=(); [ $p = on ] && fl=(--pdl)
@@ -23,7 +22,7 @@ for p in off on; do
 done
 kill %1 2>/dev/null
 cat $O/status.txt; grep -E "PASSED|FAILED|tests ran" $O/tests.log | tail -5
-for f in $O/llama.log $O/gptoss.log; do echo "== $f"; grep -E "B=|ctx|geomean|FAIL" $f | head -40; done
+for f in $O/llama.log; do echo "== $f"; grep -E "B=|ctx|geomean|FAIL" $f | head -40; done
 grep -E "T=|FAIL" $O/qknorm.log | head -30
 for f in $O/eval_*.log; do echo "== $f"; grep -E "TPOT|tok/s|floor|identical|align" $f | head -10; done
 cd $OUT && gzip -9 s/*.log && tar czf s.tgz s && rm -rf s
