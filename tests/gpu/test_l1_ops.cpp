@@ -26,6 +26,7 @@
 #include "L1/argmax.h"
 #include "L1/embedding.h"
 #include "L1/fused_qk_norm_rope.h"
+#include "L1/fused_rope_kvcache.h"
 #include "L1/gelu_and_mul.h"
 #include "L1/gemma_rms_norm.h"
 #include "L1/linear.h"
@@ -353,6 +354,106 @@ TEST(FusedQKNormRopeGpu, RefusesWhatTheKernelCannotTake) {
   const Tensor w = Tensor::zeros({96}, DType::bf16, kGpu), cs = Tensor::zeros({16, 96}, DType::bf16, kGpu);
   try {
     fused.forward(qkv, pos, w, w, cs);
+    FAIL() << "head_dim 96 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();
+  }
+}
+
+// fused_rope_kvcache gives the bits of rotary_embedding (in place on the qkv views) then store_kvcache: q, and the
+// whole pages (poisoned with NaN, so a stray write or a missed slot shows), on 16-bit and fp8 pages (unscaled and with
+// per-tensor scales), with padding tokens (slot -1), a slot past the pages, a position outside the table (not rotated)
+// and rows wider than the heads; and the oracle within the elementwise tolerance.
+TEST(FusedRopeKVCacheGpu, SameBitsAsRotaryThenStore) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t head, heads, kv_heads, tokens, pad;
+    bool fp8;
+  };
+  const Case cases[] = {{128, 32, 8, 1, 0, false},  {128, 32, 8, 37, 8, false}, {64, 64, 8, 300, 0, false},
+                        {256, 16, 8, 5, 0, false},  {32, 4, 2, 23, 8, false},   {128, 32, 8, 70, 0, true},
+                        {64, 16, 2, 19, 8, true},   {256, 8, 4, 9, 0, true},
+                        {16, 4, 2, 11, 8, false},   {16, 4, 1, 6, 0, true}};
+  const int64_t max_position = 4096, bs = 16;
+  uint64_t seed = 760;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      if (!FusedRopeKVCache::kernel_supports(dt, c.head)) continue;
+      for (const kbn::KVScales scales : {kbn::KVScales{}, kbn::KVScales{0.7f, 3.3f}}) {
+        if (!c.fp8 && scales.k != 1.f) continue;  // scales apply to fp8 pages only
+        const std::string what = std::string(dtype_name(dt)) + " head " + std::to_string(c.head) + " heads " +
+                                 std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " tokens " +
+                                 std::to_string(c.tokens) + (c.fp8 ? " fp8 k_scale " + std::to_string(scales.k) : "");
+        SCOPED_TRACE(what);
+        const int64_t D = c.head, q_size = c.heads * D, kv_size = c.kv_heads * D, T = c.tokens;
+        const Pair wide = randn({T, q_size + 2 * kv_size + c.pad}, dt, seed++, c.fp8 ? 100.0 : 1.0);
+        const Pair qkv = wide.slice(1, 0, q_size + 2 * kv_size);
+        Tensor positions = Tensor::empty({T}, DType::i64, kCpu);
+        fill_randint_(positions, seed++, 0, max_position);
+        if (T > 3) positions.data<int64_t>()[2] = max_position + 5;  // outside the table: not rotated
+        const Pair pos = from_host(positions);
+        const int64_t blocks = (T + 2) / bs + 2, num_slots = blocks * bs;
+        std::vector<int64_t> slots(static_cast<size_t>(num_slots));
+        std::iota(slots.begin(), slots.end(), 0);
+        std::mt19937_64 rng(seed++);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(size_t(T));
+        for (size_t t = 1; t < slots.size(); t += 5) slots[t] = -1;
+        if (T > 4) slots[4] = num_slots + 3;  // past the pages: skipped, as store_kvcache does
+        const Pair slot_mapping = from_host(Tensor::from_i64(slots, {T}));
+        const DType kv = c.fp8 ? DType::fp8e4m3 : dt;
+        const Shape shape{blocks, bs, c.kv_heads, D};
+        const auto poisoned = [&] { return Tensor::full(shape, kNaN, kv, kCpu).to(kGpu); };
+        RotaryEmbedding rope(D, D, max_position, 500000.0, true, RopeScaling{}, {dt, kGpu});
+        FusedRopeKVCache fused(c.heads, c.kv_heads, D);
+
+        const Tensor kc = poisoned(), vc = poisoned();
+        const Tensor q = fused.forward(qkv.gpu, pos.gpu, rope.cos_sin_cache, kc, vc, slot_mapping.gpu, scales);
+        ASSERT_TRUE(q.is_contiguous());
+        ASSERT_EQ(q.shape(), (Shape{T, q_size}));
+
+        // The two ops: rotary in place on the views of a copy of the rows, then the store of the rotated k and v.
+        const Tensor rows = qkv.gpu.contiguous();
+        Tensor q2 = rows.slice(1, 0, q_size), k2 = rows.slice(1, q_size, q_size + kv_size);
+        rope.forward(pos.gpu, q2, k2);
+        const Tensor v2 = rows.slice(1, q_size + kv_size, q_size + 2 * kv_size);
+        const Tensor kc2 = poisoned(), vc2 = poisoned();
+        StoreKVCache store;
+        store.forward(k2.view({T, c.kv_heads, D}), v2.as_strided({T, c.kv_heads, D}, {v2.stride(0), D, 1}, v2.offset()),
+                      kc2, vc2, slot_mapping.gpu, scales);
+        expect_bitwise_equal(q, q2.contiguous(), "q: fused vs rotary");
+        expect_bitwise_equal(kc, kc2, "key_cache: fused vs rotary + store");
+        expect_bitwise_equal(vc, vc2, "value_cache: fused vs store");
+        EXPECT_EQ(bytes_of(qkv.gpu), bytes_of(qkv.cpu)) << "qkv must be left untouched";
+
+        // The oracle (its rotary refuses positions outside the table: every position in range here).
+        if (T > 3) {
+          positions.data<int64_t>()[2] = 0;
+          const Pair pos_in = from_host(positions);
+          const Tensor kg = Tensor::zeros(shape, kv, kGpu), vg = Tensor::zeros(shape, kv, kGpu);
+          Tensor kh = Tensor::zeros(shape, kv, kCpu), vh = Tensor::zeros(shape, kv, kCpu);
+          const Tensor qg = fused.forward(qkv.gpu, pos_in.gpu, rope.cos_sin_cache, kg, vg, slot_mapping.gpu, scales);
+          const Tensor qh =
+              fused.forward(qkv.cpu, pos_in.cpu, rope.cos_sin_cache.to(kCpu), kh, vh, slot_mapping.cpu, scales);
+          expect_close(qg, qh, elementwise_tol(dt), "q vs oracle");
+          if (!c.fp8) {
+            expect_close(kg, kh, elementwise_tol(dt), "key_cache vs oracle");
+            expect_bitwise_equal(vg, vh, "value_cache vs oracle");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(FusedRopeKVCacheGpu, RefusesWhatTheKernelCannotTake) {
+  KBN_SKIP_WITHOUT_GPU();
+  FusedRopeKVCache fused(2, 1, 96);
+  const Tensor qkv = Tensor::zeros({3, 4 * 96}, DType::bf16, kGpu), pos = Tensor::zeros({3}, DType::i64, kGpu);
+  const Tensor cs = Tensor::zeros({16, 96}, DType::bf16, kGpu), cache = Tensor::zeros({1, 16, 1, 96}, DType::bf16, kGpu);
+  const Tensor slots = Tensor::zeros({3}, DType::i64, kGpu);
+  try {
+    fused.forward(qkv, pos, cs, cache, cache, slots);
     FAIL() << "head_dim 96 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();

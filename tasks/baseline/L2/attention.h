@@ -7,9 +7,11 @@
 #include "L1/flash_attn_decode.h"
 #include "L1/flash_attn_prefill.h"
 #include "L1/fused_qk_norm_rope.h"
+#include "L1/fused_rope_kvcache.h"
 #include "L1/rotary_embedding.h"
 #include "L1/store_kvcache.h"
 #include "kbn/cache_spec.h"
+#include "kbn/forward_context.h"
 #include "kbn/variant.h"
 
 namespace kbn::KBN_VARIANT {
@@ -27,6 +29,14 @@ class Attention : public Module {
   // strides may exceed the width: views into a fused qkv tensor) -> [num_tokens, num_heads * head_size]
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value);
 
+  // The same layer for the blocks whose q and k take the rope alone right before it (Llama, Mixtral, gpt-oss):
+  // qkv: [num_tokens, (num_heads + 2 num_kv_heads) * head_size] (any row stride), the fused projection's rows. Where
+  // the rope is NeoX over the whole head and fused_rope_kvcache's kernel takes the shapes (always on CPU tensors,
+  // where it is the same oracle arithmetic), one kernel rotates q into a new contiguous tensor and writes the rotated k
+  // and v to this layer's pages (vLLM's RoPE + KV-cache fusion); else `rotary` rotates the q and k views of qkv in
+  // place and forward(q, k, v) runs. Either way, the same bits.
+  Tensor forward_rope(const Tensor& positions, const Tensor& qkv, RotaryEmbedding& rotary);
+
   int64_t layer_index() const { return layer_index_; }
   // The per-tensor scales of this layer's fp8 K/V pages (parameters "k_scale", "v_scale", vLLM's names; a
   // checkpoint calibrated for an fp8 KV cache carries them, else 1.0). Used only when the pages are fp8: 16-bit
@@ -40,9 +50,16 @@ class Attention : public Module {
   const Tensor* sinks_;
   // [1] f32 on the host (read at every forward without a device sync), 1.0 until a checkpoint fills them.
   Tensor k_scale_, v_scale_;
+  // The attention proper, once this step's keys and values are in `cache`: q [num_tokens, num_heads, head_size]
+  // (any token stride) -> [num_tokens, num_heads * head_size].
+  Tensor attend(const Tensor& q, KVCache& cache, const Tensor& block_tables, const KVScales& scales);
+  // This layer's cache and its group's slot mapping from the forward context, checked against num_tokens.
+  KVCache& layer_cache(int64_t num_tokens) const;
+
   StoreKVCache store_kvcache_;
   FlashAttnPrefill prefill_;
   FlashAttnDecode decode_;
+  FusedRopeKVCache rope_kvcache_;
 };
 
 // The q/k path of the attention blocks with per-head q/k norms (Qwen3Attention, Gemma3Attention): one

@@ -27,9 +27,7 @@ GptOssAttention::GptOssAttention(const GptOssConfig& c, int64_t layer_index, con
       sinks(Tensor::empty({qkv_proj.num_heads()}, DType::f32, opts.device)),
       attn(qkv_proj.num_heads(), c.head_dim, 1.0 / std::sqrt(double(c.head_dim)), qkv_proj.num_kv_heads(),
            prefix + ".attn", layer_slides(c, layer_index) ? c.sliding_window : 0, 0.0, &sinks),
-      sliding_(layer_slides(c, layer_index)),
-      q_size_(qkv_proj.num_heads() * c.head_dim),
-      kv_size_(qkv_proj.num_kv_heads() * c.head_dim) {
+      sliding_(layer_slides(c, layer_index)) {
   register_module("qkv_proj", &qkv_proj);
   register_module("o_proj", &o_proj);
   register_module("attn", &attn);  // its k_scale / v_scale (fp8 KV-cache scales)
@@ -45,11 +43,8 @@ GptOssAttention::GptOssAttention(const GptOssConfig& c, int64_t layer_index, con
 
 Tensor GptOssAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
-  Tensor q = qkv.slice(1, 0, q_size_);
-  Tensor k = qkv.slice(1, q_size_, q_size_ + kv_size_);
-  Tensor v = qkv.slice(1, q_size_ + kv_size_, q_size_ + 2 * kv_size_);
-  rotary_emb.forward(positions, q, k);
-  Tensor attn_output = attn.forward(q, k, v);
+  // rotary_emb on q and k, then the paged store and attention (one fused rope + KV-store kernel where it applies).
+  Tensor attn_output = attn.forward_rope(positions, qkv, rotary_emb);
   auto [output, out_bias] = o_proj.forward(attn_output);
   return output;
 }

@@ -34,7 +34,6 @@ class GptOssAttention : public Module {
 
  private:
   bool sliding_;
-  int64_t q_size_, kv_size_;
 };
 
 }  // namespace kbn::KBN_VARIANT

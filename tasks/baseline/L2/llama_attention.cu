@@ -14,8 +14,6 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, int64_t hidden_size, i
       rotary_emb(config.head_dim, config.head_dim, max_position_embeddings, rope_theta, true, rope_scaling, opts),
       attn(qkv_proj.num_heads(), config.head_dim, 1.0 / std::sqrt(double(config.head_dim)), qkv_proj.num_kv_heads(),
            prefix + ".attn") {
-  q_size_ = qkv_proj.num_heads() * config.head_dim;
-  kv_size_ = qkv_proj.num_kv_heads() * config.head_dim;
   register_module("qkv_proj", &qkv_proj);
   register_module("o_proj", &o_proj);
   register_module("attn", &attn);  // its k_scale / v_scale (fp8 KV-cache scales)
@@ -23,11 +21,8 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, int64_t hidden_size, i
 
 Tensor LlamaAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
-  Tensor q = qkv.slice(1, 0, q_size_);
-  Tensor k = qkv.slice(1, q_size_, q_size_ + kv_size_);
-  Tensor v = qkv.slice(1, q_size_ + kv_size_, q_size_ + 2 * kv_size_);
-  rotary_emb.forward(positions, q, k);
-  Tensor attn_output = attn.forward(q, k, v);
+  // rotary_emb on q and k, then the paged store and attention (one fused rope + KV-store kernel where it applies).
+  Tensor attn_output = attn.forward_rope(positions, qkv, rotary_emb);
   auto [output, out_bias] = o_proj.forward(attn_output);
   return output;
 }

@@ -24,9 +24,6 @@ class LlamaAttention : public Module {
   RowParallelLinear o_proj;
   RotaryEmbedding rotary_emb;
   Attention attn;
-
- private:
-  int64_t q_size_, kv_size_;
 };
 
 }  // namespace kbn::KBN_VARIANT

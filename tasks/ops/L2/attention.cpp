@@ -1,5 +1,5 @@
-// attention: the paged attention layer (tasks/baseline/L2/attention.h: store_kvcache, then the prefill and
-// decode kernels, which carry the cases).
+// attention: the paged attention layer (tasks/baseline/L2/attention.h: store_kvcache, or fused_rope_kvcache with the
+// rope, then the prefill and decode kernels, which carry the cases).
 #include "L2/attention.h"
 #include "ops/op.h"
 
@@ -15,6 +15,9 @@ KBN_REQUIRE_CTOR(Attention, "L2/attention.h", int64_t, int64_t, double, int64_t,
                  const Tensor*);
 KBN_REQUIRE_METHOD(Attention, LayerCacheSpec, cache_spec, (DType) const, "L2/attention.h");
 KBN_REQUIRE_METHOD(Attention, Tensor, forward, (const Tensor&, const Tensor&, const Tensor&), "L2/attention.h");
+// LlamaAttention and GptOssAttention hand it the qkv rows and their rope (fused_rope_kvcache where it applies).
+KBN_REQUIRE_METHOD(Attention, Tensor, forward_rope, (const Tensor&, const Tensor&, RotaryEmbedding&),
+                   "L2/attention.h");
 
 KBN_REGISTER_OPS(r) {
   r.add({.name = "attention",
