@@ -15,16 +15,16 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.li
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv -lms 500 > $O/smi.csv 2>/dev/null &
 B1="eval --workload latency-b1 --num-requests 8 --mode graph --max-model-len 4096"
 build-base/unpack.sh
-st eval_b1_old 45 build/kb_nano $B1 --variant baseline --json $O/eval_b1_old.json
+st eval_b1_old 40 build/kb_nano $B1 --variant baseline --json $O/eval_b1_old.json
 build-dev/unpack.sh
-st tests 90 build/tests/kbn_gpu_tests --gtest_filter='FusedRopeKVCacheGpu.*:FusedQKNormRopeGpu.*:FlashAttnDecodeGpu.*:StoreKVCacheGpu.*:EngineGraphGpu.*' --gtest_output=json:$O/tests.json
-st fused 60 build/kb_nano kernels --variant baseline --no-composition --random 0 --seeds 1 --model llama-3.1-8b-instruct --target fused_rope_kvcache --target rotary_embedding --target store_kvcache --tokens 1,64 --json $O/fused.json
-st eval_b1 80 build/kb_nano $B1 --variant both --json $O/eval_b1.json
-st llama 100 build/kb_nano kernels --variant both --no-composition --random 0 --seeds 1 --target flash_attn_decode --model llama-3.1-8b-instruct --tokens 1,8,64 --json $O/llama.json
+st tests 80 build/tests/kbn_gpu_tests --gtest_filter='FusedRopeKVCacheGpu.*:FusedQKNormRopeGpu.*:FlashAttnDecodeGpu.*:StoreKVCacheGpu.*:EngineGraphGpu.*' --gtest_output=json:$O/tests.json
+st eval_b1 70 build/kb_nano $B1 --variant both --json $O/eval_b1.json
 for p in off on; do
   fl=(); [ $p = on ] && fl=(--pdl)
-  st eval_b32_pdl_$p 50 build/kb_nano eval --workload latency-b32 --mode graph --variant baseline --max-model-len 4096 "${fl[@]}" --json $O/eval_b32_pdl_$p.json
+  st eval_b32_pdl_$p 45 build/kb_nano eval --workload latency-b32 --mode graph --variant baseline --max-model-len 4096 "${fl[@]}" --json $O/eval_b32_pdl_$p.json
 done
+st fused 50 build/kb_nano kernels --variant baseline --no-composition --random 0 --seeds 1 --model llama-3.1-8b-instruct --target fused_rope_kvcache --target rotary_embedding --target store_kvcache --tokens 1,64 --json $O/fused.json
+st llama 80 build/kb_nano kernels --variant both --no-composition --random 0 --seeds 1 --target flash_attn_decode --model llama-3.1-8b-instruct --tokens 1,8,64 --json $O/llama.json
 kill %1 2>/dev/null
 cat $O/status.txt; grep -E "PASSED|FAILED|tests ran" $O/tests.log | tail -8
 grep -E "T=|FAIL" $O/fused.log | head -20

@@ -39,7 +39,8 @@ constexpr int kWarps = 4;
 template <class T>
 __device__ __forceinline__ T rotated(T x, T y, T c, T s, bool first_half) {
   const float xf = to_f32(x), yf = to_f32(y), cf = to_f32(c), sf = to_f32(s);
-  return first_half ? from_f32<T>(xf * cf - yf * sf) : from_f32<T>(yf * cf + xf * sf);
+  return first_half ? from_f32<T>(__fsub_rn(__fmul_rn(xf, cf), __fmul_rn(yf, sf)))
+                    : from_f32<T>(__fadd_rn(__fmul_rn(yf, cf), __fmul_rn(xf, sf)));  // no contraction, as rotary's
 }
 
 // A lane's N values to the pages: the same bits (16-bit pages), or each float(x) / scale rounded once to e4m3,

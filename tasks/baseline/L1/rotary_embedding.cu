@@ -36,8 +36,10 @@ constexpr int kMaxThreads = 256;
 template <class T>
 __device__ __forceinline__ void rotate(T& x, T& y, T c, T s) {
   const float xf = to_f32(x), yf = to_f32(y), cf = to_f32(c), sf = to_f32(s);
-  x = from_f32<T>(xf * cf - yf * sf);
-  y = from_f32<T>(yf * cf + xf * sf);
+  // Each product and the sum rounded on their own (no fused multiply-add, whose contraction the compiler chooses per
+  // call site): the fused ops that rotate (fused_qk_norm_rope, fused_rope_kvcache) give these bits, f32 included.
+  x = from_f32<T>(__fsub_rn(__fmul_rn(xf, cf), __fmul_rn(yf, sf)));
+  y = from_f32<T>(__fadd_rn(__fmul_rn(yf, cf), __fmul_rn(xf, sf)));
 }
 
 // One block per token: the work items of all query heads and then all key heads share one loop, so the
