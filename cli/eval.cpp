@@ -71,7 +71,8 @@ struct Options {
   bool kernel_trace = false;
   bool no_prefix_caching = false;
   bool check_finite = false;
-  bool pdl = false;  // programmatic dependent launch of the kernels written for it (kbn/pdl.cuh)
+  bool pdl = false;     // programmatic dependent launch forced on (kbn/pdl.cuh; the default where the GPU has it)
+  bool no_pdl = false;  // ... and off
   std::string admission = "reserve";  // reserve | optimistic
   std::string kv_cache_dtype = "auto";  // auto | fp8 | fp8_e4m3
   bool compare_kv_cache_dtype = false;  // run the baseline with auto KV, then with kv_cache_dtype, and align them
@@ -639,7 +640,7 @@ void run_url(const Options& o, bool max_num_seqs_given) {
       {max_num_seqs_given, "--max-num-seqs"},  {o.max_num_batched_tokens > 0, "--max-num-batched-tokens"},
       {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
       {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"},
-      {o.pdl, "--pdl"},
+      {o.pdl, "--pdl"},                        {o.no_pdl, "--no-pdl"},
       {o.nano.given(), "--nano-batches / --nano-batch-*"},      {o.compare_nano_batches, "--compare-nano-batches"}};
   for (const auto& [given, flag] : engine_flags)
     KBN_CHECK(!given, flag, ": with --url the engine is the server's (set it on kb_nano serve)");
@@ -891,8 +892,9 @@ void print_setup(const EvalSetup& e) {
               ecfg.reserve_max_tokens ? "reserving every running request's max_tokens (no preemption)"
                                       : "optimistic (vLLM's; preemption by recompute)",
               ecfg.enable_prefix_caching ? "on" : "off");
-  if (dependent_launch_enabled())
-    std::printf("  programmatic dependent launch on (--pdl or KBN_PDL=1): the decode-path kernels of kbn/pdl.cuh\n");
+  std::printf("  programmatic dependent launch %s\n",
+              dependent_launch_enabled() ? "on (kbn/pdl.cuh's kernels; the default on Hopper: --no-pdl or KBN_PDL=0 for off)"
+                                         : "off");
   if (o.nano.count > 1)
     std::printf("  nano-batches: %sup to %d per eager step (%s), of >= %lld tokens each, each on a stream of its "
                 "own%s%s%s\n",
@@ -1140,7 +1142,9 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
 void run(const Options& o, bool max_num_seqs_given) {
   if (!o.url.empty()) return run_url(o, max_num_seqs_given);
   check_run_flags(o, max_num_seqs_given);
+  KBN_CHECK(!(o.pdl && o.no_pdl), "--pdl and --no-pdl: pass one of them");
   if (o.pdl) set_dependent_launch(true);
+  if (o.no_pdl) set_dependent_launch(false);
   const std::vector<Pass> passes = select_passes(o);
   const EvalSetup e = make_setup(o, max_num_seqs_given);
   print_setup(e);
@@ -1272,8 +1276,11 @@ void add_eval_command(CLI::App& app) {
   o->nano.add_to(cmd);
   cmd->add_flag("--pdl", o->pdl,
                 "Programmatic dependent launch (Hopper): kb-nano's decode-path kernels (the README lists them) may be "
-                "scheduled while the kernel before them drains, and wait in-kernel for it (kbn/pdl.cuh; also "
-                "KBN_PDL=1 for any command): an experiment, off by default");
+                "scheduled while the kernel before them drains, and wait in-kernel for it (kbn/pdl.cuh). On by default "
+                "where the GPU has it (compute capability 9.0+); this flag forces it on (KBN_PDL=1 for any command)");
+  cmd->add_flag("--no-pdl", o->no_pdl,
+                "Programmatic dependent launch off: every kernel waits for the one before it to finish before it is "
+                "scheduled (KBN_PDL=0 for any command)");
   cmd->add_flag("--compare-nano-batches", o->compare_nano_batches,
                 "Run the baseline twice, with whole steps and then with --nano-batches, and report both and their "
                 "greedy alignment");

@@ -27,14 +27,33 @@ Device parse_device(const std::string& s) {
 }
 
 namespace {
-std::atomic<int> g_dependent_launch{-1};  // -1: not decided yet (read KBN_PDL)
+std::atomic<int> g_dependent_launch{-1};  // -1: not decided yet (KBN_PDL, else the GPU's compute capability)
+
+// On where the current GPU has programmatic dependent launch (compute capability 9.0 and later).
+int default_dependent_launch() {
+#ifdef KBN_WITH_CUDA
+  if (cuda_device_count() == 0) return 0;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return major >= 9 ? 1 : 0;
+#else
+  return 0;
+#endif
+}
 }  // namespace
 
 bool dependent_launch_enabled() {
   int v = g_dependent_launch.load(std::memory_order_relaxed);
   if (v < 0) {
     const char* env = std::getenv("KBN_PDL");
-    v = env && std::string(env) == "1" ? 1 : 0;
+    const std::string e = env ? env : "";
+    KBN_CHECK(e.empty() || e == "0" || e == "1", "KBN_PDL: expected 0 (dependent launch off) or 1 (on), got '", e,
+              "'");
+    v = e == "0" ? 0 : e == "1" ? 1 : default_dependent_launch();
     int expected = -1;
     if (!g_dependent_launch.compare_exchange_strong(expected, v)) v = expected;
   }

@@ -32,9 +32,11 @@ int cuda_device_count();
 
 // Programmatic dependent launch (Hopper and later; kbn/pdl.cuh): the kernels written for it, which wait for the grids
 // before them before touching memory, are launched so that they may be scheduled while the kernel before them on the
-// stream drains, hiding the launch gap between small kernels (batch-1 decode runs ~9 per layer). Off unless KBN_PDL=1
-// is in the environment at the first query or set_dependent_launch(true) is called: an experiment until measured
-// (eval --pdl); kernels launched while it is on keep it inside the CUDA graphs they are captured into.
+// stream drains, hiding the launch gap between small kernels and letting a GEMV's first weight loads overlap the kernel
+// before it. On by default where the GPU has it (compute capability 9.0 and later: measured +2.4-3.1% at batch-1
+// decode and neutral at batch 32, bench/results/h100/session28/); KBN_PDL=0 (or eval --no-pdl) turns it off, KBN_PDL=1
+// forces it on; set_dependent_launch overrides both. Kernels launched while it is on keep it inside the CUDA graphs
+// they are captured into.
 bool dependent_launch_enabled();
 void set_dependent_launch(bool on);
 
