@@ -9,6 +9,7 @@
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #include "kbn/pdl.cuh"
+#include "kbn/rope.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -34,19 +35,11 @@ struct QKNormRopeParams {
 
 constexpr int kWarps = 4;
 
-// The three kernels this one replaces, step for step: rms_norm_warp_kernel's sum of squares (each lane's 16-byte
-// vector, then the warp's butterfly) and scaling, rounded to T; rotary_embedding's fp32 rotation of the rounded
-// values, rounded to T. So its outputs are the same bits as theirs.
-template <class T>
-__device__ __forceinline__ T rotated(T x, T y, T c, T s, bool first_half) {
-  const float xf = to_f32(x), yf = to_f32(y), cf = to_f32(c), sf = to_f32(s);
-  return first_half ? from_f32<T>(__fsub_rn(__fmul_rn(xf, cf), __fmul_rn(yf, sf)))
-                    : from_f32<T>(__fadd_rn(__fmul_rn(yf, cf), __fmul_rn(xf, sf)));  // no contraction, as rotary's
-}
-
 // One warp per (token, head) over the q heads then the k heads of each token; lane l holds features
 // [l N, l N + N) of the head in one 16-byte vector (N = 16 / sizeof(T)), so the NeoX partner of lane l's features
-// (d + head_dim / 2) sits in lane l ^ kHalf.
+// (d + head_dim / 2) sits in lane l ^ kHalf. The three kernels this one replaces, step for step: rms_norm_warp_kernel's
+// sum of squares (each lane's 16-byte vector, then the warp's butterfly) and scaling, rounded to T; rotary_embedding's
+// rotation of the rounded values (kbn/rope.cuh). So its outputs are the same bits as theirs.
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kWarps * 32) fused_qk_norm_rope_kernel(QKNormRopeParams p, int64_t rows) {
   pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
@@ -87,28 +80,11 @@ __global__ void __launch_bounds__(kWarps * 32) fused_qk_norm_rope_kernel(QKNormR
       normed.v[j] = from_f32<T>(to_f32(v.v[j]) * inv_rms * (p.weight_offset != 0.f ? p.weight_offset + wf : wf));
     }
   }
-  // The partner half's normalised features, word by word (every lane takes part in the shuffles).
-  V other;
-  {
-    uint32_t words[4], partner[4];
-    __builtin_memcpy(words, &normed, 16);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) partner[w] = __shfl_xor_sync(0xffffffffu, words[w], kHalf);
-    __builtin_memcpy(&other, partner, 16);
-  }
+  const V other = shfl_xor_vec16(normed, kHalf);  // the partner half (every lane takes part)
   if (lane >= kVecs) return;
-  const int64_t pos = p.positions[t * p.positions_stride];
-  V result = normed;
-  if (pos >= 0 && pos < p.max_position) {  // else normalised but not rotated, as rotary_embedding leaves it
-    const bool first_half = lane < kHalf;
-    const T* cos = static_cast<const T*>(p.cos_sin_cache) + pos * kHeadDim;
-    const V c = reinterpret_cast<const V*>(cos)[lane % kHalf];
-    const V s = reinterpret_cast<const V*>(cos + kHeadDim / 2)[lane % kHalf];
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-      result.v[j] = first_half ? rotated(normed.v[j], other.v[j], c.v[j], s.v[j], true)
-                               : rotated(other.v[j], normed.v[j], c.v[j], s.v[j], false);
-  }
+  // Outside the table: normalised but not rotated, as rotary_embedding leaves it.
+  const V result = rope_neox_lane<T, kHeadDim>(normed, other, lane, p.positions[t * p.positions_stride],
+                                               static_cast<const T*>(p.cos_sin_cache), p.max_position);
   T* out = is_q ? static_cast<T*>(p.q_out) + (t * p.num_heads + head) * kHeadDim
                 : static_cast<T*>(p.k_out) + (t * p.num_kv_heads + (head - p.num_heads)) * kHeadDim;
   reinterpret_cast<V*>(out)[lane] = result;

@@ -11,6 +11,7 @@
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #include "kbn/pdl.cuh"
+#include "kbn/rope.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -34,14 +35,6 @@ struct RopeKVCacheParams {
 };
 
 constexpr int kWarps = 4;
-
-// rotary_embedding_kernel's rotation, step for step: fp32 products of the rounded values, rounded to T.
-template <class T>
-__device__ __forceinline__ T rotated(T x, T y, T c, T s, bool first_half) {
-  const float xf = to_f32(x), yf = to_f32(y), cf = to_f32(c), sf = to_f32(s);
-  return first_half ? from_f32<T>(__fsub_rn(__fmul_rn(xf, cf), __fmul_rn(yf, sf)))
-                    : from_f32<T>(__fadd_rn(__fmul_rn(yf, cf), __fmul_rn(xf, sf)));  // no contraction, as rotary's
-}
 
 // A lane's N values to the pages: the same bits (16-bit pages), or each float(x) / scale rounded once to e4m3,
 // nearest even, saturated to +-448 (store_kvcache's conversion).
@@ -71,7 +64,8 @@ __device__ __forceinline__ void store_lane(void* cache, int64_t index, const Vec
 // One warp per (token, head) over the q heads then the kv heads of each token; lane l holds features
 // [l N, l N + N) of the head in one 16-byte vector (N = 16 / sizeof(T)), so the NeoX partner of lane l's features
 // (d + head_dim / 2) sits in lane l ^ kHalf. A q head is rotated into q_out; a kv head's k is rotated and stored, its
-// v stored as it is, in the slot of the token (none for slot -1 or past the pages).
+// v stored as it is, in the slot of the token (none for slot -1 or past the pages). The rotation is rotary_embedding's
+// (kbn/rope.cuh), the store store_kvcache's: the same bits.
 template <class T, int kHeadDim, bool kFp8>
 __global__ void __launch_bounds__(kWarps * 32) fused_rope_kvcache_kernel(RopeKVCacheParams p, int64_t rows) {
   pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
@@ -97,27 +91,11 @@ __global__ void __launch_bounds__(kWarps * 32) fused_rope_kvcache_kernel(RopeKVC
 
   V v{};  // zero in the lanes past the head (their shuffled words go only to lanes that exit)
   if (lane < kVecs) v = reinterpret_cast<const V*>(x)[lane];
-  V other;
-  {
-    uint32_t words[4], partner[4];
-    __builtin_memcpy(words, &v, 16);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) partner[w] = __shfl_xor_sync(0xffffffffu, words[w], kHalf);
-    __builtin_memcpy(&other, partner, 16);
-  }
+  const V other = shfl_xor_vec16(v, kHalf);  // the partner half (every lane takes part)
   if (lane >= kVecs) return;
-  const int64_t pos = p.positions[t * p.positions_stride];
-  V result = v;
-  if (pos >= 0 && pos < p.max_position) {  // else not rotated, as rotary_embedding leaves it
-    const bool first_half = lane < kHalf;
-    const T* cos = static_cast<const T*>(p.cos_sin_cache) + pos * kHeadDim;
-    const V c = reinterpret_cast<const V*>(cos)[lane % kHalf];
-    const V s = reinterpret_cast<const V*>(cos + kHeadDim / 2)[lane % kHalf];
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-      result.v[j] = first_half ? rotated(v.v[j], other.v[j], c.v[j], s.v[j], true)
-                               : rotated(other.v[j], v.v[j], c.v[j], s.v[j], false);
-  }
+  // Outside the table: not rotated, as rotary_embedding leaves it.
+  const V result = rope_neox_lane<T, kHeadDim>(v, other, lane, p.positions[t * p.positions_stride],
+                                               static_cast<const T*>(p.cos_sin_cache), p.max_position);
   if (is_q) {
     reinterpret_cast<V*>(static_cast<T*>(p.q_out) + (t * p.num_heads + head) * kHeadDim)[lane] = result;
     return;

@@ -11,6 +11,7 @@
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #include "kbn/pdl.cuh"
+#include "kbn/rope.cuh"
 #endif
 
 namespace kbn::KBN_VARIANT {
@@ -32,14 +33,12 @@ struct RotaryParams {
 
 constexpr int kMaxThreads = 256;
 
-// Rotates the pair (x, y) by the angle whose cosine and sine are c and s, in fp32.
+// Rotates the pair (x, y) by the angle whose cosine and sine are c and s (kbn/rope.cuh: fp32, no contraction).
 template <class T>
 __device__ __forceinline__ void rotate(T& x, T& y, T c, T s) {
-  const float xf = to_f32(x), yf = to_f32(y), cf = to_f32(c), sf = to_f32(s);
-  // Each product and the sum rounded on their own (no fused multiply-add, whose contraction the compiler chooses per
-  // call site): the fused ops that rotate (fused_qk_norm_rope, fused_rope_kvcache) give these bits, f32 included.
-  x = from_f32<T>(__fsub_rn(__fmul_rn(xf, cf), __fmul_rn(yf, sf)));
-  y = from_f32<T>(__fadd_rn(__fmul_rn(yf, cf), __fmul_rn(xf, sf)));
+  const T rx = rope_rotated_x(x, y, c, s), ry = rope_rotated_y(x, y, c, s);
+  x = rx;
+  y = ry;
 }
 
 // One block per token: the work items of all query heads and then all key heads share one loop, so the

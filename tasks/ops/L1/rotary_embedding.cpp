@@ -16,14 +16,15 @@ KBN_REQUIRE_CTOR(RotaryEmbedding, "L1/rotary_embedding.h", int64_t, int64_t, int
                  const ParamOptions&);
 KBN_REQUIRE_METHOD(RotaryEmbedding, TensorPair, forward, (const Tensor&, const Tensor&, const Tensor&),
                    "L1/rotary_embedding.h");
-// L2/attention.h's norm_rope_qkv hands the table to fused_qk_norm_rope where the rope is NeoX over the whole head.
+// L2/attention.h's norm_rope_qkv and Attention::forward_rope hand the table to fused_qk_norm_rope / fused_rope_kvcache
+// where the rope is NeoX over the whole head.
 KBN_REQUIRE_METHOD(RotaryEmbedding, bool, is_neox_style, () const, "L1/rotary_embedding.h");
 KBN_REQUIRE_METHOD(RotaryEmbedding, int64_t, rotary_dim, () const, "L1/rotary_embedding.h");
 template <class C>
 concept kbn_rotary_has_table = requires(C& c) { static_cast<Tensor&>(c.cos_sin_cache); };
 static_assert(kbn_rotary_has_table<RotaryEmbedding>,
               "L1/rotary_embedding.h: class 'RotaryEmbedding' must keep its public `Tensor cos_sin_cache` as the "
-              "baseline declares it (norm_rope_qkv passes it to fused_qk_norm_rope)");
+              "baseline declares it (norm_rope_qkv and Attention::forward_rope pass it to the fused ops)");
 
 namespace {
 
