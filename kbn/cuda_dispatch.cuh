@@ -81,6 +81,15 @@ __device__ __forceinline__ __nv_fp8_e4m3 from_f32<__nv_fp8_e4m3>(float v) {
   return __nv_fp8_e4m3(v);
 }
 
+// a / scale, b / scale, c / scale, d / scale, each rounded once to e4m3 (nearest even, saturated to +-448: the scalar
+// conversion's rounding), packed in order into one 32-bit word: the fp8 pages' store (store_kvcache,
+// fused_rope_kvcache), one definition so that both write the same bits.
+__device__ __forceinline__ uint32_t fp8x4_e4m3(float a, float b, float c, float d, float scale) {
+  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a / scale, b / scale), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c / scale, d / scale), __NV_SATFINITE, __NV_E4M3);
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
 // 16-byte vector of T for vectorised loads/stores.
 template <class T>
 struct alignas(16) Vec16 {

@@ -6,8 +6,6 @@
 #include "kbn/checks.h"
 #include "reference/reference.h"
 #ifdef KBN_WITH_CUDA
-#include <cuda_fp8.h>
-
 #include "kbn/cuda_check.h"
 #include "kbn/cuda_dispatch.cuh"
 #include "kbn/pdl.cuh"
@@ -36,8 +34,8 @@ struct RopeKVCacheParams {
 
 constexpr int kWarps = 4;
 
-// A lane's N values to the pages: the same bits (16-bit pages), or each float(x) / scale rounded once to e4m3,
-// nearest even, saturated to +-448 (store_kvcache's conversion).
+// A lane's N values to the pages: the same bits (16-bit pages), or each float(x) / scale rounded once to e4m3
+// (fp8x4_e4m3, store_kvcache's conversion).
 template <class T, bool kFp8>
 __device__ __forceinline__ void store_lane(void* cache, int64_t index, const Vec16<T>& x, float scale) {
   constexpr int N = Vec16<T>::N;
@@ -46,13 +44,9 @@ __device__ __forceinline__ void store_lane(void* cache, int64_t index, const Vec
   } else {
     uint32_t w[N / 4];
 #pragma unroll
-    for (int h = 0; h < N / 4; ++h) {
-      const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(
-          make_float2(to_f32(x.v[4 * h]) / scale, to_f32(x.v[4 * h + 1]) / scale), __NV_SATFINITE, __NV_E4M3);
-      const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-          make_float2(to_f32(x.v[4 * h + 2]) / scale, to_f32(x.v[4 * h + 3]) / scale), __NV_SATFINITE, __NV_E4M3);
-      w[h] = uint32_t(lo) | (uint32_t(hi) << 16);
-    }
+    for (int h = 0; h < N / 4; ++h)
+      w[h] = fp8x4_e4m3(to_f32(x.v[4 * h]), to_f32(x.v[4 * h + 1]), to_f32(x.v[4 * h + 2]), to_f32(x.v[4 * h + 3]),
+                        scale);
     uint8_t* dst = static_cast<uint8_t*>(cache) + index;
     if constexpr (N == 8)
       *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);

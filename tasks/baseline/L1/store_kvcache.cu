@@ -150,16 +150,8 @@ __device__ __forceinline__ void load8(const T* src, float (&x)[8]) {
 // x / scale for eight elements, each rounded once to e4m3 (nearest even, saturated: the scalar kernel's conversion),
 // stored as one 8-byte word.
 __device__ __forceinline__ void store8_fp8(__nv_fp8_e4m3* dst, const float (&x)[8], float scale) {
-  uint32_t w[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const __nv_fp8x2_storage_t lo =
-        __nv_cvt_float2_to_fp8x2(make_float2(x[4 * h] / scale, x[4 * h + 1] / scale), __NV_SATFINITE, __NV_E4M3);
-    const __nv_fp8x2_storage_t hi =
-        __nv_cvt_float2_to_fp8x2(make_float2(x[4 * h + 2] / scale, x[4 * h + 3] / scale), __NV_SATFINITE, __NV_E4M3);
-    w[h] = uint32_t(lo) | (uint32_t(hi) << 16);
-  }
-  *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(fp8x4_e4m3(x[0], x[1], x[2], x[3], scale), fp8x4_e4m3(x[4], x[5], x[6], x[7], scale));
 }
 
 // The fp8 store eight elements at a time (heads a multiple of 8, 16-byte aligned input chunks, 8-byte aligned
