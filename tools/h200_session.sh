@@ -56,8 +56,9 @@
 #              and floor / duration for each) on $EVAL_MODEL's $EVAL_WORKLOADS (default balanced) in graph mode, with
 #              --nano-batch-split balanced and kind; $NANO_FLAGS added (e.g. --kernel-trace, --nano-batch-gemm-sms 100,
 #              --nano-batch-stagger)
-#   pdl        programmatic dependent launch (kbn/pdl.cuh): its GPU test, the engine and attention GPU tests again with
-#              KBN_PDL=1, then eval latency-b1 and latency-b32 in graph mode without and with --pdl on $EVAL_MODEL
+#   pdl        programmatic dependent launch (kbn/pdl.cuh; on by default on Hopper): the engine's GPU tests with
+#              KBN_PDL=0, the engine and attention GPU tests again with KBN_PDL=1, then eval latency-b1 and latency-b32
+#              in graph mode with --no-pdl and with --pdl on $EVAL_MODEL
 #   torch      tools/torch_bench.py: PyTorch's rms_norm, silu*mul, matmul and SDPA at the same shapes
 #   tune       candidates tried for the baseline (build-tune/, a candidate build): baseline vs candidate
 #   profile    kb_nano profile for rms_norm and prefill attention (recorded ncu captures for the fixtures)
@@ -229,14 +230,14 @@ for part in "$@"; do
       done
       ;;
     pdl)
-      step gpu_tests_pdl 240 build/tests/kbn_gpu_tests --gtest_filter='EngineGraphGpu.*' \
+      step gpu_tests_pdl 240 env KBN_PDL=0 build/tests/kbn_gpu_tests --gtest_filter='EngineGraphGpu.*' \
         --gtest_output=json:"$out/gpu_tests_pdl.json"
       step gpu_tests_with_pdl 300 env KBN_PDL=1 build/tests/kbn_gpu_tests \
         --gtest_filter='EngineGraphGpu.*:FlashAttnDecodeGpu.*:LinearGpu.*:*RmsNorm*:StoreKVCacheGpu.*' \
         --gtest_output=json:"$out/gpu_tests_with_pdl.json"
       for w in latency-b1 latency-b32; do
         for pdl in off on; do
-          flag=(); [ "$pdl" = on ] && flag=(--pdl)
+          flag=(--no-pdl); [ "$pdl" = on ] && flag=(--pdl)
           step "eval_${w}_pdl_$pdl" "${EVAL_LIMIT:-300}" build/kb_nano eval --model "${EVAL_MODEL:-llama-3.1-8b-instruct}" \
             --workload "$w" --mode graph --variant baseline "${flag[@]}" --json "$out/eval_${w}_pdl_$pdl.json"
         done
