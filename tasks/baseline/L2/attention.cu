@@ -76,13 +76,9 @@ Tensor Attention::forward_rope(const Tensor& positions, const Tensor& qkv, Rotar
   const int64_t D = head_size_, q_size = num_heads_ * D, kv_size = num_kv_heads_ * D;
   check_rank(qkv, "Attention", "qkv", 2, "[num_tokens, (num_heads + 2 num_kv_heads) * head_size]");
   check_size(qkv, "Attention", "qkv", 1, q_size + 2 * kv_size, "(num_heads + 2 num_kv_heads) * head_size");
-  // NOTE: fp8 pages take the two ops until the fused kernel's fp8 store has run on a GPU (its test is written:
-  // FusedRopeKVCacheGpu.SameBitsAsRotaryThenStore); 16-bit pages were checked there (session 28).
   const ForwardContext& ctx = get_forward_context();
-  const bool fp8_pages = ctx.kv_caches && layer_index_ < int64_t(ctx.kv_caches->size()) &&
-                         (*ctx.kv_caches)[size_t(layer_index_)].key.dtype() == DType::fp8e4m3;
   if (!(rotary.is_neox_style() && rotary.rotary_dim() == D &&
-        (qkv.is_cpu() || (FusedRopeKVCache::kernel_supports(qkv.dtype(), D) && !fp8_pages)))) {
+        (qkv.is_cpu() || FusedRopeKVCache::kernel_supports(qkv.dtype(), D)))) {
     Tensor q = qkv.slice(1, 0, q_size), k = qkv.slice(1, q_size, q_size + kv_size);
     rotary.forward(positions, q, k);
     return forward(q, k, qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size));

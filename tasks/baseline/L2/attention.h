@@ -31,11 +31,10 @@ class Attention : public Module {
 
   // The same layer for the blocks whose q and k take the rope alone right before it (Llama, Mixtral, gpt-oss):
   // qkv: [num_tokens, (num_heads + 2 num_kv_heads) * head_size] (any row stride), the fused projection's rows. Where
-  // the rope is NeoX over the whole head, the pages are 16-bit (fp8 ones wait for the fused fp8 store's GPU run) and
-  // fused_rope_kvcache's kernel takes the shapes (always on CPU tensors, where it is the same oracle arithmetic), one
-  // kernel rotates q into a new contiguous tensor and writes the rotated k and v to this layer's pages (vLLM's RoPE +
-  // KV-cache fusion); else `rotary` rotates the q and k views of qkv in place and forward(q, k, v) runs. Either way,
-  // the same bits.
+  // the rope is NeoX over the whole head and fused_rope_kvcache's kernel takes the shapes (always on CPU tensors,
+  // where it is the same oracle arithmetic), one kernel rotates q into a new contiguous tensor and writes the rotated
+  // k and v to this layer's pages, 16-bit or fp8 (vLLM's RoPE + KV-cache fusion); else `rotary` rotates the q and k
+  // views of qkv in place and forward(q, k, v) runs. Either way, the same bits.
   Tensor forward_rope(const Tensor& positions, const Tensor& qkv, RotaryEmbedding& rotary);
 
   int64_t layer_index() const { return layer_index_; }
