@@ -171,6 +171,13 @@ ${_kbn_op_calls}  r.set_source(\"\");
   add_library(${target} STATIC ${srcs})
   target_compile_definitions(${target} PRIVATE KBN_VARIANT=${variant})
   if(variant STREQUAL "candidate")
+    # KBN_CANDIDATE_REPLACES_<path as a C identifier> (e.g. KBN_CANDIDATE_REPLACES_L1_rms_norm_cu) for each file of
+    # tasks/candidate/: a task file that fuses other ops' work away (kbn/variant.h) keeps their calls when one is a
+    # candidate, so the candidate is reached wherever the baseline would run it.
+    foreach(f IN LISTS KBN_CANDIDATE_FILES)
+      string(MAKE_C_IDENTIFIER "${f}" _fid)
+      target_compile_definitions(${target} PRIVATE KBN_CANDIDATE_REPLACES_${_fid}=1)
+    endforeach()
     target_include_directories(${target} PRIVATE ${KBN_CANDIDATE_DIR} ${KBN_CANDIDATE_SHIM_DIR})
     target_link_libraries(${target} PUBLIC kbn_tasks_baseline)
   endif()

@@ -31,6 +31,7 @@
 #include "L1/gemma_rms_norm.h"
 #include "L1/linear.h"
 #include "L1/rms_norm.h"
+#include "L1/rms_norm_gemv.h"
 #include "L1/rotary_embedding.h"
 #include "L1/router_gemm.h"
 #include "L1/silu_and_mul.h"
@@ -477,6 +478,93 @@ TEST(FusedRopeKVCacheGpu, RefusesWhatTheKernelCannotTake) {
     FAIL() << "head_dim 96 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head_dim 96"), std::string::npos) << e.what();
+  }
+}
+
+// rms_norm_gemv gives the bits of the ops it folds together (RMSNorm or GemmaRMSNorm, with or without the residual
+// add, then Linear's one-token GEMV, then SiluAndMul), h = x + residual included, at Llama-3.1-8B's shapes and odd
+// ones (a row the norm's warp kernel takes, rows past 256 and 2048 vectors, a partial last block, a bias, the largest
+// staged row); and the oracle within linear's tolerance.
+TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t hidden, n;
+    bool residual, silu, bias, gemma;
+  };
+  const Case cases[] = {{4096, 6144, true, false, false, false},  {4096, 6144, false, false, false, false},
+                        {4096, 28672, true, true, false, false},  {64, 96, true, true, true, false},
+                        {64, 40, false, false, false, false},     {2056, 1003, false, false, true, false},
+                        {5120, 1002, true, true, true, true},     {12288, 64, true, false, false, false}};
+  uint64_t seed = 900;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      if (!RMSNormGemv::kernel_supports(dt, 1, c.hidden)) continue;
+      const std::string what = std::string(dtype_name(dt)) + " hidden " + std::to_string(c.hidden) + " n " +
+                               std::to_string(c.n) + (c.residual ? " residual" : "") + (c.silu ? " silu" : "") +
+                               (c.bias ? " bias" : "") + (c.gemma ? " gemma" : "");
+      SCOPED_TRACE(what);
+      const int64_t H = c.hidden, N = c.n;
+      const Pair x = randn({1, H}, dt, seed++), residual = randn({1, H}, dt, seed++),
+                 norm_weight = randn({H}, dt, seed++), weight = randn({N, H}, dt, seed++, 0.02),
+                 bias = c.bias ? randn({N}, dt, seed++) : Pair{};
+      const Tensor res_g = c.residual ? residual.gpu : Tensor();
+      RMSNormGemv op(1e-5, c.gemma ? 1.0 : 0.0, c.silu);
+      const auto [out, h] = op.forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, bias.gpu);
+      ASSERT_EQ(out.shape(), (Shape{1, c.silu ? N / 2 : N}));
+      ASSERT_EQ(h.defined(), c.residual);
+
+      // The ops it replaces, on copies (the norms work in place).
+      Tensor y, h2;
+      const Tensor xc = x.gpu.clone(), rc = residual.gpu.clone();
+      if (c.gemma) {
+        GemmaRMSNorm norm(H, 1e-5, {dt, kGpu});
+        norm.weight.copy_(norm_weight.gpu);
+        if (c.residual)
+          std::tie(y, h2) = norm.forward(xc, rc);
+        else
+          y = norm.forward(xc);
+      } else {
+        RMSNorm norm(H, 1e-5, {dt, kGpu});
+        norm.weight.copy_(norm_weight.gpu);
+        if (c.residual)
+          std::tie(y, h2) = norm.forward(xc, rc);
+        else
+          y = norm.forward(xc);
+      }
+      Tensor expected = Linear().forward(y, weight.gpu, bias.gpu);
+      if (c.silu) expected = SiluAndMul().forward(expected);
+      expect_bitwise_equal(out, expected, "out: fused vs norm + linear" + std::string(c.silu ? " + silu_and_mul" : ""));
+      if (c.residual) expect_bitwise_equal(h, h2, "h: fused vs fused_add_rms_norm's residual");
+      EXPECT_EQ(bytes_of(x.gpu), bytes_of(x.cpu)) << "x must be left untouched";
+      EXPECT_EQ(bytes_of(residual.gpu), bytes_of(residual.cpu)) << "residual must be left untouched";
+
+      // The oracle (the op's CPU path composes the norm, linear and silu_and_mul oracles).
+      const auto [out_c, h_c] = op.forward(x.cpu, c.residual ? residual.cpu : Tensor(), norm_weight.cpu, weight.cpu,
+                                           bias.cpu);
+      const double err = relative_frobenius(out.to(kCpu).to_doubles(), out_c.to_doubles());
+      EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
+      if (c.residual) expect_bitwise_equal(h, h_c, "h vs oracle");
+    }
+  }
+}
+
+TEST(RMSNormGemvGpu, RefusesWhatTheKernelCannotTake) {
+  KBN_SKIP_WITHOUT_GPU();
+  RMSNormGemv op(1e-5);
+  const Tensor x = Tensor::zeros({2, 64}, DType::bf16, kGpu), w = Tensor::zeros({64}, DType::bf16, kGpu),
+               weight = Tensor::zeros({16, 64}, DType::bf16, kGpu);
+  try {
+    op.forward(x, Tensor(), w, weight, Tensor());
+    FAIL() << "two tokens were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one token"), std::string::npos) << e.what();
+  }
+  RMSNormGemv silu(1e-5, 0.0, true);
+  try {
+    silu.forward(x.slice(0, 0, 1), Tensor(), w, Tensor::zeros({15, 64}, DType::bf16, kGpu), Tensor());
+    FAIL() << "an odd out_features was accepted with silu_and_mul";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("even out_features"), std::string::npos) << e.what();
   }
 }
 

@@ -21,6 +21,10 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, int64_t hidden_size, i
 
 Tensor LlamaAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
+  return forward_qkv(positions, qkv);
+}
+
+Tensor LlamaAttention::forward_qkv(const Tensor& positions, const Tensor& qkv) {
   // rotary_emb on q and k, then the paged store and attention (one fused rope + KV-store kernel where it applies).
   Tensor attn_output = attn.forward_rope(positions, qkv, rotary_emb);
   auto [output, out_bias] = o_proj.forward(attn_output);

@@ -1,5 +1,20 @@
 #include "L3/llama_decoder_layer.h"
 
+// The one-token path folds the norms, qkv_proj / gate_up_proj's linear and silu_and_mul into rms_norm_gemv. When
+// tasks/candidate/ replaces one of the files doing that work the layer keeps calling them, so the candidate is
+// reached at every token count (kbn/variant.h).
+#if defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_h) || defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cu) ||         \
+    defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cuh) || defined(KBN_CANDIDATE_REPLACES_L1_linear_h) ||          \
+    defined(KBN_CANDIDATE_REPLACES_L1_linear_cu) || defined(KBN_CANDIDATE_REPLACES_L1_silu_and_mul_h) ||       \
+    defined(KBN_CANDIDATE_REPLACES_L1_silu_and_mul_cu) || defined(KBN_CANDIDATE_REPLACES_L2_parallel_linear_h) || \
+    defined(KBN_CANDIDATE_REPLACES_L2_parallel_linear_cu) || defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_h) ||   \
+    defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_cu) || defined(KBN_CANDIDATE_REPLACES_L2_llama_attention_h) ||   \
+    defined(KBN_CANDIDATE_REPLACES_L2_llama_attention_cu)
+#define KBN_LLAMA_ONE_TOKEN_FUSION 0
+#else
+#define KBN_LLAMA_ONE_TOKEN_FUSION 1
+#endif
+
 namespace kbn::KBN_VARIANT {
 
 LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const std::string& prefix, const ParamOptions& opts)
@@ -8,7 +23,9 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const std::strin
                 opts),
       mlp(config.hidden_size, config.intermediate_size, config.hidden_act, config.mlp_bias, prefix + ".mlp", opts),
       input_layernorm(config.hidden_size, config.rms_norm_eps, opts),
-      post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts) {
+      post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts),
+      norm_qkv_(config.rms_norm_eps),
+      norm_gate_up_(config.rms_norm_eps, 0.0, true) {
   register_module("self_attn", &self_attn);
   register_module("mlp", &mlp);
   register_module("input_layernorm", &input_layernorm);
@@ -17,6 +34,21 @@ LlamaDecoderLayer::LlamaDecoderLayer(const LlamaConfig& config, const std::strin
 
 std::pair<Tensor, Tensor> LlamaDecoderLayer::forward(const Tensor& positions, const Tensor& hidden_states,
                                                      const Tensor& residual) {
+#if KBN_LLAMA_ONE_TOKEN_FUSION
+  // One token: the norms folded into the projections after them (always on CPU, where the op composes the same
+  // oracles; on the GPU where its kernel takes the row).
+  if (hidden_states.dim() == 2 && hidden_states.size(0) == 1 &&
+      (hidden_states.is_cpu() ||
+       RMSNormGemv::kernel_supports(hidden_states.dtype(), 1, hidden_states.size(1)))) {
+    auto [qkv, res] = norm_qkv_.forward(hidden_states, residual, input_layernorm.weight, self_attn.qkv_proj.weight,
+                                        self_attn.qkv_proj.bias);
+    if (!residual.defined()) res = hidden_states;
+    const Tensor attn = self_attn.forward_qkv(positions, qkv);
+    auto [act, res_mlp] = norm_gate_up_.forward(attn, res, post_attention_layernorm.weight, mlp.gate_up_proj.weight,
+                                                mlp.gate_up_proj.bias);
+    return {mlp.forward_act(act), res_mlp};
+  }
+#endif
   Tensor h, res;
   if (!residual.defined()) {
     res = hidden_states;

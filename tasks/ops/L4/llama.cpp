@@ -29,7 +29,8 @@ KBN_REGISTER_OPS(r) {
          .architectures = {"LlamaForCausalLM"},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<LlamaForCausalLM>(c, o);
-         }});
+         },
+         .features = {"norm_gemv"}});
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -1,0 +1,295 @@
+#include "L1/rms_norm_gemv.h"
+
+#include <cstdint>
+
+#include "kbn/checks.h"
+#include "reference/reference.h"
+#ifdef KBN_WITH_CUDA
+#include "L1/gemv.cuh"
+#include "kbn/cuda_check.h"
+#include "kbn/cuda_dispatch.cuh"
+#include "kbn/pdl.cuh"
+#endif
+
+namespace kbn::KBN_VARIANT {
+
+#ifdef KBN_WITH_CUDA
+namespace {
+
+// ---- kernel layer ----
+//
+// One block of kThreads per kWarps outputs. Every block first normalises the whole row itself (the row is a few KiB,
+// read from L2 after the first block; recomputing it in every block costs no launch and no synchronisation across
+// blocks) into shared memory, then each warp streams its output's weight row(s) as linear's GEMV does (the first
+// kLoadsInFlight vectors of every lane issued before the dependent-launch wait, under the kernel before) and takes
+// the dot products with the staged row. Block 0 also writes h = x + residual.
+//
+// Bits: the norm's sum of squares runs in the order of rms_norm's block kernels (thread t adds the elements of
+// vectors t, t + kThreads, ... in index order; then the warps' xor-shuffle sums and the sum of the kWarps warp sums
+// in one warp), which is why the block has exactly their kThreads; each output's dot product in the order of
+// linear's GEMV (lane l adds vectors l, l + 32, ... in index order, then the warp's xor-shuffle sum).
+constexpr int kThreads = 256;  // = rms_norm's block size: the sum order depends on it
+constexpr int kWarps = kThreads / 32;
+constexpr int kLoadsInFlight = 8;
+
+struct NormGemvParams {
+  void* out;                // [1, n_out]
+  const void* x;            // [1, hidden]
+  const void* residual;     // [1, hidden] or null
+  void* residual_out;       // [1, hidden] (h) when residual is given
+  const void* norm_weight;  // [hidden]
+  const void* weight;       // [n_out, hidden], or [2 n_out, hidden] (gate rows then up rows) with silu
+  const void* bias;         // [n_out] / [2 n_out] or null
+  int hidden, n_out;
+  float eps, weight_offset;
+};
+
+// silu_and_mul's fp32 expression (tasks/baseline/L1/silu_and_mul.cu): the same bits on the rounded gate and up.
+__device__ __forceinline__ float silu_mul(float gate, float up) { return gate / (1.f + expf(-gate)) * up; }
+
+// The sum of v over the block in rms_norm's order (each warp's xor-shuffle sum, then the warp sums in one warp).
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float warp_sums[kWarps];
+  __shared__ float total;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float w = threadIdx.x < kWarps ? warp_sums[threadIdx.x] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
+    if (threadIdx.x == 0) total = w;
+  }
+  __syncthreads();
+  return total;
+}
+
+template <class T, bool kResidual, bool kSilu>
+__global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams p) {
+  extern __shared__ uint4 staged[];  // the normalised row, 16-byte vectors
+  using V = Vec16<T>;
+  constexpr int N = V::N;
+  constexpr int R = kSilu ? 2 : 1;  // weight rows per output: gate and up with silu
+  const int lane = int(threadIdx.x % 32);
+  const int o = int(blockIdx.x) * kWarps + int(threadIdx.x / 32);
+  const bool active = o < p.n_out;
+  const int kv = p.hidden / N;
+  const uint4* w[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    w[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.weight) + (int64_t(o) + r * int64_t(p.n_out)) * p.hidden);
+
+  // The weights are parameters no kernel of the step writes: the first loads go out before the wait.
+  uint4 wv[R][kLoadsInFlight];
+  const bool first_chunk = active && lane + 32 * (kLoadsInFlight - 1) < kv;
+  if (first_chunk) {
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r][u] = load_weight(w[r] + lane + 32 * u);
+  }
+  pdl_wait();
+
+  // h = x (+ residual, rounded), its sum of squares, then the row normalised and rounded, staged for every warp.
+  const V* xr = static_cast<const V*>(p.x);
+  const V* rr = static_cast<const V*>(p.residual);
+  V* hv = static_cast<V*>(p.residual_out);
+  V* sv = reinterpret_cast<V*>(staged);
+  float ss = 0.f;
+  for (int i = int(threadIdx.x); i < kv; i += kThreads) {
+    V v = xr[i];
+    if constexpr (kResidual) {
+      const V r = rr[i];
+#pragma unroll
+      for (int j = 0; j < N; ++j) v.v[j] = from_f32<T>(to_f32(v.v[j]) + to_f32(r.v[j]));  // rounded sum
+      if (blockIdx.x == 0) hv[i] = v;
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float z = to_f32(v.v[j]);
+      ss += z * z;
+    }
+    sv[i] = v;
+  }
+  const float inv_rms = rsqrtf(block_sum(ss) / float(p.hidden) + p.eps);
+  const V* nw = static_cast<const V*>(p.norm_weight);
+  for (int i = int(threadIdx.x); i < kv; i += kThreads) {
+    const V v = sv[i], wn = nw[i];
+    V y;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const float wf = to_f32(wn.v[j]);
+      y.v[j] = from_f32<T>(to_f32(v.v[j]) * inv_rms * (p.weight_offset != 0.f ? p.weight_offset + wf : wf));
+    }
+    sv[i] = y;
+  }
+  __syncthreads();
+  if (!active) return;
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  int i = lane;
+  if (first_chunk) {
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = dot16<T>(wv[r][u], staged[i + 32 * u], acc[r]);
+    i += 32 * kLoadsInFlight;
+  }
+  for (; i + 32 * (kLoadsInFlight - 1) < kv; i += 32 * kLoadsInFlight) {
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r][u] = load_weight(w[r] + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = dot16<T>(wv[r][u], staged[i + 32 * u], acc[r]);
+  }
+  for (; i < kv; i += 32)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = dot16<T>(load_weight(w[r] + i), staged[i], acc[r]);
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
+  if (lane != 0) return;
+  const T* bias = static_cast<const T*>(p.bias);
+  // linear's epilogue (the bias, or + 0, then one rounding), then silu_and_mul's on the rounded halves.
+  const T y0 = from_f32<T>(acc[0] + (bias != nullptr ? to_f32(bias[o]) : 0.f));
+  if constexpr (kSilu) {
+    const T y1 = from_f32<T>(acc[R - 1] + (bias != nullptr ? to_f32(bias[o + p.n_out]) : 0.f));
+    static_cast<T*>(p.out)[o] = from_f32<T>(silu_mul(to_f32(y0), to_f32(y1)));
+  } else {
+    static_cast<T*>(p.out)[o] = y0;
+  }
+}
+
+template <class T>
+void launch_rms_norm_gemv(const NormGemvParams& p, bool residual, bool silu, Stream stream) {
+  const unsigned grid = unsigned((p.n_out + kWarps - 1) / kWarps);
+  const size_t smem = size_t(p.hidden) * sizeof(T);
+  if (residual && silu)
+    launch_pdl(rms_norm_gemv_kernel<T, true, true>, grid, kThreads, smem, stream, p);
+  else if (residual)
+    launch_pdl(rms_norm_gemv_kernel<T, true, false>, grid, kThreads, smem, stream, p);
+  else if (silu)
+    launch_pdl(rms_norm_gemv_kernel<T, false, true>, grid, kThreads, smem, stream, p);
+  else
+    launch_pdl(rms_norm_gemv_kernel<T, false, false>, grid, kThreads, smem, stream, p);
+  KBN_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned16(const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; }
+
+}  // namespace
+#endif  // KBN_WITH_CUDA
+
+// ---- op layer ----
+
+namespace {
+// The staged row, under the 48 KiB a block gets without opting in (block_sum takes a few bytes more); 16384 bf16.
+constexpr int64_t kMaxStagedBytes = 40 * 1024;
+}  // namespace
+
+RMSNormGemv::RMSNormGemv(double eps, double weight_offset, bool silu_and_mul)
+    : eps_(eps), weight_offset_(weight_offset), silu_and_mul_(silu_and_mul) {
+  KBN_CHECK(eps > 0, "rms_norm_gemv: argument 'eps' must be positive, got ", eps);
+  KBN_CHECK(weight_offset == 0.0 || weight_offset == 1.0,
+            "rms_norm_gemv: argument 'weight_offset' must be 0 (RMSNorm) or 1 (GemmaRMSNorm), got ", weight_offset);
+}
+
+bool RMSNormGemv::kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden) {
+  if (dtype != DType::f32 && dtype != DType::f16 && dtype != DType::bf16) return false;
+  const int64_t es = int64_t(dtype_size(dtype));
+  return num_tokens == 1 && hidden > 0 && hidden % (16 / es) == 0 && hidden * es <= kMaxStagedBytes;
+}
+
+std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
+                                               const Tensor& weight, const Tensor& bias) {
+  constexpr const char* op = "rms_norm_gemv";
+  check_rank(x, op, "x", 2, "[num_tokens, hidden]");
+  check_dtype(x, op, "x", {DType::f32, DType::f16, DType::bf16});
+  check_last_dim_contiguous(x, op, "x");
+  const int64_t T = x.size(0), K = x.size(1);
+  KBN_CHECK(K > 0, op, ": argument 'x' must have hidden > 0, got ", x.str());
+  if (residual.defined()) {
+    check_same_dtype(x, residual, op, "x", "residual");
+    check_same_device(x, residual, op, "x", "residual");
+    KBN_CHECK(residual.shape() == x.shape(), op, ": argument 'residual' ", residual.str(), " must have x's shape ",
+              x.str());
+    check_last_dim_contiguous(residual, op, "residual");
+  }
+  check_rank(norm_weight, op, "norm_weight", 1, "[hidden]");
+  check_size(norm_weight, op, "norm_weight", 0, K, "hidden");
+  check_same_dtype(x, norm_weight, op, "x", "norm_weight");
+  check_same_device(x, norm_weight, op, "x", "norm_weight");
+  check_contiguous(norm_weight, op, "norm_weight");
+  check_rank(weight, op, "weight", 2, "[out_features, hidden]");
+  check_size(weight, op, "weight", 1, K, "hidden");
+  check_same_dtype(x, weight, op, "x", "weight");
+  check_same_device(x, weight, op, "x", "weight");
+  check_contiguous(weight, op, "weight");
+  const int64_t n = weight.size(0);
+  KBN_CHECK(!silu_and_mul_ || n % 2 == 0, op, ": argument 'weight' must have an even out_features (gate rows then up ",
+            "rows) with silu_and_mul, got ", weight.str());
+  KBN_CHECK(n <= INT32_MAX && K <= INT32_MAX, op, ": argument 'weight' is too large, got ", weight.str());
+  if (bias.defined()) {
+    check_rank(bias, op, "bias", 1, "[out_features]");
+    check_size(bias, op, "bias", 0, n, "out_features");
+    check_same_dtype(x, bias, op, "x", "bias");
+    check_same_device(x, bias, op, "x", "bias");
+    check_contiguous(bias, op, "bias");
+  }
+  const int64_t n_out = silu_and_mul_ ? n / 2 : n;
+  Tensor out = Tensor::empty({T, n_out}, x.dtype(), x.device());
+  Tensor h = residual.defined() ? Tensor::empty({T, K}, x.dtype(), x.device()) : Tensor();
+  if (T == 0) return {out, h};
+  if (x.is_cpu()) {
+    // The oracle: the norm (fused add on copies, as vLLM's in-place op would leave them), linear, silu_and_mul.
+    const bool gemma = weight_offset_ != 0.0;
+    Tensor y = Tensor::empty({T, K}, x.dtype(), x.device());
+    if (residual.defined()) {
+      y.copy_(x);
+      h.copy_(residual);
+      gemma ? reference::gemma_fused_add_rms_norm(y, h, norm_weight, eps_)
+            : reference::fused_add_rms_norm(y, h, norm_weight, eps_);
+    } else {
+      gemma ? reference::gemma_rms_norm(y, x, norm_weight, eps_) : reference::rms_norm(y, x, norm_weight, eps_);
+    }
+    if (silu_and_mul_) {
+      Tensor gate_up = Tensor::empty({T, n}, x.dtype(), x.device());
+      reference::linear(gate_up, y, weight, bias);
+      reference::silu_and_mul(out, gate_up);
+    } else {
+      reference::linear(out, y, weight, bias);
+    }
+    return {out, h};
+  }
+#ifdef KBN_WITH_CUDA
+  KBN_CHECK(kernel_supports(x.dtype(), T, K), op, ": argument 'x' ", x.str(),
+            ": the kernel takes one token of f32, f16 or bf16, hidden a multiple of 16 bytes and at most ",
+            kMaxStagedBytes, " bytes");
+  KBN_CHECK(aligned16(x.data_ptr()) && (!residual.defined() || aligned16(residual.data_ptr())) &&
+                aligned16(norm_weight.data_ptr()) && aligned16(weight.data_ptr()),
+            op, ": arguments 'x', 'residual', 'norm_weight' and 'weight' must start on 16-byte boundaries, got x ",
+            x.str());
+  const NormGemvParams p{.out = out.data_ptr(),
+                         .x = x.data_ptr(),
+                         .residual = residual.defined() ? residual.data_ptr() : nullptr,
+                         .residual_out = h.defined() ? h.data_ptr() : nullptr,
+                         .norm_weight = norm_weight.data_ptr(),
+                         .weight = weight.data_ptr(),
+                         .bias = bias.defined() ? bias.data_ptr() : nullptr,
+                         .hidden = int(K),
+                         .n_out = int(n_out),
+                         .eps = float(eps_),
+                         .weight_offset = float(weight_offset_)};
+  dispatch_float16_32(x.dtype(), op, "x", [&](auto t) {
+    launch_rms_norm_gemv<decltype(t)>(p, residual.defined(), silu_and_mul_, current_stream());
+  });
+#endif
+  return {out, h};
+}
+
+}  // namespace kbn::KBN_VARIANT

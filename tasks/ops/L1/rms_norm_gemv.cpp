@@ -1,0 +1,91 @@
+// rms_norm_gemv: class RMSNormGemv (tasks/baseline/L1/rms_norm_gemv.h), kb-nano's decode-step fusion of the RMSNorm
+// (with the residual add) into the one-token linear that follows it, and of silu_and_mul into that linear's output;
+// oracle: reference::fused_add_rms_norm / rms_norm (or the Gemma forms), reference::linear and reference::silu_and_mul
+// (tasks/reference/norm.cpp, linear.cpp, activation.cpp), composed in the op's CPU path.
+#include "L1/rms_norm_gemv.h"
+#include "ops/op.h"
+
+KBN_FALLBACK_CLASS(RMSNormGemv)
+
+namespace kbn::KBN_VARIANT {
+using namespace kbn::missing_task_class;
+using namespace kbn::ops;
+
+KBN_REQUIRE_CLASS(RMSNormGemv, "L1/rms_norm_gemv.h");
+KBN_REQUIRE_CTOR(RMSNormGemv, "L1/rms_norm_gemv.h", double, double, bool);
+KBN_REQUIRE_METHOD(RMSNormGemv, TensorPair, forward,
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&), "L1/rms_norm_gemv.h");
+// The decoder layers ask it whether the kernel takes a step (else they run the norm, the linear and silu_and_mul).
+template <class C>
+concept kbn_has_norm_gemv_supports = requires { static_cast<bool (*)(DType, int64_t, int64_t)>(&C::kernel_supports); };
+static_assert(kbn_has_norm_gemv_supports<RMSNormGemv>,
+              "L1/rms_norm_gemv.h: class 'RMSNormGemv' must declare `static bool kernel_supports(DType, int64_t, "
+              "int64_t)` exactly as the baseline does");
+
+namespace {
+
+// The decoder layers of the models declaring "norm_gemv" take it at one token: the input norm with the qkv
+// projection (the first layer's without a residual, the others' with one) and the post-attention norm with the
+// gate/up projection and silu*mul. One token only: from two on the layers run the norm, cuBLASLt and silu_and_mul.
+std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o) {
+  std::vector<BenchCase> out;
+  if (!m.has_feature("norm_gemv") || !m.attention || !m.intermediate_size) return out;
+  const DType dt = o.dtype;
+  const int64_t H = m.hidden_size, es = int64_t(dtype_size(dt));
+  if (!RMSNormGemv::kernel_supports(dt, 1, H)) return out;
+  const AttentionShape& a = *m.attention;
+  struct Fusion {
+    const char* name;
+    int64_t n;
+    bool residual, silu;
+  };
+  const Fusion fusions[] = {{"input_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, true, false},
+                            {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, false},
+                            {"post_norm+gate_up+silu", 2 * *m.intermediate_size, true, true}};
+  for (const Fusion& f : fusions) {
+    const int64_t T = 1, N = f.n, out_n = f.silu ? N / 2 : N;
+    BenchCase b = cases::base("rms_norm_gemv", m, T, dt);
+    b.label = std::string(f.name) + " T=1 H=" + cases::str(H) + " N=" + cases::str(N);
+    b.args.values = {{"eps", m.rms_norm_eps}, {"weight_offset", 0.0}, {"silu_and_mul", f.silu ? 1.0 : 0.0}};
+    const bool residual = f.residual;
+    b.make_inputs = [=](Device d, uint64_t seed) {
+      return std::vector<Tensor>{cases::normal({T, H}, dt, d, seed, "x", 1.0),
+                                 residual ? cases::normal({T, H}, dt, d, seed, "residual", 1.0) : Tensor(),
+                                 cases::normal({H}, dt, d, seed, "norm_weight", 1.0),
+                                 cases::normal({N, H}, dt, d, seed, "weight", cases::kWeightStd),
+                                 Tensor()};  // no bias
+    };
+    // The weight streamed once; x (and the residual) and the norm weight read, the output (and h) written.
+    b.bytes = (N * H + (residual ? 3 : 1) * H + H + out_n) * es;
+    b.flops = 2 * N * H + (residual ? 5 : 4) * H + (f.silu ? 4 * out_n : 0);
+    b.input_bytes = (N * H + (residual ? 2 : 1) * H + H) * es;
+    b.output_numel = out_n + (residual ? H : 0);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace
+
+KBN_REGISTER_OPS(r) {
+  r.add({.name = "rms_norm_gemv",
+         .class_name = "RMSNormGemv",
+         .level = 1,
+         .header = "L1/rms_norm_gemv.h",
+         .ctor_args = {"eps", "weight_offset", "silu_and_mul"},
+         .args = {"x", "residual", "norm_weight", "weight", "bias"},
+         .mutates = {},
+         .make = adapter(
+             "rms_norm_gemv", 5,
+             [](const OpArgs& a) {
+               return std::make_unique<RMSNormGemv>(a.get("eps"), a.get("weight_offset"), a.get("silu_and_mul") != 0);
+             },
+             [](RMSNormGemv& op, const Tensors& t) {
+               auto [y, h] = op.forward(t[0], t[1], t[2], t[3], t[4]);
+               return h.defined() ? Tensors{y, h} : Tensors{y};
+             }),
+         .kernels = {"rms_norm_gemv_kernel"},
+         .cases = norm_gemv_cases});
+}
+
+}  // namespace kbn::KBN_VARIANT
