@@ -205,6 +205,10 @@ bool RMSNormGemv::kernel_supports(DType dtype, int64_t num_tokens, int64_t hidde
   return num_tokens == 1 && hidden > 0 && hidden % (16 / es) == 0 && hidden * es <= kMaxStagedBytes;
 }
 
+bool RMSNormGemv::applies(const Tensor& x) {
+  return x.defined() && x.dim() == 2 && x.size(0) == 1 && (x.is_cpu() || kernel_supports(x.dtype(), 1, x.size(1)));
+}
+
 std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
                                                const Tensor& weight, const Tensor& bias) {
   constexpr const char* op = "rms_norm_gemv";

@@ -10,6 +10,19 @@
 
 #include "kbn/variant.h"
 
+// 1 when tasks/candidate/ replaces a file whose work this op takes over in every layer that uses it (the norms,
+// linear, silu_and_mul, the parallel linears that call linear; kbn/variant.h): such a layer then keeps calling them,
+// so the candidate is reached at every token count. Each layer adds its own L2 blocks' files to the test.
+#if defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_h) || defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cu) ||     \
+    defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cuh) || defined(KBN_CANDIDATE_REPLACES_L1_linear_h) ||      \
+    defined(KBN_CANDIDATE_REPLACES_L1_linear_cu) || defined(KBN_CANDIDATE_REPLACES_L1_silu_and_mul_h) ||   \
+    defined(KBN_CANDIDATE_REPLACES_L1_silu_and_mul_cu) || defined(KBN_CANDIDATE_REPLACES_L2_parallel_linear_h) || \
+    defined(KBN_CANDIDATE_REPLACES_L2_parallel_linear_cu)
+#define KBN_NORM_GEMV_FOLDS_A_CANDIDATE 1
+#else
+#define KBN_NORM_GEMV_FOLDS_A_CANDIDATE 0
+#endif
+
 namespace kbn::KBN_VARIANT {
 
 class RMSNormGemv : public Module {
@@ -30,6 +43,9 @@ class RMSNormGemv : public Module {
   // 16-byte vector and at most 40 KiB of it (the normalised row is staged in shared memory). Callers run the norm
   // and the linear (and silu_and_mul) elsewhere; forward refuses the rest on the GPU by name.
   static bool kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden);
+  // Whether a layer takes the op for hidden_states x: one token, always on CPU tensors (where the op composes the
+  // same oracles as the separate ops), on the GPU where kernel_supports says so.
+  static bool applies(const Tensor& x);
 
   double eps() const { return eps_; }
   double weight_offset() const { return weight_offset_; }

@@ -20,7 +20,7 @@ class LlamaAttention : public Module {
   // positions: [num_tokens] i64; hidden_states: [num_tokens, hidden_size] -> [num_tokens, hidden_size]
   Tensor forward(const Tensor& positions, const Tensor& hidden_states);
   // The same after the qkv projection: qkv [num_tokens, (num_heads + 2 num_kv_heads) * head_dim] (this rank's), as
-  // qkv_proj writes it (LlamaDecoderLayer's one-token path computes it fused with the input norm: rms_norm_gemv).
+  // qkv_proj writes it (the decoder layers' one-token path computes it fused with the input norm: rms_norm_gemv).
   Tensor forward_qkv(const Tensor& positions, const Tensor& qkv);
 
   QKVParallelLinear qkv_proj;

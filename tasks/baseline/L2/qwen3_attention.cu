@@ -27,6 +27,10 @@ Qwen3Attention::Qwen3Attention(int64_t hidden_size, int64_t num_heads, int64_t n
 
 Tensor Qwen3Attention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
+  return forward_qkv(positions, qkv);
+}
+
+Tensor Qwen3Attention::forward_qkv(const Tensor& positions, const Tensor& qkv) {
   const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb,
                                      qk_norm_rope);
   Tensor attn_output = attn.forward(x.q, x.k, x.v);

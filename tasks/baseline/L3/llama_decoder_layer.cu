@@ -1,14 +1,9 @@
 #include "L3/llama_decoder_layer.h"
 
-// The one-token path folds the norms, qkv_proj / gate_up_proj's linear and silu_and_mul into rms_norm_gemv. When
-// tasks/candidate/ replaces one of the files doing that work the layer keeps calling them, so the candidate is
-// reached at every token count (kbn/variant.h).
-#if defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_h) || defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cu) ||         \
-    defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cuh) || defined(KBN_CANDIDATE_REPLACES_L1_linear_h) ||          \
-    defined(KBN_CANDIDATE_REPLACES_L1_linear_cu) || defined(KBN_CANDIDATE_REPLACES_L1_silu_and_mul_h) ||       \
-    defined(KBN_CANDIDATE_REPLACES_L1_silu_and_mul_cu) || defined(KBN_CANDIDATE_REPLACES_L2_parallel_linear_h) || \
-    defined(KBN_CANDIDATE_REPLACES_L2_parallel_linear_cu) || defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_h) ||   \
-    defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_cu) || defined(KBN_CANDIDATE_REPLACES_L2_llama_attention_h) ||   \
+// The one-token path (rms_norm_gemv) stays off when tasks/candidate/ replaces an op it folds away (its header's
+// test) or one of this layer's L2 blocks, so a candidate is reached at every token count (kbn/variant.h).
+#if KBN_NORM_GEMV_FOLDS_A_CANDIDATE || defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_h) ||                     \
+    defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_cu) || defined(KBN_CANDIDATE_REPLACES_L2_llama_attention_h) || \
     defined(KBN_CANDIDATE_REPLACES_L2_llama_attention_cu)
 #define KBN_LLAMA_ONE_TOKEN_FUSION 0
 #else
@@ -37,9 +32,7 @@ std::pair<Tensor, Tensor> LlamaDecoderLayer::forward(const Tensor& positions, co
 #if KBN_LLAMA_ONE_TOKEN_FUSION
   // One token: the norms folded into the projections after them (always on CPU, where the op composes the same
   // oracles; on the GPU where its kernel takes the row).
-  if (hidden_states.dim() == 2 && hidden_states.size(0) == 1 &&
-      (hidden_states.is_cpu() ||
-       RMSNormGemv::kernel_supports(hidden_states.dtype(), 1, hidden_states.size(1)))) {
+  if (RMSNormGemv::applies(hidden_states)) {
     auto [qkv, res] = norm_qkv_.forward(hidden_states, residual, input_layernorm.weight, self_attn.qkv_proj.weight,
                                         self_attn.qkv_proj.bias);
     if (!residual.defined()) res = hidden_states;

@@ -1,5 +1,16 @@
 #include "L3/qwen3_moe_decoder_layer.h"
 
+// The one-token path (rms_norm_gemv) stays off when tasks/candidate/ replaces an op it folds away (its header's
+// test) or one of this layer's L2 blocks, so a candidate is reached at every token count (kbn/variant.h).
+#if KBN_NORM_GEMV_FOLDS_A_CANDIDATE || defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_h) || \
+    defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_cu) || \
+    defined(KBN_CANDIDATE_REPLACES_L2_qwen3_attention_h) || \
+    defined(KBN_CANDIDATE_REPLACES_L2_qwen3_attention_cu)
+#define KBN_QWEN3_MOE_ONE_TOKEN_FUSION 0
+#else
+#define KBN_QWEN3_MOE_ONE_TOKEN_FUSION 1
+#endif
+
 namespace kbn::KBN_VARIANT {
 
 namespace {
@@ -22,6 +33,8 @@ Qwen3MoeDecoderLayer::Qwen3MoeDecoderLayer(const Qwen3MoeConfig& config, const s
                 config.rope_theta, config.rope_scaling, prefix + ".self_attn", opts),
       input_layernorm(config.hidden_size, config.rms_norm_eps, opts),
       post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts),
+      norm_qkv_(config.rms_norm_eps),
+      norm_gate_up_(config.rms_norm_eps, 0.0, true),
       layer_idx_(layer_index_of(prefix)) {
   register_module("self_attn", &self_attn);
   if (config.is_sparse_layer(layer_idx_)) {
@@ -38,6 +51,23 @@ Qwen3MoeDecoderLayer::Qwen3MoeDecoderLayer(const Qwen3MoeConfig& config, const s
 
 std::pair<Tensor, Tensor> Qwen3MoeDecoderLayer::forward(const Tensor& positions, const Tensor& hidden_states,
                                                         const Tensor& residual) {
+#if KBN_QWEN3_MOE_ONE_TOKEN_FUSION
+  // One token: the input norm folded into qkv_proj, and in the dense layers the post-attention norm into gate_up_proj
+  // and silu*mul (rms_norm_gemv; the same bits). The sparse block's router and experts read the norm's output.
+  if (RMSNormGemv::applies(hidden_states)) {
+    auto [qkv, res] = norm_qkv_.forward(hidden_states, residual, input_layernorm.weight, self_attn.qkv_proj.weight,
+                                        self_attn.qkv_proj.bias);
+    if (!residual.defined()) res = hidden_states;
+    Tensor h = self_attn.forward_qkv(positions, qkv);
+    if (dense_mlp) {
+      auto [act, res_mlp] = norm_gate_up_.forward(h, res, post_attention_layernorm.weight,
+                                                  dense_mlp->gate_up_proj.weight, dense_mlp->gate_up_proj.bias);
+      return {dense_mlp->forward_act(act), res_mlp};
+    }
+    std::tie(h, res) = post_attention_layernorm.forward(h, res);
+    return {sparse_mlp->forward(h), res};
+  }
+#endif
   Tensor h, res;
   if (!residual.defined()) {
     res = hidden_states;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "L1/rms_norm.h"
+#include "L1/rms_norm_gemv.h"
 #include "L2/llama_mlp.h"
 #include "L2/qwen3_attention.h"
 #include "L2/qwen3_moe_sparse_moe_block.h"
@@ -22,7 +23,8 @@ class Qwen3MoeDecoderLayer : public Module {
   Qwen3MoeDecoderLayer(const Qwen3MoeConfig& config, const std::string& prefix, const ParamOptions& opts);
 
   // positions: [num_tokens] i64; hidden_states: [num_tokens, hidden_size]; residual: same shape, or
-  // undefined for the first layer -> (hidden_states, residual). Mutates hidden_states and residual.
+  // undefined for the first layer -> (hidden_states, residual). May mutate hidden_states and residual (the
+  // norms work in place from two tokens on, as vLLM's); use the returned pair.
   std::pair<Tensor, Tensor> forward(const Tensor& positions, const Tensor& hidden_states, const Tensor& residual);
 
   int64_t layer_idx() const { return layer_idx_; }
@@ -36,6 +38,8 @@ class Qwen3MoeDecoderLayer : public Module {
   RMSNorm post_attention_layernorm;
 
  private:
+  // The one-token path: norm + qkv_proj, and in the dense layers norm + gate_up_proj + silu*mul.
+  RMSNormGemv norm_qkv_, norm_gate_up_;
   int64_t layer_idx_;
 };
 

@@ -17,19 +17,23 @@ KBN_REQUIRE_METHOD(RMSNormGemv, TensorPair, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&), "L1/rms_norm_gemv.h");
 // The decoder layers ask it whether the kernel takes a step (else they run the norm, the linear and silu_and_mul).
 template <class C>
-concept kbn_has_norm_gemv_supports = requires { static_cast<bool (*)(DType, int64_t, int64_t)>(&C::kernel_supports); };
+concept kbn_has_norm_gemv_supports = requires {
+  static_cast<bool (*)(DType, int64_t, int64_t)>(&C::kernel_supports);
+  static_cast<bool (*)(const Tensor&)>(&C::applies);
+};
 static_assert(kbn_has_norm_gemv_supports<RMSNormGemv>,
               "L1/rms_norm_gemv.h: class 'RMSNormGemv' must declare `static bool kernel_supports(DType, int64_t, "
-              "int64_t)` exactly as the baseline does");
+              "int64_t)` and `static bool applies(const Tensor&)` exactly as the baseline does");
 
 namespace {
 
 // The decoder layers of the models declaring "norm_gemv" take it at one token: the input norm with the qkv
-// projection (the first layer's without a residual, the others' with one) and the post-attention norm with the
-// gate/up projection and silu*mul. One token only: from two on the layers run the norm, cuBLASLt and silu_and_mul.
+// projection (the first layer's without a residual, the others' with one) and, where the layer has a dense MLP, the
+// post-attention norm with the gate/up projection and silu*mul. One token only: from two on the layers run the norm,
+// cuBLASLt and silu_and_mul.
 std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o) {
   std::vector<BenchCase> out;
-  if (!m.has_feature("norm_gemv") || !m.attention || !m.intermediate_size) return out;
+  if (!m.has_feature("norm_gemv") || !m.attention) return out;
   const DType dt = o.dtype;
   const int64_t H = m.hidden_size, es = int64_t(dtype_size(dt));
   if (!RMSNormGemv::kernel_supports(dt, 1, H)) return out;
@@ -39,9 +43,9 @@ std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o)
     int64_t n;
     bool residual, silu;
   };
-  const Fusion fusions[] = {{"input_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, true, false},
-                            {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, false},
-                            {"post_norm+gate_up+silu", 2 * *m.intermediate_size, true, true}};
+  std::vector<Fusion> fusions{{"input_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, true, false},
+                               {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, false}};
+  if (m.intermediate_size) fusions.push_back({"post_norm+gate_up+silu", 2 * *m.intermediate_size, true, true});
   for (const Fusion& f : fusions) {
     const int64_t T = 1, N = f.n, out_n = f.silu ? N / 2 : N;
     BenchCase b = cases::base("rms_norm_gemv", m, T, dt);

@@ -30,7 +30,8 @@ KBN_REGISTER_OPS(r) {
          .architectures = {"MixtralForCausalLM"},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<MixtralForCausalLM>(c, o);
-         }});
+         },
+         .features = {"norm_gemv"}});
 }
 
 }  // namespace kbn::KBN_VARIANT

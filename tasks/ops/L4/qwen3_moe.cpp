@@ -32,7 +32,7 @@ KBN_REGISTER_OPS(r) {
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<Qwen3MoeForCausalLM>(c, o);
          },
-         .features = {"qk_norm"}});
+         .features = {"qk_norm", "norm_gemv"}});
 }
 
 }  // namespace kbn::KBN_VARIANT
