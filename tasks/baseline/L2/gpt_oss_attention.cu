@@ -43,6 +43,10 @@ GptOssAttention::GptOssAttention(const GptOssConfig& c, int64_t layer_index, con
 
 Tensor GptOssAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
+  return forward_qkv(positions, qkv);
+}
+
+Tensor GptOssAttention::forward_qkv(const Tensor& positions, const Tensor& qkv) {
   // rotary_emb on q and k, then the paged store and attention (one fused rope + KV-store kernel where it applies).
   Tensor attn_output = attn.forward_rope(positions, qkv, rotary_emb);
   auto [output, out_bias] = o_proj.forward(attn_output);

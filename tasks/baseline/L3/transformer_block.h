@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "L1/rms_norm.h"
+#include "L1/rms_norm_gemv.h"
 #include "L2/gpt_oss_attention.h"
 #include "L2/mlp_block.h"
 #include "configs/gpt_oss.h"
@@ -18,13 +19,17 @@ class TransformerBlock : public Module {
                    const ParamOptions& opts);
 
   // positions: [num_tokens] i64; hidden_states: [num_tokens, hidden_size]; residual: same shape, or undefined for
-  // the first layer -> (hidden_states, residual). Mutates hidden_states and residual.
+  // the first layer -> (hidden_states, residual). May mutate hidden_states and residual (the norms
+  // work in place from two tokens on, as vLLM's); use the returned pair.
   std::pair<Tensor, Tensor> forward(const Tensor& positions, const Tensor& hidden_states, const Tensor& residual);
 
   GptOssAttention self_attn;
   MLPBlock mlp;
   RMSNorm input_layernorm;
   RMSNorm post_attention_layernorm;
+
+ private:
+  RMSNormGemv norm_qkv_;  // the one-token path: the input norm + qkv_proj
 };
 
 }  // namespace kbn::KBN_VARIANT

@@ -1,7 +1,8 @@
 // gpt_oss_for_causal_lm: GptOssForCausalLM (tasks/baseline/L4/gpt_oss.h), serving HF "GptOssForCausalLM" (gpt-oss-20b
 // and -120b, bf16 experts); checked against transformers by tests/cpu/test_gpt_oss_hf.cpp. Its features:
 // "sliding_window" (its sliding layers apply the config's window) and "attention_sinks" (a learned sink logit per
-// query head joins every softmax).
+// query head joins every softmax) and "norm_gemv" (at one token its layers fold the input norm into qkv_proj:
+// rms_norm_gemv).
 #include "L4/gpt_oss.h"
 #include "ops/op.h"
 
@@ -33,7 +34,7 @@ KBN_REGISTER_OPS(r) {
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<GptOssForCausalLM>(c, o);
          },
-         .features = {"sliding_window", "attention_sinks"}});
+         .features = {"sliding_window", "attention_sinks", "norm_gemv"}});
 }
 
 }  // namespace kbn::KBN_VARIANT

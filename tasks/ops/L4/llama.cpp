@@ -1,5 +1,6 @@
 // llama_for_causal_lm: LlamaForCausalLM (tasks/baseline/L4/llama.h), serving HF "LlamaForCausalLM"; measured end
 // to end by `kb_nano eval`, checked against transformers by tests/cpu/test_llama_hf.cpp.
+// Feature "norm_gemv": at one token its layers fold the RMSNorms into the projections after them (rms_norm_gemv).
 #include "L4/llama.h"
 #include "ops/op.h"
 

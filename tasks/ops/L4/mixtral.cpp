@@ -1,6 +1,7 @@
 // mixtral_for_causal_lm: MixtralForCausalLM (tasks/baseline/L4/mixtral.h), serving HF "MixtralForCausalLM"; measured
 // end to end by `kb_nano eval`; tests/cpu/test_moe_models.cpp runs the tiny config on CPU (TP 1 and 2, per-expert
 // checkpoint names). No transformers fixture yet (tools/hf_reference.py makes one on the GPU machine).
+// Feature "norm_gemv": at one token its layers fold the RMSNorms into the projections after them (rms_norm_gemv).
 #include "L4/mixtral.h"
 #include "ops/op.h"
 

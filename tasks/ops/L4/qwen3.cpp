@@ -1,6 +1,7 @@
 // qwen3_for_causal_lm: Qwen3ForCausalLM (tasks/baseline/L4/qwen3.h), serving HF "Qwen3ForCausalLM"; measured end to
 // end by `kb_nano eval`, checked against transformers by tests/cpu/test_qwen3_hf.cpp. Its feature "qk_norm" gives
 // rms_norm its per-head cases.
+// Feature "norm_gemv": at one token its layers fold the RMSNorms into the projections after them (rms_norm_gemv).
 #include "L4/qwen3.h"
 #include "ops/op.h"
 

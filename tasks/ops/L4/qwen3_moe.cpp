@@ -2,6 +2,7 @@
 // measured end to end by `kb_nano eval`; tests/cpu/test_moe_models.cpp runs the tiny config on CPU (TP 1 and 2,
 // sparse and dense layers, per-expert checkpoint names). No transformers fixture yet (tools/hf_reference.py makes one
 // on the GPU machine). Its feature "qk_norm" gives rms_norm its per-head cases.
+// Feature "norm_gemv": at one token its layers fold the RMSNorms into the projections after them (rms_norm_gemv).
 #include "L4/qwen3_moe.h"
 #include "ops/op.h"
 
