@@ -482,25 +482,31 @@ TEST(FusedRopeKVCacheGpu, RefusesWhatTheKernelCannotTake) {
 }
 
 // rms_norm_gemv gives the bits of the ops it folds together (RMSNorm or GemmaRMSNorm, with or without the residual
-// add, then Linear's one-token GEMV, then SiluAndMul), h = x + residual included, at Llama-3.1-8B's shapes and odd
-// ones (a row the norm's warp kernel takes, rows past 256 and 2048 vectors, a partial last block, a bias, the largest
+// add, then Linear's one-token GEMV, then SiluAndMul or GeluAndMul("tanh")), h = x + residual included, at
+// Llama-3.1-8B's and Gemma-3-12B's shapes and odd ones (a row the norm's warp kernel takes, rows past 256 and 2048 vectors, a partial last block, a bias, the largest
 // staged row); and the oracle within linear's tolerance.
 TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
   KBN_SKIP_WITHOUT_GPU();
+  constexpr NormGemvAct kNone = NormGemvAct::none, kSilu = NormGemvAct::silu_and_mul,
+                        kGelu = NormGemvAct::gelu_tanh_and_mul;
   struct Case {
     int64_t hidden, n;
-    bool residual, silu, bias, gemma;
+    bool residual;
+    NormGemvAct act;
+    bool bias, gemma;
   };
-  const Case cases[] = {{4096, 6144, true, false, false, false},  {4096, 6144, false, false, false, false},
-                        {4096, 28672, true, true, false, false},  {64, 96, true, true, true, false},
-                        {64, 40, false, false, false, false},     {2056, 1003, false, false, true, false},
-                        {5120, 1002, true, true, true, true},     {12288, 64, true, false, false, false}};
+  const Case cases[] = {{4096, 6144, true, kNone, false, false},  {4096, 6144, false, kNone, false, false},
+                        {4096, 28672, true, kSilu, false, false}, {64, 96, true, kSilu, true, false},
+                        {64, 40, false, kNone, false, false},     {2056, 1003, false, kNone, true, false},
+                        {5120, 1002, true, kSilu, true, true},    {12288, 64, true, kNone, false, false},
+                        {3840, 30720, true, kGelu, false, true},  {3840, 8192, true, kNone, false, true},
+                        {72, 50, true, kGelu, true, true}};
   uint64_t seed = 900;
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
       if (!RMSNormGemv::kernel_supports(dt, 1, c.hidden)) continue;
       const std::string what = std::string(dtype_name(dt)) + " hidden " + std::to_string(c.hidden) + " n " +
-                               std::to_string(c.n) + (c.residual ? " residual" : "") + (c.silu ? " silu" : "") +
+                               std::to_string(c.n) + (c.residual ? " residual" : "") + " act " + std::to_string(int(c.act)) +
                                (c.bias ? " bias" : "") + (c.gemma ? " gemma" : "");
       SCOPED_TRACE(what);
       const int64_t H = c.hidden, N = c.n;
@@ -508,9 +514,9 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
                  norm_weight = randn({H}, dt, seed++), weight = randn({N, H}, dt, seed++, 0.02),
                  bias = c.bias ? randn({N}, dt, seed++) : Pair{};
       const Tensor res_g = c.residual ? residual.gpu : Tensor();
-      RMSNormGemv op(1e-5, c.gemma ? 1.0 : 0.0, c.silu);
+      RMSNormGemv op(1e-5, c.gemma ? 1.0 : 0.0, c.act);
       const auto [out, h] = op.forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, bias.gpu);
-      ASSERT_EQ(out.shape(), (Shape{1, c.silu ? N / 2 : N}));
+      ASSERT_EQ(out.shape(), (Shape{1, c.act != kNone ? N / 2 : N}));
       ASSERT_EQ(h.defined(), c.residual);
 
       // The ops it replaces, on copies (the norms work in place).
@@ -532,8 +538,9 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
           y = norm.forward(xc);
       }
       Tensor expected = Linear().forward(y, weight.gpu, bias.gpu);
-      if (c.silu) expected = SiluAndMul().forward(expected);
-      expect_bitwise_equal(out, expected, "out: fused vs norm + linear" + std::string(c.silu ? " + silu_and_mul" : ""));
+      if (c.act == kSilu) expected = SiluAndMul().forward(expected);
+      if (c.act == kGelu) expected = GeluAndMul("tanh").forward(expected);
+      expect_bitwise_equal(out, expected, "out: fused vs norm + linear + the activation");
       if (c.residual) expect_bitwise_equal(h, h2, "h: fused vs fused_add_rms_norm's residual");
       EXPECT_EQ(bytes_of(x.gpu), bytes_of(x.cpu)) << "x must be left untouched";
       EXPECT_EQ(bytes_of(residual.gpu), bytes_of(residual.cpu)) << "residual must be left untouched";
@@ -559,10 +566,10 @@ TEST(RMSNormGemvGpu, RefusesWhatTheKernelCannotTake) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("one token"), std::string::npos) << e.what();
   }
-  RMSNormGemv silu(1e-5, 0.0, true);
+  RMSNormGemv silu(1e-5, 0.0, NormGemvAct::silu_and_mul);
   try {
     silu.forward(x.slice(0, 0, 1), Tensor(), w, Tensor::zeros({15, 64}, DType::bf16, kGpu), Tensor());
-    FAIL() << "an odd out_features was accepted with silu_and_mul";
+    FAIL() << "an odd out_features was accepted with an activation";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("even out_features"), std::string::npos) << e.what();
   }

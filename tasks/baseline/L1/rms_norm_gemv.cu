@@ -38,14 +38,20 @@ struct NormGemvParams {
   const void* residual;     // [1, hidden] or null
   void* residual_out;       // [1, hidden] (h) when residual is given
   const void* norm_weight;  // [hidden]
-  const void* weight;       // [n_out, hidden], or [2 n_out, hidden] (gate rows then up rows) with silu
+  const void* weight;       // [n_out, hidden], or [2 n_out, hidden] (gate rows then up rows) with an activation
   const void* bias;         // [n_out] / [2 n_out] or null
   int hidden, n_out;
   float eps, weight_offset;
 };
 
-// silu_and_mul's fp32 expression (tasks/baseline/L1/silu_and_mul.cu): the same bits on the rounded gate and up.
+// silu_and_mul's and gelu_and_mul's ("tanh") fp32 expressions (tasks/baseline/L1/silu_and_mul.cu, gelu_and_mul.cu):
+// the same bits on the rounded gate and up.
 __device__ __forceinline__ float silu_mul(float gate, float up) { return gate / (1.f + expf(-gate)) * up; }
+__device__ __forceinline__ float gelu_tanh_mul(float g, float up) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  return 0.5f * g * (1.f + tanhf(kBeta * (g + kKappa * g * g * g))) * up;
+}
 
 // The sum of v over the block in rms_norm's order (each warp's xor-shuffle sum, then the warp sums in one warp).
 __device__ __forceinline__ float block_sum(float v) {
@@ -65,12 +71,13 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
-template <class T, bool kResidual, bool kSilu>
+template <class T, bool kResidual, NormGemvAct kAct>
 __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams p) {
+  constexpr bool kGated = kAct != NormGemvAct::none;
   extern __shared__ uint4 staged[];  // the normalised row, 16-byte vectors
   using V = Vec16<T>;
   constexpr int N = V::N;
-  constexpr int R = kSilu ? 2 : 1;  // weight rows per output: gate and up with silu
+  constexpr int R = kGated ? 2 : 1;  // weight rows per output: gate and up with an activation
   const int lane = int(threadIdx.x % 32);
   const int o = int(blockIdx.x) * kWarps + int(threadIdx.x / 32);
   const bool active = o < p.n_out;
@@ -155,28 +162,33 @@ __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams 
   for (int r = 0; r < R; ++r) acc[r] = warp_sum(acc[r]);
   if (lane != 0) return;
   const T* bias = static_cast<const T*>(p.bias);
-  // linear's epilogue (the bias, or + 0, then one rounding), then silu_and_mul's on the rounded halves.
+  // linear's epilogue (the bias, or + 0, then one rounding), then the activation's on the rounded halves.
   const T y0 = from_f32<T>(acc[0] + (bias != nullptr ? to_f32(bias[o]) : 0.f));
-  if constexpr (kSilu) {
+  if constexpr (kGated) {
     const T y1 = from_f32<T>(acc[R - 1] + (bias != nullptr ? to_f32(bias[o + p.n_out]) : 0.f));
-    static_cast<T*>(p.out)[o] = from_f32<T>(silu_mul(to_f32(y0), to_f32(y1)));
+    const float a = kAct == NormGemvAct::silu_and_mul ? silu_mul(to_f32(y0), to_f32(y1))
+                                                      : gelu_tanh_mul(to_f32(y0), to_f32(y1));
+    static_cast<T*>(p.out)[o] = from_f32<T>(a);
   } else {
     static_cast<T*>(p.out)[o] = y0;
   }
 }
 
-template <class T>
-void launch_rms_norm_gemv(const NormGemvParams& p, bool residual, bool silu, Stream stream) {
+template <class T, bool kResidual>
+void launch_rms_norm_gemv(const NormGemvParams& p, NormGemvAct act, Stream stream) {
   const unsigned grid = unsigned((p.n_out + kWarps - 1) / kWarps);
   const size_t smem = size_t(p.hidden) * sizeof(T);
-  if (residual && silu)
-    launch_pdl(rms_norm_gemv_kernel<T, true, true>, grid, kThreads, smem, stream, p);
-  else if (residual)
-    launch_pdl(rms_norm_gemv_kernel<T, true, false>, grid, kThreads, smem, stream, p);
-  else if (silu)
-    launch_pdl(rms_norm_gemv_kernel<T, false, true>, grid, kThreads, smem, stream, p);
-  else
-    launch_pdl(rms_norm_gemv_kernel<T, false, false>, grid, kThreads, smem, stream, p);
+  switch (act) {
+    case NormGemvAct::none:
+      launch_pdl(rms_norm_gemv_kernel<T, kResidual, NormGemvAct::none>, grid, kThreads, smem, stream, p);
+      break;
+    case NormGemvAct::silu_and_mul:
+      launch_pdl(rms_norm_gemv_kernel<T, kResidual, NormGemvAct::silu_and_mul>, grid, kThreads, smem, stream, p);
+      break;
+    case NormGemvAct::gelu_tanh_and_mul:
+      launch_pdl(rms_norm_gemv_kernel<T, kResidual, NormGemvAct::gelu_tanh_and_mul>, grid, kThreads, smem, stream, p);
+      break;
+  }
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -192,11 +204,14 @@ namespace {
 constexpr int64_t kMaxStagedBytes = 40 * 1024;
 }  // namespace
 
-RMSNormGemv::RMSNormGemv(double eps, double weight_offset, bool silu_and_mul)
-    : eps_(eps), weight_offset_(weight_offset), silu_and_mul_(silu_and_mul) {
+RMSNormGemv::RMSNormGemv(double eps, double weight_offset, NormGemvAct act)
+    : eps_(eps), weight_offset_(weight_offset), act_(act) {
   KBN_CHECK(eps > 0, "rms_norm_gemv: argument 'eps' must be positive, got ", eps);
   KBN_CHECK(weight_offset == 0.0 || weight_offset == 1.0,
             "rms_norm_gemv: argument 'weight_offset' must be 0 (RMSNorm) or 1 (GemmaRMSNorm), got ", weight_offset);
+  KBN_CHECK(act == NormGemvAct::none || act == NormGemvAct::silu_and_mul || act == NormGemvAct::gelu_tanh_and_mul,
+            "rms_norm_gemv: argument 'act' must be none (0), silu_and_mul (1) or gelu_tanh_and_mul (2), got ",
+            int(act));
 }
 
 bool RMSNormGemv::kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden) {
@@ -235,8 +250,9 @@ std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& re
   check_same_device(x, weight, op, "x", "weight");
   check_contiguous(weight, op, "weight");
   const int64_t n = weight.size(0);
-  KBN_CHECK(!silu_and_mul_ || n % 2 == 0, op, ": argument 'weight' must have an even out_features (gate rows then up ",
-            "rows) with silu_and_mul, got ", weight.str());
+  const bool gated = act_ != NormGemvAct::none;
+  KBN_CHECK(!gated || n % 2 == 0, op, ": argument 'weight' must have an even out_features (gate rows then up rows) ",
+            "with an activation, got ", weight.str());
   KBN_CHECK(n <= INT32_MAX && K <= INT32_MAX, op, ": argument 'weight' is too large, got ", weight.str());
   if (bias.defined()) {
     check_rank(bias, op, "bias", 1, "[out_features]");
@@ -245,12 +261,12 @@ std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& re
     check_same_device(x, bias, op, "x", "bias");
     check_contiguous(bias, op, "bias");
   }
-  const int64_t n_out = silu_and_mul_ ? n / 2 : n;
+  const int64_t n_out = gated ? n / 2 : n;
   Tensor out = Tensor::empty({T, n_out}, x.dtype(), x.device());
   Tensor h = residual.defined() ? Tensor::empty({T, K}, x.dtype(), x.device()) : Tensor();
   if (T == 0) return {out, h};
   if (x.is_cpu()) {
-    // The oracle: the norm (fused add on copies, as vLLM's in-place op would leave them), linear, silu_and_mul.
+    // The oracle: the norm (fused add on copies, as vLLM's in-place op would leave them), linear, the activation.
     const bool gemma = weight_offset_ != 0.0;
     Tensor y = Tensor::empty({T, K}, x.dtype(), x.device());
     if (residual.defined()) {
@@ -261,10 +277,13 @@ std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& re
     } else {
       gemma ? reference::gemma_rms_norm(y, x, norm_weight, eps_) : reference::rms_norm(y, x, norm_weight, eps_);
     }
-    if (silu_and_mul_) {
+    if (gated) {
       Tensor gate_up = Tensor::empty({T, n}, x.dtype(), x.device());
       reference::linear(gate_up, y, weight, bias);
-      reference::silu_and_mul(out, gate_up);
+      if (act_ == NormGemvAct::silu_and_mul)
+        reference::silu_and_mul(out, gate_up);
+      else
+        reference::gelu_and_mul(out, gate_up, "tanh");
     } else {
       reference::linear(out, y, weight, bias);
     }
@@ -290,7 +309,10 @@ std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& re
                          .eps = float(eps_),
                          .weight_offset = float(weight_offset_)};
   dispatch_float16_32(x.dtype(), op, "x", [&](auto t) {
-    launch_rms_norm_gemv<decltype(t)>(p, residual.defined(), silu_and_mul_, current_stream());
+    if (residual.defined())
+      launch_rms_norm_gemv<decltype(t), true>(p, act_, current_stream());
+    else
+      launch_rms_norm_gemv<decltype(t), false>(p, act_, current_stream());
   });
 #endif
   return {out, h};

@@ -1,11 +1,12 @@
 #pragma once
 // RMSNormGemv (kb-nano's; vLLM has no such op): a decode step's RMSNorm, with the residual add when there is one, folded
-// into the one-token linear that reads its output, and optionally SiluAndMul folded into that linear's output. At
+// into the one-token linear that reads its output, and optionally SiluAndMul or GeluAndMul("tanh") folded into that
+// linear's output. At
 // batch 1 a decoder layer is four weight streams with a train of small kernels between them (the norms, the
 // activation), each a launch and a ramp on the critical path; this op is the norm + qkv_proj and norm + gate_up_proj +
 // silu*mul pairs as one kernel each. Same arithmetic as the ops it replaces (fused_add_rms_norm's / rms_norm's sum
-// order and scaling, rounded to the dtype; linear's one-token dot products; silu_and_mul's fp32 silu of the rounded
-// gate and up), so the same bits.
+// order and scaling, rounded to the dtype; linear's one-token dot products; silu_and_mul's / gelu_and_mul's fp32
+// activation of the rounded gate and up), so the same bits.
 #include <utility>
 
 #include "kbn/variant.h"
@@ -25,16 +26,23 @@
 
 namespace kbn::KBN_VARIANT {
 
+// What the op applies to the linear's output: nothing, or an activation of its [gate; up] halves (the linear's rows
+// are then a MergedColumnParallelLinear's two equal halves and the op returns act(gate) * up).
+enum class NormGemvAct : int {
+  none = 0,
+  silu_and_mul = 1,       // SiluAndMul (Llama, Qwen3)
+  gelu_tanh_and_mul = 2,  // GeluAndMul("tanh") (Gemma-3)
+};
+
 class RMSNormGemv : public Module {
  public:
-  // eps: the norm's; weight_offset: 0 (RMSNorm) or 1 (GemmaRMSNorm's 1 + w); silu_and_mul: the linear's rows are
-  // [gate; up] (MergedColumnParallelLinear of two equal halves) and the op returns silu(gate) * up.
-  RMSNormGemv(double eps, double weight_offset = 0.0, bool silu_and_mul = false);
+  // eps: the norm's; weight_offset: 0 (RMSNorm) or 1 (GemmaRMSNorm's 1 + w); act: what follows the linear.
+  RMSNormGemv(double eps, double weight_offset = 0.0, NormGemvAct act = NormGemvAct::none);
 
   // x: [num_tokens, hidden] (one token on the GPU); residual: [num_tokens, hidden] or undefined; norm_weight: [hidden];
   // weight: [out_features, hidden] contiguous; bias: [out_features] or undefined. h = x + residual rounded to the
   // dtype (x without a residual); y = norm(h) * (weight_offset + norm_weight) rounded; out = y weight^T + bias, or
-  // silu(out[:, :n]) * out[:, n:] with n = out_features / 2. Returns (out, h): h new when residual is given, undefined
+  // act(out[:, :n]) * out[:, n:] with n = out_features / 2. Returns (out, h): h new when residual is given, undefined
   // otherwise (the caller's residual is then x itself). Mutates nothing.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
                                     const Tensor& weight, const Tensor& bias);
@@ -49,11 +57,11 @@ class RMSNormGemv : public Module {
 
   double eps() const { return eps_; }
   double weight_offset() const { return weight_offset_; }
-  bool silu_and_mul() const { return silu_and_mul_; }
+  NormGemvAct act() const { return act_; }
 
  private:
   double eps_, weight_offset_;
-  bool silu_and_mul_;
+  NormGemvAct act_;
 };
 
 }  // namespace kbn::KBN_VARIANT

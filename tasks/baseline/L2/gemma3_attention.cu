@@ -43,6 +43,10 @@ Gemma3Attention::Gemma3Attention(const Gemma3TextConfig& c, int64_t layer_index,
 
 Tensor Gemma3Attention::forward(const Tensor& positions, const Tensor& hidden_states) {
   auto [qkv, qkv_bias] = qkv_proj.forward(hidden_states);
+  return forward_qkv(positions, qkv);
+}
+
+Tensor Gemma3Attention::forward_qkv(const Tensor& positions, const Tensor& qkv) {
   const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb,
                                      qk_norm_rope);
   Tensor attn_output = attn.forward(x.q, x.k, x.v);

@@ -22,6 +22,9 @@ class Gemma3Attention : public Module {
 
   // positions: [num_tokens] i64; hidden_states: [num_tokens, hidden_size] -> [num_tokens, hidden_size]
   Tensor forward(const Tensor& positions, const Tensor& hidden_states);
+  // The same after the qkv projection: qkv [num_tokens, (num_heads + 2 num_kv_heads) * head_dim] (this rank's), as
+  // qkv_proj writes it (Gemma3DecoderLayer's one-token path computes it fused with the input norm: rms_norm_gemv).
+  Tensor forward_qkv(const Tensor& positions, const Tensor& qkv);
 
   bool is_sliding() const { return sliding_; }
 

@@ -17,8 +17,11 @@ Gemma3MLP::Gemma3MLP(int64_t hidden_size, int64_t intermediate_size, const std::
 
 Tensor Gemma3MLP::forward(const Tensor& x) {
   auto [gate_up, gate_up_bias] = gate_up_proj.forward(x);
-  Tensor h = act_fn.forward(gate_up);
-  auto [out, out_bias] = down_proj.forward(h);
+  return forward_act(act_fn.forward(gate_up));
+}
+
+Tensor Gemma3MLP::forward_act(const Tensor& act) {
+  auto [out, out_bias] = down_proj.forward(act);
   return out;
 }
 

@@ -16,6 +16,9 @@ class Gemma3MLP : public Module {
 
   // x: [num_tokens, hidden_size] -> [num_tokens, hidden_size]
   Tensor forward(const Tensor& x);
+  // The same after gelu_tanh(gate) * up: act [num_tokens, intermediate_size / tp] -> [num_tokens, hidden_size]
+  // (Gemma3DecoderLayer's one-token path computes act fused with the norm and gate_up_proj: rms_norm_gemv).
+  Tensor forward_act(const Tensor& act);
 
   MergedColumnParallelLinear gate_up_proj;
   RowParallelLinear down_proj;

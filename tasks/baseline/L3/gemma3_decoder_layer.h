@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "L1/gemma_rms_norm.h"
+#include "L1/rms_norm_gemv.h"
 #include "L2/gemma3_attention.h"
 #include "L2/gemma3_mlp.h"
 #include "configs/gemma3.h"
@@ -19,7 +20,8 @@ class Gemma3DecoderLayer : public Module {
                      const ParamOptions& opts);
 
   // positions: [num_tokens] i64; hidden_states: [num_tokens, hidden_size]; residual: same shape, or undefined for
-  // the first layer -> (hidden_states, residual). Mutates hidden_states and residual.
+  // the first layer -> (hidden_states, residual). May mutate hidden_states and residual (the norms
+  // work in place from two tokens on, as vLLM's); use the returned pair.
   std::pair<Tensor, Tensor> forward(const Tensor& positions, const Tensor& hidden_states, const Tensor& residual);
 
   Gemma3Attention self_attn;
@@ -28,6 +30,10 @@ class Gemma3DecoderLayer : public Module {
   GemmaRMSNorm post_attention_layernorm;
   GemmaRMSNorm pre_feedforward_layernorm;
   GemmaRMSNorm post_feedforward_layernorm;
+
+ private:
+  // The one-token path: input norm + qkv_proj, pre-feedforward norm + gate_up_proj + gelu_tanh*mul.
+  RMSNormGemv norm_qkv_, norm_gate_up_;
 };
 
 }  // namespace kbn::KBN_VARIANT

@@ -21,7 +21,7 @@ Qwen3DecoderLayer::Qwen3DecoderLayer(const Qwen3Config& config, const std::strin
       input_layernorm(config.hidden_size, config.rms_norm_eps, opts),
       post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts),
       norm_qkv_(config.rms_norm_eps),
-      norm_gate_up_(config.rms_norm_eps, 0.0, true) {
+      norm_gate_up_(config.rms_norm_eps, 0.0, NormGemvAct::silu_and_mul) {
   register_module("self_attn", &self_attn);
   register_module("mlp", &mlp);
   register_module("input_layernorm", &input_layernorm);

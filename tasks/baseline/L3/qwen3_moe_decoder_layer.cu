@@ -34,7 +34,7 @@ Qwen3MoeDecoderLayer::Qwen3MoeDecoderLayer(const Qwen3MoeConfig& config, const s
       input_layernorm(config.hidden_size, config.rms_norm_eps, opts),
       post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts),
       norm_qkv_(config.rms_norm_eps),
-      norm_gate_up_(config.rms_norm_eps, 0.0, true),
+      norm_gate_up_(config.rms_norm_eps, 0.0, NormGemvAct::silu_and_mul),
       layer_idx_(layer_index_of(prefix)) {
   register_module("self_attn", &self_attn);
   if (config.is_sparse_layer(layer_idx_)) {

@@ -1,7 +1,7 @@
 // rms_norm_gemv: class RMSNormGemv (tasks/baseline/L1/rms_norm_gemv.h), kb-nano's decode-step fusion of the RMSNorm
-// (with the residual add) into the one-token linear that follows it, and of silu_and_mul into that linear's output;
-// oracle: reference::fused_add_rms_norm / rms_norm (or the Gemma forms), reference::linear and reference::silu_and_mul
-// (tasks/reference/norm.cpp, linear.cpp, activation.cpp), composed in the op's CPU path.
+// (with the residual add) into the one-token linear that follows it, and of silu_and_mul / gelu_and_mul("tanh") into
+// that linear's output; oracle: reference::fused_add_rms_norm / rms_norm (or the Gemma forms), reference::linear and
+// reference::silu_and_mul / gelu_and_mul (tasks/reference/), composed in the op's CPU path.
 #include "L1/rms_norm_gemv.h"
 #include "ops/op.h"
 
@@ -12,10 +12,10 @@ using namespace kbn::missing_task_class;
 using namespace kbn::ops;
 
 KBN_REQUIRE_CLASS(RMSNormGemv, "L1/rms_norm_gemv.h");
-KBN_REQUIRE_CTOR(RMSNormGemv, "L1/rms_norm_gemv.h", double, double, bool);
+KBN_REQUIRE_CTOR(RMSNormGemv, "L1/rms_norm_gemv.h", double, double, NormGemvAct);
 KBN_REQUIRE_METHOD(RMSNormGemv, TensorPair, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&), "L1/rms_norm_gemv.h");
-// The decoder layers ask it whether the kernel takes a step (else they run the norm, the linear and silu_and_mul).
+// The decoder layers ask it whether the kernel takes a step (else they run the norm, the linear and the activation).
 template <class C>
 concept kbn_has_norm_gemv_supports = requires {
   static_cast<bool (*)(DType, int64_t, int64_t)>(&C::kernel_supports);
@@ -29,8 +29,8 @@ namespace {
 
 // The decoder layers of the models declaring "norm_gemv" take it at one token: the input norm with the qkv
 // projection (the first layer's without a residual, the others' with one) and, where the layer has a dense MLP, the
-// post-attention norm with the gate/up projection and silu*mul. One token only: from two on the layers run the norm,
-// cuBLASLt and silu_and_mul.
+// norm before it with the gate/up projection and the activation (silu*mul; Gemma-3: GemmaRMSNorm's 1 + w and
+// gelu_tanh*mul). One token only: from two on the layers run the norm, cuBLASLt and the activation.
 std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o) {
   std::vector<BenchCase> out;
   if (!m.has_feature("norm_gemv") || !m.attention) return out;
@@ -38,19 +38,26 @@ std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o)
   const int64_t H = m.hidden_size, es = int64_t(dtype_size(dt));
   if (!RMSNormGemv::kernel_supports(dt, 1, H)) return out;
   const AttentionShape& a = *m.attention;
+  const bool gemma = m.has_feature("gemma_norm");
+  const NormGemvAct mlp_act = gemma ? NormGemvAct::gelu_tanh_and_mul : NormGemvAct::silu_and_mul;
   struct Fusion {
-    const char* name;
+    std::string name;
     int64_t n;
-    bool residual, silu;
+    bool residual;
+    NormGemvAct act;
   };
-  std::vector<Fusion> fusions{{"input_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, true, false},
-                               {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, false}};
-  if (m.intermediate_size) fusions.push_back({"post_norm+gate_up+silu", 2 * *m.intermediate_size, true, true});
+  std::vector<Fusion> fusions{
+      {"input_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, true, NormGemvAct::none},
+      {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, NormGemvAct::none}};
+  if (m.intermediate_size)
+    fusions.push_back({std::string("mlp_norm+gate_up+") + (gemma ? "gelu_tanh" : "silu"), 2 * *m.intermediate_size,
+                       true, mlp_act});
   for (const Fusion& f : fusions) {
-    const int64_t T = 1, N = f.n, out_n = f.silu ? N / 2 : N;
+    const bool gated = f.act != NormGemvAct::none;
+    const int64_t T = 1, N = f.n, out_n = gated ? N / 2 : N;
     BenchCase b = cases::base("rms_norm_gemv", m, T, dt);
-    b.label = std::string(f.name) + " T=1 H=" + cases::str(H) + " N=" + cases::str(N);
-    b.args.values = {{"eps", m.rms_norm_eps}, {"weight_offset", 0.0}, {"silu_and_mul", f.silu ? 1.0 : 0.0}};
+    b.label = f.name + " T=1 H=" + cases::str(H) + " N=" + cases::str(N);
+    b.args.values = {{"eps", m.rms_norm_eps}, {"weight_offset", gemma ? 1.0 : 0.0}, {"act", double(int(f.act))}};
     const bool residual = f.residual;
     b.make_inputs = [=](Device d, uint64_t seed) {
       return std::vector<Tensor>{cases::normal({T, H}, dt, d, seed, "x", 1.0),
@@ -61,7 +68,7 @@ std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o)
     };
     // The weight streamed once; x (and the residual) and the norm weight read, the output (and h) written.
     b.bytes = (N * H + (residual ? 3 : 1) * H + H + out_n) * es;
-    b.flops = 2 * N * H + (residual ? 5 : 4) * H + (f.silu ? 4 * out_n : 0);
+    b.flops = 2 * N * H + (residual ? 5 : 4) * H + (gated ? 4 * out_n : 0);
     b.input_bytes = (N * H + (residual ? 2 : 1) * H + H) * es;
     b.output_numel = out_n + (residual ? H : 0);
     out.push_back(std::move(b));
@@ -76,13 +83,14 @@ KBN_REGISTER_OPS(r) {
          .class_name = "RMSNormGemv",
          .level = 1,
          .header = "L1/rms_norm_gemv.h",
-         .ctor_args = {"eps", "weight_offset", "silu_and_mul"},
+         .ctor_args = {"eps", "weight_offset", "act"},
          .args = {"x", "residual", "norm_weight", "weight", "bias"},
          .mutates = {},
          .make = adapter(
              "rms_norm_gemv", 5,
              [](const OpArgs& a) {
-               return std::make_unique<RMSNormGemv>(a.get("eps"), a.get("weight_offset"), a.get("silu_and_mul") != 0);
+               return std::make_unique<RMSNormGemv>(a.get("eps"), a.get("weight_offset"),
+                                                    static_cast<NormGemvAct>(int(a.get("act"))));
              },
              [](RMSNormGemv& op, const Tensors& t) {
                auto [y, h] = op.forward(t[0], t[1], t[2], t[3], t[4]);

@@ -2,6 +2,8 @@
 // text models). Its features: "sliding_window" (its sliding layers apply the config's window) and "logits_soft_cap"
 // (attention applies attn_logit_softcapping when a config sets it), "gemma_norm" (its per-head q/k norms scale by
 // 1 + weight: fused_qk_norm_rope's cases take weight_offset 1).
+// Feature "norm_gemv": at one token its layers fold the input and pre-feedforward GemmaRMSNorms into the projections
+// after them (rms_norm_gemv).
 #include "L4/gemma3.h"
 #include "ops/op.h"
 
@@ -35,7 +37,7 @@ KBN_REGISTER_OPS(r) {
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<Gemma3ForCausalLM>(c, o);
          },
-         .features = {"sliding_window", "logits_soft_cap", "gemma_norm"}});
+         .features = {"sliding_window", "logits_soft_cap", "gemma_norm", "norm_gemv"}});
 }
 
 }  // namespace kbn::KBN_VARIANT
