@@ -522,21 +522,17 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
       // The ops it replaces, on copies (the norms work in place).
       Tensor y, h2;
       const Tensor xc = x.gpu.clone(), rc = residual.gpu.clone();
-      if (c.gemma) {
-        GemmaRMSNorm norm(H, 1e-5, {dt, kGpu});
+      const auto run_norm = [&](auto&& norm) {
         norm.weight.copy_(norm_weight.gpu);
         if (c.residual)
           std::tie(y, h2) = norm.forward(xc, rc);
         else
           y = norm.forward(xc);
-      } else {
-        RMSNorm norm(H, 1e-5, {dt, kGpu});
-        norm.weight.copy_(norm_weight.gpu);
-        if (c.residual)
-          std::tie(y, h2) = norm.forward(xc, rc);
-        else
-          y = norm.forward(xc);
-      }
+      };
+      if (c.gemma)
+        run_norm(GemmaRMSNorm(H, 1e-5, {dt, kGpu}));
+      else
+        run_norm(RMSNorm(H, 1e-5, {dt, kGpu}));
       Tensor expected = Linear().forward(y, weight.gpu, bias.gpu);
       if (c.act == kSilu) expected = SiluAndMul().forward(expected);
       if (c.act == kGelu) expected = GeluAndMul("tanh").forward(expected);

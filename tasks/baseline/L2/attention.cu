@@ -76,7 +76,6 @@ Tensor Attention::forward_rope(const Tensor& positions, const Tensor& qkv, Rotar
   const int64_t D = head_size_, q_size = num_heads_ * D, kv_size = num_kv_heads_ * D;
   check_rank(qkv, "Attention", "qkv", 2, "[num_tokens, (num_heads + 2 num_kv_heads) * head_size]");
   check_size(qkv, "Attention", "qkv", 1, q_size + 2 * kv_size, "(num_heads + 2 num_kv_heads) * head_size");
-  const ForwardContext& ctx = get_forward_context();
   if (!(rotary.is_neox_style() && rotary.rotary_dim() == D &&
         (qkv.is_cpu() || FusedRopeKVCache::kernel_supports(qkv.dtype(), D)))) {
     Tensor q = qkv.slice(1, 0, q_size), k = qkv.slice(1, q_size, q_size + kv_size);
@@ -84,7 +83,7 @@ Tensor Attention::forward_rope(const Tensor& positions, const Tensor& qkv, Rotar
     return forward(q, k, qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size));
   }
   KVCache& cache = layer_cache(qkv.size(0));
-  const AttentionMetadata& md = *ctx.attn_metadata;
+  const AttentionMetadata& md = *get_forward_context().attn_metadata;
   const KVScales scales = cache.key.dtype() == DType::fp8e4m3 ? kv_scales() : KVScales{};
   const Tensor q = rope_kvcache_.forward(qkv, positions, rotary.cos_sin_cache, cache.key, cache.value,
                                          md.slot_mapping_of(cache.kv_group), scales);

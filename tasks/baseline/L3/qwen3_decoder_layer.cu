@@ -2,9 +2,8 @@
 
 // The one-token path (rms_norm_gemv) stays off when tasks/candidate/ replaces an op it folds away (its header's
 // test) or one of this layer's L2 blocks, so a candidate is reached at every token count (kbn/variant.h).
-#if KBN_NORM_GEMV_FOLDS_A_CANDIDATE || defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_h) || \
-    defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_cu) || \
-    defined(KBN_CANDIDATE_REPLACES_L2_qwen3_attention_h) || \
+#if KBN_NORM_GEMV_FOLDS_A_CANDIDATE || defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_h) ||                     \
+    defined(KBN_CANDIDATE_REPLACES_L2_llama_mlp_cu) || defined(KBN_CANDIDATE_REPLACES_L2_qwen3_attention_h) || \
     defined(KBN_CANDIDATE_REPLACES_L2_qwen3_attention_cu)
 #define KBN_QWEN3_ONE_TOKEN_FUSION 0
 #else
