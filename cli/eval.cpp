@@ -78,6 +78,8 @@ struct Options {
   bool compare_kv_cache_dtype = false;  // run the baseline with auto KV, then with kv_cache_dtype, and align them
   NanoBatchFlags nano;                  // overlapped nano-batches (count 1: off)
   bool compare_nano_batches = false;    // run the baseline whole, then with --nano-batches, and align them
+  bool async_scheduling = false;        // the engine's async scheduling (EngineConfig::async_scheduling)
+  bool compare_async_scheduling = false;  // run the baseline synchronously, then with async scheduling, and align them
   int64_t divergence_samples = 64;
   std::string json;
   std::string csv;
@@ -92,6 +94,7 @@ struct VariantRun {
   std::string name;            // the variant's name, or with --compare-kv-cache-dtype "baseline+kv-fp8e4m3"
   std::string kv_cache_dtype;  // the engine's --kv-cache-dtype for this run
   int nano_batches = 1;        // the engine's nano-batches per eager step for this run
+  bool async_scheduling = false;  // the engine scheduled each step while the one before ran
   int64_t nano_steps = 0;      // steps of the measured run that ran as overlapped nano-batches
   engine::RunResult result;
   engine::ServingMetrics metrics;
@@ -314,6 +317,7 @@ nlohmann::json metrics_json(const VariantRun& r) {
             {"capture_s", r.graph_capture_s},
             {"capture_bytes", r.graph_capture_bytes},
             {"graph_steps", r.graph_steps}}},
+          {"async_scheduling", r.async_scheduling},
           {"nano_batches",
            {{"count", r.nano_batches},
             {"nano_batched_steps", r.nano_steps},
@@ -641,7 +645,8 @@ void run_url(const Options& o, bool max_num_seqs_given) {
       {o.num_kv_blocks > 0, "--num-kv-blocks"}, {o.step_profile, "--step-profile"},
       {o.kernel_trace, "--kernel-trace"},      {o.check_finite, "--check-finite"},
       {o.pdl, "--pdl"},                        {o.no_pdl, "--no-pdl"},
-      {o.nano.given(), "--nano-batches / --nano-batch-*"},      {o.compare_nano_batches, "--compare-nano-batches"}};
+      {o.nano.given(), "--nano-batches / --nano-batch-*"},      {o.compare_nano_batches, "--compare-nano-batches"},
+      {o.async_scheduling, "--async-scheduling"},              {o.compare_async_scheduling, "--compare-async-scheduling"}};
   for (const auto& [given, flag] : engine_flags)
     KBN_CHECK(!given, flag, ": with --url the engine is the server's (set it on kb_nano serve)");
   double rate = 0;
@@ -705,8 +710,16 @@ void check_run_flags(const Options& o, bool max_num_seqs_given) {
   (void)o.nano.resolve(o.tp);
   KBN_CHECK(!o.compare_nano_batches || o.nano.count > 1,
             "--compare-nano-batches: compares --nano-batches N (N >= 2) with whole steps; give --nano-batches 2");
-  KBN_CHECK(!(o.compare_nano_batches && o.compare_kv_cache_dtype),
-            "--compare-nano-batches and --compare-kv-cache-dtype each run the baseline twice; give one of them");
+  KBN_CHECK(int(o.compare_nano_batches) + int(o.compare_kv_cache_dtype) + int(o.compare_async_scheduling) <= 1,
+            "--compare-nano-batches, --compare-kv-cache-dtype and --compare-async-scheduling each run the baseline "
+            "twice; give one of them");
+  KBN_CHECK(!(o.async_scheduling && o.compare_async_scheduling),
+            "--compare-async-scheduling runs the baseline without, then with async scheduling; drop --async-scheduling");
+  const bool async = o.async_scheduling || o.compare_async_scheduling;
+  KBN_CHECK(!async || o.tp == 1, async ? (o.async_scheduling ? "--async-scheduling" : "--compare-async-scheduling") : "",
+            ": async scheduling needs --tp 1, got --tp ", o.tp);
+  KBN_CHECK(!async || !o.step_profile, "--step-profile times every step alone; async scheduling overlaps each step with "
+            "the next one's host work: drop one of them");
   KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",
             "--admission: expected reserve or optimistic, got '", o.admission, "'");
 }
@@ -716,6 +729,7 @@ struct Pass {
   Variant variant;
   std::string kv_cache_dtype, name;
   int nano_batches = 1;
+  bool async_scheduling = false;
 };
 
 // The runs: each variant with --kv-cache-dtype, or (--compare-kv-cache-dtype) the baseline with the model's dtype in
@@ -743,17 +757,25 @@ std::vector<Pass> select_passes(const Options& o) {
     KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-kv-cache-dtype: runs the baseline "
               "twice (two KV dtypes); it does not combine with --variant ", o.variant.empty() ? "both" : o.variant,
               " (pass --variant baseline)");
-    passes = {{Variant::baseline, "auto", "baseline", o.nano.count},
-              {Variant::baseline, o.kv_cache_dtype, std::string("baseline+kv-") + dtype_name(*kv), o.nano.count}};
+    passes = {{Variant::baseline, "auto", "baseline", o.nano.count, o.async_scheduling},
+              {Variant::baseline, o.kv_cache_dtype, std::string("baseline+kv-") + dtype_name(*kv), o.nano.count,
+               o.async_scheduling}};
   } else if (o.compare_nano_batches) {
     KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-nano-batches: runs the baseline "
               "twice (whole steps, then nano-batches); it does not combine with --variant ",
               o.variant.empty() ? "both" : o.variant, " (pass --variant baseline)");
-    passes = {{Variant::baseline, o.kv_cache_dtype, "baseline", 1},
+    passes = {{Variant::baseline, o.kv_cache_dtype, "baseline", 1, o.async_scheduling},
               {Variant::baseline, o.kv_cache_dtype, "baseline+nano-" + std::to_string(o.nano.count),
-               o.nano.count}};
+               o.nano.count, o.async_scheduling}};
+  } else if (o.compare_async_scheduling) {
+    KBN_CHECK(variants.size() == 1 && variants[0] == Variant::baseline, "--compare-async-scheduling: runs the "
+              "baseline twice (synchronous steps, then async scheduling); it does not combine with --variant ",
+              o.variant.empty() ? "both" : o.variant, " (pass --variant baseline)");
+    passes = {{Variant::baseline, o.kv_cache_dtype, "baseline", o.nano.count, false},
+              {Variant::baseline, o.kv_cache_dtype, "baseline+async", o.nano.count, true}};
   } else {
-    for (Variant v : variants) passes.push_back({v, o.kv_cache_dtype, variant_name(v), o.nano.count});
+    for (Variant v : variants)
+      passes.push_back({v, o.kv_cache_dtype, variant_name(v), o.nano.count, o.async_scheduling});
   }
   return passes;
 }
@@ -904,6 +926,10 @@ void print_setup(const EvalSetup& e) {
                                           : "",
                 o.nano.stagger ? ", staggered (each starts at the previous one's first attention)" : "",
                 e.device.is_cuda() ? "" : " (on the CPU one after another)");
+  if (o.async_scheduling || o.compare_async_scheduling)
+    std::printf("  async scheduling: %seach greedy step is scheduled and launched before the previous one's token "
+                "ids reach the host\n",
+                o.compare_async_scheduling ? "synchronous steps, then " : "");
   if (e.wave > 0)
     std::printf("  requests sent in waves of %lld, each when the previous wave has finished\n", (long long)e.wave);
   std::fflush(stdout);
@@ -945,9 +971,11 @@ VariantRun run_pass(const EvalSetup& e, const Pass& pass, const engine::FloorMod
   run.name = pass.name;
   run.kv_cache_dtype = pass.kv_cache_dtype;
   run.nano_batches = pass.nano_batches;
+  run.async_scheduling = pass.async_scheduling;
   engine::EngineConfig ecfg = e.ecfg;
   ecfg.kv_cache_dtype = pass.kv_cache_dtype;
   ecfg.nano_batching.count = pass.nano_batches;
+  ecfg.async_scheduling = pass.async_scheduling;
   const ModelEngine m = build_model_engine(e.spec, pass.variant, e.popts, e.o.seed, e.device, ecfg, group);
   engine::LLMEngine& eng = *m.engine;
   run.sizing = eng.kv_cache_sizing();
@@ -1110,6 +1138,8 @@ void write_json(const EvalSetup& e, const std::vector<VariantRun>& runs, const F
                  {"nano_batch_gemm_sms", o.nano.gemm_sms},
                  {"dependent_launch", dependent_launch_enabled()},
                  {"compare_nano_batches", o.compare_nano_batches},
+                 {"async_scheduling", o.async_scheduling},
+                 {"compare_async_scheduling", o.compare_async_scheduling},
                  {"admission", o.admission},
                  {"reserve_max_tokens", ecfg.reserve_max_tokens},
                  {"num_kv_blocks_requested", o.num_kv_blocks},
@@ -1284,6 +1314,15 @@ void add_eval_command(CLI::App& app) {
   cmd->add_flag("--compare-nano-batches", o->compare_nano_batches,
                 "Run the baseline twice, with whole steps and then with --nano-batches, and report both and their "
                 "greedy alignment");
+  cmd->add_flag("--async-scheduling", o->async_scheduling,
+                "Async scheduling (vLLM's): a step whose sampling is greedy is launched and the next one scheduled and "
+                "launched before its token ids reach the host, which the next step takes on the device; the host's "
+                "scheduling and launches then run under the GPU's work instead of between steps. The same tokens; a "
+                "request that stops at EOS computes one discarded token. Steps with non-greedy sampling stay "
+                "synchronous. --tp 1, not with --step-profile");
+  cmd->add_flag("--compare-async-scheduling", o->compare_async_scheduling,
+                "Run the baseline twice, with synchronous steps and then with --async-scheduling, and report both and "
+                "their greedy alignment");
   cmd->add_option("--admission", o->admission,
                   "reserve (default): admit a request only while every running request can still reach its "
                   "max_tokens, so nothing is preempted (exact for these ignore_eos workloads, whose requests all run to "

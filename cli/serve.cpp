@@ -528,6 +528,7 @@ struct Options {
   int64_t num_kv_blocks = 0;
   std::string kv_cache_dtype = "auto";
   NanoBatchFlags nano;
+  bool async_scheduling = false;
   int64_t max_body_bytes = 8 << 20;
   int tp = 1;
   double gpu_memory_utilization = 0.9;
@@ -596,6 +597,8 @@ void run(const Options& o) {
   ecfg.mode = engine::parse_execution_mode(mode_name);
   ecfg.kv_cache_dtype = o.kv_cache_dtype;
   ecfg.nano_batching = o.nano.resolve(o.tp);
+  KBN_CHECK(!o.async_scheduling || o.tp == 1, "--async-scheduling: needs --tp 1, got --tp ", o.tp);
+  ecfg.async_scheduling = o.async_scheduling;
   const ModelEngine m = build_model_engine(spec, variant, popts, o.seed, device, ecfg, group.get());
   engine::LLMEngine& eng = *m.engine;
   warm_up(eng, sv.max_model_len, 2);  // before the first client
@@ -873,6 +876,9 @@ void add_serve_command(CLI::App& app) {
                   "auto (default: the model's dtype) or fp8 / fp8_e4m3 (fp8 e4m3 pages with the checkpoint's "
                   "per-tensor k_scale / v_scale, else 1.0)");
   o->nano.add_to(cmd);
+  cmd->add_flag("--async-scheduling", o->async_scheduling,
+                "Schedule and launch each greedy step before the previous one's token ids reach the host (vLLM's "
+                "async scheduling): the same tokens, the host's work under the GPU's; --tp 1");
   cmd->add_option("--num-kv-blocks", o->num_kv_blocks, "KV cache blocks (0, the default: sized from memory)")
       ->check(integer_at_least(0));
   cmd->add_option("--gpu-memory-utilization", o->gpu_memory_utilization,

@@ -296,7 +296,9 @@ void BlockManager::take_prefix(Sequence& seq, const PrefixMatch& match) {
 
 void BlockManager::cache_full_blocks(Sequence& seq) {
   if (!prefix_caching_) return;
-  const int64_t full = std::min<int64_t>(seq.num_computed_tokens / block_size_, int64_t(seq.block_table.size()));
+  // Only tokens whose ids are known are hashed (async scheduling: a pending token's KV may be computed already).
+  const int64_t full = std::min<int64_t>(std::min(seq.num_computed_tokens, seq.num_known_tokens()) / block_size_,
+                                         int64_t(seq.block_table.size()));
   for (int64_t i = seq.num_hashed_blocks; i < full; ++i) {
     std::vector<int64_t> tokens;
     const uint64_t h = hash_block(seq, i, seq.block_hash, &tokens);

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kbn/allocator.h"
+#include "kbn/cuda_ops.h"
 #include "kbn/step_metadata.h"
 #ifdef KBN_WITH_CUDA
 #include "kbn/cuda_check.h"
@@ -204,7 +205,8 @@ bool CudaGraphRunner::can_run(const SchedulerOutput& out) const {
   return true;
 }
 
-Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
+Tensor CudaGraphRunner::run(const SchedulerOutput& out, const std::vector<std::pair<int32_t, int32_t>>& pending,
+                            const Tensor& pending_ids) {
   KBN_CHECK(can_run(out), "CudaGraphRunner::run: not a decode-only step of at most ", max_batch_,
             " sequences within max_model_len ", max_model_len_);
   KBN_CHECK(current_stream() == stream_, "CudaGraphRunner::run: the current stream is not the one the graphs were ",
@@ -230,7 +232,10 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
   const auto slots = [&](int64_t g) { return host_rows_ + (2 + g) * max_batch_; };
   const auto tables = [&](int64_t g) { return host_block_tables_ + g * max_batch_ * max_blocks_per_seq_; };
   for (int64_t i = 0; i < n; ++i) {
-    ids[i] = out.seqs[size_t(i)].seq->token(out.seqs[size_t(i)].num_computed_tokens);  // the token decoded now
+    // The token decoded now; a pending one is copied on the device below.
+    const Sequence& seq = *out.seqs[size_t(i)].seq;
+    const int64_t t = out.seqs[size_t(i)].num_computed_tokens;
+    ids[i] = t < seq.num_known_tokens() ? seq.token(t) : 0;
     positions[i] = layout.positions[size_t(i)];
     for (int64_t g = 0; g < num_kv_groups_; ++g) {
       slots(g)[i] = (g == 0 ? layout.slot_mapping : layout.more_slot_mappings[size_t(g - 1)])[size_t(i)];
@@ -275,6 +280,14 @@ Tensor CudaGraphRunner::run(const SchedulerOutput& out) {
     KBN_CUDA_CHECK(cudaMemcpyAsync(state_rows_.data_ptr(), host_state_rows_, size_t(g.size) * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, stream_));
   KBN_CUDA_CHECK(cudaEventRecord(inputs_copied_, stream_));
+  if (!pending.empty()) {
+    KBN_CHECK(pending_ids.defined() && pending_ids.is_cuda() && pending_ids.dtype() == DType::i64,
+              "CUDA graphs: pending tokens need their sampled ids as an i64 CUDA tensor");
+    for (const auto& [row, src] : pending)
+      KBN_CHECK(row >= 0 && row < n && src >= 0 && src < pending_ids.numel(), "CUDA graphs: pending token of row ",
+                row, " from id ", src, " outside the step's ", n, " rows or the ", pending_ids.numel(), " ids");
+    cuda::copy_indexed_i64(token_rows_.data<int64_t>(), pending_ids.data<int64_t>(), pending);  // row 0: input ids
+  }
   KBN_CUDA_CHECK(cudaGraphLaunch(g.exec, stream_));
   return g.output.slice(0, 0, n);
 }
@@ -293,7 +306,7 @@ void CudaGraphRunner::release() {}
 
 bool CudaGraphRunner::can_run(const SchedulerOutput&) const { return false; }
 
-Tensor CudaGraphRunner::run(const SchedulerOutput&) {
+Tensor CudaGraphRunner::run(const SchedulerOutput&, const std::vector<std::pair<int32_t, int32_t>>&, const Tensor&) {
   KBN_FAIL("CUDA graphs need a CUDA device; this kb-nano was built without CUDA");
 }
 

@@ -6,6 +6,7 @@
 // per kernel, which is what decode at small batches is bound by. Logits and sampling stay outside the graph
 // (computed for the n real rows only, exactly as in eager mode).
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "engine/scheduler.h"
@@ -46,8 +47,10 @@ class CudaGraphRunner {
   bool can_run(const SchedulerOutput& out) const;
   // Replays the graph for `out` (can_run(out) must hold) on the runner's stream and returns the hidden
   // states of its sequences, [out.seqs.size(), hidden_size], in out.seqs order: a view of the graph's output
-  // buffer, valid until the next replay.
-  Tensor run(const SchedulerOutput& out);
+  // buffer, valid until the next replay. pending: (sequence index, row of pending_ids) for each sequence whose token
+  // is pending (async scheduling): its input id is copied on the device from pending_ids ([m] i64).
+  Tensor run(const SchedulerOutput& out, const std::vector<std::pair<int32_t, int32_t>>& pending = {},
+             const Tensor& pending_ids = Tensor());
 
  private:
   struct Graph {

@@ -1,5 +1,6 @@
 #include "engine/llm_engine.h"
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "engine/clock.h"
@@ -80,6 +81,10 @@ void LLMEngine::init(const std::vector<CausalLM*>& models, Variant variant, cons
   }
   const std::optional<DType> kv_dtype = parse_kv_cache_dtype(config.kv_cache_dtype, "engine: kv_cache_dtype");
   const int n = int(models.size());
+  KBN_CHECK(!config.async_scheduling || n == 1, "engine: async_scheduling needs tensor-parallel size 1, got ", n);
+  KBN_CHECK(!config.async_scheduling || !config.profile_steps,
+            "engine: async_scheduling overlaps each step with the next one's host work; profile_steps times every "
+            "step alone: turn one of them off");
   check_nano_batching(config.nano_batching, "engine: nano_batching");
   KBN_CHECK(config.nano_batching.count == 1 || n == 1, "engine: nano_batching.count ", config.nano_batching.count,
             " (overlapped nano-batches) needs tensor-parallel size 1, got ", n,
@@ -141,20 +146,56 @@ void LLMEngine::add_request(const Request& r, double arrival_time) {
   scheduler_->add(std::make_unique<Sequence>(r, arrival_time));
 }
 
+bool LLMEngine::abort_request(int64_t id) {
+  std::unique_ptr<Sequence> s = scheduler_->abort(id);
+  if (!s) return false;
+  retired_.push_back(std::move(s));  // a launched step may still name it
+  return true;
+}
+
 std::vector<RequestOutput> LLMEngine::step() {
   const double t_schedule = now();
   SchedulerOutput out = scheduler_->schedule();
-  if (out.empty()) return {};
   const double schedule_s = now() - t_schedule;
+  std::vector<RequestOutput> outputs;
+  const bool greedy = std::all_of(out.seqs.begin(), out.seqs.end(),
+                                  [](const ScheduledSequence& e) { return !e.samples || e.seq->sampling.greedy(); });
+  if (config_.async_scheduling && !out.empty() && greedy) {
+    // Launched before the step in flight is collected: the device runs it right after that one.
+    runners_[0]->launch(out);
+    scheduler_->commit(out);
+    finish_in_flight(outputs);
+    in_flight_ = std::move(out);
+    in_flight_schedule_s_ = schedule_s;
+    // Every request ended: the step just launched only carries tokens to discard.
+    if (!scheduler_->has_unfinished()) finish_in_flight(outputs);
+    return outputs;
+  }
+  finish_in_flight(outputs);  // its ids first: the runner collects in launch order
+  if (out.empty()) return outputs;
   std::vector<std::vector<int64_t>> per_rank(runners_.size());
   for_each_rank([&](int r) { per_rank[size_t(r)] = runners_[size_t(r)]->execute(out); });
+  scheduler_->commit(out);
+  finish_step(out, per_rank, schedule_s, outputs);
+  return outputs;
+}
+
+void LLMEngine::finish_in_flight(std::vector<RequestOutput>& outputs) {
+  if (!in_flight_) return;
+  const SchedulerOutput out = std::move(*in_flight_);
+  in_flight_.reset();
+  finish_step(out, {runners_[0]->collect()}, in_flight_schedule_s_, outputs);
+}
+
+void LLMEngine::finish_step(const SchedulerOutput& out, const std::vector<std::vector<int64_t>>& per_rank,
+                            double schedule_s, std::vector<RequestOutput>& outputs) {
   for (size_t r = 1; r < per_rank.size(); ++r)
     KBN_CHECK(per_rank[r] == per_rank[0], "engine: tensor-parallel rank ", r,
               " sampled other tokens than rank 0 (the gathered logits must be identical on every rank)");
   const std::vector<int64_t>& sampled = per_rank[0];
   // The sampled ids are on the host now, so the step's device work is done: this is when the tokens exist.
   const double t = now();
-  std::vector<std::unique_ptr<Sequence>> finished = scheduler_->update(out, sampled, t);
+  std::vector<std::unique_ptr<Sequence>> finished = scheduler_->complete(out, sampled, t);
   ++steps_;
   if (kv_peak_) {
     // After the step's releases; host integers only (the byte sizes were taken once, at start-up).
@@ -169,8 +210,10 @@ std::vector<RequestOutput> LLMEngine::step() {
       p.full_bytes = p.tokens * kv_bytes_per_token_;
     }
   }
-  std::vector<RequestOutput> outputs;
   for (const auto& s : finished) outputs.push_back(to_output(*s));
+  // The step in flight (async scheduling) may name what finished now; what finished before it was scheduled, no
+  // launched step names any more.
+  retired_ = std::move(finished);
   if (step_shapes_ || config_.profile_steps) {
     const double update_s = now() - t;
     // Host integers the scheduler already decided: no device work, a pass over the step's sequences.
@@ -179,7 +222,6 @@ std::vector<RequestOutput> LLMEngine::step() {
     if (config_.profile_steps)
       profile_.record(runners_[0]->last_step_times(), out.num_tokens, shape.prefill_tokens, schedule_s, update_s);
   }
-  return outputs;
 }
 
 RunResult LLMEngine::run_to_completion(const std::vector<Request>& requests,

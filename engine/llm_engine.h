@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/block_manager.h"
@@ -56,6 +57,14 @@ struct EngineConfig {
   // split. One GPU only: with tensor parallelism the nano-batches' all-reduces would run concurrently on each rank's
   // one communicator and peer-memory staging buffer, so the engine refuses the combination.
   NanoBatching nano_batching;
+  // Async scheduling (vLLM's --async-scheduling): a step whose sampling rows are all greedy is launched, and the
+  // engine schedules and launches the next step before the sampled ids reach the host; the next step takes them
+  // on the device (ModelRunner::launch). The host's scheduling, input preparation and launches then run while the
+  // device computes, instead of between steps. The tokens are the same as without it. A sequence that ends by EOS
+  // has already been scheduled for one more token, which is computed and discarded; length limits are known in
+  // advance and waste nothing. Steps with a non-greedy row sample on the host and run synchronously. One GPU only,
+  // and not with profile_steps (which times each step alone).
+  bool async_scheduling = false;
 };
 
 struct EngineProgress {
@@ -122,7 +131,7 @@ class LLMEngine {
   bool has_unfinished() const { return scheduler_->has_unfinished(); }
   // Drops an unfinished request (its client went away): its KV blocks are freed at once. False when no unfinished
   // request has that id. The engine is single-threaded: call it between steps, from the thread that steps.
-  bool abort_request(int64_t id) { return scheduler_->abort(id) != nullptr; }
+  bool abort_request(int64_t id);
   // One scheduled model step; returns the requests that finished in it.
   std::vector<RequestOutput> step();
   // Adds `requests` (all arriving now) and steps until every one has finished. `progress` is called after
@@ -137,6 +146,12 @@ class LLMEngine {
   // Runs fn(rank) on every rank (on the group's threads with TP, else here).
   void for_each_rank(const std::function<void(int rank)>& fn);
   void init(const std::vector<CausalLM*>& models, Variant variant, const std::vector<Device>& devices);
+  // The host half of a step whose tokens are sampled (per_rank: every rank's ids): the scheduler's complete(), the
+  // KV peak, the finished requests into `outputs`, the step's shape and profile.
+  void finish_step(const SchedulerOutput& out, const std::vector<std::vector<int64_t>>& per_rank, double schedule_s,
+                   std::vector<RequestOutput>& outputs);
+  // Collects and finishes the launched step in flight (async scheduling).
+  void finish_in_flight(std::vector<RequestOutput>& outputs);
 
   EngineConfig config_;
   TensorParallelGroup* group_ = nullptr;
@@ -151,6 +166,12 @@ class LLMEngine {
   StepProfile profile_;
   std::vector<StepShape>* step_shapes_ = nullptr;  // run_to_completion's result while it runs
   KvPeak* kv_peak_ = nullptr;                      // run_to_completion's result while it runs
+  // Async scheduling: the launched step whose ids are not collected yet, and its scheduling time.
+  std::optional<SchedulerOutput> in_flight_;
+  double in_flight_schedule_s_ = 0;
+  // Sequences that finished or were aborted while a launched step may still name them: kept until that step is
+  // finished.
+  std::vector<std::unique_ptr<Sequence>> retired_;
 };
 
 }  // namespace kbn::engine

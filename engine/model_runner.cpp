@@ -15,6 +15,7 @@
 #ifdef KBN_WITH_CUDA
 #include "kbn/cublaslt_linear.h"
 #include "kbn/cuda_check.h"
+#include "kbn/cuda_ops.h"
 #endif
 
 namespace kbn::engine {
@@ -107,19 +108,75 @@ StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out, Stream s) con
     const ScheduledSequence& e = out.seqs[i];
     seqs.push_back({e.num_computed_tokens, e.num_new_tokens, &e.seq->block_table, int64_t(i) < out.num_prefills,
                     e.seq->state_slot, &e.seq->more_block_tables});
+    // A pending token's id is not on the host: it is copied on the device below (pending_inputs).
     for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
-      ids.push_back(e.seq->token(t));
+      ids.push_back(t < e.seq->num_known_tokens() ? e.seq->token(t) : 0);
     if (e.samples) in.logit_rows.push_back(int64_t(ids.size()) - 1);
   }
   const StepLayout layout = build_step_layout(seqs, block_size_);
   const int64_t n = int64_t(ids.size());
   in.input_ids = Tensor::from_i64(ids, {n}).to(device_);
+  if (const auto pending = pending_inputs(out); !pending.empty()) {
+    if (device_.is_cpu()) {
+      for (const auto& [row, src] : pending) in.input_ids.data<int64_t>()[row] = last_ids_.data<int64_t>()[src];
+    } else {
+#ifdef KBN_WITH_CUDA
+      cuda::copy_indexed_i64(in.input_ids.data<int64_t>(), last_ids_.data<int64_t>(), pending);
+#endif
+    }
+  }
   in.positions = Tensor::from_i64(layout.positions, {n}).to(device_);
   in.metadata = upload_step_metadata(layout, device_);
   return in;
 }
 
+std::vector<std::pair<int32_t, int32_t>> ModelRunner::pending_inputs(const SchedulerOutput& out) const {
+  std::vector<std::pair<int32_t, int32_t>> pairs;
+  int64_t row = 0;
+  for (const ScheduledSequence& e : out.seqs) {
+    for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t, ++row) {
+      if (t < e.seq->num_known_tokens()) continue;
+      const auto it = last_rows_.find(e.seq);
+      KBN_CHECK(it != last_rows_.end() && last_ids_.defined() && t == e.seq->num_tokens() - 1,
+                "model runner: sequence ", e.seq->id, "'s token ", t,
+                " is pending but was not sampled on the device by the last launched step");
+      pairs.push_back({int32_t(row), it->second});
+    }
+  }
+  return pairs;
+}
+
 #ifdef KBN_WITH_CUDA
+struct ModelRunner::HostIds {
+  Device device;
+  int64_t capacity[2] = {0, 0};
+  int64_t* buffer[2] = {nullptr, nullptr};
+  cudaEvent_t copied[2] = {nullptr, nullptr};
+  explicit HostIds(Device d) : device(d) {
+    const DeviceGuard guard(device);
+    for (cudaEvent_t& e : copied) KBN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  ~HostIds() {
+    for (int i = 0; i < 2; ++i) {
+      if (copied[i]) cudaEventSynchronize(copied[i]);  // no copy may still write a buffer being freed
+      if (buffer[i]) cudaFreeHost(buffer[i]);
+      if (copied[i]) cudaEventDestroy(copied[i]);
+    }
+  }
+  // Slot i's buffer holds n ids or more (its last copy has been collected: grown only then).
+  int64_t* reserve(int i, int64_t n) {
+    if (capacity[i] < n) {
+      if (buffer[i]) KBN_CUDA_CHECK(cudaFreeHost(buffer[i]));
+      buffer[i] = nullptr;
+      capacity[i] = std::max<int64_t>(n, 256);
+      KBN_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&buffer[i]), size_t(capacity[i]) * sizeof(int64_t),
+                                   cudaHostAllocDefault));
+    }
+    return buffer[i];
+  }
+  HostIds(const HostIds&) = delete;
+  HostIds& operator=(const HostIds&) = delete;
+};
 struct ModelRunner::StepEvents {
   cudaEvent_t e[3] = {nullptr, nullptr, nullptr};
   explicit StepEvents(Device device) {
@@ -165,6 +222,7 @@ struct ModelRunner::NanoStreams {
   NanoStreams& operator=(const NanoStreams&) = delete;
 };
 #else
+struct ModelRunner::HostIds {};
 struct ModelRunner::StepEvents {};
 struct ModelRunner::NanoStreams {};
 #endif
@@ -242,7 +300,7 @@ double ModelRunner::between(int a, int b) const {
   return host_marks_[b] - host_marks_[a];
 }
 
-std::vector<int64_t> ModelRunner::run(const SchedulerOutput& out, std::vector<KVCache>& caches) {
+ModelRunner::Sampled ModelRunner::run(const SchedulerOutput& out, std::vector<KVCache>& caches) {
   if (out.empty()) return {};
   if (nano_.count > 1) {
     const std::vector<NanoBatch> parts = split_nano_batches(out, nano_);
@@ -261,7 +319,7 @@ std::vector<int64_t> ModelRunner::run(const SchedulerOutput& out, std::vector<KV
   return sample(out, hidden, in.logit_rows, caches, &in.metadata);
 }
 
-std::vector<int64_t> ModelRunner::run_nano_batches(const SchedulerOutput& out, const std::vector<NanoBatch>& parts,
+ModelRunner::Sampled ModelRunner::run_nano_batches(const SchedulerOutput& out, const std::vector<NanoBatch>& parts,
                                                    std::vector<KVCache>& caches) {
   ++num_nano_steps_;
   last_step_times_.nano_batches = int(parts.size());
@@ -348,7 +406,7 @@ std::vector<int64_t> ModelRunner::run_nano_batches(const SchedulerOutput& out, c
   return sample_rows(out, last, last, caches, nullptr);
 }
 
-std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tensor& hidden,
+ModelRunner::Sampled ModelRunner::sample(const SchedulerOutput& out, const Tensor& hidden,
                                          const std::vector<int64_t>& rows, const std::vector<KVCache>& caches,
                                          const AttentionMetadata* md) {
   if (rows.empty()) {
@@ -361,7 +419,7 @@ std::vector<int64_t> ModelRunner::sample(const SchedulerOutput& out, const Tenso
   return sample_rows(out, gather_rows(refs, device_), hidden, caches, md);
 }
 
-std::vector<int64_t> ModelRunner::sample_rows(const SchedulerOutput& out, const Tensor& last, const Tensor& hidden,
+ModelRunner::Sampled ModelRunner::sample_rows(const SchedulerOutput& out, const Tensor& last, const Tensor& hidden,
                                               const std::vector<KVCache>& caches, const AttentionMetadata* md) {
   Tensor logits = model_.compute_logits(last);
   ++steps_sampled_;
@@ -374,37 +432,22 @@ std::vector<int64_t> ModelRunner::sample_rows(const SchedulerOutput& out, const 
   mark(2);
   std::vector<const SamplingParams*> params;
   std::vector<int64_t> output_index;
+  bool greedy = true;
   for (const ScheduledSequence& e : out.seqs) {
     if (!e.samples) continue;
     params.push_back(&e.seq->sampling);
-    output_index.push_back(int64_t(e.seq->output.size()));
+    // The index of the token sampled now: after the output and a token still pending.
+    output_index.push_back(int64_t(e.seq->output.size()) + e.seq->num_pending);
+    greedy = greedy && e.seq->sampling.greedy();
   }
-  return sampler_.sample(logits, params, output_index);
+  if (greedy) return {{}, sampler_.argmax(logits)};
+  return {sampler_.sample(logits, params, output_index), {}};
 }
 
 std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
-  KBN_CHECK(!kv_caches_.empty(), "model runner: execute() before allocate_kv_cache()");
-  const StreamGuard guard(stream());
   const double t0 = steady_seconds();
-  last_step_times_ = StepTimes{};
-  std::vector<int64_t> tokens;
-  if (graphs_ && graphs_->can_run(out)) {
-    ++num_graph_steps_;
-    last_step_times_.graph = true;
-    // Decode-only: sequence i's one token is row i of the graph's output, as in the eager layout.
-    std::vector<int64_t> rows;
-    for (size_t i = 0; i < out.seqs.size(); ++i)
-      if (out.seqs[i].samples) rows.push_back(int64_t(i));
-    mark(0);
-    const Tensor hidden = graphs_->run(out);
-    mark(1);
-    tokens = sample(out, hidden, rows, kv_caches_, nullptr);
-  } else {
-    tokens = run(out, kv_caches_);
-  }
-  // Errors kernels recorded in their inputs (a NaN router logit): a step that sampled has synchronised, so what its
-  // kernels found is visible; one that did not is caught at the next step that samples.
-  check_device_errors();
+  launch(out);
+  std::vector<int64_t> tokens = collect();
   if (profiling_) {
     // A step that samples has synchronised with the device already; one that does not (every chunk partial)
     // waits here for its marks.
@@ -413,6 +456,70 @@ std::vector<int64_t> ModelRunner::execute(const SchedulerOutput& out) {
   }
   last_step_times_.execute_s = steady_seconds() - t0;
   return tokens;
+}
+
+void ModelRunner::launch(const SchedulerOutput& out) {
+  KBN_CHECK(!kv_caches_.empty(), "model runner: launch() before allocate_kv_cache()");
+  KBN_CHECK(launched_.size() < 2, "model runner: launch() with two launched steps not collected");
+  const StreamGuard guard(stream());
+  last_step_times_ = StepTimes{};
+  Sampled sampled;
+  if (graphs_ && graphs_->can_run(out)) {
+    ++num_graph_steps_;
+    last_step_times_.graph = true;
+    // Decode-only: sequence i's one token is row i of the graph's output, as in the eager layout.
+    std::vector<int64_t> rows;
+    for (size_t i = 0; i < out.seqs.size(); ++i)
+      if (out.seqs[i].samples) rows.push_back(int64_t(i));
+    mark(0);
+    const Tensor hidden = graphs_->run(out, pending_inputs(out), last_ids_);
+    mark(1);
+    sampled = sample(out, hidden, rows, kv_caches_, nullptr);
+  } else {
+    sampled = run(out, kv_caches_);
+  }
+  Launched l;
+  last_ids_ = Tensor();
+  last_rows_.clear();
+  if (!sampled.ids.defined()) {
+    l.tokens = std::move(sampled.host);
+  } else {
+    int32_t row = 0;
+    for (const ScheduledSequence& e : out.seqs)
+      if (e.samples) last_rows_[e.seq] = row++;
+    last_ids_ = sampled.ids;
+    l.count = sampled.ids.numel();
+    if (device_.is_cpu()) {
+      l.tokens = sampled.ids.to_ints();
+    } else {
+#ifdef KBN_WITH_CUDA
+      // The slot the oldest launched step does not hold (at most one is uncollected here).
+      if (!host_ids_) host_ids_ = std::make_shared<HostIds>(device_);
+      l.slot = launched_.empty() || launched_.front().slot != 0 ? 0 : 1;
+      int64_t* buffer = host_ids_->reserve(l.slot, l.count);
+      KBN_CUDA_CHECK(cudaMemcpyAsync(buffer, sampled.ids.data_ptr(), size_t(l.count) * sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, stream()));
+      KBN_CUDA_CHECK(cudaEventRecord(host_ids_->copied[l.slot], stream()));
+#endif
+    }
+  }
+  launched_.push_back(std::move(l));
+}
+
+std::vector<int64_t> ModelRunner::collect() {
+  KBN_CHECK(!launched_.empty(), "model runner: collect() with no launched step");
+  Launched l = std::move(launched_.front());
+  launched_.pop_front();
+#ifdef KBN_WITH_CUDA
+  if (l.slot >= 0) {
+    KBN_CUDA_CHECK(cudaEventSynchronize(host_ids_->copied[l.slot]));
+    l.tokens.assign(host_ids_->buffer[l.slot], host_ids_->buffer[l.slot] + l.count);
+  }
+#endif
+  // Errors kernels recorded in their inputs (a NaN router logit): a step that sampled has synchronised, so what its
+  // kernels found is visible; one that did not is caught at the next step that samples.
+  check_device_errors();
+  return std::move(l.tokens);
 }
 
 int64_t ModelRunner::profile_run(int64_t num_tokens, int64_t num_seqs) {

@@ -4,8 +4,11 @@
 // token of each sequence that samples this step, and samples them. Owns the paged KV caches, and in graph
 // mode the stream every step runs on and the CUDA graphs that serve decode-only steps.
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/cuda_graph_runner.h"
@@ -91,8 +94,18 @@ class ModelRunner {
   const CudaGraphRunner* cuda_graphs() const { return graphs_.get(); }
 
   StepInputs prepare_inputs(const SchedulerOutput& out) const;
-  // Runs `out`; returns one token per entry with samples = true, in out.seqs order.
+  // Runs `out`; returns one token per entry with samples = true, in out.seqs order. launch() then collect().
   std::vector<int64_t> execute(const SchedulerOutput& out);
+  // Async scheduling (LLMEngine): launch() enqueues the step's forward, logits and sampling and returns; when every
+  // sampling row is greedy, the argmax ids stay on the device (a copy to pinned host memory is queued), so the host
+  // can schedule and launch the next step while this one runs. collect() waits for the oldest launched step's ids
+  // and returns them as execute() does. At most two steps are launched and not collected. A token the scheduler
+  // counts but whose id is not on the host (Sequence::num_pending) must have been sampled by the last launched step:
+  // its input id is copied on the device from that step's ids. Steps with a non-greedy row sample on the host
+  // (Sampler), so their launch() waits for the device.
+  void launch(const SchedulerOutput& out);
+  std::vector<int64_t> collect();
+  int64_t num_launched() const { return int64_t(launched_.size()); }  // launched, not collected
   // Steps execute() served by a graph replay so far.
   int64_t num_graph_steps() const { return num_graph_steps_; }
   // Step timing (off by default): when on, every execute() records where its time went in last_step_times(),
@@ -123,20 +136,28 @@ class ModelRunner {
  private:
   // The stream the runner's device work goes to: its own in graph mode, else the caller's current stream.
   Stream stream() const { return stream_ ? stream_->get() : current_stream(); }
-  std::vector<int64_t> run(const SchedulerOutput& out, std::vector<KVCache>& caches);
+  // A step's sampled ids: `ids` ([n] i64 on the runner's device) when every row was greedy, else `host`.
+  struct Sampled {
+    std::vector<int64_t> host;
+    Tensor ids;
+  };
+  Sampled run(const SchedulerOutput& out, std::vector<KVCache>& caches);
   // run() of a step split into nano-batches (more than one).
-  std::vector<int64_t> run_nano_batches(const SchedulerOutput& out, const std::vector<NanoBatch>& parts,
-                                        std::vector<KVCache>& caches);
+  Sampled run_nano_batches(const SchedulerOutput& out, const std::vector<NanoBatch>& parts,
+                           std::vector<KVCache>& caches);
   // The step's tensors, uploaded on stream s.
   StepInputs prepare_inputs(const SchedulerOutput& out, Stream s) const;
+  // The input rows of `out` (prefill chunks sequence by sequence, then decodes) whose token is pending, each with
+  // its row in last_ids_: (input row, source row). Throws when a pending token was not sampled by the last launch.
+  std::vector<std::pair<int32_t, int32_t>> pending_inputs(const SchedulerOutput& out) const;
   // Logits of hidden rows `rows` (the sampling sequences' last tokens, in out.seqs order), then sampling. `caches`
   // and `md` (null: rebuilt from `out`) serve --check-finite's search for the layer behind non-finite logits.
-  std::vector<int64_t> sample(const SchedulerOutput& out, const Tensor& hidden, const std::vector<int64_t>& rows,
-                              const std::vector<KVCache>& caches, const AttentionMetadata* md);
+  Sampled sample(const SchedulerOutput& out, const Tensor& hidden, const std::vector<int64_t>& rows,
+                 const std::vector<KVCache>& caches, const AttentionMetadata* md);
   // The same from the gathered rows `last` ([sampling sequences, hidden]); `hidden` is what --check-finite's search
   // tests last (the step's final hidden states, or `last` itself).
-  std::vector<int64_t> sample_rows(const SchedulerOutput& out, const Tensor& last, const Tensor& hidden,
-                                   const std::vector<KVCache>& caches, const AttentionMetadata* md);
+  Sampled sample_rows(const SchedulerOutput& out, const Tensor& last, const Tensor& hidden,
+                      const std::vector<KVCache>& caches, const AttentionMetadata* md);
   // Step timing marks: 0 before the forward, 1 after it, 2 after the logits. On CUDA an event recorded on the
   // runner's stream; on CPU the host clock (the work is synchronous there).
   void mark(int i);
@@ -168,6 +189,18 @@ class ModelRunner {
   int64_t num_staggered_starts_ = 0;
   struct NanoStreams;                       // a stream and an event per nano-batch, a fork event (CUDA devices)
   std::shared_ptr<NanoStreams> nano_streams_;
+  // Launched steps not yet collected, oldest first: their ids on the host, or on their way to host buffer `slot`.
+  struct Launched {
+    std::vector<int64_t> tokens;
+    int64_t count = 0;  // ids on their way (slot >= 0)
+    int slot = -1;
+  };
+  std::deque<Launched> launched_;
+  // The last launched step's device ids, and the row of each sequence that sampled in it (pending tokens' source).
+  Tensor last_ids_;
+  std::unordered_map<const Sequence*, int32_t> last_rows_;
+  struct HostIds;  // two pinned buffers and their events (CUDA devices), used in turn by launched steps
+  std::shared_ptr<HostIds> host_ids_;
 };
 
 }  // namespace kbn::engine

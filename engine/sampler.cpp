@@ -84,6 +84,8 @@ int64_t sample_from_logits(const float* logits, int64_t vocab, const SamplingPar
 
 Sampler::Sampler(Variant variant) : argmax_(registry(variant).get("argmax").make(OpArgs{"argmax", {}, {}})) {}
 
+Tensor Sampler::argmax(const Tensor& logits) { return argmax_->call({logits})[0]; }
+
 std::vector<int64_t> Sampler::sample(const Tensor& logits, const std::vector<const SamplingParams*>& params,
                                      const std::vector<int64_t>& output_index) {
   KBN_CHECK(logits.dim() == 2, "Sampler: logits must be [num_rows, vocab], got ", logits.str());
@@ -96,7 +98,7 @@ std::vector<int64_t> Sampler::sample(const Tensor& logits, const std::vector<con
   const bool any_greedy =
       std::any_of(params.begin(), params.end(), [](const SamplingParams* p) { return p->greedy(); });
   std::vector<int64_t> tokens;
-  if (any_greedy) tokens = argmax_->call({logits})[0].to_ints();
+  if (any_greedy) tokens = argmax(logits).to_ints();
   if (all_greedy) return tokens;
   tokens.resize(size_t(n));
   // NOTE: the host path; see the header. One transfer for all rows of the step.

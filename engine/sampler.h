@@ -28,6 +28,9 @@ class Sampler {
   // number of tokens that row's sequence has generated so far) -> n token ids.
   std::vector<int64_t> sample(const Tensor& logits, const std::vector<const SamplingParams*>& params,
                               const std::vector<int64_t>& output_index);
+  // The greedy ids of every row of logits ([n, vocab]), left on the logits' device as [n] i64: no transfer, no
+  // synchronisation (async scheduling reads them later).
+  Tensor argmax(const Tensor& logits);
 
  private:
   std::unique_ptr<AnyOp> argmax_;

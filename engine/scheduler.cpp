@@ -92,7 +92,7 @@ SchedulerOutput Scheduler::schedule() {
   for (bool decodes : {true, false}) {
     for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
       Sequence* s = running_[i];
-      if ((s->num_uncomputed_tokens() == 1) != decodes || scheduled(s)) continue;
+      if ((s->num_uncomputed_tokens() == 1) != decodes || scheduled(s) || ends_with_pending(*s)) continue;
       const int64_t n = std::min(s->num_uncomputed_tokens(), budget);
       if (allocate_or_preempt(s, s->num_computed_tokens + n, out, budget)) add_entry(s, n);
     }
@@ -119,6 +119,9 @@ SchedulerOutput Scheduler::schedule() {
   while (out.preempted_ids.empty() && !waiting_.empty() && budget > 0 &&
          int64_t(running_.size()) < config_.max_num_seqs && (!stateful || !free_state_slots_.empty())) {
     Sequence* s = waiting_.front();
+    // A preempted sequence whose last token is still being sampled comes back once its id is known (the prefix
+    // cache hashes token ids); FCFS: nothing overtakes it.
+    if (s->num_pending > 0) break;
     const BlockManager::PrefixMatch cached = blocks_.match_prefix(*s);
     const int64_t cached_tokens = cached.num_blocks() * blocks_.block_size();
     const int64_t n = std::min(s->num_tokens() - cached_tokens, budget);
@@ -149,45 +152,85 @@ SchedulerOutput Scheduler::schedule() {
   const auto prefill = [stateful](const ScheduledSequence& e) { return runs_as_prefill(e, stateful); };
   std::stable_partition(out.seqs.begin(), out.seqs.end(), prefill);
   out.num_prefills = std::count_if(out.seqs.begin(), out.seqs.end(), prefill);
-  KBN_CHECK(!out.empty() || !has_unfinished(), "scheduler: nothing could be scheduled with ", waiting_.size(),
+  // Async scheduling: every unfinished sequence may be waiting for a pending token (its last, or one it must
+  // re-prefill), which only complete() resolves.
+  const auto pending = [](const auto& o) { return o->num_pending > 0; };
+  KBN_CHECK(!out.empty() || !has_unfinished() || std::any_of(owned_.begin(), owned_.end(), pending),
+            "scheduler: nothing could be scheduled with ", waiting_.size(),
             " waiting and ", running_.size(), " running sequences (", blocks_.num_free_blocks(), " of ",
             blocks_.num_blocks(), " KV blocks free)");
   return out;
 }
 
+bool Scheduler::ends_with_pending(const Sequence& s) const {
+  return s.num_pending > 0 &&
+         (int64_t(s.output.size()) + s.num_pending >= s.sampling.max_tokens || s.num_tokens() >= config_.max_model_len);
+}
+
 std::vector<std::unique_ptr<Sequence>> Scheduler::update(const SchedulerOutput& out,
                                                          const std::vector<int64_t>& sampled, double now) {
+  commit(out);
+  return complete(out, sampled, now);
+}
+
+void Scheduler::commit(const SchedulerOutput& out) {
+  for (const ScheduledSequence& e : out.seqs) {
+    Sequence* s = e.seq;
+    KBN_CHECK(s->status == SequenceStatus::running && s->num_computed_tokens == e.num_computed_tokens,
+              "scheduler: commit() of a step whose sequence ", s->id, " is no longer as it was scheduled");
+    s->num_computed_tokens = e.num_computed_tokens + e.num_new_tokens;
+    // Sliding-window groups give back the blocks no later token of s can see (registered ones stay cached). The
+    // launched step may still read them: any new owner writes them in a later step, on the same stream.
+    blocks_.release_outside_windows(*s);
+    if (e.samples) s->num_pending++;
+  }
+}
+
+std::unique_ptr<Sequence> Scheduler::finish(Sequence* s, FinishReason reason, double now) {
+  s->finish_reason = reason;
+  s->status = SequenceStatus::finished;
+  s->finish_time = now;
+  blocks_.free(*s);
+  release_state_slot(*s);
+  // A sequence preempted while its last token was in flight finishes from the waiting queue.
+  if (auto r = std::find(running_.begin(), running_.end(), s); r != running_.end()) running_.erase(r);
+  if (auto w = std::find(waiting_.begin(), waiting_.end(), s); w != waiting_.end()) waiting_.erase(w);
+  auto it = std::find_if(owned_.begin(), owned_.end(), [&](const auto& o) { return o.get() == s; });
+  std::unique_ptr<Sequence> done = std::move(*it);
+  owned_.erase(it);
+  return done;
+}
+
+std::vector<std::unique_ptr<Sequence>> Scheduler::complete(const SchedulerOutput& out,
+                                                           const std::vector<int64_t>& sampled, double now) {
   KBN_CHECK(int64_t(sampled.size()) == out.num_sampling(), "scheduler: ", sampled.size(),
             " sampled tokens for a step where ", out.num_sampling(), " sequences sample");
   std::vector<std::unique_ptr<Sequence>> finished;
   size_t k = 0;
   for (const ScheduledSequence& e : out.seqs) {
     Sequence* s = e.seq;
-    s->num_computed_tokens = e.num_computed_tokens + e.num_new_tokens;
-    blocks_.cache_full_blocks(*s);
-    // Sliding-window groups give back the blocks no later token of s can see (registered ones stay cached).
-    blocks_.release_outside_windows(*s);
+    const int64_t token = e.samples ? sampled[k++] : -1;
+    if (s->status == SequenceStatus::finished) continue;  // ended (or aborted) after this step was scheduled
+    if (e.samples) {
+      KBN_CHECK(s->num_pending > 0, "scheduler: sequence ", s->id, " samples in a step that was not committed");
+      s->num_pending--;
+      s->output.push_back(token);
+      s->token_times.push_back(now);
+    }
+    // A preempted sequence holds no blocks; it is re-prefilled with every token it has.
+    if (s->status == SequenceStatus::running) blocks_.cache_full_blocks(*s);
     if (!e.samples) continue;
-    const int64_t token = sampled[k++];
-    s->output.push_back(token);
-    s->token_times.push_back(now);
+    // With a token still pending (the next step is launched) only EOS can end s here: schedule() does not launch a
+    // step a length rule would discard.
     const auto& eos = s->sampling.eos_token_ids;
+    FinishReason reason = FinishReason::none;
     if (!s->sampling.ignore_eos && std::find(eos.begin(), eos.end(), token) != eos.end())
-      s->finish_reason = FinishReason::eos;
+      reason = FinishReason::eos;
     else if (int64_t(s->output.size()) >= s->sampling.max_tokens)
-      s->finish_reason = FinishReason::max_tokens;
-    else if (s->num_tokens() >= config_.max_model_len)
-      s->finish_reason = FinishReason::max_model_len;
-    else
-      continue;
-    s->status = SequenceStatus::finished;
-    s->finish_time = now;
-    blocks_.free(*s);
-    release_state_slot(*s);
-    running_.erase(std::find(running_.begin(), running_.end(), s));
-    auto it = std::find_if(owned_.begin(), owned_.end(), [&](const auto& o) { return o.get() == s; });
-    finished.push_back(std::move(*it));
-    owned_.erase(it);
+      reason = FinishReason::max_tokens;
+    else if (s->num_known_tokens() >= config_.max_model_len)
+      reason = FinishReason::max_model_len;
+    if (reason != FinishReason::none) finished.push_back(finish(s, reason, now));
   }
   return finished;
 }
@@ -195,16 +238,7 @@ std::vector<std::unique_ptr<Sequence>> Scheduler::update(const SchedulerOutput& 
 std::unique_ptr<Sequence> Scheduler::abort(int64_t id) {
   auto it = std::find_if(owned_.begin(), owned_.end(), [&](const auto& o) { return o->id == id; });
   if (it == owned_.end()) return nullptr;
-  Sequence* s = it->get();
-  if (auto r = std::find(running_.begin(), running_.end(), s); r != running_.end()) running_.erase(r);
-  if (auto w = std::find(waiting_.begin(), waiting_.end(), s); w != waiting_.end()) waiting_.erase(w);
-  blocks_.free(*s);
-  release_state_slot(*s);
-  s->status = SequenceStatus::finished;
-  s->finish_reason = FinishReason::aborted;
-  std::unique_ptr<Sequence> out = std::move(*it);
-  owned_.erase(it);
-  return out;
+  return finish(it->get(), FinishReason::aborted, 0.0);
 }
 
 void Scheduler::check_invariants() const {

@@ -80,8 +80,24 @@ class Scheduler {
   // After the model ran `out`: advances num_computed_tokens, appends `sampled` (one token per entry of
   // out.seqs with samples = true, in that order) stamped `now`, and applies the stop rules (EOS unless
   // ignore_eos, max_tokens, max_model_len). Returns the sequences that finished; their blocks are freed.
+  // The same as commit(out) then complete(out, sampled, now).
   std::vector<std::unique_ptr<Sequence>> update(const SchedulerOutput& out, const std::vector<int64_t>& sampled,
                                                 double now);
+
+  // Async scheduling splits update() in two. commit(out), once `out` is launched: its tokens count as computed
+  // (num_computed_tokens advances, sliding windows release what no later token sees) and every sequence that samples
+  // holds a pending token (Sequence::num_pending), so the next step can be scheduled before the sampled ids reach the
+  // host. A sequence whose pending token ends it by length (max_tokens, max_model_len) is not scheduled again.
+  void commit(const SchedulerOutput& out);
+  // complete(out, sampled, now), once the ids are on the host: each pending token becomes `sampled`'s, full blocks of
+  // known tokens are cached, and the stop rules apply. Entries of sequences that finished (or were aborted) after
+  // `out` was scheduled are skipped: their token is discarded. A sequence preempted meanwhile keeps its token (it is
+  // re-prefilled with the rest). The Sequence objects of `out` must still exist (LLMEngine keeps finished ones until
+  // no launched step names them).
+  std::vector<std::unique_ptr<Sequence>> complete(const SchedulerOutput& out, const std::vector<int64_t>& sampled,
+                                                  double now);
+  // True when s's pending token will end it by length, whatever its id: it waits for complete() unscheduled.
+  bool ends_with_pending(const Sequence& s) const;
 
   // Drops the unfinished request `id` (waiting or running: its blocks are freed) and returns it, finish reason
   // `aborted`; nullptr when no unfinished request has that id. Call between steps, not during one.
@@ -106,6 +122,8 @@ class Scheduler {
   std::vector<int32_t> free_state_slots_;  // taken from the back
 
   void release_state_slot(Sequence& s);
+  // Marks s finished (`reason`, `now`), frees its blocks and state slot, and moves it out of the scheduler.
+  std::unique_ptr<Sequence> finish(Sequence* s, FinishReason reason, double now);
 };
 
 }  // namespace kbn::engine

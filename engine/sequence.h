@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kbn/error.h"
+
 namespace kbn::engine {
 
 struct SamplingParams {
@@ -61,8 +63,17 @@ struct Sequence {
   Sequence() = default;
   Sequence(const Request& r, double arrival);
 
-  int64_t num_tokens() const { return int64_t(prompt.size() + output.size()); }
+  // Async scheduling (LLMEngine): tokens sampled by a step still in flight, whose ids are not on the host yet. They
+  // count as tokens (the next step is scheduled on them; the model runner takes their ids on the device) and follow
+  // the output; at most one per sequence when a step is scheduled.
+  int64_t num_pending = 0;
+
+  int64_t num_tokens() const { return int64_t(prompt.size() + output.size()) + num_pending; }
+  // Tokens whose ids the host has: the prompt and the output, not the pending ones.
+  int64_t num_known_tokens() const { return int64_t(prompt.size() + output.size()); }
   int64_t token(int64_t i) const {
+    KBN_CHECK(i >= 0 && i < num_known_tokens(), "sequence ", id, ": token ", i, " of ", num_tokens(),
+              (i >= num_known_tokens() && i < num_tokens() ? " is still being sampled on the device" : " is out of range"));
     return i < int64_t(prompt.size()) ? prompt[size_t(i)] : output[size_t(i) - prompt.size()];
   }
   // Tokens whose KV still has to be computed before the next token can be sampled.

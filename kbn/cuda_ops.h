@@ -2,6 +2,8 @@
 // Device-side helpers behind Tensor (copies, fills, conversions). Defined in kbn/tensor_kernels.cu when
 // built with CUDA; without CUDA no CUDA tensor can exist, and these refuse with a clear error.
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "kbn/dtype.h"
 
@@ -13,5 +15,8 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64
 // Same dtype, same device, any strides (rank <= 8).
 void strided_copy(const Tensor& dst, const Tensor& src);
 void fill(void* dst, DType dtype, int64_t n, double value, int device);
+// dst[pairs[k].first] = src[pairs[k].second] for every k: i64 elements of two device arrays, on the current stream. The
+// pairs travel as kernel parameters (no upload); a long list takes several launches.
+void copy_indexed_i64(int64_t* dst, const int64_t* src, const std::vector<std::pair<int32_t, int32_t>>& pairs);
 }  // namespace cuda
 }  // namespace kbn

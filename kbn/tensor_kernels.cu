@@ -69,7 +69,32 @@ void dispatch_float(DType dt, const char* what, F&& f) {
   }
 }
 
+// At most kIndexedPairs index pairs per launch: with the two pointers, under the classic 4 KiB of kernel parameters.
+constexpr int kIndexedPairs = 496;
+struct IndexedPairs {
+  int32_t n;
+  int32_t dst[kIndexedPairs];
+  int32_t src[kIndexedPairs];
+};
+
+__global__ void copy_indexed_i64_kernel(int64_t* __restrict__ dst, const int64_t* __restrict__ src, IndexedPairs p) {
+  for (int k = threadIdx.x; k < p.n; k += blockDim.x) dst[p.dst[k]] = src[p.src[k]];
+}
+
 }  // namespace
+
+void copy_indexed_i64(int64_t* dst, const int64_t* src, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
+  for (size_t at = 0; at < pairs.size(); at += kIndexedPairs) {
+    IndexedPairs p{};
+    p.n = int32_t(std::min(pairs.size() - at, size_t(kIndexedPairs)));
+    for (int k = 0; k < p.n; ++k) {
+      p.dst[k] = pairs[at + size_t(k)].first;
+      p.src[k] = pairs[at + size_t(k)].second;
+    }
+    copy_indexed_i64_kernel<<<1, 128, 0, current_stream()>>>(dst, src, p);
+    KBN_CUDA_CHECK_LAUNCH();
+  }
+}
 
 void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n, int device) {
   (void)device;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -62,10 +63,10 @@ struct DriveStats {
   int64_t mixed_steps = 0;    // steps with prefills and decodes together
 };
 
-// The identity of token t of s with everything before it: the KV of a slot is a function of exactly this.
-uint64_t prefix_signature(const Sequence& s, int64_t t) {
+// The identity of token t of `tokens` with everything before it: the KV of a slot is a function of exactly this.
+uint64_t prefix_signature(const std::vector<int64_t>& tokens, int64_t t) {
   uint64_t h = 1469598103934665603ull;
-  for (int64_t i = 0; i <= t; ++i) h = (h ^ uint64_t(s.token(i))) * 1099511628211ull;
+  for (int64_t i = 0; i <= t; ++i) h = (h ^ uint64_t(tokens[size_t(i)])) * 1099511628211ull;
   return h;
 }
 
@@ -74,18 +75,28 @@ uint64_t prefix_signature(const Sequence& s, int64_t t) {
 // every scheduled sequence reads its history back through each group's table (a sliding group: the keys its window
 // shows the step's tokens), so a block shared by prefix caching must hold exactly the reader's own prefix, and a
 // block one group gave back and another took must not be read as the first's. Returns the outputs by request id.
+// async: as LLMEngine's async scheduling, each step is scheduled and "launched" (the fake forward runs on the tokens
+// the device has, sampled ids included) before the previous step's ids reach the scheduler (Scheduler::complete).
 std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_t num_blocks, int64_t block_size,
                                               const std::vector<Request>& requests, int64_t vocab,
                                               DriveStats* stats = nullptr, bool prefix_caching = false,
-                                              const std::vector<int64_t>& windows = {0}) {
+                                              const std::vector<int64_t>& windows = {0}, bool async = false) {
   struct Slot {
     int64_t group = -1, pos = -1, token = -1;
     uint64_t prefix = 0;
   };
   BlockManager blocks(num_blocks, block_size, prefix_caching, windows);
   Scheduler sched(cfg, blocks);
-  for (const Request& r : requests) sched.add(std::make_unique<Sequence>(r, 0.0));
+  // Each request's tokens as the device has them: the prompt, then every id sampled (a discarded one too).
+  std::map<int64_t, std::vector<int64_t>> device;
+  for (const Request& r : requests) {
+    sched.add(std::make_unique<Sequence>(r, 0.0));
+    device[r.id] = r.prompt;
+  }
   std::vector<Slot> kv(size_t(num_blocks * block_size));
+  std::optional<SchedulerOutput> in_flight;  // async: launched, its ids not given to the scheduler yet
+  std::vector<int64_t> in_flight_ids;
+  std::vector<std::unique_ptr<Sequence>> retired;  // finished while a launched step names them
   std::map<int64_t, std::vector<int64_t>> outputs;
   DriveStats st;
   auto slot = [&](const Sequence& s, int64_t g, int64_t t) {
@@ -93,16 +104,27 @@ std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_
     KBN_CHECK(b >= 0, "drive: sequence ", s.id, " uses token ", t, " of group ", g, " in a block it gave back");
     return int64_t(b) * block_size + t % block_size;
   };
+  const auto finish = [&](const SchedulerOutput& o, const std::vector<int64_t>& ids) {
+    std::vector<std::unique_ptr<Sequence>> done = sched.complete(o, ids, double(st.steps));
+    for (auto& d : done) {
+      KBN_CHECK(d->status == SequenceStatus::finished && d->block_table.empty(), "drive: sequence ", d->id,
+                " finished without releasing its blocks");
+      KBN_CHECK(d->num_pending <= 1, "drive: sequence ", d->id, " finished with ", d->num_pending, " pending tokens");
+      outputs[d->id] = d->output;
+    }
+    retired = std::move(done);
+    sched.check_invariants();
+  };
   while (sched.has_unfinished()) {
     KBN_CHECK(st.steps < 100000, "drive: no completion after ", st.steps, " steps");
     std::vector<int64_t> running_decodes;
     for (const Sequence* s : sched.running())
-      if (s->num_uncomputed_tokens() == 1) running_decodes.push_back(s->id);
+      if (s->num_uncomputed_tokens() == 1 && !sched.ends_with_pending(*s)) running_decodes.push_back(s->id);
     const SchedulerOutput out = sched.schedule();
     sched.check_invariants();
 
-    // The step's contract.
-    KBN_CHECK(!out.empty(), "drive: empty step with unfinished requests");
+    // The step's contract. Async: a step may be empty while every request waits for an id in flight.
+    KBN_CHECK(!out.empty() || in_flight, "drive: empty step with unfinished requests");
     KBN_CHECK(out.num_tokens <= cfg.max_num_batched_tokens, "drive: ", out.num_tokens, " tokens > budget ",
               cfg.max_num_batched_tokens);
     KBN_CHECK(int64_t(out.seqs.size()) <= cfg.max_num_seqs, "drive: ", out.seqs.size(), " sequences > max_num_seqs");
@@ -134,34 +156,56 @@ std::map<int64_t, std::vector<int64_t>> drive(const SchedulerConfig& cfg, int64_
     if (std::any_of(out.seqs.begin(), out.seqs.end(), [](const auto& e) { return !e.samples; })) st.chunked_steps++;
     if (out.num_prefills > 0 && out.num_decodes() > 0) st.mixed_steps++;
 
-    // The fake forward: every group writes this step's tokens, then every sequence reads back what its tokens see.
+    // The fake forward, on the device's tokens: every group writes this step's tokens, then every sequence reads back
+    // what its tokens see.
     const int64_t groups = int64_t(windows.size());
-    for (const ScheduledSequence& e : out.seqs)
+    for (const ScheduledSequence& e : out.seqs) {
+      const std::vector<int64_t>& d = device.at(e.seq->id);
+      KBN_CHECK(int64_t(d.size()) >= e.num_computed_tokens + e.num_new_tokens, "drive: sequence ", e.seq->id,
+                " computes token ", e.num_computed_tokens + e.num_new_tokens - 1, " the device has not sampled");
+      for (int64_t t = 0; t < e.seq->num_known_tokens(); ++t)
+        KBN_CHECK(d[size_t(t)] == e.seq->token(t), "drive: sequence ", e.seq->id, " token ", t, " differs on the host");
       for (int64_t g = 0; g < groups; ++g)
         for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t)
-          kv[size_t(slot(*e.seq, g, t))] = {g, t, e.seq->token(t), prefix_signature(*e.seq, t)};
+          kv[size_t(slot(*e.seq, g, t))] = {g, t, d[size_t(t)], prefix_signature(d, t)};
+    }
     std::vector<int64_t> sampled;
     for (const ScheduledSequence& e : out.seqs) {
+      std::vector<int64_t>& d = device.at(e.seq->id);
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t w = windows[size_t(g)];
         const int64_t first = w > 0 ? std::max<int64_t>(0, e.num_computed_tokens - w + 1) : 0;
         for (int64_t t = first; t < e.num_computed_tokens + e.num_new_tokens; ++t) {
           const Slot& s = kv[size_t(slot(*e.seq, g, t))];
-          KBN_CHECK(s.group == g && s.pos == t && s.token == e.seq->token(t) && s.prefix == prefix_signature(*e.seq, t),
+          KBN_CHECK(s.group == g && s.pos == t && s.token == d[size_t(t)] && s.prefix == prefix_signature(d, t),
                     "drive: sequence ", e.seq->id, " position ", t, " of group ", g, " reads back (group ", s.group,
                     ", pos ", s.pos, ", token ", s.token, ") or another prefix's KV");
         }
       }
-      if (e.samples) sampled.push_back(fake_next_token(all_tokens(*e.seq), vocab));
+      if (!e.samples) continue;
+      KBN_CHECK(int64_t(d.size()) == e.num_computed_tokens + e.num_new_tokens, "drive: sequence ", e.seq->id,
+                " samples token ", e.num_computed_tokens + e.num_new_tokens, " with ", d.size(), " on the device");
+      sampled.push_back(fake_next_token(d, vocab));
+      d.push_back(sampled.back());
     }
-    for (auto& done : sched.update(out, sampled, double(st.steps))) {
-      KBN_CHECK(done->status == SequenceStatus::finished && done->block_table.empty(), "drive: sequence ", done->id,
-                " finished without releasing its blocks");
-      outputs[done->id] = done->output;
+    if (!out.empty()) sched.commit(out);
+    if (in_flight) finish(*in_flight, in_flight_ids);
+    in_flight.reset();
+    if (!out.empty()) {
+      if (async) {
+        in_flight = out;
+        in_flight_ids = sampled;
+      } else {
+        finish(out, sampled);
+      }
     }
-    sched.check_invariants();
+    if (!sched.has_unfinished() && in_flight) {  // only ids to discard left
+      finish(*in_flight, in_flight_ids);
+      in_flight.reset();
+    }
     st.steps++;
   }
+  KBN_CHECK(!in_flight, "drive: a launched step left");
   KBN_CHECK(blocks.num_free_blocks() == num_blocks, "drive: ", num_blocks - blocks.num_free_blocks(),
             " blocks leaked after every request finished");
   st.preemptions = sched.num_preemptions();
@@ -582,9 +626,11 @@ RC_GTEST_PROP(EngineScheduler, RandomMixesKeepInvariantsAndFinishEveryRequest, (
   RC_LOG() << "block_size " << block_size << " num_blocks " << num_blocks << " budget " << cfg.max_num_batched_tokens
            << " max_num_seqs " << cfg.max_num_seqs << " max_model_len " << cfg.max_model_len << " groups "
            << windows.size() << "\n";
+  const bool async = *rc::gen::arbitrary<bool>();
   DriveStats st;
-  auto outputs = drive(cfg, num_blocks, block_size, reqs, vocab, &st, prefix_caching, windows);
+  auto outputs = drive(cfg, num_blocks, block_size, reqs, vocab, &st, prefix_caching, windows, async);
   RC_ASSERT(outputs.size() == reqs.size());
+  RC_TAG(async ? "async scheduling" : "synchronous");
   for (const Request& r : reqs) RC_ASSERT(outputs.at(r.id) == expected_fake_output(r, vocab, cfg.max_model_len));
   RC_TAG(st.preemptions > 0 ? "preempted" : "no preemption");
   RC_TAG(st.chunked_steps > 0 ? "chunked" : "unchunked");
@@ -608,6 +654,10 @@ TEST(EngineScheduler, SmallPoolPreemptsAndStillProducesEveryToken) {
   auto outputs = drive(cfg, /*num_blocks=*/14, /*block_size=*/4, reqs, 50, &st);
   EXPECT_GT(st.preemptions, 0);
   for (const Request& r : reqs) EXPECT_EQ(outputs.at(r.id), expected_fake_output(r, 50, cfg.max_model_len));
+  // Async scheduling: preempted sequences may have an id in flight; the same tokens.
+  DriveStats async;
+  EXPECT_EQ(drive(cfg, 14, 4, reqs, 50, &async, false, {0}, true), outputs);
+  EXPECT_GT(async.preemptions, 0);
   // Admission that reserves every running request's max_tokens: no preemption, more steps, the same tokens.
   cfg.reserve_max_tokens = true;
   DriveStats reserved;

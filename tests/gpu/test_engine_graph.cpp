@@ -370,3 +370,63 @@ TEST(EngineGraphGpu, DependentLaunchGivesTheTokensOfPlainLaunches) {
     }
   }
 }
+
+// Async scheduling (EngineConfig::async_scheduling): each greedy step is launched and the next one scheduled and
+// launched before its ids reach the host; the next step copies them on the device (into the graph's static input ids,
+// or an eager step's). Eager and graph mode give the tokens of synchronous steps with chunked prefill, a tight pool
+// (preemption while an id is in flight), EOS (a discarded token) and nano-batches, for a paged-KV model (tiny Llama),
+// sliding windows, sinks and MoE (tiny gpt-oss), MLA (tiny DeepSeek-V2) and recurrent state (tiny Mamba-2).
+class AsyncSchedulingGpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AsyncSchedulingGpu, GivesTheTokensOfSynchronousSteps) {
+  if (!cuda_available()) GTEST_SKIP() << "no GPU";
+  auto model = build_model(resolve_model(kbn::test::fixture_dir() + "/" + GetParam()), Variant::baseline,
+                           {DType::f32, Device::cuda(0)}, 0);
+  const std::vector<Request> reqs = mixed_requests(13, 40, model->vocab_size());
+  EngineConfig chunked;
+  chunked.max_model_len = 256;
+  chunked.num_kv_blocks = 512;
+  chunked.max_num_seqs = 16;
+  chunked.max_num_batched_tokens = 24;
+  EngineConfig tight = chunked;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 40 * int64_t(kv_cache_groups(model->cache_specs()).windows.size());
+  if (has_state_layers(model->cache_specs())) tight.num_state_slots = 4;
+  const EngineRun sync = run_engine(*model, chunked, ExecutionMode::graph, reqs);
+  // EOS: every request stops at the third token it generates (or at an earlier equal one).
+  std::vector<Request> eos = reqs;
+  for (size_t i = 0; i < eos.size(); ++i) {
+    eos[i].sampling.ignore_eos = false;
+    eos[i].sampling.eos_token_ids = {sync.tokens[i][std::min<size_t>(2, sync.tokens[i].size() - 1)]};
+  }
+  const EngineRun eos_sync = run_engine(*model, chunked, ExecutionMode::eager, eos);
+  EngineConfig nano = chunked;
+  nano.nano_batching = {2, 1};
+  for (const ExecutionMode mode : {ExecutionMode::eager, ExecutionMode::graph}) {
+    for (const auto& [name, config, requests, expected] :
+         {std::tuple<const char*, EngineConfig, const std::vector<Request>*, const EngineRun*>{"chunked", chunked, &reqs,
+                                                                                              &sync},
+          {"tight pool", tight, &reqs, &sync},
+          {"EOS", chunked, &eos, &eos_sync},
+          {"2 nano-batches", nano, &reqs, &sync}}) {
+      SCOPED_TRACE(std::string(name) + ", " + execution_mode_name(mode));
+      EngineConfig cfg = config;
+      cfg.async_scheduling = true;
+      const EngineRun async = run_engine(*model, cfg, mode, *requests);
+      if (mode == ExecutionMode::graph) {
+        EXPECT_GT(async.graph_steps, 0);
+      }
+      ASSERT_EQ(async.tokens.size(), requests->size());
+      for (size_t i = 0; i < requests->size(); ++i)
+        EXPECT_EQ(async.tokens[i], expected->tokens[i]) << "request " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, AsyncSchedulingGpu,
+                         ::testing::Values("tiny-llama", "tiny-gpt-oss", "tiny-deepseek-v2", "tiny-mamba2"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });

@@ -1,0 +1,209 @@
+// Async scheduling (EngineConfig::async_scheduling, issue 20: the idle time between steps): each greedy step is
+// launched and the next one scheduled and launched before its ids reach the host, the next step taking them on the
+// device (ModelRunner::launch / collect). What must hold: the tokens, finish reasons and token counts of synchronous
+// steps for every family's tiny model (paged KV, sliding windows and sinks, MoE, MLA's latent cache, recurrent
+// state) under chunked prefill, EOS (one discarded token), preemption, prefix caching, non-greedy rows (those steps
+// run synchronously), nano-batches and an abort while a step is in flight; refusals by name. On the CPU the device
+// work is done when launch() returns, so what this checks is the bookkeeping: pending tokens, their ids taken from the
+// last launch's sampled tensor, the discarded entries, the sequences kept alive. The scheduler's side alone is the
+// model-free property test in test_engine.cpp (drive(..., async = true)).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "engine/generate.h"
+#include "engine/llm_engine.h"
+#include "engine/model_loader.h"
+#include "kbn/error.h"
+#include "test_paths.h"
+
+using namespace kbn;
+using namespace kbn::engine;
+
+namespace {
+
+Request request(int64_t id, std::vector<int64_t> prompt, int64_t max_tokens) {
+  Request r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.sampling.max_tokens = max_tokens;
+  r.sampling.ignore_eos = true;
+  return r;
+}
+
+// Eight prompts of 1 to 37 tokens (ids below `vocab`), 10 tokens each; two pairs share an 18-token stem (prefix
+// caching finds it once the first of a pair has computed it).
+std::vector<Request> mixed_requests(int64_t vocab) {
+  std::vector<Request> reqs;
+  const std::vector<int64_t> lens = {7, 1, 23, 37, 12, 5, 30, 30};
+  for (size_t i = 0; i < lens.size(); ++i) {
+    std::vector<int64_t> p;
+    for (int64_t j = 0; j < lens[i]; ++j)
+      p.push_back(i >= 6 && j < 18 ? (j * 37 + 11) % vocab : (int64_t(i) * 97 + j * 31 + 5) % vocab);
+    reqs.push_back(request(int64_t(i), p, 10));
+  }
+  return reqs;
+}
+
+EngineConfig config(int64_t budget, int64_t blocks) {
+  EngineConfig c;
+  c.max_model_len = 128;
+  c.block_size = 4;
+  c.num_kv_blocks = blocks;
+  c.max_num_batched_tokens = budget;  // chunked prefill; decodes share steps with chunks
+  return c;
+}
+
+struct Outcome {
+  std::vector<RequestOutput> outputs;
+  int64_t steps = 0, preemptions = 0, cached_tokens = 0;
+};
+
+Outcome run(CausalLM& model, EngineConfig cfg, const std::vector<Request>& reqs, bool async) {
+  cfg.async_scheduling = async;
+  LLMEngine engine(model, Variant::baseline, Device::cpu(), cfg);
+  const RunResult r = engine.run_to_completion(reqs);
+  EXPECT_EQ(engine.runner().num_launched(), 0) << "a launched step was left uncollected";
+  engine.scheduler().check_invariants();
+  return {r.outputs, r.steps, r.preemptions, r.cached_tokens};
+}
+
+void expect_same(const Outcome& async, const Outcome& sync, const std::string& what) {
+  ASSERT_EQ(async.outputs.size(), sync.outputs.size()) << what;
+  for (size_t i = 0; i < sync.outputs.size(); ++i) {
+    const RequestOutput &a = async.outputs[i], &s = sync.outputs[i];
+    EXPECT_EQ(a.tokens, s.tokens) << what << ", request " << s.id;
+    EXPECT_EQ(a.finish_reason, s.finish_reason) << what << ", request " << s.id;
+    EXPECT_EQ(a.token_times.size(), a.tokens.size()) << what << ", request " << s.id;
+  }
+}
+
+}  // namespace
+
+class AsyncSchedulingEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(AsyncSchedulingEngine, GivesTheTokensOfSynchronousSteps) {
+  const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/" + GetParam());
+  auto model = build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  std::vector<Request> reqs = mixed_requests(model->vocab_size());
+  const EngineConfig roomy = config(24, 512);
+  const Outcome sync = run(*model, roomy, reqs, false);
+  const Outcome async = run(*model, roomy, reqs, true);
+  expect_same(async, sync, "roomy pool");
+  // Ends known in advance (max_tokens) cost no extra step.
+  EXPECT_EQ(async.steps, sync.steps);
+  EXPECT_EQ(async.cached_tokens, sync.cached_tokens);
+
+  // EOS: each request stops at the 4th token it generates (unless that token came earlier); the step already launched
+  // for it computes one more token, which is discarded.
+  std::vector<Request> eos = reqs;
+  for (size_t i = 0; i < eos.size(); ++i) {
+    eos[i].sampling.ignore_eos = false;
+    eos[i].sampling.eos_token_ids = {sync.outputs[i].tokens[3]};
+  }
+  const Outcome eos_sync = run(*model, roomy, eos, false);
+  const Outcome eos_async = run(*model, roomy, eos, true);
+  expect_same(eos_async, eos_sync, "EOS");
+  for (const RequestOutput& o : eos_sync.outputs) EXPECT_EQ(o.finish_reason, FinishReason::eos) << "request " << o.id;
+  EXPECT_GE(eos_async.steps, eos_sync.steps);
+
+  // A pool that holds the longest sequence and little more: preemption while ids are in flight. A model without pages
+  // (Mamba-2) gets 2 state slots instead.
+  const std::vector<LayerCacheSpec> specs = model->cache_specs();
+  EngineConfig tight = config(24, 13 * int64_t(kv_cache_groups(specs).windows.size()));
+  if (has_state_layers(specs)) tight.num_state_slots = 2;
+  const Outcome tight_async = run(*model, tight, reqs, true);
+  expect_same(tight_async, sync, "tight pool");
+  if (!has_state_layers(specs)) {
+    EXPECT_GT(tight_async.preemptions, 0);
+  }
+
+  // Non-greedy rows sample on the host, so their steps run synchronously; greedy ones around them do not.
+  std::vector<Request> sampled = reqs;
+  for (size_t i = 0; i < sampled.size(); i += 3) {
+    sampled[i].sampling.temperature = 0.8;
+    sampled[i].sampling.top_k = 5;
+    sampled[i].sampling.seed = 77 + uint64_t(i);
+  }
+  expect_same(run(*model, roomy, sampled, true), run(*model, roomy, sampled, false), "mixed sampling");
+
+  // With nano-batches: a pending id is copied into the nano-batch that holds its sequence.
+  EngineConfig nano = roomy;
+  nano.nano_batching = {2, 1};
+  expect_same(run(*model, nano, reqs, true), sync, "2 nano-batches");
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, AsyncSchedulingEngine,
+                         ::testing::Values("tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss",
+                                           "tiny-gemma3", "tiny-deepseek-v2", "tiny-mamba2"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// Steps driven one at a time: an id is pending between steps, an abort of a request whose step is in flight discards
+// its token, and the others still get their synchronous tokens.
+TEST(AsyncScheduling, AbortWhileAStepIsInFlight) {
+  const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
+  auto model = build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  const std::vector<Request> reqs = mixed_requests(model->vocab_size());
+  const Outcome sync = run(*model, config(512, 512), reqs, false);
+  EngineConfig cfg = config(512, 512);
+  cfg.async_scheduling = true;
+  LLMEngine engine(*model, Variant::baseline, Device::cpu(), cfg);
+  for (const Request& r : reqs) engine.add_request(r);
+  std::vector<RequestOutput> done;
+  for (int i = 0; i < 3; ++i)
+    for (RequestOutput& o : engine.step()) done.push_back(std::move(o));
+  // Three steps: the prefill (its ids collected by the second), then two decodes, the last still in flight.
+  EXPECT_EQ(engine.runner().num_launched(), 1);
+  const Sequence* s2 = nullptr;
+  for (const Sequence* s : engine.scheduler().running())
+    if (s->id == 2) s2 = s;
+  ASSERT_NE(s2, nullptr);
+  EXPECT_EQ(s2->num_pending, 1);
+  EXPECT_EQ(s2->output.size(), 2u);
+  try {
+    (void)s2->token(s2->num_tokens() - 1);
+    FAIL() << "a pending token's id was read on the host";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is still being sampled on the device"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(engine.abort_request(2));
+  EXPECT_FALSE(engine.abort_request(2));
+  while (engine.has_unfinished())
+    for (RequestOutput& o : engine.step()) done.push_back(std::move(o));
+  EXPECT_EQ(engine.runner().num_launched(), 0);
+  engine.scheduler().check_invariants();
+  ASSERT_EQ(done.size(), reqs.size() - 1);
+  for (const RequestOutput& o : done) {
+    EXPECT_NE(o.id, 2);
+    EXPECT_EQ(o.tokens, sync.outputs[size_t(o.id)].tokens) << "request " << o.id;
+  }
+}
+
+TEST(AsyncScheduling, RefusedWithTensorParallelismOrStepProfiles) {
+  const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
+  EngineConfig cfg = config(24, 64);
+  cfg.async_scheduling = true;
+  {
+    TensorParallelGroup group(2, Device::cpu());
+    const auto shards = build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
+    try {
+      LLMEngine engine({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("async_scheduling needs tensor-parallel size 1, got 2"), std::string::npos)
+          << e.what();
+    }
+  }
+  auto model = build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  cfg.profile_steps = true;
+  try {
+    LLMEngine engine(*model, Variant::baseline, Device::cpu(), cfg);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("profile_steps times every step alone"), std::string::npos) << e.what();
+  }
+}
