@@ -208,18 +208,26 @@ void print_kernel_trace(const VariantRun& r) {
     busy += fmt(" cuda:%g", double(d)) + fmt(" %.1f%%", t.wall_s > 0 ? 100.0 * b / t.wall_s : 0.0);
   std::printf("\nkernel time [%s] (CUPTI, %lld kernels, %.3f s of kernels in %.3f s of wall time; busy:%s):\n",
               r.name.c_str(), (long long)t.kernels, t.kernel_s, t.wall_s, busy.c_str());
-  std::vector<std::vector<std::string>> ops = {{"op", "kernels", "seconds", "share", "mean us"}};
+  double busy_total = 0;
+  for (const auto& [d, b] : t.busy_s) busy_total += b;
+  std::vector<std::vector<std::string>> ops = {
+      {"op", "kernels", "seconds", "share", "mean us", "attributed s", "of busy", "attributed us"}};
   if (floor) ops[0].insert(ops[0].end(), {"serial floor s", "floor / seconds"});
   for (const auto& k : t.by_op) {
     ops.push_back({k.name, std::to_string(k.calls), fmt("%.3f", k.total_s),
                    fmt("%.1f%%", t.kernel_s > 0 ? 100.0 * k.total_s / t.kernel_s : 0.0),
-                   fmt("%.1f", k.calls ? 1e6 * k.total_s / double(k.calls) : 0.0)});
+                   fmt("%.1f", k.calls ? 1e6 * k.total_s / double(k.calls) : 0.0), fmt("%.3f", k.attributed_s),
+                   fmt("%.1f%%", busy_total > 0 ? 100.0 * k.attributed_s / busy_total : 0.0),
+                   fmt("%.1f", k.calls ? 1e6 * k.attributed_s / double(k.calls) : 0.0)});
     if (!floor) continue;
     const double f = r.floor->op_floor_s(k.name);
     ops.back().push_back(f > 0 ? fmt("%.3f", f) : "-");
     ops.back().push_back(f > 0 && k.total_s > 0 ? fmt("%.1f%%", 100.0 * f / k.total_s) : "-");
   }
   print_cells(ops);
+  std::printf("  (attributed: the busy time during which the op's kernel was the oldest one running, so a kernel launched "
+              "early under the one before it (dependent launch) is charged from that one's end: what the op costs the "
+              "stream; seconds count the overlaps twice)\n");
   if (floor)
     std::printf("  (serial floor s: the op's share of the run's serial floor; '-': an op the floor does not count)\n");
   std::printf("  top kernels:\n");
@@ -236,7 +244,11 @@ nlohmann::json kernel_trace_json(const engine::KernelTrace& t) {
   auto stats = [](const std::vector<engine::KernelStat>& v, size_t limit) {
     nlohmann::json a = nlohmann::json::array();
     for (size_t i = 0; i < v.size() && i < limit; ++i)
-      a.push_back({{"name", v[i].name}, {"op", v[i].op}, {"calls", v[i].calls}, {"seconds", v[i].total_s}});
+      a.push_back({{"name", v[i].name},
+                   {"op", v[i].op},
+                   {"calls", v[i].calls},
+                   {"seconds", v[i].total_s},
+                   {"attributed_s", v[i].attributed_s}});
     return a;
   };
   nlohmann::json busy = nlohmann::json::object();

@@ -3,6 +3,7 @@
 #include <cxxabi.h>
 
 #include <algorithm>
+#include <queue>
 #include <cctype>
 #include <cstdlib>
 #include <mutex>
@@ -76,27 +77,58 @@ std::string short_kernel_name(const std::string& name) {
 void KernelTraceBuilder::add(const std::string& name, int device, uint64_t start_ns, uint64_t end_ns) {
   KBN_CHECK(end_ns >= start_ns, "kernel trace: kernel '", name, "' ends (", end_ns, ") before it starts (", start_ns,
             ")");
-  Agg& a = by_name_[name];
-  a.calls++;
-  a.total_ns += end_ns - start_ns;
-  intervals_[device].push_back({start_ns, end_ns});
+  const auto it = by_name_.try_emplace(name).first;
+  it->second.calls++;
+  it->second.total_ns += end_ns - start_ns;
+  intervals_[device].push_back({start_ns, end_ns, &it->first});
 }
 
 KernelTrace KernelTraceBuilder::finish(double wall_s) const {
   KernelTrace t;
   t.wall_s = wall_s;
+  // Per device, sweep the kernels in start order: each stretch of busy time goes to the oldest kernel still running
+  // (a min-heap by start; ended ones leave it when they reach the top), gaps to nobody; the busy time is the sum.
+  std::map<const std::string*, uint64_t> attributed;
+  for (const auto& [device, iv] : intervals_) {
+    std::vector<Interval> v = iv;
+    std::sort(v.begin(), v.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+    const auto later = [](const Interval* a, const Interval* b) { return a->start > b->start; };
+    std::priority_queue<const Interval*, std::vector<const Interval*>, decltype(later)> running(later);
+    uint64_t busy = 0, now = 0;
+    size_t next = 0;
+    while (next < v.size() || !running.empty()) {
+      while (!running.empty() && running.top()->end <= now) running.pop();
+      if (running.empty()) {
+        if (next == v.size()) break;
+        now = std::max(now, v[next].start);  // idle until the next kernel starts
+      }
+      while (next < v.size() && v[next].start <= now) running.push(&v[next++]);
+      while (!running.empty() && running.top()->end <= now) running.pop();
+      if (running.empty()) continue;
+      const Interval* oldest = running.top();
+      const uint64_t until = std::min(oldest->end, next < v.size() ? v[next].start : UINT64_MAX);
+      attributed[oldest->name] += until - now;
+      busy += until - now;
+      now = until;
+    }
+    t.busy_s[device] = double(busy) * 1e-9;
+  }
   std::map<std::string, KernelStat> kernels, ops;
   for (const auto& [name, a] : by_name_) {
     const std::string shown = short_kernel_name(name), op = kernel_op(shown);
+    const auto at = attributed.find(&name);
+    const double attributed_s = at == attributed.end() ? 0.0 : double(at->second) * 1e-9;
     KernelStat& k = kernels[shown];
     k.name = shown;
     k.op = op;
     k.calls += a.calls;
     k.total_s += double(a.total_ns) * 1e-9;
+    k.attributed_s += attributed_s;
     KernelStat& o = ops[op];
     o.name = o.op = op;
     o.calls += a.calls;
     o.total_s += double(a.total_ns) * 1e-9;
+    o.attributed_s += attributed_s;
     t.kernels += a.calls;
     t.kernel_s += double(a.total_ns) * 1e-9;
   }
@@ -108,24 +140,6 @@ KernelTrace KernelTraceBuilder::finish(double wall_s) const {
   };
   t.by_kernel = sorted(kernels);
   t.by_op = sorted(ops);
-  for (const auto& [device, iv] : intervals_) {
-    std::vector<std::pair<uint64_t, uint64_t>> v = iv;
-    std::sort(v.begin(), v.end());
-    uint64_t busy = 0, lo = 0, hi = 0;
-    bool open = false;
-    for (const auto& [s, e] : v) {
-      if (!open || s > hi) {
-        if (open) busy += hi - lo;
-        lo = s;
-        hi = e;
-        open = true;
-      } else {
-        hi = std::max(hi, e);
-      }
-    }
-    if (open) busy += hi - lo;
-    t.busy_s[device] = double(busy) * 1e-9;
-  }
   return t;
 }
 

@@ -27,6 +27,11 @@ struct KernelStat {
   std::string op;
   int64_t calls = 0;
   double total_s = 0;
+  // The busy time during which one of its kernels was the oldest kernel running on its device: a kernel launched
+  // before the one ahead of it has ended (programmatic dependent launch) waits for it, so the overlap is charged to
+  // the older one. Summed over every kernel, the busy time; each op's share of it is what removing the op's kernels
+  // from the stream would save, while total_s double-counts the overlaps.
+  double attributed_s = 0;
 };
 
 struct KernelTrace {
@@ -50,8 +55,12 @@ class KernelTraceBuilder {
     int64_t calls = 0;
     uint64_t total_ns = 0;
   };
+  struct Interval {
+    uint64_t start, end;
+    const std::string* name;  // a key of by_name_ (std::map keys stay in place)
+  };
   std::map<std::string, Agg> by_name_;
-  std::map<int, std::vector<std::pair<uint64_t, uint64_t>>> intervals_;
+  std::map<int, std::vector<Interval>> intervals_;
 };
 
 // Demangles a C++ symbol and cuts its parameter list ("void f<float>(P)" -> "f<float>"); other names unchanged.

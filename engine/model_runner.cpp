@@ -487,6 +487,9 @@ void ModelRunner::launch(const SchedulerOutput& out) {
     int32_t row = 0;
     for (const ScheduledSequence& e : out.seqs)
       if (e.samples) last_rows_[e.seq] = row++;
+    // NOTE: kept until the next launch, against cuda_graph_runner.cpp's rule that nothing allocated after the capture
+    // outlives a replay: these ids may sit in a block a capture freed, which the next replay overwrites. Everything
+    // that reads them (the copy to the host below, the next step's input patch) is queued before that replay.
     last_ids_ = sampled.ids;
     l.count = sampled.ids.numel();
     if (device_.is_cpu()) {

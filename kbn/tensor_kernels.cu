@@ -81,7 +81,18 @@ __global__ void copy_indexed_i64_kernel(int64_t* __restrict__ dst, const int64_t
   for (int k = threadIdx.x; k < p.n; k += blockDim.x) dst[p.dst[k]] = src[p.src[k]];
 }
 
+__global__ void iota_i32_kernel(int32_t* __restrict__ dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = int32_t(i);
+}
+
 }  // namespace
+
+void iota_i32(int32_t* dst, int64_t n) {
+  if (n == 0) return;
+  iota_i32_kernel<<<grid_for(n), 256, 0, current_stream()>>>(dst, n);
+  KBN_CUDA_CHECK_LAUNCH();
+}
 
 void copy_indexed_i64(int64_t* dst, const int64_t* src, const std::vector<std::pair<int32_t, int32_t>>& pairs) {
   for (size_t at = 0; at < pairs.size(); at += kIndexedPairs) {

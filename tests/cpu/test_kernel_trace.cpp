@@ -3,6 +3,8 @@
 // of overlapping kernels. Recording itself (CUPTI) is tested on the GPU.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "engine/kernel_trace.h"
 
 using namespace kbn::engine;
@@ -61,6 +63,29 @@ TEST(KernelTrace, SumsPerKernelAndOpAndUnitesBusyIntervals) {
   EXPECT_EQ(t.by_kernel[0].name, "nvjet_gemm_a");
   EXPECT_EQ(t.by_kernel[1].name, "kbn::baseline::(anonymous namespace)::rms_norm_kernel<__nv_bfloat16, 4, true>");
   EXPECT_EQ(t.by_kernel[1].op, "rms_norm");
+  // The overlap [350, 400) goes to the older kernel (the second rms_norm): rms_norm 100 + 100, the GEMMs 600 + 50.
+  EXPECT_NEAR(t.by_op[1].attributed_s, 200e-9, 1e-15);
+  EXPECT_NEAR(t.by_op[0].attributed_s, 650e-9, 1e-15);
+  EXPECT_NEAR(t.by_op[0].attributed_s + t.by_op[1].attributed_s, t.busy_s.at(0) + t.busy_s.at(1), 1e-15);
+}
+
+// Dependent launches: each kernel starts while the one before runs and waits for it; a kernel nested inside a longer
+// one costs nothing; the busy time is split without double counting.
+TEST(KernelTrace, AttributesOverlapsToTheOldestRunningKernel) {
+  KernelTraceBuilder b;
+  b.add("gemv_a", 0, 0, 100);     // A
+  b.add("rope_b", 0, 80, 130);    // B starts under A's tail: charged from 100
+  b.add("attn_c", 0, 120, 200);   // C: from 130
+  b.add("tiny_d", 0, 140, 150);   // inside C: nothing
+  b.add("gemv_a", 0, 300, 350);   // after a gap
+  const KernelTrace t = b.finish(1e-6);
+  std::map<std::string, double> at;
+  for (const KernelStat& k : t.by_kernel) at[k.name] = k.attributed_s;
+  EXPECT_NEAR(at["gemv_a"], 150e-9, 1e-15);
+  EXPECT_NEAR(at["rope_b"], 30e-9, 1e-15);
+  EXPECT_NEAR(at["attn_c"], 70e-9, 1e-15);
+  EXPECT_NEAR(at["tiny_d"], 0.0, 1e-15);
+  EXPECT_NEAR(t.busy_s.at(0), 250e-9, 1e-15);
 }
 
 TEST(KernelTrace, EmptyTraceAndCpuBuild) {

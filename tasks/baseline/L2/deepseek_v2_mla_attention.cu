@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "kbn/checks.h"
+#include "kbn/cuda_ops.h"
 #include "kbn/forward_context.h"
 #include "kbn/parallel_state.h"
 
@@ -62,19 +63,19 @@ void DeepseekV2MLAAttention::process_weights_after_loading() {
   W_UV = w.as_strided({H, V, L}, {R * L, L, 1}, w.offset() + P * L).contiguous();
 }
 
-const Tensor& DeepseekV2MLAAttention::block_ids(int64_t n, Device device) {
-  if (!block_ids_.defined() || block_ids_.size(0) < n || block_ids_.device() != device) {
-    // NOTE: one table for every stream that runs this layer (the engine's overlapped nano-batches run the model on
-    // several at once): the device drains before the old table is dropped and after the new one is written, so no
-    // stream reads a table while it changes. It doubles, so this happens a few times per run (never in a decode
-    // graph: decodes do not use it).
-    synchronize(device);
-    std::vector<int32_t> ids(size_t(std::max<int64_t>(2 * n, 64)));
+Tensor DeepseekV2MLAAttention::block_ids(int64_t n, Device device) {
+  // NOTE: made anew each step, not kept: a table kept across steps is a tensor allocated after the engine captured
+  // its decode graphs, which the caching allocator may place in blocks a capture freed and every replay overwrites
+  // (engine/cuda_graph_runner.cpp); tiny DeepSeek-V2's prefills then read garbage pages. One small kernel per layer
+  // per prefill step, on the current stream (so each nano-batch's stream has its own).
+  if (device.is_cpu()) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
-    block_ids_ = Tensor::from_i32(ids, {int64_t(ids.size())}).to(device);
-    synchronize(device);
+    return Tensor::from_i32(ids, {n});
   }
-  return block_ids_;
+  Tensor ids = Tensor::empty({n}, DType::i32, device);
+  cuda::iota_i32(ids.data<int32_t>(), n);
+  return ids;
 }
 
 Tensor DeepseekV2MLAAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
@@ -139,7 +140,7 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
     key.slice(2, nope_, D).copy_(rows_lat.as_strided({rows, H, rope_}, {W, 0, 1}, rows_lat.offset() + rank_));
     if (!narrow_v) value.zero_();
     value.slice(2, 0, v_dim_).copy_(kv.slice(2, nope_, nope_ + v_dim_));
-    const Tensor ids = block_ids(ns * pages, q.device()).slice(0, 0, ns * pages).view({ns, pages});
+    const Tensor ids = block_ids(ns * pages, q.device()).view({ns, pages});
     const Tensor o = prefill_.forward(q.slice(0, 0, np).contiguous(), key.view({ns * pages, kPage, H, D}),
                                       value.view({ns * pages, kPage, H, Dv}), md.query_start_loc, lens, ids,
                                       md.max_prefill_query_len, Lmax);

@@ -59,7 +59,8 @@ class DeepseekV2MLAAttention : public Module {
 
  private:
   Tensor attend(const Tensor& q, const Tensor& kv_c_normed, const Tensor& k_pe);
-  const Tensor& block_ids(int64_t n, Device device);
+  // 0, 1, .., n - 1 (i32): the block table of the prefill's decompressed keys (16-row pages), made anew each call.
+  static Tensor block_ids(int64_t n, Device device);
 
   std::string prefix_;
   int64_t layer_index_, num_heads_, nope_, rope_, v_dim_, rank_;
@@ -68,7 +69,6 @@ class DeepseekV2MLAAttention : public Module {
   Bmm bmm_;
   MlaDecode decode_;
   FlashAttnPrefill prefill_;
-  Tensor block_ids_;  // 0, 1, 2, ...: the block tables of the prefill's decompressed keys (16-row pages)
 };
 
 }  // namespace kbn::KBN_VARIANT
