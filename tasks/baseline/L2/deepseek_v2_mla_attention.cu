@@ -3,7 +3,9 @@
 #include <vector>
 
 #include "kbn/checks.h"
+#ifdef KBN_WITH_CUDA
 #include "kbn/cuda_ops.h"
+#endif
 #include "kbn/forward_context.h"
 #include "kbn/parallel_state.h"
 
@@ -73,9 +75,13 @@ Tensor DeepseekV2MLAAttention::block_ids(int64_t n, Device device) {
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t(i);
     return Tensor::from_i32(ids, {n});
   }
+#ifdef KBN_WITH_CUDA
   Tensor ids = Tensor::empty({n}, DType::i32, device);
   cuda::iota_i32(ids.data<int32_t>(), n);
   return ids;
+#else
+  KBN_FAIL("DeepseekV2MLAAttention: device ", device.str(), " needs a CUDA build");
+#endif
 }
 
 Tensor DeepseekV2MLAAttention::forward(const Tensor& positions, const Tensor& hidden_states) {
