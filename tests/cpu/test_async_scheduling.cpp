@@ -15,6 +15,7 @@
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "kbn/error.h"
+#include "engine_requests.h"
 #include "test_paths.h"
 
 using namespace kbn;
@@ -22,37 +23,8 @@ using namespace kbn::engine;
 
 namespace {
 
-Request request(int64_t id, std::vector<int64_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
-
-// Eight prompts of 1 to 37 tokens (ids below `vocab`), 10 tokens each; two pairs share an 18-token stem (prefix
-// caching finds it once the first of a pair has computed it).
-std::vector<Request> mixed_requests(int64_t vocab) {
-  std::vector<Request> reqs;
-  const std::vector<int64_t> lens = {7, 1, 23, 37, 12, 5, 30, 30};
-  for (size_t i = 0; i < lens.size(); ++i) {
-    std::vector<int64_t> p;
-    for (int64_t j = 0; j < lens[i]; ++j)
-      p.push_back(i >= 6 && j < 18 ? (j * 37 + 11) % vocab : (int64_t(i) * 97 + j * 31 + 5) % vocab);
-    reqs.push_back(request(int64_t(i), p, 10));
-  }
-  return reqs;
-}
-
-EngineConfig config(int64_t budget, int64_t blocks) {
-  EngineConfig c;
-  c.max_model_len = 128;
-  c.block_size = 4;
-  c.num_kv_blocks = blocks;
-  c.max_num_batched_tokens = budget;  // chunked prefill; decodes share steps with chunks
-  return c;
-}
+using kbn::test::chunked_config;
+using kbn::test::mixed_requests;
 
 struct Outcome {
   std::vector<RequestOutput> outputs;
@@ -85,8 +57,8 @@ class AsyncSchedulingEngine : public ::testing::TestWithParam<std::string> {};
 TEST_P(AsyncSchedulingEngine, GivesTheTokensOfSynchronousSteps) {
   const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/" + GetParam());
   auto model = build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-  std::vector<Request> reqs = mixed_requests(model->vocab_size());
-  const EngineConfig roomy = config(24, 512);
+  std::vector<Request> reqs = mixed_requests(model->vocab_size(), true);
+  const EngineConfig roomy = chunked_config(24, 512);
   const Outcome sync = run(*model, roomy, reqs, false);
   const Outcome async = run(*model, roomy, reqs, true);
   expect_same(async, sync, "roomy pool");
@@ -110,7 +82,7 @@ TEST_P(AsyncSchedulingEngine, GivesTheTokensOfSynchronousSteps) {
   // A pool that holds the longest sequence and little more: preemption while ids are in flight. A model without pages
   // (Mamba-2) gets 2 state slots instead.
   const std::vector<LayerCacheSpec> specs = model->cache_specs();
-  EngineConfig tight = config(24, 13 * int64_t(kv_cache_groups(specs).windows.size()));
+  EngineConfig tight = chunked_config(24, 13 * int64_t(kv_cache_groups(specs).windows.size()));
   if (has_state_layers(specs)) tight.num_state_slots = 2;
   const Outcome tight_async = run(*model, tight, reqs, true);
   expect_same(tight_async, sync, "tight pool");
@@ -147,9 +119,9 @@ INSTANTIATE_TEST_SUITE_P(Families, AsyncSchedulingEngine,
 TEST(AsyncScheduling, AbortWhileAStepIsInFlight) {
   const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
   auto model = build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
-  const std::vector<Request> reqs = mixed_requests(model->vocab_size());
-  const Outcome sync = run(*model, config(512, 512), reqs, false);
-  EngineConfig cfg = config(512, 512);
+  const std::vector<Request> reqs = mixed_requests(model->vocab_size(), true);
+  const Outcome sync = run(*model, chunked_config(512, 512), reqs, false);
+  EngineConfig cfg = chunked_config(512, 512);
   cfg.async_scheduling = true;
   LLMEngine engine(*model, Variant::baseline, Device::cpu(), cfg);
   for (const Request& r : reqs) engine.add_request(r);
@@ -185,7 +157,7 @@ TEST(AsyncScheduling, AbortWhileAStepIsInFlight) {
 
 TEST(AsyncScheduling, RefusedWithTensorParallelismOrStepProfiles) {
   const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
-  EngineConfig cfg = config(24, 64);
+  EngineConfig cfg = chunked_config(24, 64);
   cfg.async_scheduling = true;
   {
     TensorParallelGroup group(2, Device::cpu());

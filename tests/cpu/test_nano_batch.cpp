@@ -16,6 +16,7 @@
 #include "engine/model_loader.h"
 #include "engine/nano_batch.h"
 #include "kbn/error.h"
+#include "engine_requests.h"
 #include "test_paths.h"
 
 using namespace kbn;
@@ -219,26 +220,9 @@ RC_GTEST_PROP(NanoBatchSplit, EverySplitIsAPartitionWithBalancedTokens, ()) {
 
 namespace {
 
-Request request(int64_t id, std::vector<int64_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
-
-// Eight prompts of 1 to 37 tokens (ids below `vocab`), 10 tokens each.
-std::vector<Request> mixed_requests(int64_t vocab) {
-  std::vector<Request> reqs;
-  const std::vector<int64_t> lens = {7, 1, 23, 37, 12, 5, 16, 30};
-  for (size_t i = 0; i < lens.size(); ++i) {
-    std::vector<int64_t> p;
-    for (int64_t j = 0; j < lens[i]; ++j) p.push_back((int64_t(i) * 97 + j * 31 + 5) % vocab);
-    reqs.push_back(request(int64_t(i), p, 10));
-  }
-  return reqs;
-}
+using kbn::test::chunked_config;
+using kbn::test::greedy_request;
+using kbn::test::mixed_requests;
 
 struct Outcome {
   std::vector<std::vector<int64_t>> tokens;
@@ -258,14 +242,6 @@ Outcome run(CausalLM& model, EngineConfig cfg, const std::vector<Request>& reqs,
   return out;
 }
 
-EngineConfig config(int64_t budget, int64_t blocks) {
-  EngineConfig c;
-  c.max_model_len = 128;
-  c.block_size = 4;
-  c.num_kv_blocks = blocks;
-  c.max_num_batched_tokens = budget;  // chunked prefill; decodes share steps with chunks
-  return c;
-}
 
 }  // namespace
 
@@ -277,7 +253,7 @@ TEST_P(NanoBatchEngine, SplitStepsGiveTheTokensOfWholeOnes) {
   const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/" + GetParam());
   auto model = build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
   const auto reqs = mixed_requests(model->vocab_size());
-  const EngineConfig roomy = config(24, 512);
+  const EngineConfig roomy = chunked_config(24, 512);
   const Outcome whole = run(*model, roomy, reqs, {1, 1});
   EXPECT_EQ(whole.nano_steps, 0);
   for (const NanoBatching nb : {NanoBatching{2, 1}, NanoBatching{3, 1}, NanoBatching{2, 1, NanoBatchSplit::by_kind},
@@ -300,7 +276,7 @@ TEST_P(NanoBatchEngine, SplitStepsGiveTheTokensOfWholeOnes) {
   // A pool of 13 blocks of 4 tokens per KV cache group holds the longest sequence (47 tokens) and little more: the
   // rest wait, and running ones are preempted. A model without pages (Mamba-2) gets 2 state slots instead.
   const std::vector<LayerCacheSpec> specs = model->cache_specs();
-  EngineConfig tight_cfg = config(24, 13 * int64_t(kv_cache_groups(specs).windows.size()));
+  EngineConfig tight_cfg = chunked_config(24, 13 * int64_t(kv_cache_groups(specs).windows.size()));
   if (has_state_layers(specs)) tight_cfg.num_state_slots = 2;
   const Outcome tight = run(*model, tight_cfg, reqs, {2, 1});
   if (!has_state_layers(specs)) {
@@ -332,8 +308,8 @@ TEST(NanoBatchEngine, TinyLlamaMatchesHuggingFace) {
   std::vector<Request> reqs;
   for (const auto& p : expected["prompts"])
     reqs.push_back(
-        request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(), int64_t(p["greedy_ids"].size())));
-  const Outcome r = run(*model, config(16, 512), reqs, {2, 1});
+        greedy_request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(), int64_t(p["greedy_ids"].size())));
+  const Outcome r = run(*model, chunked_config(16, 512), reqs, {2, 1});
   EXPECT_GT(r.nano_steps, 0);
   for (size_t i = 0; i < reqs.size(); ++i)
     EXPECT_EQ(r.tokens[i], expected["prompts"][i]["greedy_ids"].get<std::vector<int64_t>>()) << "prompt " << i;
@@ -343,7 +319,7 @@ TEST(NanoBatchEngine, TensorParallelIsRefusedByName) {
   const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
   TensorParallelGroup group(2, Device::cpu());
   const auto shards = build_model_shards(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0, group);
-  EngineConfig cfg = config(24, 64);
+  EngineConfig cfg = chunked_config(24, 64);
   cfg.nano_batching = {2, 1};
   try {
     LLMEngine engine({shards[0].get(), shards[1].get()}, group, Variant::baseline, cfg);

@@ -273,20 +273,31 @@ TEST(EngineGraphGpu, TinyGptOssGraphModeGivesTheEagerTokensAndTransformers) {
 // whose prefill shares a block-id table across streams) and recurrent state (tiny Mamba-2); f32 weights.
 class NanoBatchGpu : public ::testing::TestWithParam<std::string> {};
 
+namespace {
+
+// Prefills in chunks of a 24-token budget sharing steps with decodes; and the same with a pool of about a third of
+// what mixed_requests(13, 40, ..) grows to (4-token blocks per KV cache group, or 4 state slots): preemption.
+std::pair<EngineConfig, EngineConfig> chunked_and_tight(const CausalLM& model) {
+  EngineConfig chunked;
+  chunked.max_model_len = 256;
+  chunked.num_kv_blocks = 512;
+  chunked.max_num_seqs = 16;
+  chunked.max_num_batched_tokens = 24;
+  EngineConfig tight = chunked;
+  tight.block_size = 4;
+  tight.num_kv_blocks = 40 * int64_t(kv_cache_groups(model.cache_specs()).windows.size());
+  if (has_state_layers(model.cache_specs())) tight.num_state_slots = 4;
+  return {chunked, tight};
+}
+
+}  // namespace
+
 TEST_P(NanoBatchGpu, SplitStepsGiveTheTokensOfWholeSteps) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   auto model = build_model(resolve_model(kbn::test::fixture_dir() + "/" + GetParam()), Variant::baseline,
                            {DType::f32, Device::cuda(0)}, 0);
   const std::vector<Request> reqs = mixed_requests(13, 40, model->vocab_size());
-  EngineConfig chunked;
-  chunked.max_model_len = 256;
-  chunked.num_kv_blocks = 512;
-  chunked.max_num_seqs = 16;
-  chunked.max_num_batched_tokens = 24;  // prefills in chunks, sharing steps with decodes
-  EngineConfig tight = chunked;
-  tight.block_size = 4;
-  tight.num_kv_blocks = 40 * int64_t(kv_cache_groups(model->cache_specs()).windows.size());
-  if (has_state_layers(model->cache_specs())) tight.num_state_slots = 4;
+  const auto [chunked, tight] = chunked_and_tight(*model);
   for (const auto& [name, config] : {std::pair<const char*, EngineConfig>{"chunked", chunked}, {"tight pool", tight}}) {
     SCOPED_TRACE(name);
     const EngineRun whole = run_engine(*model, config, ExecutionMode::eager, reqs);
@@ -383,15 +394,7 @@ TEST_P(AsyncSchedulingGpu, GivesTheTokensOfSynchronousSteps) {
   auto model = build_model(resolve_model(kbn::test::fixture_dir() + "/" + GetParam()), Variant::baseline,
                            {DType::f32, Device::cuda(0)}, 0);
   const std::vector<Request> reqs = mixed_requests(13, 40, model->vocab_size());
-  EngineConfig chunked;
-  chunked.max_model_len = 256;
-  chunked.num_kv_blocks = 512;
-  chunked.max_num_seqs = 16;
-  chunked.max_num_batched_tokens = 24;
-  EngineConfig tight = chunked;
-  tight.block_size = 4;
-  tight.num_kv_blocks = 40 * int64_t(kv_cache_groups(model->cache_specs()).windows.size());
-  if (has_state_layers(model->cache_specs())) tight.num_state_slots = 4;
+  const auto [chunked, tight] = chunked_and_tight(*model);
   const EngineRun sync = run_engine(*model, chunked, ExecutionMode::graph, reqs);
   // EOS: every request stops at the third token it generates (or at an earlier equal one).
   std::vector<Request> eos = reqs;
