@@ -150,6 +150,11 @@ bool LLMEngine::abort_request(int64_t id) {
   std::unique_ptr<Sequence> s = scheduler_->abort(id);
   if (!s) return false;
   retired_.push_back(std::move(s));  // a launched step may still name it
+  if (!scheduler_->has_unfinished()) {
+    // Nothing left to step: the step in flight is collected now (its tokens all discarded), not by a later run's step.
+    std::vector<RequestOutput> none;
+    finish_in_flight(none);
+  }
   return true;
 }
 
@@ -172,6 +177,15 @@ std::vector<RequestOutput> LLMEngine::step() {
     return outputs;
   }
   finish_in_flight(outputs);  // its ids first: the runner collects in launch order
+  // What the step in flight ended (EOS) or an abort removed while this step was scheduled has freed its blocks: it
+  // leaves this step, whose token for it would be discarded anyway.
+  const auto ended = [](const ScheduledSequence& e) { return e.seq->status == SequenceStatus::finished; };
+  if (std::any_of(out.seqs.begin(), out.seqs.end(), ended)) {
+    out.num_prefills -= std::count_if(out.seqs.begin(), out.seqs.begin() + out.num_prefills, ended);
+    out.seqs.erase(std::remove_if(out.seqs.begin(), out.seqs.end(), ended), out.seqs.end());
+    out.num_tokens = 0;
+    for (const ScheduledSequence& e : out.seqs) out.num_tokens += e.num_new_tokens;
+  }
   if (out.empty()) return outputs;
   std::vector<std::vector<int64_t>> per_rank(runners_.size());
   for_each_rank([&](int r) { per_rank[size_t(r)] = runners_[size_t(r)]->execute(out); });

@@ -98,6 +98,11 @@ TEST_P(AsyncSchedulingEngine, GivesTheTokensOfSynchronousSteps) {
     sampled[i].sampling.seed = 77 + uint64_t(i);
   }
   expect_same(run(*model, roomy, sampled, true), run(*model, roomy, sampled, false), "mixed sampling");
+  // ... with the greedy ones stopping at EOS: a synchronous step scheduled while a greedy one was in flight may hold a
+  // sequence that step ended.
+  for (size_t i = 0; i < sampled.size(); ++i)
+    if (sampled[i].sampling.greedy()) sampled[i].sampling = eos[i].sampling;
+  expect_same(run(*model, roomy, sampled, true), run(*model, roomy, sampled, false), "mixed sampling and EOS");
 
   // With nano-batches: a pending id is copied into the nano-batch that holds its sequence.
   EngineConfig nano = roomy;
@@ -152,6 +157,40 @@ TEST(AsyncScheduling, AbortWhileAStepIsInFlight) {
   for (const RequestOutput& o : done) {
     EXPECT_NE(o.id, 2);
     EXPECT_EQ(o.tokens, sync.outputs[size_t(o.id)].tokens) << "request " << o.id;
+  }
+  // Aborting every request while a step is in flight collects that step: nothing is left for a later run.
+  for (const Request& r : reqs) engine.add_request(r);
+  for (int i = 0; i < 3; ++i) engine.step();
+  EXPECT_EQ(engine.runner().num_launched(), 1);
+  for (const Request& r : reqs) EXPECT_TRUE(engine.abort_request(r.id));
+  EXPECT_FALSE(engine.has_unfinished());
+  EXPECT_EQ(engine.runner().num_launched(), 0);
+  const RunResult again = engine.run_to_completion({reqs[0]});
+  EXPECT_EQ(again.outputs[0].tokens, sync.outputs[0].tokens);
+}
+
+// A greedy request decoding (its steps launched ahead) next to a sampled one whose chunked prompt reaches its first
+// sample at every possible step, while the greedy one stops at EOS: some synchronous step is then scheduled while a
+// greedy step is in flight and holds a sequence that step's EOS ends (its token is discarded, as in the async path).
+TEST(AsyncScheduling, ASynchronousStepAfterAnEosInFlight) {
+  const ModelSpec spec = resolve_model(kbn::test::fixture_dir() + "/tiny-llama");
+  auto model = build_model(spec, Variant::baseline, {DType::f32, Device::cpu()}, 0);
+  const std::vector<Request> base = mixed_requests(model->vocab_size());
+  const Outcome plain = run(*model, chunked_config(8, 512), {base[4]}, false);
+  Request greedy = base[4];  // 12 prompt tokens
+  greedy.sampling.ignore_eos = false;
+  greedy.sampling.eos_token_ids = {plain.outputs[0].tokens[5]};
+  for (int64_t len = 1; len <= 40; ++len) {
+    Request sampled = base[3];
+    sampled.id = 9;
+    sampled.prompt.resize(size_t(std::min<int64_t>(len, 37)));
+    while (int64_t(sampled.prompt.size()) < len) sampled.prompt.push_back(len % 50);
+    sampled.sampling.temperature = 0.7;
+    sampled.sampling.seed = 5;
+    const Outcome sync = run(*model, chunked_config(8, 512), {greedy, sampled}, false);
+    expect_same(run(*model, chunked_config(8, 512), {greedy, sampled}, true), sync,
+                "sampled prompt of " + std::to_string(len) + " tokens");
+    EXPECT_EQ(sync.outputs[0].finish_reason, FinishReason::eos);
   }
 }
 
