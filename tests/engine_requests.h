@@ -1,7 +1,9 @@
 #pragma once
 // What the CPU engine tests of nano-batches and async scheduling share: greedy requests of mixed prompt lengths and a
 // small paged cache with chunked prefill, so that steps mix prefill chunks with decodes and some sample nothing.
+#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "engine/llm_engine.h"
@@ -40,6 +42,20 @@ inline engine::EngineConfig chunked_config(int64_t budget, int64_t blocks) {
   c.num_kv_blocks = blocks;
   c.max_num_batched_tokens = budget;
   return c;
+}
+
+// Every family's tiny model (tests/fixtures/<name>): paged KV, sliding windows and sinks, MoE, MLA's latent cache,
+// recurrent state.
+inline const std::vector<std::string>& tiny_families() {
+  static const std::vector<std::string> names = {"tiny-llama", "tiny-qwen3",   "tiny-qwen3-moe",   "tiny-mixtral",
+                                                 "tiny-gpt-oss", "tiny-gemma3", "tiny-deepseek-v2", "tiny-mamba2"};
+  return names;
+}
+
+// A fixture's name as a gtest parameter name (no dashes).
+inline std::string param_name(std::string name) {
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
 }
 
 }  // namespace kbn::test

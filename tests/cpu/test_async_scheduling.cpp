@@ -111,13 +111,8 @@ TEST_P(AsyncSchedulingEngine, GivesTheTokensOfSynchronousSteps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, AsyncSchedulingEngine,
-                         ::testing::Values("tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss",
-                                           "tiny-gemma3", "tiny-deepseek-v2", "tiny-mamba2"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ::testing::ValuesIn(kbn::test::tiny_families()),
+                         [](const auto& info) { return kbn::test::param_name(info.param); });
 
 // Steps driven one at a time: an id is pending between steps, an abort of a request whose step is in flight discards
 // its token, and the others still get their synchronous tokens.

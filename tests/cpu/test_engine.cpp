@@ -18,6 +18,7 @@
 #include "engine/llm_engine.h"
 #include "engine/model_loader.h"
 #include "engine/workloads.h"
+#include "engine_requests.h"
 #include "test_paths.h"
 
 using namespace kbn;
@@ -231,14 +232,7 @@ EngineConfig small_config() {
   return c;
 }
 
-Request greedy_request(int64_t id, std::vector<int64_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
+using kbn::test::greedy_request;
 
 std::vector<std::vector<int64_t>> run_tokens(CausalLM& model, const EngineConfig& cfg, const std::vector<Request>& reqs,
                                              RunResult* result = nullptr) {

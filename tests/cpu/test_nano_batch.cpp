@@ -291,13 +291,8 @@ TEST_P(NanoBatchEngine, SplitStepsGiveTheTokensOfWholeOnes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, NanoBatchEngine,
-                         ::testing::Values("tiny-llama", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gpt-oss",
-                                           "tiny-gemma3", "tiny-deepseek-v2", "tiny-mamba2"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+                         ::testing::ValuesIn(kbn::test::tiny_families()),
+                         [](const auto& info) { return kbn::test::param_name(info.param); });
 
 // The tiny Llama's transformers tokens, with every step of two or more sequences split.
 TEST(NanoBatchEngine, TinyLlamaMatchesHuggingFace) {

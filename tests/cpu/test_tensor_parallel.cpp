@@ -19,6 +19,7 @@
 #include "kbn/error.h"
 #include "kbn/parallel_state.h"
 #include "kbn/safetensors.h"
+#include "engine_requests.h"
 #include "test_paths.h"
 #include "test_process.h"
 
@@ -210,14 +211,7 @@ TEST(TensorParallelLlama, UnevenSplitNamesWhatCannotBeSplit) {
 
 namespace {
 
-engine::Request tp_request(int64_t id, std::vector<int64_t> prompt, int64_t max_tokens) {
-  engine::Request r;
-  r.id = id;
-  r.prompt = std::move(prompt);
-  r.sampling.max_tokens = max_tokens;
-  r.sampling.ignore_eos = true;
-  return r;
-}
+using kbn::test::greedy_request;
 
 std::vector<std::vector<int64_t>> tokens_of(const engine::RunResult& r) {
   std::vector<std::vector<int64_t>> t;
@@ -255,12 +249,12 @@ TEST(TensorParallelEngine, Tp2EqualsTp1WithChunkingAndPreemption) {
   const engine::ModelSpec spec = engine::resolve_model(dir);
   std::vector<engine::Request> reqs;
   for (const auto& p : expected["prompts"])
-    reqs.push_back(tp_request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(),
+    reqs.push_back(greedy_request(int64_t(reqs.size()), p["prompt_ids"].get<std::vector<int64_t>>(),
                               int64_t(p["greedy_ids"].size())));
   for (int64_t i = 0; i < 4; ++i) {  // more requests than the pool holds at once
     std::vector<int64_t> p;
     for (int64_t j = 0; j < 9 + 5 * i; ++j) p.push_back((i * 97 + j * 31 + 5) % 512);
-    reqs.push_back(tp_request(100 + i, p, 12));
+    reqs.push_back(greedy_request(100 + i, p, 12));
   }
   const auto [r1, r2] = run_at_tp1_and_tp2(spec, reqs);
   EXPECT_GT(r1.preemptions, 0);
@@ -372,7 +366,7 @@ TEST(TensorParallelMamba2, EngineTp2EqualsTp1WithChunkingAndPreemption) {
     const std::filesystem::path dir = kbn::test::temp_dir("kbn_tp_mamba2_engine");
     const engine::ModelSpec spec = random_mamba2_checkpoint(overrides, dir);
     std::vector<engine::Request> reqs;
-    for (int64_t i = 0; i < 6; ++i) reqs.push_back(tp_request(i, test_prompt(5 + 7 * i, i), 10));
+    for (int64_t i = 0; i < 6; ++i) reqs.push_back(greedy_request(i, test_prompt(5 + 7 * i, i), 10));
     const auto [r1, r2] = run_at_tp1_and_tp2(spec, reqs);
     EXPECT_GT(r1.preemptions, 0) << overrides;
     EXPECT_EQ(tokens_of(r2), tokens_of(r1)) << overrides;
