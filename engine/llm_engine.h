@@ -132,7 +132,8 @@ class LLMEngine {
   // Drops an unfinished request (its client went away): its KV blocks are freed at once. False when no unfinished
   // request has that id. The engine is single-threaded: call it between steps, from the thread that steps.
   bool abort_request(int64_t id);
-  // One scheduled model step; returns the requests that finished in it.
+  // One scheduled model step; returns the requests that finished in it. With async_scheduling the step is launched
+  // and the one launched before it is collected: what finished is what that one's tokens ended.
   std::vector<RequestOutput> step();
   // Adds `requests` (all arriving now) and steps until every one has finished. `progress` is called after
   // every step. The engine must hold no other unfinished request.
