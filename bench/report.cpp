@@ -129,6 +129,8 @@ EvalVariant parse_eval_variant(const Node& n, const std::string& name) {
       v.trace_busy_s = std::max(v.trace_busy_s, busy[item.key().c_str()].number());
     const Node ops = t["by_op"];
     for (size_t i = 0; i < ops.size(); ++i) v.op_seconds.push_back({ops[i]["name"].str(), ops[i]["seconds"].number()});
+    for (size_t i = 0; i < ops.size() && ops[size_t(0)].has("attributed_s"); ++i)
+      v.op_attributed_s.push_back({ops[i]["name"].str(), ops[i]["attributed_s"].number()});
   }
   if (n.has("serial_floor")) {
     const Node f = n["serial_floor"];
@@ -927,6 +929,20 @@ std::vector<Plot> eval_plots(const std::vector<const ResultFile*>& files) {
       series.values.push_back(std::max(0.0, v->trace_wall_s - v->trace_busy_s));
       panel.series.push_back(std::move(series));
     }
+    // The busy time attributed to each op (what it costs the stream when kernels overlap), where the file has it; its
+    // bars and the idle bar add up to the wall time.
+    for (const auto* v : traced) {
+      if (v->op_attributed_s.empty()) continue;
+      BarSeries series{"attributed, " + v->name, kBf16Colour, {}, {}, {}};
+      for (size_t c = 0; c + 1 < panel.categories.size(); ++c) {
+        double seconds = 0;
+        for (const auto& [op, sec] : v->op_attributed_s)
+          if (op == panel.categories[c]) seconds = sec;
+        series.values.push_back(seconds);
+      }
+      series.values.push_back(kNoValue);
+      panel.series.push_back(std::move(series));
+    }
     // Each op's share of the serial floor beside its GPU time (ops the floor does not count get no bar).
     for (const auto* v : traced) {
       if (!v->has_serial_floor) continue;
@@ -1291,20 +1307,30 @@ void add_eval_blocks(std::vector<Block>& blocks, const std::vector<const ResultF
   }
 
   Table k;
-  k.head = {"workload", "variant", "op", "GPU seconds", "share of kernel time"};
+  k.head = {"workload", "variant", "op", "GPU seconds", "share of kernel time", "attributed s", "share of busy time"};
   for (size_t i = 0; i < files.size(); ++i)
     for (const auto& v : files[i]->eval.variants) {
       if (!v.has_kernel_trace) continue;
-      for (const auto& [op, sec] : v.op_seconds)
+      double attributed_total = 0;  // the busy time of every device
+      for (const auto& [_, a] : v.op_attributed_s) attributed_total += a;
+      for (size_t o = 0; o < v.op_seconds.size(); ++o) {
+        const auto& [op, sec] = v.op_seconds[o];
+        const bool attributed = o < v.op_attributed_s.size();
+        const double a = attributed ? v.op_attributed_s[o].second : 0.0;
         k.rows.push_back({labels[i], v.name, op, fmt("%.3f", sec),
-                          fmt("%.1f%%", v.trace_kernel_s > 0 ? 100 * sec / v.trace_kernel_s : 0.0)});
+                          fmt("%.1f%%", v.trace_kernel_s > 0 ? 100 * sec / v.trace_kernel_s : 0.0),
+                          attributed ? fmt("%.3f", a) : "-",
+                          attributed && attributed_total > 0 ? fmt("%.1f%%", 100 * a / attributed_total) : "-"});
+      }
       k.rows.push_back({labels[i], v.name, "GPU idle (no kernel running)",
                         fmt("%.3f", std::max(0.0, v.trace_wall_s - v.trace_busy_s)),
-                        fmt("of %.3f s wall", v.trace_wall_s)});
+                        fmt("of %.3f s wall", v.trace_wall_s), "", ""});
     }
   if (!k.rows.empty()) {
     blocks.push_back({Block::paragraph,
-                      "GPU time per op from the kernel trace (eval --kernel-trace: every kernel of the run, CUPTI):",
+                      "GPU time per op from the kernel trace (eval --kernel-trace: every kernel of the run, CUPTI; "
+                      "attributed: the busy time during which the op's kernel was the oldest one running, so "
+                      "overlapping kernels are counted once):",
                       "",
                       {}});
     blocks.push_back({Block::table, "", "", k});

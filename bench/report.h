@@ -32,6 +32,9 @@ struct EvalVariant {
   bool has_kernel_trace = false;
   double trace_wall_s = 0, trace_kernel_s = 0, trace_busy_s = 0;  // busy: the busiest device
   std::vector<std::pair<std::string, double>> op_seconds;
+  // The busy time attributed to each op (the oldest kernel running is charged; engine/kernel_trace.h), in op_seconds'
+  // order; empty for files written before the trace had it.
+  std::vector<std::pair<std::string, double>> op_attributed_s;
   // eval on a GPU: the run's serial floor (engine/serial_floor.h), its parts, and floor / duration; files written
   // before eval had it, or by a CPU run (no_floor_reason says why), have none.
   bool has_serial_floor = false;

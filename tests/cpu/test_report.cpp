@@ -609,6 +609,36 @@ TEST(ReportKernelTrace, ParsesPlotsAndTablesTheGpuTimePerOp) {
   fs::remove_all(dir.parent_path());
 }
 
+// Traces with the attributed time (each op's share of the busy time, overlaps counted once): a bar series per variant
+// and two table columns; files without it keep '-' there and no such bars (above).
+TEST(ReportKernelTrace, ShowsTheAttributedTimeWhereTheFileHasIt) {
+  auto j = nlohmann::json::parse(read(fixture("eval_balanced_kernel_trace_h200.json")));
+  auto& ops = j["results"]["baseline"]["kernel_trace"]["by_op"];
+  double total = 0;
+  for (auto& op : ops) total += op["seconds"].get<double>();
+  for (auto& op : ops) op["attributed_s"] = op["seconds"].get<double>() * 39.6085 / total;  // sums to the busy time
+  ops[0]["attributed_s"] = 20.5;
+  const auto f = bench::parse_result(j.dump(), "attributed.json");
+  const bench::EvalVariant* b = f.eval.find("baseline");
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(b->op_attributed_s.size(), b->op_seconds.size());
+  EXPECT_EQ(b->op_attributed_s[0].first, "linear");
+  EXPECT_DOUBLE_EQ(b->op_attributed_s[0].second, 20.5);
+  const auto plots = bench::eval_plots({&f});
+  const std::string svg = bench::render_svg(find_plot(plots, "eval_kernel_time_balanced.svg").figure);
+  EXPECT_EQ(xml_problem(svg), "");
+  EXPECT_EQ(count(svg, "class=\"bar\""), 21u);  // 10 ops + GPU idle, then 10 attributed
+  EXPECT_NE(svg.find("<title>attributed, baseline, linear: 20.5</title>"), std::string::npos);
+
+  const fs::path dir = kbn::test::temp_dir("kbn_report_attributed_test") / "out";
+  bench::ReportOptions o;
+  o.out_dir = dir.string();
+  bench::write_report({f}, o);
+  const std::string md = read((dir / "index.md").string());
+  EXPECT_NE(md.find("| balanced | baseline | linear | 22.330 | 56.4% | 20.500 |"), std::string::npos) << md;
+  fs::remove_all(dir.parent_path());
+}
+
 TEST(ReportSerialFloor, ParsesPlotsAndTablesTheFloorAndItsShareByOp) {
   // The H200 kernel-trace file with a serial floor added: synthetic figures, chosen to be easy to find in the output.
   auto j = nlohmann::json::parse(read(fixture("eval_balanced_kernel_trace_h200.json")));
