@@ -730,8 +730,8 @@ void check_run_flags(const Options& o, bool max_num_seqs_given) {
   KBN_CHECK(!(o.async_scheduling && o.compare_async_scheduling),
             "--compare-async-scheduling runs the baseline without, then with async scheduling; drop --async-scheduling");
   const bool async = o.async_scheduling || o.compare_async_scheduling;
-  KBN_CHECK(!async || o.tp == 1, async ? (o.async_scheduling ? "--async-scheduling" : "--compare-async-scheduling") : "",
-            ": async scheduling needs --tp 1, got --tp ", o.tp);
+  const char* async_flag = o.async_scheduling ? "--async-scheduling" : "--compare-async-scheduling";
+  KBN_CHECK(!async || o.tp == 1, async_flag, ": async scheduling needs --tp 1, got --tp ", o.tp);
   KBN_CHECK(!async || !o.step_profile, "--step-profile times every step alone; async scheduling overlaps each step with "
             "the next one's host work: drop one of them");
   KBN_CHECK(o.admission == "reserve" || o.admission == "optimistic",

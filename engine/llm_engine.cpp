@@ -176,11 +176,12 @@ std::vector<RequestOutput> LLMEngine::step() {
     if (!scheduler_->has_unfinished()) finish_in_flight(outputs);
     return outputs;
   }
+  const bool was_in_flight = in_flight_.has_value();
   finish_in_flight(outputs);  // its ids first: the runner collects in launch order
-  // What the step in flight ended (EOS) or an abort removed while this step was scheduled has freed its blocks: it
-  // leaves this step, whose token for it would be discarded anyway.
+  // What the step in flight ended (EOS) while this step was scheduled has freed its blocks: it leaves this step, whose
+  // token for it would be discarded anyway.
   const auto ended = [](const ScheduledSequence& e) { return e.seq->status == SequenceStatus::finished; };
-  if (std::any_of(out.seqs.begin(), out.seqs.end(), ended)) {
+  if (was_in_flight && std::any_of(out.seqs.begin(), out.seqs.end(), ended)) {
     out.num_prefills -= std::count_if(out.seqs.begin(), out.seqs.begin() + out.num_prefills, ended);
     out.seqs.erase(std::remove_if(out.seqs.begin(), out.seqs.end(), ended), out.seqs.end());
     out.num_tokens = 0;

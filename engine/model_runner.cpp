@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <unordered_map>
 
 #include "engine/clock.h"
 #include "engine/finite_check.h"
@@ -132,14 +133,16 @@ StepInputs ModelRunner::prepare_inputs(const SchedulerOutput& out, Stream s) con
 
 std::vector<std::pair<int32_t, int32_t>> ModelRunner::pending_inputs(const SchedulerOutput& out) const {
   std::vector<std::pair<int32_t, int32_t>> pairs;
+  std::unordered_map<const Sequence*, int32_t> source;  // built at the first pending token (async steps only)
   int64_t row = 0;
   for (const ScheduledSequence& e : out.seqs) {
     for (int64_t t = e.num_computed_tokens; t < e.num_computed_tokens + e.num_new_tokens; ++t, ++row) {
       if (t < e.seq->num_known_tokens()) continue;
-      const auto it = last_rows_.find(e.seq);
-      KBN_CHECK(it != last_rows_.end() && last_ids_.defined() && t == e.seq->num_tokens() - 1,
-                "model runner: sequence ", e.seq->id, "'s token ", t,
-                " is pending but was not sampled on the device by the last launched step");
+      if (source.empty())
+        for (size_t i = 0; i < last_samplers_.size(); ++i) source[last_samplers_[i]] = int32_t(i);
+      const auto it = source.find(e.seq);
+      KBN_CHECK(it != source.end() && last_ids_.defined() && t == e.seq->num_tokens() - 1, "model runner: sequence ",
+                e.seq->id, "'s token ", t, " is pending but was not sampled on the device by the last launched step");
       pairs.push_back({int32_t(row), it->second});
     }
   }
@@ -480,13 +483,12 @@ void ModelRunner::launch(const SchedulerOutput& out) {
   }
   Launched l;
   last_ids_ = Tensor();
-  last_rows_.clear();
+  last_samplers_.clear();
   if (!sampled.ids.defined()) {
     l.tokens = std::move(sampled.host);
   } else {
-    int32_t row = 0;
     for (const ScheduledSequence& e : out.seqs)
-      if (e.samples) last_rows_[e.seq] = row++;
+      if (e.samples) last_samplers_.push_back(e.seq);
     // NOTE: kept until the next launch, against cuda_graph_runner.cpp's rule that nothing allocated after the capture
     // outlives a replay: these ids may sit in a block a capture freed, which the next replay overwrites. Everything
     // that reads them (the copy to the host below, the next step's input patch) is queued before that replay.

@@ -7,7 +7,6 @@
 #include <deque>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -196,9 +195,9 @@ class ModelRunner {
     int slot = -1;
   };
   std::deque<Launched> launched_;
-  // The last launched step's device ids, and the row of each sequence that sampled in it (pending tokens' source).
+  // The last launched step's device ids, and the sequences that sampled in it, row by row (pending tokens' source).
   Tensor last_ids_;
-  std::unordered_map<const Sequence*, int32_t> last_rows_;
+  std::vector<const Sequence*> last_samplers_;
   struct HostIds;  // two pinned buffers and their events (CUDA devices), used in turn by launched steps
   std::shared_ptr<HostIds> host_ids_;
 };
