@@ -1,5 +1,6 @@
 #pragma once
-// The validation contract of tests/op_contract.h for Mamba-2's conv, state-update and gated-norm ops on Mamba-2 views
+// The validation contract of tests/op_contract.h for Mamba-2's conv, state-update and gated-norm ops (and the one-token
+// norm + in_proj, rms_norm_gemv, with the fp32 residual) on Mamba-2 views
 // built here: odd shapes no published config has (scalar kernel paths, width 2 and 3, no conv bias, a finite
 // time_step_limit), which bench::random_cases cannot draw for a Mamba-2 config. Used by tests/cpu/test_mamba_ops.cpp
 // and tests/gpu/test_mamba_gpu.cpp.
@@ -20,7 +21,7 @@ namespace kbn::test {
 
 inline const std::vector<std::string>& mamba_decode_and_conv_ops() {
   static const std::vector<std::string> ops = {"causal_conv1d_fn", "causal_conv1d_update", "selective_state_update",
-                                               "mixer2_rms_norm_gated"};
+                                               "mixer2_rms_norm_gated", "rms_norm_gemv"};
   return ops;
 }
 
@@ -37,8 +38,7 @@ inline ModelView mamba_view(const std::string& which) {
                "conv_kernel": 3, "use_conv_bias": false, "time_step_limit": [0.0, 0.5]})"
            : R"("num_heads": 12, "head_dim": 24, "intermediate_size": 288, "n_groups": 4, "state_size": 32,
                "conv_kernel": 2, "use_conv_bias": true, "time_step_limit": [0.0, Infinity]})");
-  return ModelView::from("mamba2-" + which,
-                         std::make_shared<const ModelConfig>(ModelConfig::parse(json, "mamba2-" + which)), 1);
+  return bench::model_view("mamba2-" + which, ModelConfig::parse(json, "mamba2-" + which), 1);
 }
 
 // Every case of `op` on `view` at `tokens` through validate_candidate on `device` (as check_op_contract does for a

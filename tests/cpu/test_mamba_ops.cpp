@@ -15,7 +15,10 @@
 
 #include "L1/causal_conv1d_fn.h"
 #include "L1/causal_conv1d_update.h"
+#include "L1/linear.h"
 #include "L1/mixer2_rms_norm_gated.h"
+#include "L1/rms_norm.h"
+#include "L1/rms_norm_gemv.h"
 #include "L1/selective_state_update.h"
 #include "kbn/rng.h"
 #include "mamba_contract.h"
@@ -391,6 +394,30 @@ TEST(Mixer2RmsNormGated, NamesEveryArgumentItRefuses) {
 }
 
 // ---- the validation contract at the models' shapes ----
+
+// ---- rms_norm_gemv with Mamba-2's fp32 residual stream (the decoder layer's one-token norm + in_proj) ----
+
+// h = x + residual stays fp32 (not rounded to x's bf16), the output is RMSNorm's fp32-residual norm then Linear, and
+// GemmaRMSNorm's offset, which no fp32-residual model has, is refused by name.
+TEST(RMSNormGemvF32Residual, KeepsTheSumInFp32AndGivesTheSeparateOps) {
+  const int64_t H = 40, N = 24;
+  const Tensor x = randn({1, H}, 1, 1.0, DType::bf16), residual = randn({1, H}, 2, 1.0, DType::f32),
+               norm_w = randn({H}, 3, 1.0, DType::bf16), weight = randn({N, H}, 4, 0.1, DType::bf16);
+  RMSNormGemv op(1e-5);
+  const auto [out, h] = op.forward(x, residual, norm_w, weight, Tensor());
+  ASSERT_EQ(h.dtype(), DType::f32);
+  RMSNorm norm(H, 1e-5, {DType::bf16, Device::cpu()});
+  norm.weight.copy_(norm_w);
+  const auto [y, h2] = norm.forward(x.clone(), residual.clone());
+  EXPECT_TRUE(bitwise_equal(h, h2)) << "h: fp32 sum, as RMSNorm's fused add with an fp32 residual";
+  EXPECT_TRUE(bitwise_equal(out, Linear().forward(y, weight, Tensor())));
+  // The sum was not rounded to bf16: some element of h differs from its bf16 rounding.
+  EXPECT_FALSE(bitwise_equal(h.to(DType::bf16).to(DType::f32), h));
+
+  RMSNormGemv gemma(1e-5, 1.0);
+  const std::string err = error_of([&] { gemma.forward(x, residual, norm_w, weight, Tensor()); });
+  EXPECT_TRUE(contains(err, "fp32 'residual'") && contains(err, "weight_offset")) << err;
+}
 
 // tiny-mamba2 at the contract's CPU token counts, Mamba-Codestral (conv_dim 10240, groups of 1024) at 3 tokens, and
 // two odd Mamba-2 shapes (tests/mamba_contract.h).

@@ -483,7 +483,8 @@ TEST(FusedRopeKVCacheGpu, RefusesWhatTheKernelCannotTake) {
 
 // rms_norm_gemv gives the bits of the ops it folds together (RMSNorm or GemmaRMSNorm, with or without the residual
 // add, then Linear's one-token GEMV, then SiluAndMul or GeluAndMul("tanh")), h = x + residual included, at
-// Llama-3.1-8B's and Gemma-3-12B's shapes and odd ones (a row the norm's warp kernel takes, rows past 256 and 2048 vectors, a partial last block, a bias, the largest
+// Llama-3.1-8B's, Gemma-3-12B's and Mamba-Codestral-7B's shapes (its fp32 residual stream with 16-bit x) and odd
+// ones (a row the norm's warp kernel takes, rows past 256 and 2048 vectors, a partial last block, a bias, the largest
 // staged row); and the oracle within linear's tolerance.
 TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
   KBN_SKIP_WITHOUT_GPU();
@@ -494,8 +495,11 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
     bool residual;
     NormGemvAct act;
     bool bias, gemma;
+    bool f32_residual = false;  // 16-bit x only
   };
-  const Case cases[] = {{4096, 6144, true, kNone, false, false},  {4096, 6144, false, kNone, false, false},
+  const Case cases[] = {{4096, 18560, true, kNone, false, false, true}, {2056, 1003, true, kNone, true, false, true},
+                        {64, 40, true, kNone, false, false, true},      {4096, 64, true, kSilu, false, false, true},
+                        {4096, 6144, true, kNone, false, false},  {4096, 6144, false, kNone, false, false},
                         {4096, 28672, true, kSilu, false, false}, {64, 96, true, kSilu, true, false},
                         {64, 40, false, kNone, false, false},     {2056, 1003, false, kNone, true, false},
                         {5120, 1002, true, kSilu, true, true},    {12288, 64, true, kNone, false, false},
@@ -505,12 +509,14 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
   for (DType dt : kFloatTypes) {
     for (const Case& c : cases) {
       if (!RMSNormGemv::kernel_supports(dt, 1, c.hidden)) continue;
+      if (c.f32_residual && dt == DType::f32) continue;
       const std::string what = std::string(dtype_name(dt)) + " hidden " + std::to_string(c.hidden) + " n " +
-                               std::to_string(c.n) + (c.residual ? " residual" : "") + " act " + std::to_string(int(c.act)) +
+                               std::to_string(c.n) + (c.residual ? " residual" : "") +
+                               (c.f32_residual ? " (f32)" : "") + " act " + std::to_string(int(c.act)) +
                                (c.bias ? " bias" : "") + (c.gemma ? " gemma" : "");
       SCOPED_TRACE(what);
       const int64_t H = c.hidden, N = c.n;
-      const Pair x = randn({1, H}, dt, seed++), residual = randn({1, H}, dt, seed++),
+      const Pair x = randn({1, H}, dt, seed++), residual = randn({1, H}, c.f32_residual ? DType::f32 : dt, seed++),
                  norm_weight = randn({H}, dt, seed++), weight = randn({N, H}, dt, seed++, 0.02),
                  bias = c.bias ? randn({N}, dt, seed++) : Pair{};
       const Tensor res_g = c.residual ? residual.gpu : Tensor();

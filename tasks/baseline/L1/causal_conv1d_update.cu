@@ -43,20 +43,25 @@ constexpr int kUpdateThreads = 128;
 // from batch 16 on the grid covers the 132 SMs; below that the op is latency-bound (60 KiB of state per sequence).
 // An index outside [0, num_slots) is reported (kbn/device_errors.h) and its row left unwritten; the index -1
 // (kPadStateSlot, a padding row of a CUDA-graph batch) gets a zero output and touches no state.
+// Dependent launch (kbn/pdl.cuh): the slot index (step metadata, written before the step's first kernel), the state
+// rows and the taps (parameters) are loaded before the wait, under the kernel before (the in_proj that writes x):
+// the caller's contract is that no kernel of the step writes the rows this one reads before it (the engine's conv
+// states are written only by their layer's conv ops). x is read, and anything written, after the wait.
 template <class T, int kN, int kW>
 __global__ void __launch_bounds__(kUpdateThreads) causal_conv1d_update_kernel(ConvUpdateParams p) {
-  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   constexpr int kH = kW - 1;
   const int b = blockIdx.y;
   const int64_t c = (int64_t(blockIdx.x) * kUpdateThreads + threadIdx.x) * kN;
   if (c >= p.dim) return;
   const int slot = p.indices[b];
   if (slot == kPadStateSlot) {  // a padding row of a CUDA-graph batch: no state, zero output
+    pdl_wait();
     const float zero[kN] = {};
     store_channels<T, kN>(static_cast<T*>(p.out) + int64_t(b) * p.dim + c, zero);
     return;
   }
   if (slot < 0 || slot >= p.num_slots) {
+    pdl_wait();
     if (c == 0) record_device_error(p.error, p.slot_code, b);
     return;
   }
@@ -64,9 +69,10 @@ __global__ void __launch_bounds__(kUpdateThreads) causal_conv1d_update_kernel(Co
   Channels<T, kN> hist[kH], in;
 #pragma unroll
   for (int k = 0; k < kH; ++k) hist[k].load(state + int64_t(k) * p.dim);
-  in.load(static_cast<const T*>(p.x) + int64_t(b) * p.x_stride + c);
   ConvTaps<T, kN, kW> taps;
   taps.load(static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), c);
+  pdl_wait();
+  in.load(static_cast<const T*>(p.x) + int64_t(b) * p.x_stride + c);
   float o[kN];
   taps.apply(hist, in, p.silu, o);
   store_channels<T, kN>(static_cast<T*>(p.out) + int64_t(b) * p.dim + c, o);

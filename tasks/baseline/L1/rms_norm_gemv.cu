@@ -27,7 +27,9 @@ namespace {
 // Bits: the norm's sum of squares runs in the order of rms_norm's block kernels (thread t adds the elements of
 // vectors t, t + kThreads, ... in index order; then the warps' xor-shuffle sums and the sum of the kWarps warp sums
 // in one warp), which is why the block has exactly their kThreads; each output's dot product in the order of
-// linear's GEMV (lane l adds vectors l, l + 32, ... in index order, then the warp's xor-shuffle sum).
+// linear's GEMV (lane l adds vectors l, l + 32, ... in index order, then the warp's xor-shuffle sum). With an fp32
+// residual (Mamba-2's residual_in_fp32) the sum h stays fp32 and the norm reads it unrounded, in the order of
+// rms_norm's fp32-residual kernels: thread t adds the 4-element groups t, t + kThreads, ... in index order.
 constexpr int kThreads = 256;  // = rms_norm's block size: the sum order depends on it
 constexpr int kWarps = kThreads / 32;
 constexpr int kLoadsInFlight = 8;
@@ -35,8 +37,8 @@ constexpr int kLoadsInFlight = 8;
 struct NormGemvParams {
   void* out;                // [1, n_out]
   const void* x;            // [1, hidden]
-  const void* residual;     // [1, hidden] or null
-  void* residual_out;       // [1, hidden] (h) when residual is given
+  const void* residual;     // [1, hidden] or null: x's dtype, or f32 (kResidual == Residual::f32)
+  void* residual_out;       // [1, hidden] (h, the residual's dtype) when residual is given
   const void* norm_weight;  // [hidden]
   const void* weight;       // [n_out, hidden], or [2 n_out, hidden] (gate rows then up rows) with an activation
   const void* bias;         // [n_out] / [2 n_out] or null
@@ -71,7 +73,10 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
-template <class T, bool kResidual, NormGemvAct kAct>
+// The residual add before the norm: none (the first layer), in x's dtype (the sum rounded to it), or an fp32 stream.
+enum class Residual : int { none, same, f32 };
+
+template <class T, Residual kResidual, NormGemvAct kAct>
 __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams p) {
   constexpr bool kGated = kAct != NormGemvAct::none;
   extern __shared__ uint4 staged[];  // the normalised row, 16-byte vectors
@@ -85,7 +90,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams 
   const uint4* w[R];
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    w[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.weight) + (int64_t(o) + r * int64_t(p.n_out)) * p.hidden);
+    w[r] = reinterpret_cast<const uint4*>(static_cast<const T*>(p.weight) +
+                                          (int64_t(o) + r * int64_t(p.n_out)) * p.hidden);
 
   // The weights are parameters no kernel of the step writes: the first loads go out before the wait.
   uint4 wv[R][kLoadsInFlight];
@@ -99,37 +105,80 @@ __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams 
   pdl_wait();
 
   // h = x (+ residual, rounded), its sum of squares, then the row normalised and rounded, staged for every warp.
-  const V* xr = static_cast<const V*>(p.x);
-  const V* rr = static_cast<const V*>(p.residual);
-  V* hv = static_cast<V*>(p.residual_out);
   V* sv = reinterpret_cast<V*>(staged);
   float ss = 0.f;
-  for (int i = int(threadIdx.x); i < kv; i += kThreads) {
-    V v = xr[i];
-    if constexpr (kResidual) {
-      const V r = rr[i];
-#pragma unroll
-      for (int j = 0; j < N; ++j) v.v[j] = from_f32<T>(to_f32(v.v[j]) + to_f32(r.v[j]));  // rounded sum
-      if (blockIdx.x == 0) hv[i] = v;
+  if constexpr (kResidual == Residual::f32) {
+    // rms_norm_f32_residual's arithmetic: h = residual + x in fp32, the sum of squares of h, then h * inv_rms * w
+    // rounded once. The second pass recomputes h from the same inputs (the same bits) rather than staging it.
+    static_assert(sizeof(T) == 2, "the fp32 residual stream goes with 16-bit activations");
+    const float4* r4 = static_cast<const float4*>(p.residual);
+    const uint2* x4 = static_cast<const uint2*>(p.x);
+    float4* h4 = static_cast<float4*>(p.residual_out);
+    const int groups = p.hidden / 4;
+    const auto sum_at = [&](int i) {
+      float4 r = r4[i];
+      const uint2 xv = x4[i];
+      const T* xe = reinterpret_cast<const T*>(&xv);
+      r.x += to_f32(xe[0]);
+      r.y += to_f32(xe[1]);
+      r.z += to_f32(xe[2]);
+      r.w += to_f32(xe[3]);
+      return r;
+    };
+    for (int i = int(threadIdx.x); i < groups; i += kThreads) {
+      const float4 r = sum_at(i);
+      ss += r.x * r.x;
+      ss += r.y * r.y;
+      ss += r.z * r.z;
+      ss += r.w * r.w;
+      if (blockIdx.x == 0) h4[i] = r;
     }
-#pragma unroll
-    for (int j = 0; j < N; ++j) {
-      const float z = to_f32(v.v[j]);
-      ss += z * z;
+    const float inv_rms = rsqrtf(block_sum(ss) / float(p.hidden) + p.eps);
+    const uint2* nw = static_cast<const uint2*>(p.norm_weight);
+    uint2* s4 = reinterpret_cast<uint2*>(staged);
+    for (int i = int(threadIdx.x); i < groups; i += kThreads) {
+      const float4 r = sum_at(i);
+      const uint2 wv = nw[i];
+      const T* we = reinterpret_cast<const T*>(&wv);
+      uint2 o;
+      T* oe = reinterpret_cast<T*>(&o);
+      oe[0] = from_f32<T>(r.x * inv_rms * to_f32(we[0]));
+      oe[1] = from_f32<T>(r.y * inv_rms * to_f32(we[1]));
+      oe[2] = from_f32<T>(r.z * inv_rms * to_f32(we[2]));
+      oe[3] = from_f32<T>(r.w * inv_rms * to_f32(we[3]));
+      s4[i] = o;
     }
-    sv[i] = v;
-  }
-  const float inv_rms = rsqrtf(block_sum(ss) / float(p.hidden) + p.eps);
-  const V* nw = static_cast<const V*>(p.norm_weight);
-  for (int i = int(threadIdx.x); i < kv; i += kThreads) {
-    const V v = sv[i], wn = nw[i];
-    V y;
+  } else {
+    const V* xr = static_cast<const V*>(p.x);
+    const V* rr = static_cast<const V*>(p.residual);
+    V* hv = static_cast<V*>(p.residual_out);
+    for (int i = int(threadIdx.x); i < kv; i += kThreads) {
+      V v = xr[i];
+      if constexpr (kResidual == Residual::same) {
+        const V r = rr[i];
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
-      const float wf = to_f32(wn.v[j]);
-      y.v[j] = from_f32<T>(to_f32(v.v[j]) * inv_rms * (p.weight_offset != 0.f ? p.weight_offset + wf : wf));
+        for (int j = 0; j < N; ++j) v.v[j] = from_f32<T>(to_f32(v.v[j]) + to_f32(r.v[j]));  // rounded sum
+        if (blockIdx.x == 0) hv[i] = v;
+      }
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float z = to_f32(v.v[j]);
+        ss += z * z;
+      }
+      sv[i] = v;
     }
-    sv[i] = y;
+    const float inv_rms = rsqrtf(block_sum(ss) / float(p.hidden) + p.eps);
+    const V* nw = static_cast<const V*>(p.norm_weight);
+    for (int i = int(threadIdx.x); i < kv; i += kThreads) {
+      const V v = sv[i], wn = nw[i];
+      V y;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        const float wf = to_f32(wn.v[j]);
+        y.v[j] = from_f32<T>(to_f32(v.v[j]) * inv_rms * (p.weight_offset != 0.f ? p.weight_offset + wf : wf));
+      }
+      sv[i] = y;
+    }
   }
   __syncthreads();
   if (!active) return;
@@ -166,15 +215,15 @@ __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams 
   const T y0 = from_f32<T>(acc[0] + (bias != nullptr ? to_f32(bias[o]) : 0.f));
   if constexpr (kGated) {
     const T y1 = from_f32<T>(acc[R - 1] + (bias != nullptr ? to_f32(bias[o + p.n_out]) : 0.f));
-    const float a = kAct == NormGemvAct::silu_and_mul ? silu_mul(to_f32(y0), to_f32(y1))
-                                                      : gelu_tanh_mul(to_f32(y0), to_f32(y1));
+    const float a =
+        kAct == NormGemvAct::silu_and_mul ? silu_mul(to_f32(y0), to_f32(y1)) : gelu_tanh_mul(to_f32(y0), to_f32(y1));
     static_cast<T*>(p.out)[o] = from_f32<T>(a);
   } else {
     static_cast<T*>(p.out)[o] = y0;
   }
 }
 
-template <class T, bool kResidual>
+template <class T, Residual kResidual>
 void launch_rms_norm_gemv(const NormGemvParams& p, NormGemvAct act, Stream stream) {
   const unsigned grid = unsigned((p.n_out + kWarps - 1) / kWarps);
   const size_t smem = size_t(p.hidden) * sizeof(T);
@@ -232,8 +281,15 @@ std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& re
   check_last_dim_contiguous(x, op, "x");
   const int64_t T = x.size(0), K = x.size(1);
   KBN_CHECK(K > 0, op, ": argument 'x' must have hidden > 0, got ", x.str());
-  if (residual.defined()) {
+  // An fp32 residual stream with 16-bit x (Mamba-2's residual_in_fp32) is allowed, as RMSNorm allows it; h is then f32.
+  const bool f32_residual = residual.defined() && residual.dtype() == DType::f32 && x.dtype() != DType::f32;
+  if (f32_residual) {
+    KBN_CHECK(weight_offset_ == 0.0, op, ": an fp32 'residual' with ", dtype_name(x.dtype()),
+              " 'x' goes with RMSNorm (weight_offset 0), got weight_offset ", weight_offset_);
+  } else if (residual.defined()) {
     check_same_dtype(x, residual, op, "x", "residual");
+  }
+  if (residual.defined()) {
     check_same_device(x, residual, op, "x", "residual");
     KBN_CHECK(residual.shape() == x.shape(), op, ": argument 'residual' ", residual.str(), " must have x's shape ",
               x.str());
@@ -263,7 +319,7 @@ std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& re
   }
   const int64_t n_out = gated ? n / 2 : n;
   Tensor out = Tensor::empty({T, n_out}, x.dtype(), x.device());
-  Tensor h = residual.defined() ? Tensor::empty({T, K}, x.dtype(), x.device()) : Tensor();
+  Tensor h = residual.defined() ? Tensor::empty({T, K}, residual.dtype(), x.device()) : Tensor();
   if (T == 0) return {out, h};
   if (x.is_cpu()) {
     // The oracle: the norm (fused add on copies, as vLLM's in-place op would leave them), linear, the activation.
@@ -308,12 +364,17 @@ std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& re
                          .n_out = int(n_out),
                          .eps = float(eps_),
                          .weight_offset = float(weight_offset_)};
-  dispatch_float16_32(x.dtype(), op, "x", [&](auto t) {
-    if (residual.defined())
-      launch_rms_norm_gemv<decltype(t), true>(p, act_, current_stream());
-    else
-      launch_rms_norm_gemv<decltype(t), false>(p, act_, current_stream());
-  });
+  if (f32_residual) {
+    dispatch_float16(x.dtype(), op, "x",
+                     [&](auto t) { launch_rms_norm_gemv<decltype(t), Residual::f32>(p, act_, current_stream()); });
+  } else {
+    dispatch_float16_32(x.dtype(), op, "x", [&](auto t) {
+      if (residual.defined())
+        launch_rms_norm_gemv<decltype(t), Residual::same>(p, act_, current_stream());
+      else
+        launch_rms_norm_gemv<decltype(t), Residual::none>(p, act_, current_stream());
+    });
+  }
 #endif
   return {out, h};
 }

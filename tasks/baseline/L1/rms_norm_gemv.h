@@ -39,11 +39,12 @@ class RMSNormGemv : public Module {
   // eps: the norm's; weight_offset: 0 (RMSNorm) or 1 (GemmaRMSNorm's 1 + w); act: what follows the linear.
   RMSNormGemv(double eps, double weight_offset = 0.0, NormGemvAct act = NormGemvAct::none);
 
-  // x: [num_tokens, hidden] (one token on the GPU); residual: [num_tokens, hidden] or undefined; norm_weight: [hidden];
-  // weight: [out_features, hidden] contiguous; bias: [out_features] or undefined. h = x + residual rounded to the
-  // dtype (x without a residual); y = norm(h) * (weight_offset + norm_weight) rounded; out = y weight^T + bias, or
-  // act(out[:, :n]) * out[:, n:] with n = out_features / 2. Returns (out, h): h new when residual is given, undefined
-  // otherwise (the caller's residual is then x itself). Mutates nothing.
+  // x: [num_tokens, hidden] (one token on the GPU); residual: [num_tokens, hidden] in x's dtype, or f32 with 16-bit x
+  // (Mamba-2's residual_in_fp32, RMSNorm only), or undefined; norm_weight: [hidden]; weight: [out_features, hidden]
+  // contiguous; bias: [out_features] or undefined. h = x + residual rounded to the residual's dtype (x without a
+  // residual); y = norm(h) * (weight_offset + norm_weight) rounded; out = y weight^T + bias, or act(out[:, :n]) *
+  // out[:, n:] with n = out_features / 2. Returns (out, h): h new (the residual's dtype) when residual is given,
+  // undefined otherwise (the caller's residual is then x itself). Mutates nothing.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
                                     const Tensor& weight, const Tensor& bias);
 

@@ -111,23 +111,30 @@ struct alignas(kV * sizeof(S)) StateChunk {
 // An index outside [0, num_slots) is reported (kbn/device_errors.h) and that sequence left untouched; the index -1
 // (kPadStateSlot) marks a padding row (CUDA-graph batches padded to a captured size): its output is zero, no state is
 // read.
+// Dependent launch (kbn/pdl.cuh): on the fixed-lane path (every common shape) the slot index (step metadata, written
+// before the step's first kernel) and the thread's whole share of the state are loaded before the wait, under the
+// kernel before (the conv update that writes x, B and C), so the state's DRAM latency overlaps it: the caller's
+// contract is that no kernel of the step writes those state rows before this one (the engine's SSM states are written
+// only by their layer's scan or state update). Everything else is read, and anything written, after the wait.
 template <class T, class S, int kV, int kLanes>
 __global__ void __launch_bounds__(kSsuMaxThreads, ssu_min_ctas<T, S, kLanes>())
     selective_state_update_kernel(SsuParams p) {
-  pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
   // kLanes > 0: the shape the launch checked, a row of exactly kLanes chunks and whole CTAs of rows (no bounds).
   constexpr bool kFixed = kLanes > 0;
+  if constexpr (!kFixed) pdl_wait();
   const int lanes = kFixed ? kLanes : p.lanes;
   const int b = blockIdx.y;
   const int h = int(blockIdx.x) / p.slices, slice = int(blockIdx.x) % p.slices;
   const int slot = p.indices[b];
   if (slot == kPadStateSlot) {  // a padding row of a CUDA-graph batch: no state, zero output
+    if constexpr (kFixed) pdl_wait();
     T* out = static_cast<T*>(p.out) + (int64_t(b) * p.num_heads + h) * p.head_dim;
     const int rows = min(p.rows_per_cta, p.head_dim - slice * p.rows_per_cta);
     for (int r = int(threadIdx.x); r < rows; r += int(blockDim.x)) out[slice * p.rows_per_cta + r] = from_f32<T>(0.f);
     return;
   }
   if (slot < 0 || slot >= p.num_slots) {
+    if constexpr (kFixed) pdl_wait();
     if (threadIdx.x == 0 && blockIdx.x == 0) {
       volatile DeviceErrorRecord* r = p.error;
       r->detail = b;
@@ -135,18 +142,31 @@ __global__ void __launch_bounds__(kSsuMaxThreads, ssu_min_ctas<T, S, kLanes>())
     }
     return;
   }
+  const int lane = int(threadIdx.x) & (lanes - 1);
+  const int row_slots = int(blockDim.x) / lanes;
+  const int row0 = slice * p.rows_per_cta + int(threadIdx.x) / lanes;
+  const auto in_rows = [&](int row) { return kFixed || row < p.head_dim; };
+  S* sh = static_cast<S*>(p.state) + (int64_t(slot) * p.num_heads + h) * p.head_dim * p.state_size;
+  using Chunk = StateChunk<S, kV>;
+  Chunk s[kSsuRows];
+  // The state chunks of column j of the thread's rows: kSsuRows loads in flight.
+  const auto load_state = [&](int j) {
+#pragma unroll
+    for (int i = 0; i < kSsuRows; ++i) {
+      const int row = row0 + i * row_slots;
+      if (in_rows(row)) s[i] = load_streaming(reinterpret_cast<const Chunk*>(sh + int64_t(row) * p.state_size) + j);
+    }
+  };
+  if constexpr (kFixed) {  // one column per lane: the thread's whole share, before the wait
+    load_state(lane);
+    pdl_wait();
+  }
   const int g = h / p.heads_per_group;
   float dt = to_f32(static_cast<const T*>(p.dt)[int64_t(b) * p.dt_stride + h]) + (p.dt_bias ? p.dt_bias[h] : 0.f);
   if (p.softplus) dt = dt <= 20.f ? log1pf(expf(dt)) : dt;  // torch's softplus (threshold 20)
   dt = fminf(fmaxf(dt, p.dt_min), p.dt_max);
   const float decay = expf(dt * p.A[h]);
-
-  const int lane = int(threadIdx.x) & (lanes - 1);
-  const int row_slots = int(blockDim.x) / lanes;
-  const int row0 = slice * p.rows_per_cta + int(threadIdx.x) / lanes;
-  const auto in_rows = [&](int row) { return kFixed || row < p.head_dim; };
   const T* xh = static_cast<const T*>(p.x) + int64_t(b) * p.x_stride + int64_t(h) * p.head_dim;
-  S* sh = static_cast<S*>(p.state) + (int64_t(slot) * p.num_heads + h) * p.head_dim * p.state_size;
   const T* Bg = static_cast<const T*>(p.B) + int64_t(b) * p.B_stride + int64_t(g) * p.state_size;
   const T* Cg = static_cast<const T*>(p.C) + int64_t(b) * p.C_stride + int64_t(g) * p.state_size;
   const int cols = kFixed ? kLanes : p.state_size / kV;
@@ -155,13 +175,7 @@ __global__ void __launch_bounds__(kSsuMaxThreads, ssu_min_ctas<T, S, kLanes>())
   for (int i = 0; i < kSsuRows; ++i) dot[i] = 0.f;
 #pragma unroll 1
   for (int j = lane; j < cols; j += lanes) {
-    using Chunk = StateChunk<S, kV>;
-    Chunk s[kSsuRows];
-#pragma unroll
-    for (int i = 0; i < kSsuRows; ++i) {
-      const int row = row0 + i * row_slots;
-      if (in_rows(row)) s[i] = load_streaming(reinterpret_cast<const Chunk*>(sh + int64_t(row) * p.state_size) + j);
-    }
+    if constexpr (!kFixed) load_state(j);
     RawValues<T, kV> bv, cv;
     bv.load(Bg + j * kV);
     cv.load(Cg + j * kV);

@@ -200,6 +200,12 @@ LayerCacheSpec MambaMixer2::cache_spec(DType dtype) const {
 }
 
 Tensor MambaMixer2::forward(const Tensor& hidden_states) {
+  KBN_CHECK(hidden_states.dim() == 2 && hidden_states.size(1) == hidden_size_, "MambaMixer2 (", prefix_,
+            "): argument 'hidden_states' must be [num_tokens, ", hidden_size_, "], got ", hidden_states.str());
+  return forward_proj(in_proj.forward(hidden_states).first);
+}
+
+Tensor MambaMixer2::forward_proj(const Tensor& proj) {
   KBN_CHECK(A.defined(), "MambaMixer2 (", prefix_,
             "): A = -exp(A_log) is not computed; call process_weights_after_loading() after loading the weights");
   const ForwardContext& ctx = get_forward_context();
@@ -213,9 +219,9 @@ Tensor MambaMixer2::forward(const Tensor& hidden_states) {
   KBN_CHECK(cache.states.size() == 2, "MambaMixer2 (", prefix_, "): layer ", layer_idx_,
             " must hold a conv and an SSM state, has ", cache.states.size(), " state tensors");
   const int64_t P = md.num_prefills, Tp = md.num_prefill_tokens, Dn = md.num_decodes, T = md.num_tokens();
-  KBN_CHECK(hidden_states.dim() == 2 && hidden_states.size(0) == T, "MambaMixer2 (", prefix_,
-            "): argument 'hidden_states' must be [num_tokens = ", T, ", ", hidden_size_, "], got ",
-            hidden_states.str());
+  const int64_t proj_cols = shard_.intermediate_size + conv_dim() + num_heads_;
+  KBN_CHECK(proj.dim() == 2 && proj.size(0) == T && proj.size(1) == proj_cols, "MambaMixer2 (", prefix_,
+            "): in_proj's output must be [num_tokens = ", T, ", ", proj_cols, "], got ", proj.str());
   KBN_CHECK(md.state_indices.defined() && md.has_initial_state.defined() && md.state_indices.size(0) == P + Dn,
             "MambaMixer2 (", prefix_, "): the step metadata carries no state slots for its ", P + Dn,
             " sequences (AttentionMetadata::state_indices / has_initial_state)");
@@ -224,7 +230,6 @@ Tensor MambaMixer2::forward(const Tensor& hidden_states) {
 
   // This rank's sizes (see the top of the header).
   const int64_t I = shard_.intermediate_size, G = shard_.n_groups, cd = conv_dim(), GN = G * state_size_;
-  const Tensor proj = in_proj.forward(hidden_states).first;  // [T, I + cd + num_heads], this rank's
   const Tensor gate = proj.slice(1, 0, I);
   const Tensor xBC = proj.slice(1, I, I + cd);
   const Tensor dt = proj.slice(1, I + cd, I + cd + num_heads_);
@@ -258,7 +263,7 @@ Tensor MambaMixer2::forward(const Tensor& hidden_states) {
   } else if (P == 0) {
     y = y_decode;
   } else {
-    y = Tensor::empty({T, num_heads_, head_dim_}, hidden_states.dtype(), hidden_states.device());
+    y = Tensor::empty({T, num_heads_, head_dim_}, proj.dtype(), proj.device());
     y.slice(0, 0, Tp).copy_(y_prefill);
     y.slice(0, Tp, T).copy_(y_decode);
   }

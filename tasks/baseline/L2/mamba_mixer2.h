@@ -81,6 +81,9 @@ class MambaMixer2 : public Module {
   // hidden_states: [num_tokens, hidden_size] (normed) -> new [num_tokens, hidden_size]. Reads the forward context
   // (prefill/decode split, query_start_loc, state_indices, has_initial_state) and updates this layer's states.
   Tensor forward(const Tensor& hidden_states);
+  // The same from in_proj's output proj [num_tokens, I / tp + conv_dim() + num_heads / tp] (a caller that computed it
+  // itself: the decoder layer's one-token norm + in_proj).
+  Tensor forward_proj(const Tensor& proj);
 
   // This rank's state cache: conv [conv_kernel - 1, conv_dim()] and SSM [num_heads / tp, head_dim, state_size], in
   // `dtype`.

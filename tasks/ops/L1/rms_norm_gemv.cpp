@@ -31,13 +31,15 @@ namespace {
 // projection (the first layer's without a residual, the others' with one) and, where the layer has a dense MLP, the
 // norm before it with the gate/up projection and the activation (silu*mul; Gemma-3: GemmaRMSNorm's 1 + w and
 // gelu_tanh*mul). One token only: from two on the layers run the norm, cuBLASLt and the activation.
+//
+// Mamba-2's layers fold their one norm into in_proj ([z | xBC | dt] rows), its residual stream fp32 where the config
+// says residual_in_fp32.
 std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o) {
   std::vector<BenchCase> out;
-  if (!m.has_feature("norm_gemv") || !m.attention) return out;
+  if (!m.has_feature("norm_gemv") || !(m.attention || m.mamba)) return out;
   const DType dt = o.dtype;
   const int64_t H = m.hidden_size, es = int64_t(dtype_size(dt));
   if (!RMSNormGemv::kernel_supports(dt, 1, H)) return out;
-  const AttentionShape& a = *m.attention;
   const bool gemma = m.has_feature("gemma_norm");
   const NormGemvAct mlp_act = gemma ? NormGemvAct::gelu_tanh_and_mul : NormGemvAct::silu_and_mul;
   struct Fusion {
@@ -45,10 +47,19 @@ std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o)
     int64_t n;
     bool residual;
     NormGemvAct act;
+    bool residual_f32 = false;
   };
-  std::vector<Fusion> fusions{
-      {"input_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, true, NormGemvAct::none},
-      {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, NormGemvAct::none}};
+  std::vector<Fusion> fusions;
+  if (m.attention) {
+    const AttentionShape& a = *m.attention;
+    fusions = {{"input_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, true, NormGemvAct::none},
+               {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, NormGemvAct::none}};
+  } else {
+    const MambaShape& s = *m.mamba;
+    const bool f32 = m.config->get_bool("residual_in_fp32", true) && dt != DType::f32;
+    const int64_t n = s.intermediate_size + s.conv_dim() + s.num_heads;
+    fusions = {{"norm+in_proj", n, true, NormGemvAct::none, f32}, {"first_norm+in_proj", n, false, NormGemvAct::none}};
+  }
   if (m.intermediate_size)
     fusions.push_back({std::string("mlp_norm+gate_up+") + (gemma ? "gelu_tanh" : "silu"), 2 * *m.intermediate_size,
                        true, mlp_act});
@@ -56,20 +67,22 @@ std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o)
     const bool gated = f.act != NormGemvAct::none;
     const int64_t T = 1, N = f.n, out_n = gated ? N / 2 : N;
     BenchCase b = cases::base("rms_norm_gemv", m, T, dt);
-    b.label = f.name + " T=1 H=" + cases::str(H) + " N=" + cases::str(N);
+    b.label = f.name + " T=1 H=" + cases::str(H) + " N=" + cases::str(N) + (f.residual_f32 ? " f32 residual" : "");
     b.args.values = {{"eps", m.rms_norm_eps}, {"weight_offset", gemma ? 1.0 : 0.0}, {"act", double(int(f.act))}};
     const bool residual = f.residual;
+    const DType res_dt = f.residual_f32 ? DType::f32 : dt;
+    const int64_t res_es = int64_t(dtype_size(res_dt));
     b.make_inputs = [=](Device d, uint64_t seed) {
       return std::vector<Tensor>{cases::normal({T, H}, dt, d, seed, "x", 1.0),
-                                 residual ? cases::normal({T, H}, dt, d, seed, "residual", 1.0) : Tensor(),
+                                 residual ? cases::normal({T, H}, res_dt, d, seed, "residual", 1.0) : Tensor(),
                                  cases::normal({H}, dt, d, seed, "norm_weight", 1.0),
                                  cases::normal({N, H}, dt, d, seed, "weight", cases::kWeightStd),
                                  Tensor()};  // no bias
     };
     // The weight streamed once; x (and the residual) and the norm weight read, the output (and h) written.
-    b.bytes = (N * H + (residual ? 3 : 1) * H + H + out_n) * es;
+    b.bytes = (N * H + H + H + out_n) * es + (residual ? 2 * H * res_es : 0);
     b.flops = 2 * N * H + (residual ? 5 : 4) * H + (gated ? 4 * out_n : 0);
-    b.input_bytes = (N * H + (residual ? 2 : 1) * H + H) * es;
+    b.input_bytes = (N * H + H + H) * es + (residual ? H * res_es : 0);
     b.output_numel = out_n + (residual ? H : 0);
     out.push_back(std::move(b));
   }

@@ -1,5 +1,6 @@
 // mamba2_for_causal_lm: Mamba2ForCausalLM (tasks/baseline/L4/mamba2.h), serving HF "Mamba2ForCausalLM"; measured end to
-// end by `kb_nano eval`, checked against transformers by tests/cpu/test_mamba2_hf.cpp.
+// end by `kb_nano eval`, checked against transformers by tests/cpu/test_mamba2_hf.cpp. Feature "norm_gemv": at one
+// token its layers fold the RMSNorm (fp32 residual included) into in_proj (rms_norm_gemv).
 #include "L4/mamba2.h"
 #include "ops/op.h"
 
@@ -29,7 +30,8 @@ KBN_REGISTER_OPS(r) {
          .architectures = {"Mamba2ForCausalLM"},
          .make_model = [](const ModelConfig& c, const ParamOptions& o) -> std::unique_ptr<CausalLM> {
            return std::make_unique<Mamba2ForCausalLM>(c, o);
-         }});
+         },
+         .features = {"norm_gemv"}});
 }
 
 }  // namespace kbn::KBN_VARIANT
