@@ -207,9 +207,10 @@ void print_kernel_trace(const VariantRun& r) {
   for (const auto& [d, b] : t.busy_s)
     busy += fmt(" cuda:%g", double(d)) + fmt(" %.1f%%", t.wall_s > 0 ? 100.0 * b / t.wall_s : 0.0);
   const int64_t steps = r.metrics.steps;
-  std::printf("\nkernel time [%s] (CUPTI, %lld kernels, %.1f per step, %.3f s of kernels in %.3f s of wall time; busy:%s):\n",
-              r.name.c_str(), (long long)t.kernels, steps > 0 ? double(t.kernels) / double(steps) : 0.0, t.kernel_s,
-              t.wall_s, busy.c_str());
+  std::printf(
+      "\nkernel time [%s] (CUPTI, %lld kernels, %.1f per step, %.3f s of kernels in %.3f s of wall time; busy:%s):\n",
+      r.name.c_str(), (long long)t.kernels, steps > 0 ? double(t.kernels) / double(steps) : 0.0, t.kernel_s, t.wall_s,
+      busy.c_str());
   double busy_total = 0;
   for (const auto& [d, b] : t.busy_s) busy_total += b;
   std::vector<std::vector<std::string>> ops = {

@@ -24,19 +24,22 @@ Mamba2DecoderLayer::Mamba2DecoderLayer(const Mamba2Config& config, const std::st
 }
 
 std::pair<Tensor, Tensor> Mamba2DecoderLayer::forward(const Tensor& hidden_states, const Tensor& residual) {
+  // The first layer's residual stream: its input, in fp32 with residual_in_fp32.
+  const auto first_residual = [&] {
+    return residual_in_fp32_ ? hidden_states.to(DType::f32) : hidden_states.clone();
+  };
 #if KBN_MAMBA2_ONE_TOKEN_FUSION
   // One token: the norm folded into in_proj (always on CPU, where the op composes the same oracles; on the GPU where
   // its kernel takes the row).
   if (RMSNormGemv::applies(hidden_states)) {
     auto [proj, res] =
         norm_in_proj_.forward(hidden_states, residual, norm.weight, mixer.in_proj.weight, mixer.in_proj.bias);
-    if (!residual.defined()) res = residual_in_fp32_ ? hidden_states.to(DType::f32) : hidden_states.clone();
-    return {mixer.forward_proj(proj), res};
+    return {mixer.forward_proj(proj), residual.defined() ? res : first_residual()};
   }
 #endif
   Tensor h, res;
   if (!residual.defined()) {
-    res = residual_in_fp32_ ? hidden_states.to(DType::f32) : hidden_states.clone();
+    res = first_residual();
     h = norm.forward(hidden_states);
   } else {
     std::tie(h, res) = norm.forward(hidden_states, residual);

@@ -3,6 +3,7 @@
 // that linear's output; oracle: reference::fused_add_rms_norm / rms_norm (or the Gemma forms), reference::linear and
 // reference::silu_and_mul / gelu_and_mul (tasks/reference/), composed in the op's CPU path.
 #include "L1/rms_norm_gemv.h"
+#include "configs/mamba2.h"
 #include "ops/op.h"
 
 KBN_FALLBACK_CLASS(RMSNormGemv)
@@ -56,7 +57,7 @@ std::vector<BenchCase> norm_gemv_cases(const ModelView& m, const CaseOptions& o)
                {"first_norm+qkv", (a.num_heads + 2 * a.num_kv_heads) * a.head_dim, false, NormGemvAct::none}};
   } else {
     const MambaShape& s = *m.mamba;
-    const bool f32 = m.config->get_bool("residual_in_fp32", true) && dt != DType::f32;
+    const bool f32 = Mamba2Config::from(*m.config).residual_in_fp32 && dt != DType::f32;
     const int64_t n = s.intermediate_size + s.conv_dim() + s.num_heads;
     fusions = {{"norm+in_proj", n, true, NormGemvAct::none, f32}, {"first_norm+in_proj", n, false, NormGemvAct::none}};
   }
