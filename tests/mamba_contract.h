@@ -1,6 +1,7 @@
 #pragma once
 // The validation contract of tests/op_contract.h for Mamba-2's conv, state-update and gated-norm ops (and the one-token
-// norm + in_proj, rms_norm_gemv, with the fp32 residual) on Mamba-2 views
+// norm + in_proj, rms_norm_gemv, with the fp32 residual, and rms_norm_gemv_conv1d with the conv update) on Mamba-2
+// views
 // built here: odd shapes no published config has (scalar kernel paths, width 2 and 3, no conv bias, a finite
 // time_step_limit), which bench::random_cases cannot draw for a Mamba-2 config. Used by tests/cpu/test_mamba_ops.cpp
 // and tests/gpu/test_mamba_gpu.cpp.
@@ -21,7 +22,8 @@ namespace kbn::test {
 
 inline const std::vector<std::string>& mamba_decode_and_conv_ops() {
   static const std::vector<std::string> ops = {"causal_conv1d_fn", "causal_conv1d_update", "selective_state_update",
-                                               "mixer2_rms_norm_gated", "rms_norm_gemv"};
+                                               "mixer2_rms_norm_gated", "rms_norm_gemv",
+                                               "rms_norm_gemv_conv1d"};
   return ops;
 }
 

@@ -419,6 +419,41 @@ TEST(RMSNormGemvF32Residual, KeepsTheSumInFp32AndGivesTheSeparateOps) {
   EXPECT_TRUE(contains(err, "fp32 'residual'") && contains(err, "weight_offset")) << err;
 }
 
+// rms_norm_gemv_conv1d on CPU composes rms_norm_gemv and causal_conv1d_update over the conv's columns; its refusals
+// name the argument (a segment past the linear's outputs, an unsupported width, a slot list of the wrong length).
+TEST(RMSNormGemvConv1d, ComposesTheNormGemvAndTheConvUpdateAndNamesWhatItRefuses) {
+  const int64_t H = 40, N = 30, begin = 5, dim = 16, W = 4, slots = 3;
+  const Tensor x = randn({1, H}, 11, 1.0, DType::bf16), residual = randn({1, H}, 12, 1.0, DType::f32),
+               norm_w = randn({H}, 13, 1.0, DType::bf16), weight = randn({N, H}, 14, 0.1, DType::bf16),
+               states = randn({slots, W - 1, dim}, 15, 1.0, DType::bf16), conv_w = randn({dim, W}, 16, 0.5, DType::bf16),
+               conv_b = randn({dim}, 17, 0.5, DType::bf16), idx = i32({2});
+  Tensor st = states.clone(), st2 = states.clone();
+  RMSNormGemvConv1d op(1e-5, begin, "silu");
+  const auto [out, h] = op.forward(x, residual, norm_w, weight, Tensor(), st, conv_w, conv_b, idx);
+  const auto [proj, h2] = RMSNormGemv(1e-5).forward(x, residual, norm_w, weight, Tensor());
+  const Tensor conv = CausalConv1dUpdate("silu").forward(proj.slice(1, begin, begin + dim).contiguous(), st2, conv_w,
+                                                         conv_b, idx);
+  EXPECT_TRUE(bitwise_equal(out.slice(1, 0, begin), proj.slice(1, 0, begin)));
+  EXPECT_TRUE(bitwise_equal(out.slice(1, begin, begin + dim), conv));
+  EXPECT_TRUE(bitwise_equal(out.slice(1, begin + dim, N), proj.slice(1, begin + dim, N)));
+  EXPECT_TRUE(bitwise_equal(st, st2));
+  EXPECT_FALSE(bitwise_equal(st, states)) << "the slot's state must shift";
+  EXPECT_TRUE(bitwise_equal(h, h2));
+
+  RMSNormGemvConv1d late(1e-5, N - dim + 1, "silu");
+  std::string err = error_of([&] { late.forward(x, residual, norm_w, weight, Tensor(), st, conv_w, conv_b, idx); });
+  EXPECT_TRUE(contains(err, "conv_begin") && contains(err, "out_features")) << err;
+  err = error_of([&] {
+    op.forward(x, residual, norm_w, weight, Tensor(), randn({slots, 4, dim}, 18, 1.0, DType::bf16),
+               randn({dim, 5}, 19, 0.5, DType::bf16), conv_b, idx);
+  });
+  EXPECT_TRUE(contains(err, "conv_weight") && contains(err, "width 5")) << err;
+  err = error_of([&] { op.forward(x, residual, norm_w, weight, Tensor(), st, conv_w, conv_b, i32({0, 1})); });
+  EXPECT_TRUE(contains(err, "conv_state_indices")) << err;
+  err = error_of([] { RMSNormGemvConv1d(1e-5, 0, "gelu"); });
+  EXPECT_TRUE(contains(err, "activation")) << err;
+}
+
 // tiny-mamba2 at the contract's CPU token counts, Mamba-Codestral (conv_dim 10240, groups of 1024) at 3 tokens, and
 // two odd Mamba-2 shapes (tests/mamba_contract.h).
 // NOTE: no random shapes here: bench::random_cases rewrites the attention/MLP keys of a config (intermediate_size

@@ -24,6 +24,7 @@
 
 #include "L1/all_reduce.h"
 #include "L1/argmax.h"
+#include "L1/causal_conv1d_update.h"
 #include "L1/embedding.h"
 #include "L1/fused_qk_norm_rope.h"
 #include "L1/fused_rope_kvcache.h"
@@ -38,6 +39,8 @@
 #include "L1/store_kvcache.h"
 #include "L1/swiglu_oai_and_mul.h"
 #include "kbn/allocator.h"
+#include "kbn/device_errors.h"
+#include "kbn/forward_context.h"
 #include "kbn/error.h"
 #include "kbn/parallel_state.h"
 #include "kbn/rng.h"
@@ -499,6 +502,7 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
   };
   const Case cases[] = {{4096, 18560, true, kNone, false, false, true}, {2056, 1003, true, kNone, true, false, true},
                         {64, 40, true, kNone, false, false, true},      {4096, 64, true, kSilu, false, false, true},
+                        {8192, 41, true, kNone, true, false, true},  // fp32 h too wide to stage: re-read
                         {4096, 6144, true, kNone, false, false},  {4096, 6144, false, kNone, false, false},
                         {4096, 28672, true, kSilu, false, false}, {64, 96, true, kSilu, true, false},
                         {64, 40, false, kNone, false, false},     {2056, 1003, false, kNone, true, false},
@@ -554,6 +558,83 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
       EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
       if (c.residual) expect_bitwise_equal(h, h_c, "h vs oracle");
     }
+  }
+}
+
+// rms_norm_gemv_conv1d gives the bits of rms_norm_gemv then causal_conv1d_update over the conv's columns (written back
+// into them), the slot's conv state shifted alike and every other slot untouched: Mamba-Codestral's in_proj (fp32
+// residual, widths 4 with a conv bias) and odd shapes (a segment that starts and ends inside a two-output warp, width
+// 2 and 3, no bias, f32 / f16 / bf16, the first layer without a residual); a padding slot (-1) gives zeros over the
+// segment and leaves the state alone; a slot outside the cache is reported.
+TEST(RMSNormGemvConv1dGpu, SameBitsAsNormGemvThenConvUpdate) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t hidden, n, begin, dim, width;
+    bool residual, f32_residual, conv_bias;
+  };
+  const Case cases[] = {{4096, 18560, 8192, 10240, 4, true, true, true},
+                        {64, 45, 7, 30, 3, true, false, false},
+                        {64, 45, 7, 30, 2, false, false, true},
+                        {2056, 301, 101, 153, 4, true, true, true}};
+  uint64_t seed = 1300;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      if (c.f32_residual && dt == DType::f32) continue;
+      if (!RMSNormGemvConv1d::kernel_supports(dt, 1, c.hidden, c.width)) continue;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " hidden " + std::to_string(c.hidden) + " n " + std::to_string(c.n) +
+                   " conv [" + std::to_string(c.begin) + ", +" + std::to_string(c.dim) + ") width " +
+                   std::to_string(c.width));
+      const int64_t H = c.hidden, slots = 5;
+      const Pair x = randn({1, H}, dt, seed++), residual = randn({1, H}, c.f32_residual ? DType::f32 : dt, seed++),
+                 norm_weight = randn({H}, dt, seed++), weight = randn({c.n, H}, dt, seed++, 0.02),
+                 states = randn({slots, c.width - 1, c.dim}, dt, seed++), conv_w = randn({c.dim, c.width}, dt, seed++, 0.5),
+                 conv_b = c.conv_bias ? randn({c.dim}, dt, seed++, 0.5) : Pair{};
+      const Tensor res_g = c.residual ? residual.gpu : Tensor();
+      const Tensor idx = Tensor::from_i32({3}, {1}).to(kGpu);
+      Tensor st_fused = states.gpu.clone(), st_sep = states.gpu.clone();
+      RMSNormGemvConv1d fused(1e-5, c.begin, "silu");
+      const auto [out, h] = fused.forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, Tensor(), st_fused, conv_w.gpu,
+                                          conv_b.gpu, idx);
+      const auto [proj, h2] = RMSNormGemv(1e-5).forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, Tensor());
+      const Tensor conv = CausalConv1dUpdate("silu").forward(proj.slice(1, c.begin, c.begin + c.dim), st_sep,
+                                                             conv_w.gpu, conv_b.gpu, idx);
+      Tensor expected = proj.clone();
+      expected.slice(1, c.begin, c.begin + c.dim).copy_(conv);
+      expect_bitwise_equal(out, expected, "out: fused vs rms_norm_gemv + causal_conv1d_update");
+      expect_bitwise_equal(st_fused, st_sep, "conv_states");
+      if (c.residual) expect_bitwise_equal(h, h2, "h");
+
+      // The oracle on CPU (its path composes the oracles).
+      Tensor st_cpu = states.cpu.clone();
+      const auto [out_c, h_c] = fused.forward(x.cpu, c.residual ? residual.cpu : Tensor(), norm_weight.cpu,
+                                              weight.cpu, Tensor(), st_cpu, conv_w.cpu, conv_b.cpu,
+                                              Tensor::from_i32({3}, {1}));
+      const double err = relative_frobenius(out.to(kCpu).to_doubles(), out_c.to_doubles());
+      EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
+
+      // A padding row: zeros over the segment, the state untouched.
+      Tensor st_pad = states.gpu.clone();
+      const auto [out_pad, h_pad] = fused.forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, Tensor(), st_pad,
+                                                  conv_w.gpu, conv_b.gpu, Tensor::from_i32({kPadStateSlot}, {1}).to(kGpu));
+      expect_bitwise_equal(out_pad.slice(1, 0, c.begin), proj.slice(1, 0, c.begin), "padding row: columns before");
+      expect_bitwise_equal(out_pad.slice(1, c.begin, c.begin + c.dim),
+                           Tensor::zeros({1, c.dim}, dt, kGpu), "padding row: the conv's columns are zero");
+      expect_bitwise_equal(st_pad, states.gpu, "padding row: no state touched");
+    }
+  }
+  // A slot outside the cache is a device error naming the argument.
+  const Tensor xs = Tensor::zeros({1, 64}, DType::bf16, kGpu), w = Tensor::zeros({64}, DType::bf16, kGpu),
+               weight = Tensor::zeros({45, 64}, DType::bf16, kGpu);
+  Tensor st = Tensor::zeros({2, 3, 30}, DType::bf16, kGpu);
+  RMSNormGemvConv1d fused(1e-5, 7, "silu");
+  fused.forward(xs, Tensor(), w, weight, Tensor(), st, Tensor::zeros({30, 4}, DType::bf16, kGpu), Tensor(),
+                Tensor::from_i32({2}, {1}).to(kGpu));
+  try {
+    synchronize(kGpu);
+    check_device_errors();
+    FAIL() << "slot 2 of a 2-slot cache was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("conv_state_indices"), std::string::npos) << e.what();
   }
 }
 

@@ -7,6 +7,8 @@
 // silu*mul pairs as one kernel each. Same arithmetic as the ops it replaces (fused_add_rms_norm's / rms_norm's sum
 // order and scaling, rounded to the dtype; linear's one-token dot products; silu_and_mul's / gelu_and_mul's fp32
 // activation of the rounded gate and up), so the same bits.
+#include <cstdint>
+#include <string>
 #include <utility>
 
 #include "kbn/variant.h"
@@ -63,6 +65,41 @@ class RMSNormGemv : public Module {
  private:
   double eps_, weight_offset_;
   NormGemvAct act_;
+};
+
+// RMSNormGemvConv1d (kb-nano's): a Mamba-2 mixer's one-token in_proj (RMSNormGemv without an activation, the fp32
+// residual included) with the decode step of its causal conv (CausalConv1dUpdate) folded into the GEMV's epilogue:
+// the warp that computes in_proj's output column conv_begin + c also runs channel c's conv update on that rounded
+// value (its window from the slot's conv state, its taps and bias) and shifts the state. Each channel belongs to one
+// warp, so the state is read and written once and the conv's kernel and its read of the projection are gone. Same
+// bits as RMSNormGemv then CausalConv1dUpdate over columns [conv_begin, conv_begin + dim) written back into them.
+class RMSNormGemvConv1d : public Module {
+ public:
+  // eps: the norm's; conv_begin: the first column of the conv's segment in the linear's output (Mamba-2: the gated
+  // channels before it, I / tp); activation: the conv's, "silu" or "" (CausalConv1dUpdate's).
+  RMSNormGemvConv1d(double eps, int64_t conv_begin, const std::string& activation = "silu");
+
+  // x, residual, norm_weight, weight, bias: as RMSNormGemv::forward (one token; no activation). conv_states:
+  // [num_slots, width - 1, dim] contiguous in x's dtype; conv_weight: [dim, width] contiguous; conv_bias: [dim] or
+  // undefined; conv_state_indices: [1] i32 (the token's sequence; -1 on the GPU: a padding row, zero conv output and
+  // no state touched), with conv_begin + dim <= out_features. Returns (out, h) as RMSNormGemv::forward, with columns
+  // [conv_begin, conv_begin + dim) holding the conv's output. Mutates conv_states.
+  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
+                                    const Tensor& weight, const Tensor& bias, const Tensor& conv_states,
+                                    const Tensor& conv_weight, const Tensor& conv_bias,
+                                    const Tensor& conv_state_indices);
+
+  // Whether the GPU kernel takes the row (RMSNormGemv::kernel_supports) with a conv of this width (2, 3 or 4).
+  static bool kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden, int64_t width);
+
+  double eps() const { return eps_; }
+  int64_t conv_begin() const { return conv_begin_; }
+  bool silu() const { return silu_; }
+
+ private:
+  double eps_;
+  int64_t conv_begin_;
+  bool silu_;
 };
 
 }  // namespace kbn::KBN_VARIANT

@@ -205,7 +205,24 @@ Tensor MambaMixer2::forward(const Tensor& hidden_states) {
   return forward_proj(in_proj.forward(hidden_states).first);
 }
 
-Tensor MambaMixer2::forward_proj(const Tensor& proj) {
+bool MambaMixer2::one_decode_token() const {
+  const ForwardContext& ctx = get_forward_context();
+  return ctx.attn_metadata != nullptr && ctx.kv_caches != nullptr && ctx.attn_metadata->num_prefills == 0 &&
+         ctx.attn_metadata->num_decodes == 1 && ctx.attn_metadata->state_indices.defined() &&
+         layer_idx_ < int64_t(ctx.kv_caches->size()) && (*ctx.kv_caches)[size_t(layer_idx_)].states.size() == 2;
+}
+
+const Tensor& MambaMixer2::conv_state_cache() const {
+  KBN_CHECK(one_decode_token(), "MambaMixer2 (", prefix_, "): conv_state_cache() outside a one-token decode step");
+  return (*get_forward_context().kv_caches)[size_t(layer_idx_)].states[0];
+}
+
+Tensor MambaMixer2::step_state_indices() const {
+  KBN_CHECK(one_decode_token(), "MambaMixer2 (", prefix_, "): step_state_indices() outside a one-token decode step");
+  return get_forward_context().attn_metadata->state_indices;
+}
+
+Tensor MambaMixer2::forward_proj(const Tensor& proj, bool conv_applied) {
   KBN_CHECK(A.defined(), "MambaMixer2 (", prefix_,
             "): A = -exp(A_log) is not computed; call process_weights_after_loading() after loading the weights");
   const ForwardContext& ctx = get_forward_context();
@@ -250,9 +267,12 @@ Tensor MambaMixer2::forward_proj(const Tensor& proj) {
     split(conv, x, B, C);
     y_prefill = scan_.forward(x, dt.slice(0, 0, Tp), A, B, C, D, dt_bias, ssm_state, has, idx, md.query_start_loc);
   }
+  KBN_CHECK(!conv_applied || (P == 0 && Dn == 1), "MambaMixer2 (", prefix_,
+            "): forward_proj(conv_applied) takes a step of one decode token, got ", P, " prefills and ", Dn,
+            " decodes");
   if (Dn > 0) {
     const Tensor idx = md.state_indices.slice(0, P, P + Dn);
-    const Tensor conv = conv_update_.forward(xBC.slice(0, Tp, T), conv_state, conv_weight, conv_bias, idx);
+    const Tensor conv = conv_applied ? xBC : conv_update_.forward(xBC.slice(0, Tp, T), conv_state, conv_weight, conv_bias, idx);
     Tensor x, B, C;
     split(conv, x, B, C);
     y_decode = state_update_.forward(ssm_state, x, dt.slice(0, Tp, T), A, B, C, D, dt_bias, idx);

@@ -82,8 +82,15 @@ class MambaMixer2 : public Module {
   // (prefill/decode split, query_start_loc, state_indices, has_initial_state) and updates this layer's states.
   Tensor forward(const Tensor& hidden_states);
   // The same from in_proj's output proj [num_tokens, I / tp + conv_dim() + num_heads / tp] (a caller that computed it
-  // itself: the decoder layer's one-token norm + in_proj).
-  Tensor forward_proj(const Tensor& proj);
+  // itself: the decoder layer's one-token norm + in_proj). conv_applied: the step is one decode token whose xBC
+  // columns already went through the conv update (rms_norm_gemv_conv1d, see one_decode_token).
+  Tensor forward_proj(const Tensor& proj, bool conv_applied = false);
+
+  // Whether this step (the forward context's) is one decode token and nothing else: the conv update of that token can
+  // then be folded into in_proj's epilogue, with this layer's conv state cache and slot (below).
+  bool one_decode_token() const;
+  const Tensor& conv_state_cache() const;  // [num_slots, conv_kernel - 1, conv_dim()] of this layer
+  Tensor step_state_indices() const;       // [num sequences] i32: the step's slots
 
   // This rank's state cache: conv [conv_kernel - 1, conv_dim()] and SSM [num_heads / tp, head_dim, state_size], in
   // `dtype`.
