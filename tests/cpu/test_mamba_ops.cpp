@@ -454,6 +454,39 @@ TEST(RMSNormGemvConv1d, ComposesTheNormGemvAndTheConvUpdateAndNamesWhatItRefuses
   EXPECT_TRUE(contains(err, "activation")) << err;
 }
 
+// rms_norm_gated_gemv on CPU composes Mixer2RMSNormGated and linear (a strided gate, a bias, two tokens); its
+// refusals name the argument.
+TEST(RMSNormGatedGemv, ComposesTheGatedNormAndTheLinearAndNamesWhatItRefuses) {
+  const int64_t T = 2, I = 48, G = 3, N = 20, row = I + 11;
+  const Tensor x = randn({T, I}, 21, 1.0, DType::bf16), proj = randn({T, row}, 22, 1.0, DType::bf16),
+               norm_w = randn({I}, 23, 1.0, DType::bf16), weight = randn({N, I}, 24, 0.1, DType::bf16),
+               bias = randn({N}, 25, 0.5, DType::bf16);
+  const Tensor gate = proj.slice(1, 0, I);
+  Mixer2RMSNormGated norm(I, G, 1e-5, {.dtype = DType::bf16});
+  norm.weight.copy_(norm_w);
+  const Tensor expected = Linear().forward(norm.forward(x, gate), weight, bias);
+  RMSNormGatedGemv op(I / G, 1e-5);
+  EXPECT_TRUE(bitwise_equal(op.forward(x, gate, norm_w, weight, bias), expected));
+  EXPECT_FALSE(bitwise_equal(op.forward(x, gate, norm_w, weight, Tensor()), expected)) << "the bias must count";
+
+  std::string err = error_of([&] { RMSNormGatedGemv(I / G + 1, 1e-5).forward(x, gate, norm_w, weight, bias); });
+  EXPECT_TRUE(contains(err, "group_size")) << err;
+  err = error_of([&] { op.forward(x, proj.slice(1, 0, I - 8), norm_w, weight, bias); });
+  EXPECT_TRUE(contains(err, "'gate'")) << err;
+  err = error_of([&] { op.forward(x, gate, norm_w, randn({N, I + 8}, 26, 0.1, DType::bf16), bias); });
+  EXPECT_TRUE(contains(err, "'weight'")) << err;
+  err = error_of([&] { op.forward(x, gate, norm_w, weight, randn({N + 1}, 27, 0.5, DType::bf16)); });
+  EXPECT_TRUE(contains(err, "'bias'")) << err;
+  err = error_of([&] { op.forward(x, gate.to(DType::f32), norm_w, weight, bias); });
+  EXPECT_TRUE(contains(err, "gate")) << err;
+  err = error_of([] { RMSNormGatedGemv(0, 1e-5); });
+  EXPECT_TRUE(contains(err, "group_size")) << err;
+  EXPECT_TRUE(RMSNormGatedGemv::kernel_supports(DType::bf16, 1, 8192, 1024)) << "Mamba-Codestral's groups";
+  EXPECT_FALSE(RMSNormGatedGemv::kernel_supports(DType::bf16, 1, 8192, 2048)) << "two vectors per thread";
+  EXPECT_FALSE(RMSNormGatedGemv::kernel_supports(DType::bf16, 1, 30, 10)) << "groups of part vectors";
+  EXPECT_FALSE(RMSNormGatedGemv::kernel_supports(DType::bf16, 2, 8192, 1024)) << "two tokens";
+}
+
 // tiny-mamba2 at the contract's CPU token counts, Mamba-Codestral (conv_dim 10240, groups of 1024) at 3 tokens, and
 // two odd Mamba-2 shapes (tests/mamba_contract.h).
 // NOTE: no random shapes here: bench::random_cases rewrites the attention/MLP keys of a config (intermediate_size

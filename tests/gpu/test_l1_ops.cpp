@@ -31,6 +31,7 @@
 #include "L1/gelu_and_mul.h"
 #include "L1/gemma_rms_norm.h"
 #include "L1/linear.h"
+#include "L1/mixer2_rms_norm_gated.h"
 #include "L1/rms_norm.h"
 #include "L1/rms_norm_gemv.h"
 #include "L1/rotary_embedding.h"
@@ -558,6 +559,53 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
       EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
       if (c.residual) expect_bitwise_equal(h, h_c, "h vs oracle");
     }
+  }
+}
+
+// rms_norm_gated_gemv gives the bits of Mixer2RMSNormGated then linear's one-token GEMV: Mamba-Codestral's gated norm
+// and out_proj (8 groups of 1024: a group over four warps), tiny-mamba2's (one group of 128: 16 lanes), groups of 72
+// (9 vectors: 16 lanes, invalid ones among them), eight groups per mixer CTA (groups of 64 channels), an odd out_features,
+// a bias; f32 / f16 / bf16; the gate a strided slice of in_proj's output as the mixer passes it.
+TEST(RMSNormGatedGemvGpu, SameBitsAsGatedNormThenLinear) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t hidden, group_size, n;
+    bool bias;
+  };
+  const Case cases[] = {{8192, 1024, 4096, false}, {128, 128, 64, false}, {288, 72, 40, true},
+                        {2048, 64, 301, true},    {1024, 512, 77, false}};
+  uint64_t seed = 1400;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      if (!RMSNormGatedGemv::kernel_supports(dt, 1, c.hidden, c.group_size)) continue;
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " hidden " + std::to_string(c.hidden) + " groups of " +
+                   std::to_string(c.group_size) + " n " + std::to_string(c.n));
+      const int64_t I = c.hidden, row = I + 40;
+      const Pair x = randn({1, I}, dt, seed++), proj = randn({1, row}, dt, seed++),
+                 norm_weight = randn({I}, dt, seed++), weight = randn({c.n, I}, dt, seed++, 0.02),
+                 bias = c.bias ? randn({c.n}, dt, seed++, 0.5) : Pair{};
+      const Tensor gate = proj.gpu.slice(1, 0, I);
+      Mixer2RMSNormGated norm(I, I / c.group_size, 1e-5, {.dtype = dt, .device = kGpu});
+      norm.weight.copy_(norm_weight.gpu);
+      const Tensor expected = Linear().forward(norm.forward(x.gpu, gate), weight.gpu, bias.gpu);
+      RMSNormGatedGemv fused(c.group_size, 1e-5);
+      const Tensor out = fused.forward(x.gpu, gate, norm_weight.gpu, weight.gpu, bias.gpu);
+      expect_bitwise_equal(out, expected, "out: fused vs mixer2_rms_norm_gated + linear");
+
+      // The oracle on CPU (its path composes the oracles).
+      const Tensor out_c = fused.forward(x.cpu, proj.cpu.slice(1, 0, I), norm_weight.cpu, weight.cpu, bias.cpu);
+      const double err = relative_frobenius(out.to(kCpu).to_doubles(), out_c.to_doubles());
+      EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
+    }
+  }
+  // Two tokens on the GPU are refused by name (the mixer runs the two ops there).
+  const Tensor x2 = Tensor::zeros({2, 128}, DType::bf16, kGpu);
+  try {
+    RMSNormGatedGemv(128, 1e-5).forward(x2, x2, Tensor::zeros({128}, DType::bf16, kGpu),
+                                        Tensor::zeros({8, 128}, DType::bf16, kGpu), Tensor());
+    FAIL() << "two tokens were taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("one token"), std::string::npos) << e.what();
   }
 }
 

@@ -15,6 +15,11 @@
 
 namespace kbn::KBN_VARIANT {
 
+namespace {
+// RMSNormGatedGemv reproduces Mixer2RMSNormGated's kernel, whose sum order depends on its block size.
+constexpr int kGatedNormCtaThreads = 128;  // = mixer2_rms_norm_gated.cu's kNormThreads
+}  // namespace
+
 #ifdef KBN_WITH_CUDA
 namespace {
 
@@ -57,6 +62,10 @@ struct NormGemvParams {
   bool conv_silu = false;
   DeviceErrorRecord* error = nullptr;
   int32_t slot_code = 0;
+  // RMSNormGatedGemv: x is the gated norm's input, gate its gate, norm_weight its weight; groups of group_size
+  // channels, group_lanes threads each (Mixer2RMSNormGated's lanes: the power of two >= its vectors).
+  const void* gate = nullptr;  // [1, hidden]
+  int group_size = 0, n_groups = 0, group_lanes = 0;
 };
 
 constexpr int kMaxConvWidth = 4;
@@ -109,6 +118,9 @@ __device__ __forceinline__ float gelu_tanh_mul(float g, float up) {
   return 0.5f * g * (1.f + tanhf(kBeta * (g + kKappa * g * g * g))) * up;
 }
 
+// Mixer2RMSNormGated's silu (tasks/baseline/L1/mixer2_rms_norm_gated.cu): the same expression, the same bits.
+__device__ __forceinline__ float gated_norm_silu(float v) { return v / (1.f + expf(-v)); }
+
 // The sum of v over the block in rms_norm's order (each warp's xor-shuffle sum, then the warp sums in one warp).
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float warp_sums[kWarps];
@@ -141,10 +153,13 @@ constexpr int outs_per_warp() {
 // kConv (RMSNormGemvConv1d, no activation): the outputs in the conv's segment go through its update (ConvChannel);
 // the slot (step metadata, written before the step's first kernel) and the channels' windows are read before the
 // dependent-launch wait: the caller's contract is that no kernel of the step writes those state rows before this one.
-template <class T, Residual kResidual, NormGemvAct kAct, bool kConv = false>
+// kGatedNorm (RMSNormGatedGemv, no residual, no activation): the staged row is Mixer2RMSNormGated's output.
+template <class T, Residual kResidual, NormGemvAct kAct, bool kConv = false, bool kGatedNorm = false>
 __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams p) {
   constexpr bool kGated = kAct != NormGemvAct::none;
   static_assert(!kConv || !kGated, "the conv epilogue goes with the plain linear");
+  static_assert(!kGatedNorm || (!kGated && !kConv && kResidual == Residual::none),
+                "the gated norm goes with the plain linear, without a residual");
   extern __shared__ uint4 staged[];  // the normalised row, 16-byte vectors (then h in fp32 when p.stage_h)
   using V = Vec16<T>;
   constexpr int N = V::N;
@@ -185,7 +200,55 @@ __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams 
   // h = x (+ residual, rounded), its sum of squares, then the row normalised and rounded, staged for every warp.
   V* sv = reinterpret_cast<V*>(staged);
   float ss = 0.f;
-  if constexpr (kResidual == Residual::f32) {
+  if constexpr (kGatedNorm) {
+    // Mixer2RMSNormGated's arithmetic in its order (mixer2_rms_norm_gated_kernel, one vector per thread): the block
+    // runs as kThreads / kGatedNormCtaThreads of its CTAs at a time, CTA c taking the groups from
+    // c * (kGatedNormCtaThreads / lanes), group_lanes threads each; each thread's fmaf sum of y^2 over its vector,
+    // the xor shuffles over the group's lanes of a warp, then (a group over several warps) the warp sums in order.
+    // Each group's inverse rms goes to shared memory after the row; the second pass recomputes y (the same bits).
+    __shared__ float cta_warp_sums[kWarps];
+    float* inv_rms = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(staged) + size_t(p.hidden) * sizeof(T));
+    const V* xr = static_cast<const V*>(p.x);
+    const V* gr = static_cast<const V*>(p.gate);
+    const int nvec = p.group_size / N, lanes = p.group_lanes, groups_per_cta = kGatedNormCtaThreads / lanes;
+    const int ctas = (p.n_groups + groups_per_cta - 1) / groups_per_cta;
+    const int lane_g = int(threadIdx.x) % lanes;
+    for (int c0 = 0; c0 < ctas; c0 += kThreads / kGatedNormCtaThreads) {
+      const int g = (c0 + int(threadIdx.x) / kGatedNormCtaThreads) * groups_per_cta +
+                    (int(threadIdx.x) % kGatedNormCtaThreads) / lanes;
+      float s = 0.f;
+      if (g < p.n_groups && lane_g < nvec) {
+        const V xv = xr[g * nvec + lane_g], gv = gr[g * nvec + lane_g];
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+          const float y = to_f32(xv.v[j]) * gated_norm_silu(to_f32(gv.v[j]));
+          s = fmaf(y, y, s);
+        }
+      }
+      const int warp_lanes = lanes < 32 ? lanes : 32;
+      for (int off = warp_lanes >> 1; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lanes > 32) {
+        if ((threadIdx.x & 31) == 0) cta_warp_sums[threadIdx.x >> 5] = s;
+        __syncthreads();
+        const int warps = lanes / 32, first = (int(threadIdx.x) / lanes) * warps;
+        s = 0.f;
+        for (int w = 0; w < warps; ++w) s += cta_warp_sums[first + w];
+        __syncthreads();  // every warp has read its sums before the next round writes them
+      }
+      if (lane_g == 0 && g < p.n_groups) inv_rms[g] = rsqrtf(s / float(p.group_size) + p.eps);
+    }
+    __syncthreads();
+    const V* nw = static_cast<const V*>(p.norm_weight);
+    for (int i = int(threadIdx.x); i < kv; i += kThreads) {
+      const V xv = xr[i], gv = gr[i], wn = nw[i];
+      const float inv = inv_rms[i / nvec];
+      V y;
+#pragma unroll
+      for (int j = 0; j < N; ++j)
+        y.v[j] = from_f32<T>(to_f32(xv.v[j]) * gated_norm_silu(to_f32(gv.v[j])) * inv * to_f32(wn.v[j]));
+      sv[i] = y;
+    }
+  } else if constexpr (kResidual == Residual::f32) {
     // rms_norm_f32_residual's arithmetic: h = residual + x in fp32, the sum of squares of h, then h * inv_rms * w
     // rounded once. The second pass recomputes h from the same inputs (the same bits) rather than staging it.
     static_assert(sizeof(T) == 2, "the fp32 residual stream goes with 16-bit activations");
@@ -350,6 +413,16 @@ void launch_rms_norm_gemv(const NormGemvParams& p, NormGemvAct act, Stream strea
                  p);
       break;
   }
+  KBN_CUDA_CHECK_LAUNCH();
+}
+
+// RMSNormGatedGemv: the staged row, then each group's inverse rms.
+template <class T>
+void launch_rms_norm_gated_gemv(const NormGemvParams& p, Stream stream) {
+  constexpr int outs = outs_per_warp<NormGemvAct::none>();
+  const unsigned grid = unsigned((p.n_out + kWarps * outs - 1) / (kWarps * outs));
+  const size_t smem = size_t(p.hidden) * sizeof(T) + size_t(p.n_groups) * 4;
+  launch_pdl(rms_norm_gemv_kernel<T, Residual::none, NormGemvAct::none, false, true>, grid, kThreads, smem, stream, p);
   KBN_CUDA_CHECK_LAUNCH();
 }
 
@@ -598,6 +671,111 @@ std::pair<Tensor, Tensor> RMSNormGemvConv1d::forward(const Tensor& x, const Tens
                       .width = width,
                       .silu = silu_};
   return norm_gemv(op, x, residual, norm_weight, weight, bias, eps_, 0.0, NormGemvAct::none, &conv);
+}
+
+// ---- RMSNormGatedGemv ----
+
+namespace {
+// Mixer2RMSNormGated's lanes per group (mixer2_rms_norm_gated.cu: the power of two >= the group's vectors, one vector
+// per thread up to its 128-thread block) for groups of nvec 16-byte vectors; 0 where its kernel takes more than one
+// vector per thread (a sum order the fused kernel does not reproduce).
+int gated_norm_lanes(int64_t nvec) {
+  if (nvec < 1 || nvec > kGatedNormCtaThreads) return 0;
+  int lanes = 1;
+  while (lanes < nvec) lanes *= 2;
+  return lanes;
+}
+}  // namespace
+
+RMSNormGatedGemv::RMSNormGatedGemv(int64_t group_size, double eps) : group_size_(group_size), eps_(eps) {
+  KBN_CHECK(group_size > 0 && group_size <= INT32_MAX,
+            "rms_norm_gated_gemv: argument 'group_size' must be positive and fit 32 bits, got ", group_size);
+  KBN_CHECK(eps > 0, "rms_norm_gated_gemv: argument 'eps' must be positive, got ", eps);
+}
+
+bool RMSNormGatedGemv::kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden, int64_t group_size) {
+  if (!RMSNormGemv::kernel_supports(dtype, num_tokens, hidden)) return false;
+  const int64_t es = int64_t(dtype_size(dtype)), n = 16 / es;
+  if (group_size <= 0 || hidden % group_size != 0 || group_size % n != 0) return false;
+  return gated_norm_lanes(group_size / n) > 0 && hidden * es + (hidden / group_size) * 4 <= kMaxStagedBytes;
+}
+
+bool RMSNormGatedGemv::applies(const Tensor& x, int64_t group_size) {
+  return x.defined() && x.dim() == 2 && x.size(0) == 1 &&
+         (x.is_cpu() || kernel_supports(x.dtype(), 1, x.size(1), group_size));
+}
+
+Tensor RMSNormGatedGemv::forward(const Tensor& x, const Tensor& gate, const Tensor& norm_weight, const Tensor& weight,
+                                 const Tensor& bias) {
+  constexpr const char* op = "rms_norm_gated_gemv";
+  check_rank(x, op, "x", 2, "[num_tokens, hidden]");
+  check_dtype(x, op, "x", {DType::f32, DType::f16, DType::bf16});
+  check_last_dim_contiguous(x, op, "x");
+  const int64_t T = x.size(0), K = x.size(1);
+  KBN_CHECK(K > 0 && K % group_size_ == 0, op, ": argument 'x' must have hidden a positive multiple of group_size (",
+            group_size_, "), got ", x.str());
+  check_rank(gate, op, "gate", 2, "[num_tokens, hidden]");
+  KBN_CHECK(gate.shape() == x.shape(), op, ": argument 'gate' ", gate.str(), " must have x's shape ", x.str());
+  check_same_dtype(x, gate, op, "x", "gate");
+  check_same_device(x, gate, op, "x", "gate");
+  check_last_dim_contiguous(gate, op, "gate");
+  check_rank(norm_weight, op, "norm_weight", 1, "[hidden]");
+  check_size(norm_weight, op, "norm_weight", 0, K, "hidden");
+  check_same_dtype(x, norm_weight, op, "x", "norm_weight");
+  check_same_device(x, norm_weight, op, "x", "norm_weight");
+  check_contiguous(norm_weight, op, "norm_weight");
+  check_rank(weight, op, "weight", 2, "[out_features, hidden]");
+  check_size(weight, op, "weight", 1, K, "hidden");
+  check_same_dtype(x, weight, op, "x", "weight");
+  check_same_device(x, weight, op, "x", "weight");
+  check_contiguous(weight, op, "weight");
+  const int64_t n = weight.size(0);
+  KBN_CHECK(n <= INT32_MAX && K <= INT32_MAX, op, ": argument 'weight' is too large, got ", weight.str());
+  if (bias.defined()) {
+    check_rank(bias, op, "bias", 1, "[out_features]");
+    check_size(bias, op, "bias", 0, n, "out_features");
+    check_same_dtype(x, bias, op, "x", "bias");
+    check_same_device(x, bias, op, "x", "bias");
+    check_contiguous(bias, op, "bias");
+  }
+  Tensor out = Tensor::empty({T, n}, x.dtype(), x.device());
+  if (T == 0) return out;
+  if (x.is_cpu()) {
+    // The oracle: the gated norm, then linear.
+    Tensor y = Tensor::empty({T, K}, x.dtype(), x.device());
+    reference::rms_norm_gated(y, x, gate, norm_weight, group_size_, eps_);
+    reference::linear(out, y, weight, bias);
+    return out;
+  }
+#ifdef KBN_WITH_CUDA
+  KBN_CHECK(kernel_supports(x.dtype(), T, K, group_size_), op, ": arguments 'x' ", x.str(), " and 'group_size' ",
+            group_size_, ": the kernel takes one token of f32, f16 or bf16, groups of whole 16-byte vectors, at most ",
+            kGatedNormCtaThreads, " of them, and the row with its groups' sums within ", kMaxStagedBytes, " bytes");
+  KBN_CHECK(aligned16(x.data_ptr()) && aligned16(gate.data_ptr()) && aligned16(norm_weight.data_ptr()) &&
+                aligned16(weight.data_ptr()),
+            op, ": arguments 'x', 'gate', 'norm_weight' and 'weight' must start on 16-byte boundaries, got x ", x.str(),
+            ", gate ", gate.str());
+  const int64_t nvec = group_size_ / (16 / int64_t(x.element_size()));
+  NormGemvParams p{.out = out.data_ptr(),
+                   .x = x.data_ptr(),
+                   .residual = nullptr,
+                   .residual_out = nullptr,
+                   .norm_weight = norm_weight.data_ptr(),
+                   .weight = weight.data_ptr(),
+                   .bias = bias.defined() ? bias.data_ptr() : nullptr,
+                   .hidden = int(K),
+                   .n_out = int(n),
+                   .eps = float(eps_),
+                   .weight_offset = 0.f,
+                   .stage_h = false};
+  p.gate = gate.data_ptr();
+  p.group_size = int(group_size_);
+  p.n_groups = int(K / group_size_);
+  p.group_lanes = gated_norm_lanes(nvec);
+  dispatch_float16_32(x.dtype(), op, "x",
+                      [&](auto t) { launch_rms_norm_gated_gemv<decltype(t)>(p, current_stream()); });
+#endif
+  return out;
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -102,4 +102,36 @@ class RMSNormGemvConv1d : public Module {
   bool silu_;
 };
 
+// RMSNormGatedGemv (kb-nano's): a Mamba-2 mixer's one-token gated norm (Mixer2RMSNormGated: y = x * silu(gate), each
+// group of group_size channels divided by its rms and scaled by the norm weight, rounded once) folded into out_proj's
+// GEMV: every block normalises the row into shared memory as RMSNormGemv does, then streams its weight rows. Same bits
+// as Mixer2RMSNormGated then linear's one-token GEMV (the group sums in the gated norm kernel's order, its lanes,
+// shuffles and warp sums; the dot products in linear's), one kernel and the normalised row's round trip fewer.
+class RMSNormGatedGemv : public Module {
+ public:
+  // group_size: the gated norm's channels per group (this rank's gated channels / its groups); eps: the norm's.
+  RMSNormGatedGemv(int64_t group_size, double eps);
+
+  // x: [num_tokens, hidden] (the scan's output; one token on the GPU), channels contiguous; gate: [num_tokens,
+  // hidden] in x's dtype (row stride free, e.g. in_proj's z columns); norm_weight: [hidden]; weight: [out_features,
+  // hidden] contiguous; bias: [out_features] or undefined -> new [num_tokens, out_features]. Mutates nothing.
+  Tensor forward(const Tensor& x, const Tensor& gate, const Tensor& norm_weight, const Tensor& weight,
+                 const Tensor& bias);
+
+  // Whether the GPU kernel takes (dtype, num_tokens, hidden, group_size): RMSNormGemv's row, groups of whole 16-byte
+  // vectors, at most 128 of them (the gated norm kernel's one-vector-per-thread order), the groups' sums beside the row
+  // in the staging budget. Callers run the gated norm and the linear elsewhere.
+  static bool kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden, int64_t group_size);
+  // Whether a mixer takes the op for its scan output x: one token, always on CPU tensors (the op composes the same
+  // oracles), on the GPU where kernel_supports says so.
+  static bool applies(const Tensor& x, int64_t group_size);
+
+  int64_t group_size() const { return group_size_; }
+  double eps() const { return eps_; }
+
+ private:
+  int64_t group_size_;
+  double eps_;
+};
+
 }  // namespace kbn::KBN_VARIANT

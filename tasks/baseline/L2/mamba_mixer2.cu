@@ -8,6 +8,16 @@
 #include "kbn/forward_context.h"
 #include "kbn/parallel_state.h"
 
+// The gated norm folded into out_proj's one-token GEMV (rms_norm_gated_gemv) stays off when tasks/candidate/ replaces
+// an op it folds away (the gated norm, linear, the parallel linears: rms_norm_gemv.h's test), so a candidate is reached
+// at every token count (kbn/variant.h).
+#if KBN_NORM_GEMV_FOLDS_A_CANDIDATE || defined(KBN_CANDIDATE_REPLACES_L1_mixer2_rms_norm_gated_h) || \
+    defined(KBN_CANDIDATE_REPLACES_L1_mixer2_rms_norm_gated_cu)
+#define KBN_MAMBA2_GATED_NORM_FUSION 0
+#else
+#define KBN_MAMBA2_GATED_NORM_FUSION 1
+#endif
+
 namespace kbn::KBN_VARIANT {
 
 WeightLoader mamba_v2_sharded_weight_loader(std::string what, std::vector<MambaShardSegment> segments, int tp_size,
@@ -119,7 +129,8 @@ MambaMixer2::MambaMixer2(int64_t hidden_size, int64_t ssm_state_size, int64_t co
       conv_fn_("silu"),
       conv_update_("silu"),
       scan_(chunk_size, true, dt_min, dt_max),
-      state_update_(true, dt_min, dt_max) {
+      state_update_(true, dt_min, dt_max),
+      norm_out_proj_(norm.group_size(), rms_norm_eps) {
   KBN_CHECK(conv_kernel_size >= 2, "MambaMixer2 (", prefix, "): argument 'conv_kernel_size' must be >= 2, got ",
             conv_kernel_size);
   const int tp = shard_.tp_size, rank = shard_.tp_rank;
@@ -287,8 +298,14 @@ Tensor MambaMixer2::forward_proj(const Tensor& proj, bool conv_applied) {
     y.slice(0, 0, Tp).copy_(y_prefill);
     y.slice(0, Tp, T).copy_(y_decode);
   }
-  const Tensor g = gated_norm(y.view({T, I}), gate);
-  return out_proj.forward(g).first;
+  const Tensor yv = y.view({T, I});
+#if KBN_MAMBA2_GATED_NORM_FUSION
+  // One token on one rank: the gated norm folded into out_proj's GEMV (rms_norm_gated_gemv; the same bits). With
+  // tensor parallelism out_proj's all-reduce (and a replicated group's gather) stay with the separate ops.
+  if (shard_.tp_size == 1 && RMSNormGatedGemv::applies(yv, norm.group_size()))
+    return norm_out_proj_.forward(yv, gate, norm.weight, out_proj.weight, out_proj.bias);
+#endif
+  return out_proj.forward(gated_norm(yv, gate)).first;
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -25,6 +25,7 @@
 #include "L1/causal_conv1d_update.h"
 #include "L1/mamba_chunk_scan_combined.h"
 #include "L1/mixer2_rms_norm_gated.h"
+#include "L1/rms_norm_gemv.h"
 #include "L1/selective_state_update.h"
 #include "L2/parallel_linear.h"
 #include "kbn/cache_spec.h"
@@ -126,6 +127,7 @@ class MambaMixer2 : public Module {
   CausalConv1dUpdate conv_update_;
   MambaChunkScanCombined scan_;
   SelectiveStateUpdate state_update_;
+  RMSNormGatedGemv norm_out_proj_;  // the gated norm + out_proj at one token (forward_proj)
 };
 
 }  // namespace kbn::KBN_VARIANT
