@@ -15,6 +15,7 @@
 
 #include "L1/gather_cache.h"
 #include "L1/mla_decode.h"
+#include "L1/rotary_embedding.h"
 #include "L1/router_gemm.h"
 #include "L2/deepseek_v2_moe.h"
 #include "L4/deepseek_v2.h"
@@ -439,6 +440,31 @@ std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "accepted";
+}
+
+// MLA rotates q's rope part in place through a [T, heads, rope] view with q's head stride: the same values as rotating
+// a packed copy and writing it back (what the layer did before), the nope features untouched; a 3-D operand whose
+// last dimension is not head_size is refused by name.
+TEST(MlaRotary, HeadStridedViewEqualsThePackedCopy) {
+  const int64_t T = 3, H = 4, nope = 8, rope = 6, D = nope + rope;
+  baseline::RotaryEmbedding rotary(rope, rope, 64, 10000.0, false, {});
+  Tensor q = Tensor::empty({T, H * D}, DType::bf16), k = Tensor::empty({T, 2 * rope}, DType::bf16);
+  fill_normal_(q, 31, 0.0, 1.0);
+  fill_normal_(k, 32, 0.0, 1.0);
+  const Tensor positions = Tensor::from_i64({5, 17, 40}, {T});
+  Tensor q_packed = q.view({T, H, D}).slice(2, nope, D).contiguous().view({T, H * rope});
+  Tensor k_packed = k.slice(1, rope, 2 * rope).contiguous();
+  rotary.forward(positions, q_packed, k_packed);
+  Tensor q2 = q.clone(), k2 = k.clone();
+  rotary.forward(positions, q2.view({T, H, D}).slice(2, nope, D), k2.slice(1, rope, 2 * rope));
+  EXPECT_EQ(q2.view({T, H, D}).slice(2, nope, D).contiguous().to_doubles(), q_packed.to_doubles());
+  EXPECT_EQ(q2.view({T, H, D}).slice(2, 0, nope).contiguous().to_doubles(),
+            q.view({T, H, D}).slice(2, 0, nope).contiguous().to_doubles());
+  EXPECT_EQ(k2.slice(1, rope, 2 * rope).contiguous().to_doubles(), k_packed.to_doubles());
+  EXPECT_EQ(k2.slice(1, 0, rope).contiguous().to_doubles(), k.slice(1, 0, rope).contiguous().to_doubles());
+  const std::string err = error_of([&] { rotary.forward(positions, q.view({T, H, D}), k2.slice(1, rope, 2 * rope)); });
+  EXPECT_NE(err.find("'query'"), std::string::npos) << err;
+  EXPECT_NE(err.find("head_size"), std::string::npos) << err;
 }
 
 TEST(MlaDecode, BadArgumentsAreNamed) {

@@ -290,6 +290,55 @@ TEST(RotaryEmbeddingGpu, MatchesOracleOnFusedQkvViews) {
   }
 }
 
+// Heads viewed with their own stride ([T, heads, head_size] slices of wider heads, as DeepSeek's MLA rotates q's rope
+// part in place): the same bits as rotating a packed copy, the other features of each head untouched, against the
+// oracle too. DeepSeek-V2-Lite's shape (16 heads of 192, rope 64 at 128, GPT-J style; k_pe a [T, 64] column slice),
+// the NeoX vector path, and a head stride that breaks 16-byte alignment (the scalar path).
+TEST(RotaryEmbeddingGpu, HeadStridedViewsSameBitsAsPackedCopies) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t heads, head_stride, offset, rope, tokens;
+    bool neox;
+  };
+  const Case cases[] = {{16, 192, 128, 64, 1, false}, {16, 192, 128, 64, 37, false}, {8, 192, 128, 64, 9, true},
+                        {4, 100, 36, 64, 5, true}};
+  const int64_t max_position = 4096;
+  uint64_t seed = 1500;
+  for (DType dt : kFloatTypes) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " heads " + std::to_string(c.heads) + " of " +
+                   std::to_string(c.head_stride) + " rope [" + std::to_string(c.offset) + ", +" +
+                   std::to_string(c.rope) + ") tokens " + std::to_string(c.tokens) + (c.neox ? " neox" : " gptj"));
+      RotaryEmbedding rope(c.rope, c.rope, max_position, 10000.0, c.neox, RopeScaling{}, {dt, kGpu});
+      RotaryEmbedding rope_cpu(c.rope, c.rope, max_position, 10000.0, c.neox, RopeScaling{}, {dt, kCpu});
+      const int64_t T = c.tokens, W = 3 * c.rope + 8;  // k_pe: a column slice of a wider row
+      const Pair q = randn({T, c.heads * c.head_stride}, dt, seed++), kv = randn({T, W}, dt, seed++);
+      Tensor positions = Tensor::empty({T}, DType::i64, kCpu);
+      fill_randint_(positions, seed++, 0, max_position);
+      const Pair pos = from_host(positions);
+      const auto view = [&](const Tensor& t) {
+        return t.view({T, c.heads, c.head_stride}).slice(2, c.offset, c.offset + c.rope);
+      };
+      // Packed copies rotated as 2-D rows (the path every other model takes).
+      Tensor q_packed = view(q.gpu).contiguous().view({T, c.heads * c.rope});
+      Tensor k_packed = kv.gpu.slice(1, 8, 8 + c.rope).contiguous();
+      rope.forward(pos.gpu, q_packed, k_packed);
+      Tensor q_gpu = q.gpu.clone(), kv_gpu = kv.gpu.clone();
+      rope.forward(pos.gpu, view(q_gpu), kv_gpu.slice(1, 8, 8 + c.rope));
+      expect_bitwise_equal(view(q_gpu).contiguous().view({T, c.heads * c.rope}), q_packed, "q's rope part");
+      expect_bitwise_equal(kv_gpu.slice(1, 8, 8 + c.rope).contiguous(), k_packed, "k_pe");
+      expect_bitwise_equal(q_gpu.view({T, c.heads, c.head_stride}).slice(2, 0, c.offset).contiguous(),
+                           q.gpu.view({T, c.heads, c.head_stride}).slice(2, 0, c.offset).contiguous(),
+                           "the features before the rope part");
+      // The oracle on the same views.
+      Tensor q_cpu = q.cpu.clone(), kv_cpu = kv.cpu.clone();
+      rope_cpu.forward(pos.cpu, view(q_cpu), kv_cpu.slice(1, 8, 8 + c.rope));
+      expect_close(q_gpu, q_cpu, elementwise_tol(dt), "q vs oracle");
+      expect_close(kv_gpu, kv_cpu, elementwise_tol(dt), "k vs oracle");
+    }
+  }
+}
+
 // fused_qk_norm_rope against the three ops it replaces on the same qkv rows (the per-head RMSNorm or GemmaRMSNorm of q
 // and of k, then rotary_embedding in place): the same bits, at Qwen3's and Gemma-3's head sizes (32 for the tiny
 // models), padded rows, every float type; and against the oracle. Positions outside the table leave the heads

@@ -23,10 +23,12 @@ namespace {
 
 struct RotaryParams {
   const int64_t* positions;                            // [num_tokens] stride positions_stride
-  void* query;                                         // [num_tokens, num_heads * head_size] row stride query_stride
-  void* key;                                           // [num_tokens, num_kv_heads * head_size] row stride key_stride
+  void* query;                                         // [num_tokens, num_heads, head_size] strides (query_stride,
+                                                       // query_head_stride, 1)
+  void* key;                                           // [num_tokens, num_kv_heads, head_size] likewise
   const void* cos_sin_cache;                           // [max_position, rotary_dim] contiguous: cos | sin
   int64_t positions_stride, query_stride, key_stride;  // in elements
+  int64_t query_head_stride, key_head_stride;          // head_size for packed rows; more for a slice of wider heads
   int64_t max_position;
   int num_heads, num_kv_heads, head_size, rotary_dim;
 };
@@ -68,7 +70,8 @@ __global__ void __launch_bounds__(kMaxThreads) rotary_embedding_kernel(RotaryPar
   for (int i = threadIdx.x; i < items; i += blockDim.x) {
     const int head = i / per_head;
     const int j = (i - head * per_head) * N;  // first rotary pair of this item
-    T* h = head < p.num_heads ? query + int64_t(head) * p.head_size : key + int64_t(head - p.num_heads) * p.head_size;
+    T* h = head < p.num_heads ? query + head * p.query_head_stride
+                              : key + (head - p.num_heads) * p.key_head_stride;
     if constexpr (kNeox) {
       alignas(16) T xv[N], yv[N], cv[N], sv[N];
       if constexpr (kVec) {
@@ -111,8 +114,9 @@ void launch_rotary_embedding(const RotaryParams& p, int64_t num_tokens, bool is_
   const int embed = p.rotary_dim / 2;
   // Every vector access lands on a 16-byte boundary when the rows, the heads and the half-rotation
   // offsets are multiples of 16 bytes (embed % N == 0 covers the cache rows and the y half).
-  const bool vec = is_neox && embed % N == 0 && p.head_size % N == 0 && aligned16(p.query, p.query_stride, sizeof(T)) &&
-                   aligned16(p.key, p.key_stride, sizeof(T)) && aligned16(p.cos_sin_cache, 0, sizeof(T));
+  const bool vec = is_neox && embed % N == 0 && aligned16(p.query, p.query_stride, sizeof(T)) &&
+                   aligned16(p.key, p.key_stride, sizeof(T)) && aligned16(p.query, p.query_head_stride, sizeof(T)) &&
+                   aligned16(p.key, p.key_head_stride, sizeof(T)) && aligned16(p.cos_sin_cache, 0, sizeof(T));
   const int items = (p.num_heads + p.num_kv_heads) * (vec ? embed / N : embed);
   const int threads = std::clamp((items + 31) / 32 * 32, 32, kMaxThreads);
   const dim3 grid{unsigned(num_tokens)};
@@ -163,8 +167,15 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
   constexpr const char* op = "rotary_embedding";
   check_rank(positions, op, "positions", 1, "[num_tokens]");
   check_dtype(positions, op, "positions", {DType::i64});
-  check_rank(query, op, "query", 2, "[num_tokens, num_heads * head_size]");
-  check_rank(key, op, "key", 2, "[num_tokens, num_kv_heads * head_size]");
+  // Packed rows [num_tokens, heads * head_size], or heads viewed with their own stride [num_tokens, heads, head_size]
+  // (e.g. the rope part of wider heads, as DeepSeek's MLA rotates q's last qk_rope_head_dim features in place).
+  KBN_CHECK(query.dim() == 2 || query.dim() == 3, op,
+            ": argument 'query' must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size], got ",
+            query.str());
+  KBN_CHECK(key.dim() == 2 || key.dim() == 3, op,
+            ": argument 'key' must be [num_tokens, num_kv_heads * head_size] or [num_tokens, num_kv_heads, head_size], "
+            "got ",
+            key.str());
   check_dtype(query, op, "query", {DType::f32, DType::f16, DType::bf16});
   check_same_dtype(query, key, op, "query", "key");
   check_same_device(query, key, op, "query", "key");
@@ -174,10 +185,13 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
   check_size(key, op, "key", 0, positions.size(0), "num_tokens");
   check_last_dim_contiguous(query, op, "query");
   check_last_dim_contiguous(key, op, "key");
-  KBN_CHECK(query.size(1) % head_size_ == 0, op, ": argument 'query' dimension 1 must be a multiple of head_size ",
-            head_size_, ", got ", query.str());
-  KBN_CHECK(key.size(1) % head_size_ == 0, op, ": argument 'key' dimension 1 must be a multiple of head_size ",
-            head_size_, ", got ", key.str());
+  for (const auto& [x, name] : {std::pair<const Tensor&, const char*>{query, "query"}, {key, "key"}}) {
+    if (x.dim() == 3)
+      check_size(x, op, name, 2, head_size_, "head_size");
+    else
+      KBN_CHECK(x.size(1) % head_size_ == 0, op, ": argument '", name, "' dimension 1 must be a multiple of head_size ",
+                head_size_, ", got ", x.str());
+  }
   if (query.is_cpu()) {
     Tensor q = query, k = key;
     reference::rotary_embedding(positions, q, k, head_size_, cos_sin_cache, is_neox_style_);
@@ -188,7 +202,9 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
             " but 'query' is ", query.str(), "; construct RotaryEmbedding with ParamOptions{dtype} of the model");
   check_contiguous(cos_sin_cache, op, "cos_sin_cache");
   check_size(cos_sin_cache, op, "cos_sin_cache", 1, rotary_dim_, "rotary_dim");
-  const int64_t num_heads = query.size(1) / head_size_, num_kv_heads = key.size(1) / head_size_;
+  const auto heads = [&](const Tensor& x) { return x.dim() == 3 ? x.size(1) : x.size(1) / head_size_; };
+  const auto head_stride = [&](const Tensor& x) { return x.dim() == 3 ? x.stride(1) : head_size_; };
+  const int64_t num_heads = heads(query), num_kv_heads = heads(key);
   KBN_CHECK(num_heads + num_kv_heads <= std::numeric_limits<int>::max() / head_size_, op,
             ": too many heads in 'query' ", query.str(), " and 'key' ", key.str());
   const RotaryParams p{.positions = positions.data<int64_t>(),
@@ -198,6 +214,8 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
                        .positions_stride = positions.stride(0),
                        .query_stride = query.stride(0),
                        .key_stride = key.stride(0),
+                       .query_head_stride = head_stride(query),
+                       .key_head_stride = head_stride(key),
                        .max_position = cos_sin_cache.size(0),
                        .num_heads = int(num_heads),
                        .num_kv_heads = int(num_kv_heads),

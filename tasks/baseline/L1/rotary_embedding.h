@@ -16,8 +16,9 @@ class RotaryEmbedding : public Module {
   RotaryEmbedding(int64_t head_size, int64_t rotary_dim, int64_t max_position_embeddings, double base,
                   bool is_neox_style, const RopeScaling& rope_scaling, const ParamOptions& opts = {});
 
-  // positions: [num_tokens] i64; query: [num_tokens, num_heads * head_size];
-  // key: [num_tokens, num_kv_heads * head_size]. Mutates query and key; returns them.
+  // positions: [num_tokens] i64; query: [num_tokens, num_heads * head_size] (row stride free) or [num_tokens,
+  // num_heads, head_size] (any row and head strides, the features contiguous: e.g. the rope part of wider heads);
+  // key: likewise with num_kv_heads. Mutates query and key; returns them.
   std::pair<Tensor, Tensor> forward(const Tensor& positions, const Tensor& query, const Tensor& key);
 
   int64_t head_size() const { return head_size_; }

@@ -99,11 +99,9 @@ Tensor DeepseekV2MLAAttention::forward(const Tensor& positions, const Tensor& hi
   const Tensor kv_a = kv_a_proj_with_mqa.forward(hidden_states).first;  // [T, rank + rope]
   const Tensor kv_c_normed = kv_a_layernorm.forward(kv_a.slice(1, 0, rank_));
   const Tensor k_pe = kv_a.slice(1, rank_, rank_ + rope_);  // rotated in place below
-  // Rotary on q's rope part: heads are D apart in q, so the rope parts are copied out, rotated with k_pe, and put back.
+  // Rotary on q's rope part in place: the heads' last rope_ features, viewed with q's head stride D.
   const Tensor q_heads = q.view({T, H, D});
-  Tensor q_pe = q_heads.slice(2, nope_, D).contiguous().view({T, H * rope_});
-  rotary_emb.forward(positions, q_pe, k_pe);
-  q_heads.slice(2, nope_, D).copy_(q_pe.view({T, H, rope_}));
+  rotary_emb.forward(positions, q_heads.slice(2, nope_, D), k_pe);
   const Tensor attn = attend(q_heads, kv_c_normed, k_pe);  // [T, H, v_dim]
   return o_proj.forward(attn.view({T, H * v_dim_})).first;
 }
