@@ -7,6 +7,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -65,6 +66,7 @@ concept task_class_present = !requires { C::kbn_missing_class; };
 namespace kbn::ops {
 
 using TensorPair = std::pair<Tensor, Tensor>;
+using TensorTriple = std::tuple<Tensor, Tensor, Tensor>;
 using Tensors = std::vector<Tensor>;
 
 template <class Op, class Call>

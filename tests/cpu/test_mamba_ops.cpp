@@ -419,6 +419,27 @@ TEST(RMSNormGemvF32Residual, KeepsTheSumInFp32AndGivesTheSeparateOps) {
   EXPECT_TRUE(contains(err, "fp32 'residual'") && contains(err, "weight_offset")) << err;
 }
 
+// forward_normed (Qwen3-MoE's post-attention norm + router) gives forward's out and h and the norm's output, with a
+// residual in x's dtype and without one.
+TEST(RMSNormGemvNormed, ReturnsTheNormsOutputBesideTheLinears) {
+  const int64_t H = 48, N = 16;
+  const Tensor x = randn({1, H}, 5, 1.0, DType::bf16), residual = randn({1, H}, 6, 1.0, DType::bf16),
+               norm_w = randn({H}, 7, 1.0, DType::bf16), weight = randn({N, H}, 8, 0.1, DType::bf16);
+  RMSNormGemv op(1e-6);
+  RMSNorm norm(H, 1e-6, {DType::bf16, Device::cpu()});
+  norm.weight.copy_(norm_w);
+  const auto [out, h, y] = op.forward_normed(x, residual, norm_w, weight, Tensor());
+  const auto [out2, h2] = op.forward(x, residual, norm_w, weight, Tensor());
+  const auto [y2, h3] = norm.forward(x.clone(), residual.clone());
+  EXPECT_TRUE(bitwise_equal(out, out2));
+  EXPECT_TRUE(bitwise_equal(h, h2));
+  EXPECT_TRUE(bitwise_equal(y, y2)) << "y: fused_add_rms_norm's output";
+  EXPECT_TRUE(bitwise_equal(out, Linear().forward(y2, weight, Tensor())));
+  const auto [out_first, h_first, y_first] = op.forward_normed(x, Tensor(), norm_w, weight, Tensor());
+  EXPECT_FALSE(h_first.defined());
+  EXPECT_TRUE(bitwise_equal(y_first, norm.forward(x.clone()))) << "y: rms_norm's output";
+}
+
 // rms_norm_gemv_conv1d on CPU composes rms_norm_gemv and causal_conv1d_update over the conv's columns; its refusals
 // name the argument (a segment past the linear's outputs, an unsupported width, a slot list of the wrong length).
 TEST(RMSNormGemvConv1d, ComposesTheNormGemvAndTheConvUpdateAndNamesWhatItRefuses) {

@@ -607,6 +607,12 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
       const double err = relative_frobenius(out.to(kCpu).to_doubles(), out_c.to_doubles());
       EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
       if (c.residual) expect_bitwise_equal(h, h_c, "h vs oracle");
+
+      // forward_normed: the same out and h, and the norm's output written out (its bits).
+      const auto [out_n, h_n, y_n] = op.forward_normed(x.gpu, res_g, norm_weight.gpu, weight.gpu, bias.gpu);
+      expect_bitwise_equal(out_n, out, "forward_normed: out");
+      if (c.residual) expect_bitwise_equal(h_n, h, "forward_normed: h");
+      expect_bitwise_equal(y_n, y, "forward_normed: y vs the norm's output");
     }
   }
 }

@@ -47,6 +47,7 @@ struct NormGemvParams {
   const void* x;            // [1, hidden]
   const void* residual;     // [1, hidden] or null: x's dtype, or f32 (kResidual == Residual::f32)
   void* residual_out;       // [1, hidden] (h, the residual's dtype) when residual is given
+  void* normed_out;         // [1, hidden] (the normalised row, x's dtype) or null: RMSNormGemv::forward_normed
   const void* norm_weight;  // [hidden]
   const void* weight;       // [n_out, hidden], or [2 n_out, hidden] (gate rows then up rows) with an activation
   const void* bias;         // [n_out] / [2 n_out] or null
@@ -325,6 +326,10 @@ __global__ void __launch_bounds__(kThreads) rms_norm_gemv_kernel(NormGemvParams 
     }
   }
   __syncthreads();
+  if (p.normed_out != nullptr && blockIdx.x == 0) {  // forward_normed: the staged row, written once
+    V* yo = static_cast<V*>(p.normed_out);
+    for (int i = int(threadIdx.x); i < kv; i += kThreads) yo[i] = sv[i];
+  }
   if (!active) return;
 
   float acc[R];
@@ -471,9 +476,10 @@ struct ConvArgs {
 };
 
 // RMSNormGemv::forward and RMSNormGemvConv1d::forward: the checks, the oracle composition on CPU, the launch.
+// normed: where forward_normed wants the normalised row (null otherwise).
 std::pair<Tensor, Tensor> norm_gemv(const char* op, const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
                                     const Tensor& weight, const Tensor& bias, double eps, double weight_offset,
-                                    NormGemvAct act, const ConvArgs* conv) {
+                                    NormGemvAct act, const ConvArgs* conv, Tensor* normed = nullptr) {
   check_rank(x, op, "x", 2, "[num_tokens, hidden]");
   check_dtype(x, op, "x", {DType::f32, DType::f16, DType::bf16});
   check_last_dim_contiguous(x, op, "x");
@@ -521,11 +527,12 @@ std::pair<Tensor, Tensor> norm_gemv(const char* op, const Tensor& x, const Tenso
   const int64_t n_out = gated ? n / 2 : n;
   Tensor out = Tensor::empty({T, n_out}, x.dtype(), x.device());
   Tensor h = residual.defined() ? Tensor::empty({T, K}, residual.dtype(), x.device()) : Tensor();
+  if (normed != nullptr) *normed = Tensor::empty({T, K}, x.dtype(), x.device());
   if (T == 0) return {out, h};
   if (x.is_cpu()) {
     // The oracle: the norm (fused add on copies, as vLLM's in-place op would leave them), linear, the activation.
     const bool gemma = weight_offset != 0.0;
-    Tensor y = Tensor::empty({T, K}, x.dtype(), x.device());
+    Tensor y = normed != nullptr ? *normed : Tensor::empty({T, K}, x.dtype(), x.device());
     if (residual.defined()) {
       y.copy_(x);
       h.copy_(residual);
@@ -567,6 +574,7 @@ std::pair<Tensor, Tensor> norm_gemv(const char* op, const Tensor& x, const Tenso
                    .x = x.data_ptr(),
                    .residual = residual.defined() ? residual.data_ptr() : nullptr,
                    .residual_out = h.defined() ? h.data_ptr() : nullptr,
+                   .normed_out = normed != nullptr ? normed->data_ptr() : nullptr,
                    .norm_weight = norm_weight.data_ptr(),
                    .weight = weight.data_ptr(),
                    .bias = bias.defined() ? bias.data_ptr() : nullptr,
@@ -616,6 +624,15 @@ std::pair<Tensor, Tensor> norm_gemv(const char* op, const Tensor& x, const Tenso
 std::pair<Tensor, Tensor> RMSNormGemv::forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
                                                const Tensor& weight, const Tensor& bias) {
   return norm_gemv("rms_norm_gemv", x, residual, norm_weight, weight, bias, eps_, weight_offset_, act_, nullptr);
+}
+
+std::tuple<Tensor, Tensor, Tensor> RMSNormGemv::forward_normed(const Tensor& x, const Tensor& residual,
+                                                               const Tensor& norm_weight, const Tensor& weight,
+                                                               const Tensor& bias) {
+  Tensor y;
+  auto [out, h] =
+      norm_gemv("rms_norm_gemv", x, residual, norm_weight, weight, bias, eps_, weight_offset_, act_, nullptr, &y);
+  return {out, h, y};
 }
 
 RMSNormGemvConv1d::RMSNormGemvConv1d(double eps, int64_t conv_begin, const std::string& activation)
@@ -760,6 +777,7 @@ Tensor RMSNormGatedGemv::forward(const Tensor& x, const Tensor& gate, const Tens
                    .x = x.data_ptr(),
                    .residual = nullptr,
                    .residual_out = nullptr,
+                   .normed_out = nullptr,
                    .norm_weight = norm_weight.data_ptr(),
                    .weight = weight.data_ptr(),
                    .bias = bias.defined() ? bias.data_ptr() : nullptr,

@@ -9,6 +9,7 @@
 // activation of the rounded gate and up), so the same bits.
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "kbn/variant.h"
@@ -49,6 +50,11 @@ class RMSNormGemv : public Module {
   // undefined otherwise (the caller's residual is then x itself). Mutates nothing.
   std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
                                     const Tensor& weight, const Tensor& bias);
+  // forward, also returning the normalised row y [num_tokens, hidden] (x's dtype; rms_norm's / fused_add_rms_norm's
+  // output bits), written once by the kernel, for the ops that read the norm's output beside this linear (Qwen3-MoE's
+  // experts beside its router): (out, h, y).
+  std::tuple<Tensor, Tensor, Tensor> forward_normed(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
+                                                    const Tensor& weight, const Tensor& bias);
 
   // Whether the GPU kernel takes (dtype, num_tokens, hidden): one token, f32 / f16 / bf16, hidden a multiple of the
   // 16-byte vector and at most 40 KiB of it (the normalised row is staged in shared memory). Callers run the norm

@@ -17,6 +17,10 @@ Qwen3MoeSparseMoeBlock::Qwen3MoeSparseMoeBlock(const Qwen3MoeConfig& config, con
 
 Tensor Qwen3MoeSparseMoeBlock::forward(const Tensor& hidden_states) {
   auto [router_logits, unused_bias] = gate.forward(hidden_states);
+  return forward_with_logits(hidden_states, router_logits);
+}
+
+Tensor Qwen3MoeSparseMoeBlock::forward_with_logits(const Tensor& hidden_states, const Tensor& router_logits) {
   Tensor out = experts.forward(hidden_states, router_logits);
   if (parallel_state().tp_size > 1) out = all_reduce_.forward(out);
   return out;

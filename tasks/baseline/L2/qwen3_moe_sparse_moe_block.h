@@ -19,6 +19,9 @@ class Qwen3MoeSparseMoeBlock : public Module {
 
   // hidden_states: [num_tokens, hidden_size] -> [num_tokens, hidden_size]
   Tensor forward(const Tensor& hidden_states);
+  // The same with the router's logits [num_tokens, num_experts] computed by the caller (the decoder layer's one-token
+  // norm + router, rms_norm_gemv's forward_normed).
+  Tensor forward_with_logits(const Tensor& hidden_states, const Tensor& router_logits);
 
   ReplicatedLinear gate;
   FusedMoE experts;

@@ -9,6 +9,16 @@
 #else
 #define KBN_QWEN3_MOE_ONE_TOKEN_FUSION 1
 #endif
+// The sparse layers' post-attention norm + router (forward_normed) likewise stays off when a candidate replaces the
+// router's linear or the sparse block.
+#if KBN_QWEN3_MOE_ONE_TOKEN_FUSION && !defined(KBN_CANDIDATE_REPLACES_L2_replicated_linear_h) &&           \
+    !defined(KBN_CANDIDATE_REPLACES_L2_replicated_linear_cu) &&                                              \
+    !defined(KBN_CANDIDATE_REPLACES_L2_qwen3_moe_sparse_moe_block_h) &&                                      \
+    !defined(KBN_CANDIDATE_REPLACES_L2_qwen3_moe_sparse_moe_block_cu)
+#define KBN_QWEN3_MOE_ROUTER_FUSION 1
+#else
+#define KBN_QWEN3_MOE_ROUTER_FUSION 0
+#endif
 
 namespace kbn::KBN_VARIANT {
 
@@ -34,6 +44,7 @@ Qwen3MoeDecoderLayer::Qwen3MoeDecoderLayer(const Qwen3MoeConfig& config, const s
       post_attention_layernorm(config.hidden_size, config.rms_norm_eps, opts),
       norm_qkv_(config.rms_norm_eps),
       norm_gate_up_(config.rms_norm_eps, 0.0, NormGemvAct::silu_and_mul),
+      norm_router_(config.rms_norm_eps),
       layer_idx_(layer_index_of(prefix)) {
   register_module("self_attn", &self_attn);
   if (config.is_sparse_layer(layer_idx_)) {
@@ -52,7 +63,7 @@ std::pair<Tensor, Tensor> Qwen3MoeDecoderLayer::forward(const Tensor& positions,
                                                         const Tensor& residual) {
 #if KBN_QWEN3_MOE_ONE_TOKEN_FUSION
   // One token: the input norm folded into qkv_proj, and in the dense layers the post-attention norm into gate_up_proj
-  // and silu*mul (rms_norm_gemv; the same bits). The sparse block's router and experts read the norm's output.
+  // and silu*mul, in the sparse layers into the router (rms_norm_gemv; the same bits).
   if (RMSNormGemv::applies(hidden_states)) {
     auto [qkv, res] = norm_qkv_.forward(hidden_states, residual, input_layernorm.weight, self_attn.qkv_proj.weight,
                                         self_attn.qkv_proj.bias);
@@ -63,6 +74,15 @@ std::pair<Tensor, Tensor> Qwen3MoeDecoderLayer::forward(const Tensor& positions,
                                                   dense_mlp->gate_up_proj.weight, dense_mlp->gate_up_proj.bias);
       return {dense_mlp->forward_act(act), res_mlp};
     }
+#if KBN_QWEN3_MOE_ROUTER_FUSION
+    // The sparse layers: the post-attention norm folded into the router's GEMV, the normalised row written out once
+    // for the experts (forward_normed; the same bits as the norm then the gate's linear).
+    if (!sparse_mlp->gate.bias.defined()) {
+      auto [logits, res_moe, y] = norm_router_.forward_normed(h, res, post_attention_layernorm.weight,
+                                                              sparse_mlp->gate.weight, Tensor());
+      return {sparse_mlp->forward_with_logits(y, logits), res_moe};
+    }
+#endif
     std::tie(h, res) = post_attention_layernorm.forward(h, res);
     return {sparse_mlp->forward(h), res};
   }

@@ -38,8 +38,9 @@ class Qwen3MoeDecoderLayer : public Module {
   RMSNorm post_attention_layernorm;
 
  private:
-  // The one-token path: norm + qkv_proj, and in the dense layers norm + gate_up_proj + silu*mul.
-  RMSNormGemv norm_qkv_, norm_gate_up_;
+  // The one-token path: norm + qkv_proj, in the dense layers norm + gate_up_proj + silu*mul, in the sparse layers
+  // norm + the router (its normalised row written out for the experts).
+  RMSNormGemv norm_qkv_, norm_gate_up_, norm_router_;
   int64_t layer_idx_;
 };
 

@@ -22,6 +22,8 @@ KBN_REQUIRE_CLASS(RMSNormGemv, "L1/rms_norm_gemv.h");
 KBN_REQUIRE_CTOR(RMSNormGemv, "L1/rms_norm_gemv.h", double, double, NormGemvAct);
 KBN_REQUIRE_METHOD(RMSNormGemv, TensorPair, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&), "L1/rms_norm_gemv.h");
+KBN_REQUIRE_METHOD(RMSNormGemv, TensorTriple, forward_normed,
+                   (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&), "L1/rms_norm_gemv.h");
 KBN_REQUIRE_CLASS(RMSNormGemvConv1d, "L1/rms_norm_gemv.h");
 KBN_REQUIRE_CTOR(RMSNormGemvConv1d, "L1/rms_norm_gemv.h", double, int64_t, const std::string&);
 KBN_REQUIRE_METHOD(RMSNormGemvConv1d, TensorPair, forward,
