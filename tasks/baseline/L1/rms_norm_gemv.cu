@@ -476,6 +476,32 @@ struct ConvArgs {
 };
 
 // RMSNormGemv::forward and RMSNormGemvConv1d::forward: the checks, the oracle composition on CPU, the launch.
+// The arguments both ops share beside x [T, K]: the norm's weight [K], the linear's weight [n, K] and its bias [n] (or
+// undefined), checked by name. Returns n.
+int64_t check_norm_and_linear(const char* op, const Tensor& x, int64_t K, const Tensor& norm_weight,
+                              const Tensor& weight, const Tensor& bias) {
+  check_rank(norm_weight, op, "norm_weight", 1, "[hidden]");
+  check_size(norm_weight, op, "norm_weight", 0, K, "hidden");
+  check_same_dtype(x, norm_weight, op, "x", "norm_weight");
+  check_same_device(x, norm_weight, op, "x", "norm_weight");
+  check_contiguous(norm_weight, op, "norm_weight");
+  check_rank(weight, op, "weight", 2, "[out_features, hidden]");
+  check_size(weight, op, "weight", 1, K, "hidden");
+  check_same_dtype(x, weight, op, "x", "weight");
+  check_same_device(x, weight, op, "x", "weight");
+  check_contiguous(weight, op, "weight");
+  const int64_t n = weight.size(0);
+  KBN_CHECK(n <= INT32_MAX && K <= INT32_MAX, op, ": argument 'weight' is too large, got ", weight.str());
+  if (bias.defined()) {
+    check_rank(bias, op, "bias", 1, "[out_features]");
+    check_size(bias, op, "bias", 0, n, "out_features");
+    check_same_dtype(x, bias, op, "x", "bias");
+    check_same_device(x, bias, op, "x", "bias");
+    check_contiguous(bias, op, "bias");
+  }
+  return n;
+}
+
 // normed: where forward_normed wants the normalised row (null otherwise).
 std::pair<Tensor, Tensor> norm_gemv(const char* op, const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
                                     const Tensor& weight, const Tensor& bias, double eps, double weight_offset,
@@ -499,28 +525,10 @@ std::pair<Tensor, Tensor> norm_gemv(const char* op, const Tensor& x, const Tenso
               x.str());
     check_last_dim_contiguous(residual, op, "residual");
   }
-  check_rank(norm_weight, op, "norm_weight", 1, "[hidden]");
-  check_size(norm_weight, op, "norm_weight", 0, K, "hidden");
-  check_same_dtype(x, norm_weight, op, "x", "norm_weight");
-  check_same_device(x, norm_weight, op, "x", "norm_weight");
-  check_contiguous(norm_weight, op, "norm_weight");
-  check_rank(weight, op, "weight", 2, "[out_features, hidden]");
-  check_size(weight, op, "weight", 1, K, "hidden");
-  check_same_dtype(x, weight, op, "x", "weight");
-  check_same_device(x, weight, op, "x", "weight");
-  check_contiguous(weight, op, "weight");
-  const int64_t n = weight.size(0);
+  const int64_t n = check_norm_and_linear(op, x, K, norm_weight, weight, bias);
   const bool gated = act != NormGemvAct::none;
   KBN_CHECK(!gated || n % 2 == 0, op, ": argument 'weight' must have an even out_features (gate rows then up rows) ",
             "with an activation, got ", weight.str());
-  KBN_CHECK(n <= INT32_MAX && K <= INT32_MAX, op, ": argument 'weight' is too large, got ", weight.str());
-  if (bias.defined()) {
-    check_rank(bias, op, "bias", 1, "[out_features]");
-    check_size(bias, op, "bias", 0, n, "out_features");
-    check_same_dtype(x, bias, op, "x", "bias");
-    check_same_device(x, bias, op, "x", "bias");
-    check_contiguous(bias, op, "bias");
-  }
   if (conv != nullptr)
     KBN_CHECK(conv->begin + conv->dim <= n, op, ": the conv's segment [conv_begin = ", conv->begin,
               ", + dim = ", conv->dim, ") must lie within the out_features of argument 'weight' ", weight.str());
@@ -736,25 +744,7 @@ Tensor RMSNormGatedGemv::forward(const Tensor& x, const Tensor& gate, const Tens
   check_same_dtype(x, gate, op, "x", "gate");
   check_same_device(x, gate, op, "x", "gate");
   check_last_dim_contiguous(gate, op, "gate");
-  check_rank(norm_weight, op, "norm_weight", 1, "[hidden]");
-  check_size(norm_weight, op, "norm_weight", 0, K, "hidden");
-  check_same_dtype(x, norm_weight, op, "x", "norm_weight");
-  check_same_device(x, norm_weight, op, "x", "norm_weight");
-  check_contiguous(norm_weight, op, "norm_weight");
-  check_rank(weight, op, "weight", 2, "[out_features, hidden]");
-  check_size(weight, op, "weight", 1, K, "hidden");
-  check_same_dtype(x, weight, op, "x", "weight");
-  check_same_device(x, weight, op, "x", "weight");
-  check_contiguous(weight, op, "weight");
-  const int64_t n = weight.size(0);
-  KBN_CHECK(n <= INT32_MAX && K <= INT32_MAX, op, ": argument 'weight' is too large, got ", weight.str());
-  if (bias.defined()) {
-    check_rank(bias, op, "bias", 1, "[out_features]");
-    check_size(bias, op, "bias", 0, n, "out_features");
-    check_same_dtype(x, bias, op, "x", "bias");
-    check_same_device(x, bias, op, "x", "bias");
-    check_contiguous(bias, op, "bias");
-  }
+  const int64_t n = check_norm_and_linear(op, x, K, norm_weight, weight, bias);
   Tensor out = Tensor::empty({T, n}, x.dtype(), x.device());
   if (T == 0) return out;
   if (x.is_cpu()) {
