@@ -24,14 +24,12 @@
 
 #include "L1/all_reduce.h"
 #include "L1/argmax.h"
-#include "L1/causal_conv1d_update.h"
 #include "L1/embedding.h"
 #include "L1/fused_qk_norm_rope.h"
 #include "L1/fused_rope_kvcache.h"
 #include "L1/gelu_and_mul.h"
 #include "L1/gemma_rms_norm.h"
 #include "L1/linear.h"
-#include "L1/mixer2_rms_norm_gated.h"
 #include "L1/rms_norm.h"
 #include "L1/rms_norm_gemv.h"
 #include "L1/rotary_embedding.h"
@@ -40,8 +38,6 @@
 #include "L1/store_kvcache.h"
 #include "L1/swiglu_oai_and_mul.h"
 #include "kbn/allocator.h"
-#include "kbn/device_errors.h"
-#include "kbn/forward_context.h"
 #include "kbn/error.h"
 #include "kbn/parallel_state.h"
 #include "kbn/rng.h"
@@ -319,9 +315,12 @@ TEST(RotaryEmbeddingGpu, HeadStridedViewsSameBitsAsPackedCopies) {
       const auto view = [&](const Tensor& t) {
         return t.view({T, c.heads, c.head_stride}).slice(2, c.offset, c.offset + c.rope);
       };
-      // Packed copies rotated as 2-D rows (the path every other model takes).
-      Tensor q_packed = view(q.gpu).contiguous().view({T, c.heads * c.rope});
-      Tensor k_packed = kv.gpu.slice(1, 8, 8 + c.rope).contiguous();
+      // Packed copies rotated as 2-D rows (the path every other model takes). Explicit copies: contiguous() of a
+      // one-token slice is the slice itself (a single row is contiguous whatever its stride), which would alias kv.
+      Tensor q_packed = Tensor::empty({T, c.heads, c.rope}, dt, kGpu), k_packed = Tensor::empty({T, c.rope}, dt, kGpu);
+      q_packed.copy_(view(q.gpu));
+      k_packed.copy_(kv.gpu.slice(1, 8, 8 + c.rope));
+      q_packed = q_packed.view({T, c.heads * c.rope});
       rope.forward(pos.gpu, q_packed, k_packed);
       Tensor q_gpu = q.gpu.clone(), kv_gpu = kv.gpu.clone();
       rope.forward(pos.gpu, view(q_gpu), kv_gpu.slice(1, 8, 8 + c.rope));
@@ -614,130 +613,6 @@ TEST(RMSNormGemvGpu, SameBitsAsNormThenLinear) {
       if (c.residual) expect_bitwise_equal(h_n, h, "forward_normed: h");
       expect_bitwise_equal(y_n, y, "forward_normed: y vs the norm's output");
     }
-  }
-}
-
-// rms_norm_gated_gemv gives the bits of Mixer2RMSNormGated then linear's one-token GEMV: Mamba-Codestral's gated norm
-// and out_proj (8 groups of 1024: a group over four warps), tiny-mamba2's (one group of 128: 16 lanes), groups of 72
-// (9 vectors: 16 lanes, invalid ones among them), eight groups per mixer CTA (groups of 64 channels), an odd out_features,
-// a bias; f32 / f16 / bf16; the gate a strided slice of in_proj's output as the mixer passes it.
-TEST(RMSNormGatedGemvGpu, SameBitsAsGatedNormThenLinear) {
-  KBN_SKIP_WITHOUT_GPU();
-  struct Case {
-    int64_t hidden, group_size, n;
-    bool bias;
-  };
-  const Case cases[] = {{8192, 1024, 4096, false}, {128, 128, 64, false}, {288, 72, 40, true},
-                        {2048, 64, 301, true},    {1024, 512, 77, false}};
-  uint64_t seed = 1400;
-  for (DType dt : kFloatTypes) {
-    for (const Case& c : cases) {
-      if (!RMSNormGatedGemv::kernel_supports(dt, 1, c.hidden, c.group_size)) continue;
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " hidden " + std::to_string(c.hidden) + " groups of " +
-                   std::to_string(c.group_size) + " n " + std::to_string(c.n));
-      const int64_t I = c.hidden, row = I + 40;
-      const Pair x = randn({1, I}, dt, seed++), proj = randn({1, row}, dt, seed++),
-                 norm_weight = randn({I}, dt, seed++), weight = randn({c.n, I}, dt, seed++, 0.02),
-                 bias = c.bias ? randn({c.n}, dt, seed++, 0.5) : Pair{};
-      const Tensor gate = proj.gpu.slice(1, 0, I);
-      Mixer2RMSNormGated norm(I, I / c.group_size, 1e-5, {.dtype = dt, .device = kGpu});
-      norm.weight.copy_(norm_weight.gpu);
-      const Tensor expected = Linear().forward(norm.forward(x.gpu, gate), weight.gpu, bias.gpu);
-      RMSNormGatedGemv fused(c.group_size, 1e-5);
-      const Tensor out = fused.forward(x.gpu, gate, norm_weight.gpu, weight.gpu, bias.gpu);
-      expect_bitwise_equal(out, expected, "out: fused vs mixer2_rms_norm_gated + linear");
-
-      // The oracle on CPU (its path composes the oracles).
-      const Tensor out_c = fused.forward(x.cpu, proj.cpu.slice(1, 0, I), norm_weight.cpu, weight.cpu, bias.cpu);
-      const double err = relative_frobenius(out.to(kCpu).to_doubles(), out_c.to_doubles());
-      EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
-    }
-  }
-  // Two tokens on the GPU are refused by name (the mixer runs the two ops there).
-  const Tensor x2 = Tensor::zeros({2, 128}, DType::bf16, kGpu);
-  try {
-    RMSNormGatedGemv(128, 1e-5).forward(x2, x2, Tensor::zeros({128}, DType::bf16, kGpu),
-                                        Tensor::zeros({8, 128}, DType::bf16, kGpu), Tensor());
-    FAIL() << "two tokens were taken";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("one token"), std::string::npos) << e.what();
-  }
-}
-
-// rms_norm_gemv_conv1d gives the bits of rms_norm_gemv then causal_conv1d_update over the conv's columns (written back
-// into them), the slot's conv state shifted alike and every other slot untouched: Mamba-Codestral's in_proj (fp32
-// residual, widths 4 with a conv bias) and odd shapes (a segment that starts and ends inside a two-output warp, width
-// 2 and 3, no bias, f32 / f16 / bf16, the first layer without a residual); a padding slot (-1) gives zeros over the
-// segment and leaves the state alone; a slot outside the cache is reported.
-TEST(RMSNormGemvConv1dGpu, SameBitsAsNormGemvThenConvUpdate) {
-  KBN_SKIP_WITHOUT_GPU();
-  struct Case {
-    int64_t hidden, n, begin, dim, width;
-    bool residual, f32_residual, conv_bias;
-  };
-  const Case cases[] = {{4096, 18560, 8192, 10240, 4, true, true, true},
-                        {64, 45, 7, 30, 3, true, false, false},
-                        {64, 45, 7, 30, 2, false, false, true},
-                        {2056, 301, 101, 153, 4, true, true, true}};
-  uint64_t seed = 1300;
-  for (DType dt : kFloatTypes) {
-    for (const Case& c : cases) {
-      if (c.f32_residual && dt == DType::f32) continue;
-      if (!RMSNormGemvConv1d::kernel_supports(dt, 1, c.hidden, c.width)) continue;
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " hidden " + std::to_string(c.hidden) + " n " + std::to_string(c.n) +
-                   " conv [" + std::to_string(c.begin) + ", +" + std::to_string(c.dim) + ") width " +
-                   std::to_string(c.width));
-      const int64_t H = c.hidden, slots = 5;
-      const Pair x = randn({1, H}, dt, seed++), residual = randn({1, H}, c.f32_residual ? DType::f32 : dt, seed++),
-                 norm_weight = randn({H}, dt, seed++), weight = randn({c.n, H}, dt, seed++, 0.02),
-                 states = randn({slots, c.width - 1, c.dim}, dt, seed++), conv_w = randn({c.dim, c.width}, dt, seed++, 0.5),
-                 conv_b = c.conv_bias ? randn({c.dim}, dt, seed++, 0.5) : Pair{};
-      const Tensor res_g = c.residual ? residual.gpu : Tensor();
-      const Tensor idx = Tensor::from_i32({3}, {1}).to(kGpu);
-      Tensor st_fused = states.gpu.clone(), st_sep = states.gpu.clone();
-      RMSNormGemvConv1d fused(1e-5, c.begin, "silu");
-      const auto [out, h] = fused.forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, Tensor(), st_fused, conv_w.gpu,
-                                          conv_b.gpu, idx);
-      const auto [proj, h2] = RMSNormGemv(1e-5).forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, Tensor());
-      const Tensor conv = CausalConv1dUpdate("silu").forward(proj.slice(1, c.begin, c.begin + c.dim), st_sep,
-                                                             conv_w.gpu, conv_b.gpu, idx);
-      Tensor expected = proj.clone();
-      expected.slice(1, c.begin, c.begin + c.dim).copy_(conv);
-      expect_bitwise_equal(out, expected, "out: fused vs rms_norm_gemv + causal_conv1d_update");
-      expect_bitwise_equal(st_fused, st_sep, "conv_states");
-      if (c.residual) expect_bitwise_equal(h, h2, "h");
-
-      // The oracle on CPU (its path composes the oracles).
-      Tensor st_cpu = states.cpu.clone();
-      const auto [out_c, h_c] = fused.forward(x.cpu, c.residual ? residual.cpu : Tensor(), norm_weight.cpu,
-                                              weight.cpu, Tensor(), st_cpu, conv_w.cpu, conv_b.cpu,
-                                              Tensor::from_i32({3}, {1}));
-      const double err = relative_frobenius(out.to(kCpu).to_doubles(), out_c.to_doubles());
-      EXPECT_LT(err, frobenius_tol(dt)) << "out vs oracle: relative Frobenius error " << err;
-
-      // A padding row: zeros over the segment, the state untouched.
-      Tensor st_pad = states.gpu.clone();
-      const auto [out_pad, h_pad] = fused.forward(x.gpu, res_g, norm_weight.gpu, weight.gpu, Tensor(), st_pad,
-                                                  conv_w.gpu, conv_b.gpu, Tensor::from_i32({kPadStateSlot}, {1}).to(kGpu));
-      expect_bitwise_equal(out_pad.slice(1, 0, c.begin), proj.slice(1, 0, c.begin), "padding row: columns before");
-      expect_bitwise_equal(out_pad.slice(1, c.begin, c.begin + c.dim),
-                           Tensor::zeros({1, c.dim}, dt, kGpu), "padding row: the conv's columns are zero");
-      expect_bitwise_equal(st_pad, states.gpu, "padding row: no state touched");
-    }
-  }
-  // A slot outside the cache is a device error naming the argument.
-  const Tensor xs = Tensor::zeros({1, 64}, DType::bf16, kGpu), w = Tensor::zeros({64}, DType::bf16, kGpu),
-               weight = Tensor::zeros({45, 64}, DType::bf16, kGpu);
-  Tensor st = Tensor::zeros({2, 3, 30}, DType::bf16, kGpu);
-  RMSNormGemvConv1d fused(1e-5, 7, "silu");
-  fused.forward(xs, Tensor(), w, weight, Tensor(), st, Tensor::zeros({30, 4}, DType::bf16, kGpu), Tensor(),
-                Tensor::from_i32({2}, {1}).to(kGpu));
-  try {
-    synchronize(kGpu);
-    check_device_errors();
-    FAIL() << "slot 2 of a 2-slot cache was not reported";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("conv_state_indices"), std::string::npos) << e.what();
   }
 }
 

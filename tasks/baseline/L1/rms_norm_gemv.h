@@ -7,8 +7,6 @@
 // silu*mul pairs as one kernel each. Same arithmetic as the ops it replaces (fused_add_rms_norm's / rms_norm's sum
 // order and scaling, rounded to the dtype; linear's one-token dot products; silu_and_mul's / gelu_and_mul's fp32
 // activation of the rounded gate and up), so the same bits.
-#include <cstdint>
-#include <string>
 #include <tuple>
 #include <utility>
 
@@ -69,75 +67,12 @@ class RMSNormGemv : public Module {
   NormGemvAct act() const { return act_; }
 
  private:
+  // forward and forward_normed (normed: where the normalised row goes, or null).
+  std::pair<Tensor, Tensor> run(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
+                                const Tensor& weight, const Tensor& bias, Tensor* normed);
+
   double eps_, weight_offset_;
   NormGemvAct act_;
-};
-
-// RMSNormGemvConv1d (kb-nano's): a Mamba-2 mixer's one-token in_proj (RMSNormGemv without an activation, the fp32
-// residual included) with the decode step of its causal conv (CausalConv1dUpdate) folded into the GEMV's epilogue:
-// the warp that computes in_proj's output column conv_begin + c also runs channel c's conv update on that rounded
-// value (its window from the slot's conv state, its taps and bias) and shifts the state. Each channel belongs to one
-// warp, so the state is read and written once and the conv's kernel and its read of the projection are gone. Same
-// bits as RMSNormGemv then CausalConv1dUpdate over columns [conv_begin, conv_begin + dim) written back into them.
-class RMSNormGemvConv1d : public Module {
- public:
-  // eps: the norm's; conv_begin: the first column of the conv's segment in the linear's output (Mamba-2: the gated
-  // channels before it, I / tp); activation: the conv's, "silu" or "" (CausalConv1dUpdate's).
-  RMSNormGemvConv1d(double eps, int64_t conv_begin, const std::string& activation = "silu");
-
-  // x, residual, norm_weight, weight, bias: as RMSNormGemv::forward (one token; no activation). conv_states:
-  // [num_slots, width - 1, dim] contiguous in x's dtype; conv_weight: [dim, width] contiguous; conv_bias: [dim] or
-  // undefined; conv_state_indices: [1] i32 (the token's sequence; -1 on the GPU: a padding row, zero conv output and
-  // no state touched), with conv_begin + dim <= out_features. Returns (out, h) as RMSNormGemv::forward, with columns
-  // [conv_begin, conv_begin + dim) holding the conv's output. Mutates conv_states.
-  std::pair<Tensor, Tensor> forward(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
-                                    const Tensor& weight, const Tensor& bias, const Tensor& conv_states,
-                                    const Tensor& conv_weight, const Tensor& conv_bias,
-                                    const Tensor& conv_state_indices);
-
-  // Whether the GPU kernel takes the row (RMSNormGemv::kernel_supports) with a conv of this width (2, 3 or 4).
-  static bool kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden, int64_t width);
-
-  double eps() const { return eps_; }
-  int64_t conv_begin() const { return conv_begin_; }
-  bool silu() const { return silu_; }
-
- private:
-  double eps_;
-  int64_t conv_begin_;
-  bool silu_;
-};
-
-// RMSNormGatedGemv (kb-nano's): a Mamba-2 mixer's one-token gated norm (Mixer2RMSNormGated: y = x * silu(gate), each
-// group of group_size channels divided by its rms and scaled by the norm weight, rounded once) folded into out_proj's
-// GEMV: every block normalises the row into shared memory as RMSNormGemv does, then streams its weight rows. Same bits
-// as Mixer2RMSNormGated then linear's one-token GEMV (the group sums in the gated norm kernel's order, its lanes,
-// shuffles and warp sums; the dot products in linear's), one kernel and the normalised row's round trip fewer.
-class RMSNormGatedGemv : public Module {
- public:
-  // group_size: the gated norm's channels per group (this rank's gated channels / its groups); eps: the norm's.
-  RMSNormGatedGemv(int64_t group_size, double eps);
-
-  // x: [num_tokens, hidden] (the scan's output; one token on the GPU), channels contiguous; gate: [num_tokens,
-  // hidden] in x's dtype (row stride free, e.g. in_proj's z columns); norm_weight: [hidden]; weight: [out_features,
-  // hidden] contiguous; bias: [out_features] or undefined -> new [num_tokens, out_features]. Mutates nothing.
-  Tensor forward(const Tensor& x, const Tensor& gate, const Tensor& norm_weight, const Tensor& weight,
-                 const Tensor& bias);
-
-  // Whether the GPU kernel takes (dtype, num_tokens, hidden, group_size): RMSNormGemv's row, groups of whole 16-byte
-  // vectors, at most 128 of them (the gated norm kernel's one-vector-per-thread order), the groups' sums beside the row
-  // in the staging budget. Callers run the gated norm and the linear elsewhere.
-  static bool kernel_supports(DType dtype, int64_t num_tokens, int64_t hidden, int64_t group_size);
-  // Whether a mixer takes the op for its scan output x: one token, always on CPU tensors (the op composes the same
-  // oracles), on the GPU where kernel_supports says so.
-  static bool applies(const Tensor& x, int64_t group_size);
-
-  int64_t group_size() const { return group_size_; }
-  double eps() const { return eps_; }
-
- private:
-  int64_t group_size_;
-  double eps_;
 };
 
 }  // namespace kbn::KBN_VARIANT

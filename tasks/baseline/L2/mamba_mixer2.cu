@@ -8,16 +8,6 @@
 #include "kbn/forward_context.h"
 #include "kbn/parallel_state.h"
 
-// The gated norm folded into out_proj's one-token GEMV (rms_norm_gated_gemv) stays off when tasks/candidate/ replaces
-// an op it folds away (the gated norm, linear, the parallel linears: rms_norm_gemv.h's test), so a candidate is reached
-// at every token count (kbn/variant.h).
-#if KBN_NORM_GEMV_FOLDS_A_CANDIDATE || defined(KBN_CANDIDATE_REPLACES_L1_mixer2_rms_norm_gated_h) || \
-    defined(KBN_CANDIDATE_REPLACES_L1_mixer2_rms_norm_gated_cu)
-#define KBN_MAMBA2_GATED_NORM_FUSION 0
-#else
-#define KBN_MAMBA2_GATED_NORM_FUSION 1
-#endif
-
 namespace kbn::KBN_VARIANT {
 
 WeightLoader mamba_v2_sharded_weight_loader(std::string what, std::vector<MambaShardSegment> segments, int tp_size,
@@ -129,8 +119,7 @@ MambaMixer2::MambaMixer2(int64_t hidden_size, int64_t ssm_state_size, int64_t co
       conv_fn_("silu"),
       conv_update_("silu"),
       scan_(chunk_size, true, dt_min, dt_max),
-      state_update_(true, dt_min, dt_max),
-      norm_out_proj_(norm.group_size(), rms_norm_eps) {
+      state_update_(true, dt_min, dt_max) {
   KBN_CHECK(conv_kernel_size >= 2, "MambaMixer2 (", prefix, "): argument 'conv_kernel_size' must be >= 2, got ",
             conv_kernel_size);
   const int tp = shard_.tp_size, rank = shard_.tp_rank;
@@ -216,24 +205,7 @@ Tensor MambaMixer2::forward(const Tensor& hidden_states) {
   return forward_proj(in_proj.forward(hidden_states).first);
 }
 
-bool MambaMixer2::one_decode_token() const {
-  const ForwardContext& ctx = get_forward_context();
-  return ctx.attn_metadata != nullptr && ctx.kv_caches != nullptr && ctx.attn_metadata->num_prefills == 0 &&
-         ctx.attn_metadata->num_decodes == 1 && ctx.attn_metadata->state_indices.defined() &&
-         layer_idx_ < int64_t(ctx.kv_caches->size()) && (*ctx.kv_caches)[size_t(layer_idx_)].states.size() == 2;
-}
-
-const Tensor& MambaMixer2::conv_state_cache() const {
-  KBN_CHECK(one_decode_token(), "MambaMixer2 (", prefix_, "): conv_state_cache() outside a one-token decode step");
-  return (*get_forward_context().kv_caches)[size_t(layer_idx_)].states[0];
-}
-
-Tensor MambaMixer2::step_state_indices() const {
-  KBN_CHECK(one_decode_token(), "MambaMixer2 (", prefix_, "): step_state_indices() outside a one-token decode step");
-  return get_forward_context().attn_metadata->state_indices;
-}
-
-Tensor MambaMixer2::forward_proj(const Tensor& proj, bool conv_applied) {
+Tensor MambaMixer2::forward_proj(const Tensor& proj) {
   KBN_CHECK(A.defined(), "MambaMixer2 (", prefix_,
             "): A = -exp(A_log) is not computed; call process_weights_after_loading() after loading the weights");
   const ForwardContext& ctx = get_forward_context();
@@ -278,12 +250,9 @@ Tensor MambaMixer2::forward_proj(const Tensor& proj, bool conv_applied) {
     split(conv, x, B, C);
     y_prefill = scan_.forward(x, dt.slice(0, 0, Tp), A, B, C, D, dt_bias, ssm_state, has, idx, md.query_start_loc);
   }
-  KBN_CHECK(!conv_applied || (P == 0 && Dn == 1), "MambaMixer2 (", prefix_,
-            "): forward_proj(conv_applied) takes a step of one decode token, got ", P, " prefills and ", Dn,
-            " decodes");
   if (Dn > 0) {
     const Tensor idx = md.state_indices.slice(0, P, P + Dn);
-    const Tensor conv = conv_applied ? xBC : conv_update_.forward(xBC.slice(0, Tp, T), conv_state, conv_weight, conv_bias, idx);
+    const Tensor conv = conv_update_.forward(xBC.slice(0, Tp, T), conv_state, conv_weight, conv_bias, idx);
     Tensor x, B, C;
     split(conv, x, B, C);
     y_decode = state_update_.forward(ssm_state, x, dt.slice(0, Tp, T), A, B, C, D, dt_bias, idx);
@@ -298,14 +267,8 @@ Tensor MambaMixer2::forward_proj(const Tensor& proj, bool conv_applied) {
     y.slice(0, 0, Tp).copy_(y_prefill);
     y.slice(0, Tp, T).copy_(y_decode);
   }
-  const Tensor yv = y.view({T, I});
-#if KBN_MAMBA2_GATED_NORM_FUSION
-  // One token on one rank: the gated norm folded into out_proj's GEMV (rms_norm_gated_gemv; the same bits). With
-  // tensor parallelism out_proj's all-reduce (and a replicated group's gather) stay with the separate ops.
-  if (shard_.tp_size == 1 && RMSNormGatedGemv::applies(yv, norm.group_size()))
-    return norm_out_proj_.forward(yv, gate, norm.weight, out_proj.weight, out_proj.bias);
-#endif
-  return out_proj.forward(gated_norm(yv, gate)).first;
+  const Tensor g = gated_norm(y.view({T, I}), gate);
+  return out_proj.forward(g).first;
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -25,7 +25,6 @@
 #include "L1/causal_conv1d_update.h"
 #include "L1/mamba_chunk_scan_combined.h"
 #include "L1/mixer2_rms_norm_gated.h"
-#include "L1/rms_norm_gemv.h"
 #include "L1/selective_state_update.h"
 #include "L2/parallel_linear.h"
 #include "kbn/cache_spec.h"
@@ -83,15 +82,8 @@ class MambaMixer2 : public Module {
   // (prefill/decode split, query_start_loc, state_indices, has_initial_state) and updates this layer's states.
   Tensor forward(const Tensor& hidden_states);
   // The same from in_proj's output proj [num_tokens, I / tp + conv_dim() + num_heads / tp] (a caller that computed it
-  // itself: the decoder layer's one-token norm + in_proj). conv_applied: the step is one decode token whose xBC
-  // columns already went through the conv update (rms_norm_gemv_conv1d, see one_decode_token).
-  Tensor forward_proj(const Tensor& proj, bool conv_applied = false);
-
-  // Whether this step (the forward context's) is one decode token and nothing else: the conv update of that token can
-  // then be folded into in_proj's epilogue, with this layer's conv state cache and slot (below).
-  bool one_decode_token() const;
-  const Tensor& conv_state_cache() const;  // [num_slots, conv_kernel - 1, conv_dim()] of this layer
-  Tensor step_state_indices() const;       // [num sequences] i32: the step's slots
+  // itself: the decoder layer's one-token norm + in_proj).
+  Tensor forward_proj(const Tensor& proj);
 
   // This rank's state cache: conv [conv_kernel - 1, conv_dim()] and SSM [num_heads / tp, head_dim, state_size], in
   // `dtype`.
@@ -127,7 +119,6 @@ class MambaMixer2 : public Module {
   CausalConv1dUpdate conv_update_;
   MambaChunkScanCombined scan_;
   SelectiveStateUpdate state_update_;
-  RMSNormGatedGemv norm_out_proj_;  // the gated norm + out_proj at one token (forward_proj)
 };
 
 }  // namespace kbn::KBN_VARIANT

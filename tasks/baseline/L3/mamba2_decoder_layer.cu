@@ -8,14 +8,6 @@
 #else
 #define KBN_MAMBA2_ONE_TOKEN_FUSION 1
 #endif
-// The conv update folded into in_proj's epilogue (rms_norm_gemv_conv1d) likewise stays off when a candidate replaces
-// the conv update.
-#if KBN_MAMBA2_ONE_TOKEN_FUSION && !defined(KBN_CANDIDATE_REPLACES_L1_causal_conv1d_update_h) && \
-    !defined(KBN_CANDIDATE_REPLACES_L1_causal_conv1d_update_cu) && !defined(KBN_CANDIDATE_REPLACES_L1_causal_conv1d_cuh)
-#define KBN_MAMBA2_CONV_FUSION 1
-#else
-#define KBN_MAMBA2_CONV_FUSION 0
-#endif
 
 namespace kbn::KBN_VARIANT {
 
@@ -26,8 +18,7 @@ Mamba2DecoderLayer::Mamba2DecoderLayer(const Mamba2Config& config, const std::st
             config.use_bias, config.n_groups, config.num_heads, config.head_dim, config.layer_norm_epsilon,
             config.chunk_size, config.time_step_min, config.time_step_max, prefix + ".mixer", opts),
       residual_in_fp32_(config.residual_in_fp32),
-      norm_in_proj_(config.layer_norm_epsilon),
-      norm_in_proj_conv_(config.layer_norm_epsilon, mixer.shard().intermediate_size, "silu") {
+      norm_in_proj_(config.layer_norm_epsilon) {
   register_module("norm", &norm);
   register_module("mixer", &mixer);
 }
@@ -41,20 +32,9 @@ std::pair<Tensor, Tensor> Mamba2DecoderLayer::forward(const Tensor& hidden_state
   // One token: the norm folded into in_proj (always on CPU, where the op composes the same oracles; on the GPU where
   // its kernel takes the row).
   if (RMSNormGemv::applies(hidden_states)) {
-    // A decode token: the conv update too, in in_proj's epilogue (rms_norm_gemv_conv1d).
-    const bool conv = KBN_MAMBA2_CONV_FUSION && mixer.one_decode_token() &&
-                      (hidden_states.is_cpu() || RMSNormGemvConv1d::kernel_supports(hidden_states.dtype(), 1,
-                                                                                   hidden_states.size(1),
-                                                                                   mixer.conv_weight.size(1)));
-    Tensor proj, res;
-    if (conv)
-      std::tie(proj, res) = norm_in_proj_conv_.forward(hidden_states, residual, norm.weight, mixer.in_proj.weight,
-                                                       mixer.in_proj.bias, mixer.conv_state_cache(), mixer.conv_weight,
-                                                       mixer.conv_bias, mixer.step_state_indices());
-    else
-      std::tie(proj, res) =
-          norm_in_proj_.forward(hidden_states, residual, norm.weight, mixer.in_proj.weight, mixer.in_proj.bias);
-    return {mixer.forward_proj(proj, conv), residual.defined() ? res : first_residual()};
+    auto [proj, res] =
+        norm_in_proj_.forward(hidden_states, residual, norm.weight, mixer.in_proj.weight, mixer.in_proj.bias);
+    return {mixer.forward_proj(proj), residual.defined() ? res : first_residual()};
   }
 #endif
   Tensor h, res;

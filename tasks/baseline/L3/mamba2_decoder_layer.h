@@ -2,8 +2,7 @@
 // Mamba2DecoderLayer (vLLM vllm/model_executor/models/mamba2.py): a pre-norm MambaMixer2 with the residual carried
 // between layers; there is no MLP. With residual_in_fp32 (Mamba-2's configs, as HF's Mamba2Block) the residual
 // stream is fp32 whatever the activations' dtype: RMSNorm's fused add keeps the sum in fp32. At one token the norm is
-// folded into in_proj's GEMV (rms_norm_gemv, fp32 residual included), and at a decode token the conv update into its
-// epilogue (rms_norm_gemv_conv1d): the same bits, two kernels fewer.
+// folded into in_proj's GEMV (rms_norm_gemv, fp32 residual included): the same bits, one kernel fewer.
 #include <string>
 #include <utility>
 
@@ -29,8 +28,7 @@ class Mamba2DecoderLayer : public Module {
 
  private:
   bool residual_in_fp32_;
-  RMSNormGemv norm_in_proj_;             // norm + in_proj at one token
-  RMSNormGemvConv1d norm_in_proj_conv_;  // the same with the conv update, at one decode token
+  RMSNormGemv norm_in_proj_;  // norm + in_proj at one token
 };
 
 }  // namespace kbn::KBN_VARIANT
