@@ -3,20 +3,14 @@
 # this tree: rotary_embedding on head-strided views (DeepSeek's MLA rotates q's rope part in place) and Qwen3-MoE's
 # post-attention norm folded into the router at one token (rms_norm_gemv forward_normed). GPU tests, then latency-b1
 # base / dev alternated.
-set -u
-build-dev/unpack.sh
-mkdir -p /tmp/base && python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" build-cmp/base.xz /tmp/base/kb_nano && chmod +x /tmp/base/kb_nano
-export LD_LIBRARY_PATH=$PWD/build/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export KBN_MODELS_DIR=$PWD/models
-O=$OUT/s; mkdir -p $O
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem,power.limit --format=csv | tee $O/gpu.txt
-st() { local name=$1 lim=$2; shift 2; local t0=$(date +%s); timeout -k 5 $lim "$@" > $O/$name.log 2>&1; echo "$name rc=$? s=$(( $(date +%s) - t0 ))" | tee -a $O/status.txt; }
+source tools/device_call.sh
+unxz_to build-cmp/base.xz /tmp/base/kb_nano
 st gpu_tests 90 build/tests/kbn_gpu_tests --gtest_filter='RotaryEmbeddingGpu.*:RMSNormGemvGpu.*:*Qwen3Moe*:*qwen3_moe*:EngineGraphGpu.*:*llama_decoder_layer*:*deepseek*:*Mla*:GroupedTopkGpu.*'
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" $O/gpu_tests.log | head -20
 E="eval --workload latency-b1 --num-requests 8 --mode graph --variant baseline --max-model-len 4096"
-one() { local m=$1 b=$2 r=$3 short=$1 bin=build/kb_nano; [ $b != dev ] && bin=/tmp/$b/kb_nano
-  st b1_${short}_$b$r 45 $bin $E --model $m --json $O/eval_b1_${short}_$b$r.json
-  echo "  $short $b$r: $(grep -E 'TPOT' $O/b1_${short}_$b$r.log | head -1)"; }
+one() { local m=$1 b=$2 r=$3 bin=build/kb_nano; [ $b != dev ] && bin=/tmp/$b/kb_nano
+  st b1_${m}_$b$r 45 $bin $E --model $m --json $O/eval_b1_${m}_$b$r.json
+  echo "  $m $b$r: $(grep -E 'TPOT' $O/b1_${m}_$b$r.log | head -1)"; }
 for r in 1 2; do for b in base dev; do one qwen3-30b-a3b $b $r; one deepseek-v2-lite $b $r; done; done
 for b in base dev; do one llama-3.1-8b-instruct $b 1; done
-cd $OUT && tar czf s.tgz s && rm -rf s
+finish
