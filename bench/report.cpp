@@ -142,7 +142,10 @@ EvalVariant parse_eval_variant(const Node& n, const std::string& name) {
       v.floor_attention_flops_s = f["attention_flops_s"].number();
       v.floor_achieved = f["achieved_fraction"].number();
       const Node ops = f["by_op"];
-      for (size_t i = 0; i < ops.size(); ++i) v.op_floor_s.push_back({ops[i]["op"].str(), ops[i]["floor_s"].number()});
+      for (size_t i = 0; i < ops.size(); ++i) {
+        v.op_floor_s.push_back({ops[i]["op"].str(), ops[i]["floor_s"].number()});
+        if (ops[i].has("kernel_s")) v.op_floor_kernel_s.push_back({ops[i]["op"].str(), ops[i]["kernel_s"].number()});
+      }
     } else {
       v.no_floor_reason = f["reason"].str();
     }
@@ -1291,6 +1294,8 @@ void add_eval_blocks(std::vector<Block>& blocks, const std::vector<const ResultF
       for (const auto& [op, floor] : v.op_floor_s) {
         double measured = kNoValue;
         for (const auto& [name, sec] : v.op_seconds)
+          if (name == op) measured = sec;
+        for (const auto& [name, sec] : v.op_floor_kernel_s)
           if (name == op) measured = sec;
         const bool traced = v.has_kernel_trace && std::isfinite(measured) && measured > 0;
         o.rows.push_back({labels[i], v.name, op, fmt("%.3f", floor), traced ? fmt("%.3f", measured) : "-",

@@ -42,6 +42,9 @@ struct EvalVariant {
   double floor_achieved = 0;  // floor_s / duration_s
   std::string no_floor_reason;
   std::vector<std::pair<std::string, double>> op_floor_s;  // the floor's share per op
+  // The traced seconds of the ops doing each floor op's work (eval's serial_floor.by_op[].kernel_s: linear's include
+  // rms_norm_gemv's), where the run was traced; absent ops fall back to the op's own traced seconds.
+  std::vector<std::pair<std::string, double>> op_floor_kernel_s;
 };
 
 struct EvalAlignment {

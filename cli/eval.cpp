@@ -200,6 +200,15 @@ void print_step_profile(const VariantRun& r, Device device) {
   print_cells(cells);
 }
 
+// The traced seconds of the ops named (their kernels' summed durations).
+double trace_seconds(const engine::KernelTrace& t, const std::vector<std::string>& names) {
+  double s = 0;
+  for (const auto& k : t.by_op)
+    for (const std::string& n : names)
+      if (k.name == n) s += k.total_s;
+  return s;
+}
+
 void print_kernel_trace(const VariantRun& r) {
   const engine::KernelTrace& t = r.trace;
   const bool floor = r.floor.has_value();
@@ -223,16 +232,24 @@ void print_kernel_trace(const VariantRun& r) {
                    fmt("%.1f%%", busy_total > 0 ? 100.0 * k.attributed_s / busy_total : 0.0),
                    fmt("%.1f", k.calls ? 1e6 * k.attributed_s / double(k.calls) : 0.0)});
     if (!floor) continue;
+    // A floor share against the seconds of every op doing its work (linear's: rms_norm_gemv's folded projections
+    // too), shown on the floor op's row; the other ops' rows name the share they are in.
     const double f = r.floor->op_floor_s(k.name);
-    ops.back().push_back(f > 0 ? fmt("%.3f", f) : "-");
-    ops.back().push_back(f > 0 && k.total_s > 0 ? fmt("%.1f%%", 100.0 * f / k.total_s) : "-");
+    std::string within;
+    for (const auto& o : r.floor->by_op)
+      for (const std::string& name : engine::trace_ops_of_floor_op(o.op))
+        if (name == k.name && name != o.op) within = "in " + o.op + "'s";
+    const double measured = trace_seconds(t, engine::trace_ops_of_floor_op(k.name));
+    ops.back().push_back(f > 0 ? fmt("%.3f", f) : within.empty() ? "-" : within);
+    ops.back().push_back(f > 0 && measured > 0 ? fmt("%.1f%%", 100.0 * f / measured) : "-");
   }
   print_cells(ops);
   std::printf("  (attributed: the busy time during which the op's kernel was the oldest one running, so a kernel launched "
               "early under the one before it (dependent launch) is charged from that one's end: what the op costs the "
               "stream; seconds count the overlaps twice)\n");
   if (floor)
-    std::printf("  (serial floor s: the op's share of the run's serial floor; '-': an op the floor does not count)\n");
+    std::printf("  (serial floor s: the op's share of the run's serial floor, its floor / seconds against every op doing "
+                "that work (linear's: linear and rms_norm_gemv); '-': an op the floor does not count)\n");
   std::printf("  top kernels:\n");
   std::vector<std::vector<std::string>> top = {{"kernel", "op", "calls", "seconds", "share"}};
   for (size_t i = 0; i < t.by_kernel.size() && i < 12; ++i) {
@@ -267,10 +284,9 @@ nlohmann::json serial_floor_json(const VariantRun& r, const FloorSetup& setup) {
   for (const auto& o : f.by_op) {
     nlohmann::json op = {{"op", o.op}, {"floor_s", o.floor_s}};
     if (r.traced) {
-      double measured = 0;
-      for (const auto& k : r.trace.by_op)
-        if (k.name == o.op) measured = k.total_s;
+      const double measured = trace_seconds(r.trace, engine::trace_ops_of_floor_op(o.op));
       op["kernel_s"] = measured;
+      op["kernel_ops"] = engine::trace_ops_of_floor_op(o.op);
       op["achieved_fraction"] = measured > 0 ? o.floor_s / measured : 0.0;
     }
     by_op.push_back(op);

@@ -139,6 +139,11 @@ StepWork FloorModel::work(const StepShape& s) const {
   return w;
 }
 
+std::vector<std::string> trace_ops_of_floor_op(const std::string& op) {
+  if (op == "linear") return {"linear", "rms_norm_gemv"};
+  return {op};
+}
+
 double SerialFloor::op_floor_s(const std::string& op) const {
   for (const auto& o : by_op)
     if (o.op == op) return o.floor_s;

@@ -144,6 +144,11 @@ struct SerialFloor {
   double op_floor_s(const std::string& op) const;
 };
 
+// The kernel-trace ops whose kernels do the work of the floor's op `op`: the op itself, and for "linear" (the
+// projections) also "rms_norm_gemv", whose kernel runs a layer's one-token projections with the norm folded in. A
+// floor share is compared with the seconds of all of them.
+std::vector<std::string> trace_ops_of_floor_op(const std::string& op);
+
 // Rates must be positive (the error names which is not).
 SerialFloor serial_floor(const FloorModel& model, const std::vector<StepShape>& steps, const FloorRates& rates);
 

@@ -684,6 +684,21 @@ TEST(ReportSerialFloor, ParsesPlotsAndTablesTheFloorAndItsShareByOp) {
   EXPECT_NE(md.find("| balanced | baseline | flash_attn_decode | 11.500 | 14.555 | 79.0% |"), std::string::npos) << md;
   fs::remove_all(dir.parent_path());
 
+  // Where eval wrote the seconds of the ops doing a floor op's work (serial_floor.by_op[].kernel_s: linear's with
+  // rms_norm_gemv's folded projections), the table compares the floor with those, not with the op's own row.
+  j["results"]["baseline"]["serial_floor"]["by_op"][0]["kernel_s"] = 29.0;
+  j["results"]["baseline"]["serial_floor"]["by_op"][0]["kernel_ops"] = {"linear", "rms_norm_gemv"};
+  const auto fk = bench::parse_result(j.dump(), "floor_kernel_s.json");
+  ASSERT_EQ(fk.eval.find("baseline")->op_floor_kernel_s.size(), 1u);
+  const fs::path kdir = kbn::test::temp_dir("kbn_report_floor_kernel_s_test") / "out";
+  o.out_dir = kdir.string();
+  bench::write_report({fk}, o);
+  const std::string kmd = read((kdir / "index.md").string());
+  EXPECT_NE(kmd.find("| balanced | baseline | linear | 18.125 | 29.000 | 62.5% |"), std::string::npos) << kmd;
+  EXPECT_NE(kmd.find("| balanced | baseline | flash_attn_decode | 11.500 | 14.555 | 79.0% |"), std::string::npos)
+      << kmd;
+  fs::remove_all(kdir.parent_path());
+
   // A CPU run says there is no floor, and the index says why; files from before the floor have none.
   auto cpu = nlohmann::json::parse(read(fixture("eval_latency-b1_baseline.json")));
   cpu["results"]["baseline"]["serial_floor"] = {{"available", false}, {"reason", "CPU run: no GPU rates"}};

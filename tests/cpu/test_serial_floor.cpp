@@ -48,6 +48,15 @@ StepShape decode_step(std::vector<int64_t> cached) {  // one decode per entry, e
 
 }  // namespace
 
+// The floor's projections share is compared with linear's and rms_norm_gemv's traced seconds (that kernel runs the
+// one-token projections with the norm folded in); every other op with its own.
+TEST(SerialFloor, TraceOpsOfAFloorOp) {
+  EXPECT_EQ(engine::trace_ops_of_floor_op("linear"), (std::vector<std::string>{"linear", "rms_norm_gemv"}));
+  EXPECT_EQ(engine::trace_ops_of_floor_op("fused_experts"), (std::vector<std::string>{"fused_experts"}));
+  EXPECT_EQ(engine::trace_ops_of_floor_op("selective_state_update"),
+            (std::vector<std::string>{"selective_state_update"}));
+}
+
 TEST(SerialFloor, StepShapeFromASchedulerOutput) {
   SchedulerOutput out;
   // A chunk of 6 after 4 cached tokens that reaches the end of its prompt, a first chunk of 5 that does not, and a
