@@ -168,14 +168,23 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
   check_rank(positions, op, "positions", 1, "[num_tokens]");
   check_dtype(positions, op, "positions", {DType::i64});
   // Packed rows [num_tokens, heads * head_size], or heads viewed with their own stride [num_tokens, heads, head_size]
-  // (e.g. the rope part of wider heads, as DeepSeek's MLA rotates q's last qk_rope_head_dim features in place).
-  KBN_CHECK(query.dim() == 2 || query.dim() == 3, op,
-            ": argument 'query' must be [num_tokens, num_heads * head_size] or [num_tokens, num_heads, head_size], got ",
-            query.str());
-  KBN_CHECK(key.dim() == 2 || key.dim() == 3, op,
-            ": argument 'key' must be [num_tokens, num_kv_heads * head_size] or [num_tokens, num_kv_heads, head_size], "
-            "got ",
-            key.str());
+  // (e.g. the rope part of wider heads, as DeepSeek's MLA rotates q's last qk_rope_head_dim features in place):
+  // each operand's head count and head stride.
+  struct Heads {
+    int64_t count, stride;
+  };
+  const auto heads_of = [&](const Tensor& x, const char* name) {
+    KBN_CHECK(x.dim() == 2 || x.dim() == 3, op, ": argument '", name,
+              "' must be [num_tokens, heads * head_size] or [num_tokens, heads, head_size], got ", x.str());
+    if (x.dim() == 3) {
+      check_size(x, op, name, 2, head_size_, "head_size");
+      return Heads{x.size(1), x.stride(1)};
+    }
+    KBN_CHECK(x.size(1) % head_size_ == 0, op, ": argument '", name, "' dimension 1 must be a multiple of head_size ",
+              head_size_, ", got ", x.str());
+    return Heads{x.size(1) / head_size_, head_size_};
+  };
+  [[maybe_unused]] const Heads q_heads = heads_of(query, "query"), k_heads = heads_of(key, "key");
   check_dtype(query, op, "query", {DType::f32, DType::f16, DType::bf16});
   check_same_dtype(query, key, op, "query", "key");
   check_same_device(query, key, op, "query", "key");
@@ -185,13 +194,6 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
   check_size(key, op, "key", 0, positions.size(0), "num_tokens");
   check_last_dim_contiguous(query, op, "query");
   check_last_dim_contiguous(key, op, "key");
-  for (const auto& [x, name] : {std::pair<const Tensor&, const char*>{query, "query"}, {key, "key"}}) {
-    if (x.dim() == 3)
-      check_size(x, op, name, 2, head_size_, "head_size");
-    else
-      KBN_CHECK(x.size(1) % head_size_ == 0, op, ": argument '", name, "' dimension 1 must be a multiple of head_size ",
-                head_size_, ", got ", x.str());
-  }
   if (query.is_cpu()) {
     Tensor q = query, k = key;
     reference::rotary_embedding(positions, q, k, head_size_, cos_sin_cache, is_neox_style_);
@@ -202,9 +204,7 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
             " but 'query' is ", query.str(), "; construct RotaryEmbedding with ParamOptions{dtype} of the model");
   check_contiguous(cos_sin_cache, op, "cos_sin_cache");
   check_size(cos_sin_cache, op, "cos_sin_cache", 1, rotary_dim_, "rotary_dim");
-  const auto heads = [&](const Tensor& x) { return x.dim() == 3 ? x.size(1) : x.size(1) / head_size_; };
-  const auto head_stride = [&](const Tensor& x) { return x.dim() == 3 ? x.stride(1) : head_size_; };
-  const int64_t num_heads = heads(query), num_kv_heads = heads(key);
+  const int64_t num_heads = q_heads.count, num_kv_heads = k_heads.count;
   KBN_CHECK(num_heads + num_kv_heads <= std::numeric_limits<int>::max() / head_size_, op,
             ": too many heads in 'query' ", query.str(), " and 'key' ", key.str());
   const RotaryParams p{.positions = positions.data<int64_t>(),
@@ -214,8 +214,8 @@ std::pair<Tensor, Tensor> RotaryEmbedding::forward(const Tensor& positions, cons
                        .positions_stride = positions.stride(0),
                        .query_stride = query.stride(0),
                        .key_stride = key.stride(0),
-                       .query_head_stride = head_stride(query),
-                       .key_head_stride = head_stride(key),
+                       .query_head_stride = q_heads.stride,
+                       .key_head_stride = k_heads.stride,
                        .max_position = cos_sin_cache.size(0),
                        .num_heads = int(num_heads),
                        .num_kv_heads = int(num_kv_heads),

@@ -77,14 +77,13 @@ std::pair<Tensor, Tensor> Qwen3MoeDecoderLayer::forward(const Tensor& positions,
 #if KBN_QWEN3_MOE_ROUTER_FUSION
     // The sparse layers: the post-attention norm folded into the router's GEMV, the normalised row written out once
     // for the experts (forward_normed; the same bits as the norm then the gate's linear).
-    if (!sparse_mlp->gate.bias.defined()) {
-      auto [logits, res_moe, y] = norm_router_.forward_normed(h, res, post_attention_layernorm.weight,
-                                                              sparse_mlp->gate.weight, Tensor());
-      return {sparse_mlp->forward_with_logits(y, logits), res_moe};
-    }
-#endif
+    auto [logits, res_moe, y] = norm_router_.forward_normed(h, res, post_attention_layernorm.weight,
+                                                            sparse_mlp->gate.weight, sparse_mlp->gate.bias);
+    return {sparse_mlp->forward_with_logits(y, logits), res_moe};
+#else
     std::tie(h, res) = post_attention_layernorm.forward(h, res);
     return {sparse_mlp->forward(h), res};
+#endif
   }
 #endif
   Tensor h, res;
