@@ -285,4 +285,29 @@ TEST(FusedExpertsSwigluoai, BadBiasesAndLimitsAreNamed) {
                        "argument 'w2_bias' must have the experts' dtype f32, got f16"));
 }
 
+// forward_add (DeepSeek's routed + shared experts): the experts' output rounded to the activation dtype, plus the
+// addend, rounded again; bf16 so both roundings show. By hand on the silu case above (no biases): out = 0.75 (silu(2)
+// + 2 silu(2) + 3 silu(1)) per channel as computed there; the test compares against round(round(out) + addend).
+TEST(FusedExpertsAdd, RoundsTheExpertsThenAddsTheAddend) {
+  const Tensor x = floats({2, 1}, {1, 2}).to(DType::bf16);
+  const Tensor w13 = floats({1, 0, 0, 1, 0, 1, 1, 0}, {1, 4, 2}).to(DType::bf16);
+  const Tensor w2 = floats({1, 0, 2, 3}, {1, 2, 2}).to(DType::bf16);
+  const Tensor w = floats({0.75f}, {1, 1}), ids = Tensor::from_i32({0}, {1, 1});
+  const Tensor addend = floats({1000.f, -3.3f}, {1, 2}).to(DType::bf16);
+  baseline::FusedExperts op;
+  const std::vector<float> routed = op.forward(x, w13, w2, w, ids).to_floats(), add = addend.to_floats();
+  const std::vector<float> got = op.forward_add(addend, x, w13, w2, w, ids).to_floats();
+  for (int i = 0; i < 2; ++i) {
+    const float want = floats({routed[i] + add[i]}, {1}).to(DType::bf16).to_floats()[0];
+    EXPECT_EQ(got[i], want) << "channel " << i;
+  }
+  // 1000 + 1.32 in bf16 (steps of 4 between 512 and 1024) loses the experts' part: the sum was rounded.
+  EXPECT_EQ(got[0], 1000.f);
+  EXPECT_TRUE(contains(error_of([&] { op.forward_add(floats({1, 2, 3}, {1, 3}).to(DType::bf16), x, w13, w2, w, ids); }),
+                       "argument 'addend'"));
+  EXPECT_TRUE(contains(error_of([&] { op.forward_add(floats({1, 2}, {1, 2}), x, w13, w2, w, ids); }),
+                       "'addend'"));
+  EXPECT_TRUE(contains(error_of([&] { op.forward_add(Tensor(), x, w13, w2, w, ids); }), "argument 'addend'"));
+}
+
 }  // namespace

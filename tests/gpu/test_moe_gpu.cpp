@@ -260,6 +260,32 @@ TEST(FusedExpertsGpu, DecodePathMatchesTheOracle) {
   }
 }
 
+// forward_add's bits are those of forward then a two-term moe_sum with the addend, on every path: one token on the
+// decode path (the addend added in GEMM 2's kernel), several tokens there, and the grouped GEMMs.
+TEST(FusedExpertsGpu, AddendGivesTheBitsOfATwoTermMoeSum) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, k, experts, hidden, inter;
+  };
+  for (const Case c : {Case{1, 6, 64, 2048, 1408}, Case{1, 2, 8, 256, 96}, Case{3, 4, 16, 256, 96},
+                       Case{40, 2, 8, 256, 96}})
+    for (const DType dt : {DType::bf16, DType::f32}) {
+      const std::string what = "T=" + std::to_string(c.tokens) + " k=" + std::to_string(c.k) +
+                               " H=" + std::to_string(c.hidden) + " " + dtype_name(dt);
+      const ExpertsInputs in = experts_inputs(c.tokens, c.k, c.experts, c.hidden, c.inter, dt, cases::Routing::skewed, 41);
+      const Tensor addend = randn({c.tokens, c.hidden}, dt, 43, 0.05);
+      FusedExperts op;
+      const Tensor routed = op.forward(in.x, in.w13, in.w2, in.weights, in.ids);
+      Tensor both = Tensor::empty({c.tokens, 2, c.hidden}, dt, kGpu);
+      both.select(1, 0).copy_(routed);
+      both.select(1, 1).copy_(addend);
+      const Tensor want = MoeSum().forward(both).to(kCpu);
+      const Tensor got = op.forward_add(addend, in.x, in.w13, in.w2, in.weights, in.ids).to(kCpu);
+      const CompareStats s = compare_close(got, want, Tolerance{0, 0});
+      EXPECT_EQ(s.bad, 0) << what << ": " << s.describe();
+    }
+}
+
 TEST(FusedExpertsGpu, OutOfRangeIdsAreDropped) {
   KBN_SKIP_WITHOUT_GPU();
   const int64_t T = 50, k = 2, E = 8, H = 128, N = 192;

@@ -549,6 +549,7 @@ struct GemvParams {
   const int32_t* ids;  // [num_pairs]
   void* act;           // [num_pairs, inter]
   void* out;           // one token: out [1, hidden]; else cache [num_pairs, hidden]
+  const void* addend;  // one token: [1, hidden] added to the rounded sum (FusedExperts::forward_add), or nullptr
   ExpertAct fn;
   int num_pairs, top_k, hidden, inter, num_experts;
   bool prefetch;  // GEMM 2 prefetches its rows into L2 before its pdl_wait (only when launched early: dependent launch)
@@ -709,7 +710,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_kernel(GemvPara
   }
 }
 
-// GEMM 2, one token: out[r] = sum over its pairs j, in order, of round(w_j (w2[e_j] row r . act[j] + b2)). The pairs
+// GEMM 2, one token: out[r] = sum over its pairs j, in order, of round(w_j (w2[e_j] row r . act[j] + b2)), rounded,
+// plus addend[r] when given (in fp32, rounded again: moe_sum's bits for the two terms). The pairs
 // go kChunk at a time with their rows side by side, 8 / kChunk vectors of each in flight per lane; a dropped pair (id
 // out of range) reads nothing and adds nothing.
 template <class T, int kChunk>
@@ -760,7 +762,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_token_kernel(Ge
         sum += round_to<T>(g.topk_weights[j0 + i] * (warp_sum(acc[i]) + b));
       }
   }
-  if (lane == 0) static_cast<T*>(g.out)[r] = from_f32<T>(sum);
+  if (lane == 0)
+    static_cast<T*>(g.out)[r] =
+        from_f32<T>(g.addend ? round_to<T>(sum) + to_f32(static_cast<const T*>(g.addend)[r]) : sum);
 }
 
 // Calls f(std::integral_constant<int, P>) with P the smallest of 1, 2, 4, 8 that is >= n (n <= 8).
@@ -1032,7 +1036,37 @@ FusedExperts::FusedExperts(Activation activation, double alpha, double limit)
 Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2,
                              const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias,
                              const Tensor& w2_bias) {
+  return run(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, Tensor());
+}
+
+Tensor FusedExperts::forward_add(const Tensor& addend, const Tensor& hidden_states, const Tensor& w13,
+                                 const Tensor& w2, const Tensor& topk_weights, const Tensor& topk_ids,
+                                 const Tensor& w13_bias, const Tensor& w2_bias) {
   constexpr const char* kOp = "fused_experts";
+  KBN_CHECK(addend.defined(), kOp, ": argument 'addend' must be a tensor [num_tokens, hidden], got an undefined one");
+  check_rank(addend, kOp, "addend", 2, "[num_tokens, hidden]");
+  check_contiguous(addend, kOp, "addend");
+  check_same_dtype(hidden_states, addend, kOp, "hidden_states", "addend");
+  check_same_device(hidden_states, addend, kOp, "hidden_states", "addend");
+  check_rank(hidden_states, kOp, "hidden_states", 2, "[num_tokens, hidden]");
+  check_size(addend, kOp, "addend", 0, hidden_states.size(0), "num_tokens");
+  check_size(addend, kOp, "addend", 1, hidden_states.size(1), "hidden");
+  return run(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, addend);
+}
+
+// The experts' output; with `addend` defined, round(output + addend) (forward_add, its checks done).
+Tensor FusedExperts::run(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
+                         const Tensor& topk_ids, const Tensor& w13_bias, const Tensor& w2_bias,
+                         const Tensor& addend) {
+  constexpr const char* kOp = "fused_experts";
+  // round(out + addend) as a two-term moe_sum: where no kernel took the addend in.
+  const auto plus_addend = [&](const Tensor& out) {
+    if (!addend.defined()) return out;
+    Tensor both = Tensor::empty({out.size(0), 2, out.size(1)}, out.dtype(), out.device());
+    both.select(1, 0).copy_(out);
+    both.select(1, 1).copy_(addend);
+    return MoeSum().forward(both);
+  };
   check_rank(hidden_states, kOp, "hidden_states", 2, "[num_tokens, hidden]");
   check_dtype(hidden_states, kOp, "hidden_states", {DType::f32, DType::f16, DType::bf16});
   check_contiguous(hidden_states, kOp, "hidden_states");
@@ -1080,7 +1114,7 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
   Tensor out = Tensor::empty({t, h}, hidden_states.dtype(), hidden_states.device());
   if (hidden_states.is_cpu()) {
     reference::fused_experts(out, hidden_states, w13, w2, topk_weights, topk_ids, features);
-    return out;
+    return plus_addend(out);
   }
   if (t == 0) return out;
 #ifdef KBN_WITH_CUDA
@@ -1099,6 +1133,7 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
                        .ids = topk_ids.data<int32_t>(),
                        .act = nullptr,
                        .out = nullptr,
+                       .addend = t == 1 && addend.defined() ? addend.data_ptr() : nullptr,
                        .fn = act_fn,
                        .num_pairs = int(pairs),
                        .top_k = int(k),
@@ -1110,7 +1145,8 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
     dispatch_float16_32(dt, kOp, "hidden_states", [&](auto tag) {
       cache = launch_gemv_experts<decltype(tag)>(g, t, out.data_ptr(), dt, d, current_stream());
     });
-    return cache.defined() ? MoeSum().forward(cache) : out;
+    if (cache.defined()) return plus_addend(MoeSum().forward(cache));
+    return g.addend ? out : plus_addend(out);
   }
   const int64_t padded = MoeAlignBlockSize::max_padded(pairs, kBlockM, e);
   KBN_CHECK(padded * std::max(h, inter) <= std::numeric_limits<int32_t>::max() &&
@@ -1146,6 +1182,7 @@ Tensor FusedExperts::forward(const Tensor& hidden_states, const Tensor& w13, con
   dispatch_float16_32(dt, kOp, "hidden_states",
                       [&](auto tag) { summed = launch_fused_experts<decltype(tag)>(l, dt, current_stream()); });
   if (!summed) out = MoeSum().forward(cache);
+  out = plus_addend(out);
 #endif
   return out;
 }

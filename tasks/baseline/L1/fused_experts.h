@@ -25,10 +25,20 @@ class FusedExperts : public Module {
   // -> new [num_tokens, hidden]
   Tensor forward(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
                  const Tensor& topk_ids, const Tensor& w13_bias = {}, const Tensor& w2_bias = {});
+  // round(forward(...) + addend): the experts' output, rounded to the activation dtype, plus addend [num_tokens,
+  // hidden] (contiguous, hidden_states' dtype and device) summed in fp32 and rounded again: the bits of moe_sum over
+  // the two stacked (DeepSeek's routed + shared experts). One token on the decode path adds it in GEMM 2's kernel (no
+  // extra launch); elsewhere a two-term moe_sum follows.
+  Tensor forward_add(const Tensor& addend, const Tensor& hidden_states, const Tensor& w13, const Tensor& w2,
+                     const Tensor& topk_weights, const Tensor& topk_ids, const Tensor& w13_bias = {},
+                     const Tensor& w2_bias = {});
 
   Activation activation() const { return activation_; }
 
  private:
+  Tensor run(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
+             const Tensor& topk_ids, const Tensor& w13_bias, const Tensor& w2_bias, const Tensor& addend);
+
   Activation activation_;
   double alpha_, limit_;
 };

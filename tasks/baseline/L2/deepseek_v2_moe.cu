@@ -2,6 +2,16 @@
 
 #include "kbn/parallel_state.h"
 
+// The shared experts' sum folded into fused_experts (FusedExperts::forward_add) stays off when tasks/candidate/
+// replaces fused_experts, moe_sum or FusedMoE, so a candidate of those is reached at every token count.
+#if defined(KBN_CANDIDATE_REPLACES_L1_fused_experts_h) || defined(KBN_CANDIDATE_REPLACES_L1_fused_experts_cu) || \
+    defined(KBN_CANDIDATE_REPLACES_L1_moe_sum_h) || defined(KBN_CANDIDATE_REPLACES_L1_moe_sum_cu) ||             \
+    defined(KBN_CANDIDATE_REPLACES_L2_fused_moe_h) || defined(KBN_CANDIDATE_REPLACES_L2_fused_moe_cu)
+#define KBN_DEEPSEEK_SHARED_SUM_FUSION 0
+#else
+#define KBN_DEEPSEEK_SHARED_SUM_FUSION 1
+#endif
+
 namespace kbn::KBN_VARIANT {
 
 DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& prefix, const ParamOptions& opts)
@@ -29,6 +39,12 @@ DeepseekV2MoE::DeepseekV2MoE(const DeepseekV2Config& config, const std::string& 
 Tensor DeepseekV2MoE::forward(const Tensor& hidden_states) {
   const Tensor router_logits = gate_.forward(hidden_states, gate_weight);
   auto [topk_weights, topk_ids] = router_.forward(router_logits, e_score_correction_bias);
+#if KBN_DEEPSEEK_SHARED_SUM_FUSION
+  // At TP 1 the shared experts' output goes into the routed experts' sum (one token: in GEMM 2's kernel), the same
+  // bits as the two-term moe_sum below.
+  if (shared_experts && parallel_state().tp_size == 1)
+    return experts.forward_routed(hidden_states, topk_weights, topk_ids, shared_experts->forward(hidden_states));
+#endif
   Tensor out = experts.forward_routed(hidden_states, topk_weights, topk_ids);
   if (parallel_state().tp_size > 1) out = all_reduce_.forward(out);
   if (!shared_experts) return out;

@@ -146,9 +146,17 @@ Tensor FusedMoE::forward(const Tensor& hidden_states, const Tensor& router_logit
   return forward_routed(hidden_states, topk_weights, topk_ids);
 }
 
-Tensor FusedMoE::forward_routed(const Tensor& hidden_states, const Tensor& topk_weights, const Tensor& topk_ids) {
+Tensor FusedMoE::forward_routed(const Tensor& hidden_states, const Tensor& topk_weights, const Tensor& topk_ids,
+                                const Tensor& addend) {
   check_rank(hidden_states, "FusedMoE", "hidden_states", 2, "[num_tokens, hidden_size]");
   check_size(hidden_states, "FusedMoE", "hidden_states", 1, hidden_size_, "hidden_size");
+  if (addend.defined()) {
+    KBN_CHECK(!(reduce_results_ && parallel_state().tp_size > 1),
+              "FusedMoE: argument 'addend' cannot be added before this layer's all-reduce (reduce_results at TP ",
+              parallel_state().tp_size, "): add it after");
+    return fused_experts_.forward_add(addend, hidden_states, w13_weight, w2_weight, topk_weights, topk_ids, w13_bias,
+                                      w2_bias);
+  }
   Tensor out = fused_experts_.forward(hidden_states, w13_weight, w2_weight, topk_weights, topk_ids, w13_bias, w2_bias);
   if (reduce_results_ && parallel_state().tp_size > 1) out = all_reduce_.forward(out);
   return out;

@@ -43,7 +43,11 @@ class FusedMoE : public Module {
   Tensor forward(const Tensor& hidden_states, const Tensor& router_logits);
   // The experts with a routing computed elsewhere (vLLM's FusedMoE with a custom routing function; DeepSeek's
   // grouped_topk): topk_weights [num_tokens, top_k] f32, topk_ids [num_tokens, top_k] i32 -> as forward.
-  Tensor forward_routed(const Tensor& hidden_states, const Tensor& topk_weights, const Tensor& topk_ids);
+  // addend (optional, [num_tokens, hidden_size]): added to the experts' rounded output as FusedExperts::forward_add
+  // does (DeepSeek's shared experts); not with an all-reduce inside (reduce_results at TP > 1), which would add it once
+  // per rank.
+  Tensor forward_routed(const Tensor& hidden_states, const Tensor& topk_weights, const Tensor& topk_ids,
+                        const Tensor& addend = {});
 
   // Checkpoint part -> stacked parameter of every expert: (".experts.w13_", ".experts.{e}.<gate>.", "{e}.w1"),
   // (".experts.w13_", ".experts.{e}.<up>.", "{e}.w3"), (".experts.w2_", ".experts.{e}.<down>.", "{e}.w2").
