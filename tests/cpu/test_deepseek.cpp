@@ -13,8 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "L1/concat_and_cache_mla.h"
+#include "L1/fused_mla_rope_cache.h"
 #include "L1/gather_cache.h"
 #include "L1/mla_decode.h"
+#include "L1/rms_norm.h"
 #include "L1/rotary_embedding.h"
 #include "L1/router_gemm.h"
 #include "L2/deepseek_v2_moe.h"
@@ -465,6 +468,71 @@ TEST(MlaRotary, HeadStridedViewEqualsThePackedCopy) {
   const std::string err = error_of([&] { rotary.forward(positions, q.view({T, H, D}), k2.slice(1, rope, 2 * rope)); });
   EXPECT_NE(err.find("'query'"), std::string::npos) << err;
   EXPECT_NE(err.find("head_size"), std::string::npos) << err;
+}
+
+// fused_mla_rope_cache on the CPU: the values of the four ops it replaces (the latent's RMSNorm, the rope on q's rope
+// part and on k_pe, concat_and_cache_mla, the decode tokens' q_pe into q_abs's tail), kv_a untouched, q's nope part,
+// the latent part of q_abs and the padding token's slot untouched; bad arguments named.
+TEST(FusedMlaRopeCache, ValuesOfTheFourOpsAndBadArgumentsNamed) {
+  const int64_t T = 4, H = 3, P = 4, R = 6, L = 8, W = L + R, D = P + R, nd = 2;
+  const auto rnd = [](const Shape& shape, uint64_t seed) {
+    Tensor t = Tensor::empty(shape, DType::f32);
+    fill_normal_(t, seed, 0.0, 1.0);
+    return t;
+  };
+  const Tensor kv_a = rnd({T, W + 2}, 41).slice(1, 0, W), q0 = rnd({T, H, D}, 42), weight = rnd({L}, 43);
+  const Tensor q_abs0 = rnd({nd, H, W}, 44), cache0 = rnd({2, 4, W}, 45);
+  const Tensor positions = Tensor::from_i64({3, 0, 9, 31}, {T}), slots = Tensor::from_i64({5, -1, 0, 7}, {T});
+  baseline::RotaryEmbedding rope(R, R, 32, 10000.0, false, {});
+  Tensor q = q0.clone(), q_abs = q_abs0.clone(), cache = cache0.clone();
+  const std::vector<double> kv_a_before = kv_a.contiguous().to_doubles();
+  baseline::FusedMlaRopeCache op(H, P, R, L, 1e-6);
+  op.forward(kv_a, q, positions, rope.cos_sin_cache, weight, cache, slots, q_abs);
+
+  baseline::RMSNorm norm(L, 1e-6);
+  norm.weight = weight;
+  const Tensor normed = norm.forward(kv_a.slice(1, 0, L).contiguous());
+  Tensor q2 = q0.clone(), k_pe = kv_a.slice(1, L, W).contiguous(), cache2 = cache0.clone(), q_abs2 = q_abs0.clone();
+  rope.forward(positions, q2.slice(2, P, D), k_pe);
+  baseline::ConcatAndCacheMLA().forward(normed, k_pe, cache2, slots);
+  q_abs2.slice(2, L, W).copy_(q2.slice(0, T - nd, T).slice(2, P, D));
+  EXPECT_EQ(q.to_doubles(), q2.to_doubles());
+  EXPECT_EQ(cache.to_doubles(), cache2.to_doubles());
+  EXPECT_EQ(q_abs.to_doubles(), q_abs2.to_doubles());
+  EXPECT_EQ(kv_a.contiguous().to_doubles(), kv_a_before);
+  EXPECT_NE(q.to_doubles(), q0.to_doubles());  // something rotated
+  // Without q_abs: the same q and cache.
+  Tensor q3 = q0.clone(), cache3 = cache0.clone();
+  op.forward(kv_a, q3, positions, rope.cos_sin_cache, weight, cache3, slots);
+  EXPECT_EQ(q3.to_doubles(), q2.to_doubles());
+  EXPECT_EQ(cache3.to_doubles(), cache2.to_doubles());
+  // One token, whose k_pe slice is contiguous already: kv_a is still left untouched.
+  const Tensor kv_a1 = rnd({1, W}, 46);
+  const std::vector<double> kv_a1_before = kv_a1.to_doubles();
+  Tensor q1 = q0.slice(0, 0, 1).clone(), cache1 = cache0.clone();
+  op.forward(kv_a1, q1, positions.slice(0, 0, 1), rope.cos_sin_cache, weight, cache1, slots.slice(0, 0, 1));
+  EXPECT_EQ(kv_a1.to_doubles(), kv_a1_before);
+
+  const auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << "expected \"" << part << "\" in: " << msg;
+  };
+  const Tensor table = rope.cos_sin_cache;
+  has(error_of([&] { op.forward(rnd({T, W + 1}, 1), q, positions, table, weight, cache, slots); }), "'kv_a'");
+  has(error_of([&] { op.forward(kv_a, rnd({T, H + 1, D}, 1), positions, table, weight, cache, slots); }), "num_heads");
+  has(error_of([&] { op.forward(kv_a, q, Tensor::from_i64({1, 2}, {2}), table, weight, cache, slots); }),
+      "'positions'");
+  has(error_of([&] { op.forward(kv_a, q, positions, rnd({32, 4}, 1), weight, cache, slots); }), "'cos_sin_cache'");
+  has(error_of([&] { op.forward(kv_a, q, positions, table, rnd({L + 1}, 1), cache, slots); }), "'norm_weight'");
+  has(error_of([&] { op.forward(kv_a, q, positions, table, weight, rnd({2, 4, W - 1}, 1), slots); }), "'kv_cache'");
+  has(error_of([&] { op.forward(kv_a, q, positions, table, weight, cache, Tensor::from_i32({0, 1, 2, 3}, {T})); }),
+      "'slot_mapping'");
+  has(error_of([&] { op.forward(kv_a, q, positions, table, weight, cache, slots, rnd({T + 1, H, W}, 1)); }), "'q_abs'");
+  has(error_of([&] { op.forward(kv_a, q, positions, table, weight.to(DType::bf16), cache, slots); }), "'norm_weight'");
+  has(error_of([] { baseline::FusedMlaRopeCache(3, 4, 5, 8, 1e-6); }), "'qk_rope_head_dim'");
+  has(error_of([] { baseline::FusedMlaRopeCache(0, 4, 6, 8, 1e-6); }), "'num_heads'");
+  EXPECT_TRUE(baseline::FusedMlaRopeCache::kernel_supports(DType::bf16, 512, 64));
+  EXPECT_FALSE(baseline::FusedMlaRopeCache::kernel_supports(DType::bf16, 4096, 64));  // 512 vectors: > 256
+  EXPECT_FALSE(baseline::FusedMlaRopeCache::kernel_supports(DType::bf16, 12, 6));     // not whole vectors
 }
 
 TEST(MlaDecode, BadArgumentsAreNamed) {

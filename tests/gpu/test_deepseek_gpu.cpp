@@ -6,19 +6,25 @@
 // that row left unwritten; grouped_topk against the oracle with many tied logits, and a NaN logit reported;
 // mla_decode's tensor-core kernels (16, 8 and 128 heads: a partial head group and V3's eight; on Hopper 64, 80 and 128
 // heads on the warpgroup-MMA kernel) and its generic kernel against the oracle over ragged lengths (1, 63, 64, 65, long
-// ones that split) and page sizes with NaN outside the sequences, and gather_cache bit for bit.
+// ones that split) and page sizes with NaN outside the sequences, and gather_cache bit for bit; fused_mla_rope_cache
+// against the four ops it replaces, bit for bit, and its slot error.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "L1/concat_and_cache_mla.h"
+#include "L1/fused_mla_rope_cache.h"
 #include "L1/gather_cache.h"
 #include "L1/grouped_topk.h"
 #include "L1/mla_decode.h"
+#include "L1/rms_norm.h"
+#include "L1/rotary_embedding.h"
 #include "kbn/compare.h"
 #include "kbn/device.h"
 #include "kbn/device_errors.h"
@@ -101,6 +107,95 @@ TEST(ConcatAndCacheMlaGpu, ASlotOutsideTheCacheIsReported) {
   op.forward(cpu_kv_c.slice(0, 0, 1), cpu_k_pe.slice(0, 0, 1), want, Tensor::from_i64({1}, {1}));
   op.forward(cpu_kv_c.slice(0, 2, 3), cpu_k_pe.slice(0, 2, 3), want, Tensor::from_i64({2}, {1}));
   expect_bitwise(got, want, "after an out-of-range slot");
+}
+
+// fused_mla_rope_cache gives the bits of what it replaces on the GPU: rms_norm of the latent (the register kernel at
+// 512 wide, the one-warp kernel at tiny-deepseek-v2's 32), rotary_embedding (GPT-J pairs) in place on q's rope part
+// and on k_pe, concat_and_cache_mla, and the decode tokens' q_pe copied into q_abs. Compared: q, the whole cache and
+// q_abs (both poisoned with NaN, so a stray or missed write shows), at DeepSeek-V2-Lite's widths (16 heads of 128 +
+// 64, latent 512 + 64), V3's 128 heads and the tiny model's; kv_a rows wider than the latent (a token stride), padding
+// tokens (slot -1), a position outside the table (not rotated), all or some or none of the tokens decoding; kv_a must
+// be left untouched.
+TEST(FusedMlaRopeCacheGpu, SameBitsAsNormRopeStoreAndCopy) {
+  KBN_SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t tokens, decode, heads, nope, rope, rank;
+  };
+  const double kNaN = std::numeric_limits<double>::quiet_NaN();
+  const int64_t max_position = 4096, bs = 64, extra = 8;
+  uint64_t seed = 900;
+  for (const DType dt : {DType::bf16, DType::f16, DType::f32})
+    for (const Case c : {Case{1, 1, 16, 128, 64, 512}, Case{37, 20, 16, 128, 64, 512}, Case{5, 5, 128, 128, 64, 512},
+                         Case{300, 0, 4, 16, 8, 32}, Case{9, 4, 4, 16, 8, 32}}) {
+      ASSERT_TRUE(FusedMlaRopeCache::kernel_supports(dt, c.rank, c.rope));
+      const int64_t T = c.tokens, H = c.heads, D = c.nope + c.rope, L = c.rank, R = c.rope, W = L + R;
+      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " decode=" +
+                               std::to_string(c.decode) + " heads=" + std::to_string(H) + " L=" + std::to_string(L);
+      SCOPED_TRACE(what);
+      const Tensor kv_a_rows = randn({T, W + extra}, seed++, dt), q_host = randn({T, H, D}, seed++, dt);
+      Tensor positions = Tensor::empty({T}, DType::i64);
+      fill_randint_(positions, seed++, 0, max_position);
+      if (T > 3) positions.data<int64_t>()[2] = max_position + 5;  // outside the table: not rotated
+      const int64_t blocks = T / bs + 2;
+      std::vector<int64_t> slots(size_t(blocks * bs));
+      std::iota(slots.begin(), slots.end(), 0);
+      std::mt19937_64 rng(seed++);
+      std::shuffle(slots.begin(), slots.end(), rng);
+      slots.resize(size_t(T));
+      for (size_t t = 1; t < slots.size(); t += 5) slots[t] = -1;
+      const Tensor pos = positions.to(kGpu), slot_mapping = Tensor::from_i64(slots, {T}).to(kGpu);
+      RotaryEmbedding rope(R, R, max_position, 10000.0, /*is_neox_style=*/false, RopeScaling{}, {dt, kGpu});
+      RMSNorm norm(L, 1e-6, {dt, kGpu});
+      norm.weight.copy_(randn({L}, seed++, dt).to(kGpu));
+      const auto poisoned = [&](const Shape& shape) { return Tensor::full(shape, kNaN, dt, kGpu); };
+
+      const Tensor kv_a = kv_a_rows.to(kGpu).slice(1, 0, W), q = q_host.to(kGpu);
+      const Tensor cache = poisoned({blocks, bs, W});
+      const Tensor q_abs = c.decode > 0 ? poisoned({c.decode, H, W}) : Tensor();
+      FusedMlaRopeCache(H, c.nope, R, L, 1e-6)
+          .forward(kv_a, q, pos, rope.cos_sin_cache, norm.weight, cache, slot_mapping, q_abs);
+      synchronize(kGpu);
+      EXPECT_NO_THROW(check_device_errors());
+      expect_bitwise(kv_a, kv_a_rows.slice(1, 0, W), "kv_a must be left untouched");
+
+      const Tensor kv_a2 = kv_a_rows.to(kGpu).slice(1, 0, W), q2 = q_host.to(kGpu);
+      const Tensor cache2 = poisoned({blocks, bs, W});
+      const Tensor q_abs2 = c.decode > 0 ? poisoned({c.decode, H, W}) : Tensor();
+      const Tensor normed = norm.forward(kv_a2.slice(1, 0, L));
+      const Tensor k_pe = kv_a2.slice(1, L, W);
+      rope.forward(pos, q2.slice(2, c.nope, D), k_pe);
+      ConcatAndCacheMLA().forward(normed, k_pe, cache2, slot_mapping);
+      if (c.decode > 0) q_abs2.slice(2, L, W).copy_(q2.slice(0, T - c.decode, T).slice(2, c.nope, D));
+      expect_bitwise(q, q2, "q");
+      expect_bitwise(cache, cache2, "the latent cache");
+      if (c.decode > 0) expect_bitwise(q_abs, q_abs2, "q_abs");
+    }
+}
+
+TEST(FusedMlaRopeCacheGpu, ASlotOutsideTheCacheIsReported) {
+  KBN_SKIP_WITHOUT_GPU();
+  const int64_t L = 32, R = 8, W = L + R, H = 2, P = 16;
+  const Tensor kv_a = randn({3, W}, 7, DType::bf16).to(kGpu), q = randn({3, H, P + R}, 8, DType::bf16).to(kGpu);
+  RotaryEmbedding rope(R, R, 64, 10000.0, false, RopeScaling{}, {DType::bf16, kGpu});
+  const Tensor weight = randn({L}, 9, DType::bf16).to(kGpu), cache = Tensor::zeros({2, 4, W}, DType::bf16, kGpu);
+  FusedMlaRopeCache(H, P, R, L, 1e-6)
+      .forward(kv_a, q, Tensor::from_i64({0, 1, 2}, {3}).to(kGpu), rope.cos_sin_cache, weight, cache,
+               Tensor::from_i64({1, 8, 2}, {3}).to(kGpu));  // 8 slots: 8 is outside
+  synchronize(kGpu);
+  try {
+    check_device_errors();
+    ADD_FAILURE() << "a slot outside the cache was not reported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fused_mla_rope_cache: argument 'slot_mapping'[1]"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_device_errors());
+  const std::vector<double> rows = cache.to(kCpu).to_doubles();
+  for (int64_t slot = 0; slot < 8; ++slot) {
+    bool written = false;
+    for (int64_t i = 0; i < W; ++i) written = written || rows[size_t(slot * W + i)] != 0.0;
+    EXPECT_EQ(written, slot == 1 || slot == 2) << "slot " << slot;
+  }
 }
 
 TEST(GroupedTopkGpu, TiesAndGroupsMatchTheOracle) {
