@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "L1/fused_experts.h"
+#include "L1/fused_qk_norm_rope.h"
 #include "L1/gelu_and_mul.h"
 #include "L1/gemma_rms_norm.h"
 #include "L1/rotary_embedding.h"
@@ -16,6 +17,7 @@
 #include "engine/model_loader.h"
 #include "kbn/config.h"
 #include "kbn/model_view.h"
+#include "kbn/rng.h"
 #include "kbn/tensor.h"
 #include "reference/reference.h"
 #include "test_errors.h"
@@ -283,6 +285,41 @@ TEST(FusedExpertsSwigluoai, BadBiasesAndLimitsAreNamed) {
                          baseline::FusedExperts().forward(x, w13, w2, w, ids, floats({1, -1, 0.5f, 9}, {1, 4}), b2_f16);
                        }),
                        "argument 'w2_bias' must have the experts' dtype f32, got f16"));
+}
+
+// fused_qk_norm_rope's forward_store (Qwen3's and Gemma-3's q/k norms + rope + paged store): q as forward gives it,
+// the pages as store_kvcache's oracle writes forward's k and qkv's v heads (slot -1 skipped); bad pages named.
+TEST(FusedQKNormRopeStore, QAndPagesOfForwardThenTheStore) {
+  const int64_t T = 3, H = 2, Hk = 1, D = 4, W = (H + 2 * Hk) * D;
+  Tensor qkv = Tensor::empty({T, W}, DType::f32), qw = Tensor::empty({D}, DType::f32), kw = Tensor::empty({D}, DType::f32);
+  fill_normal_(qkv, 51, 0.0, 1.0);
+  fill_normal_(qw, 52, 0.0, 1.0);
+  fill_normal_(kw, 53, 0.0, 1.0);
+  const Tensor table = reference::rope_cos_sin_cache(D, 16, 10000.0, RopeScaling{});
+  const Tensor positions = Tensor::from_i64({1, 5, 9}, {T}), slots = Tensor::from_i64({6, -1, 0}, {T});
+  baseline::FusedQKNormRope op(H, Hk, D, 1e-6, 1.0);
+  const auto [q, k] = op.forward(qkv, positions, qw, kw, table);
+  Tensor kc = Tensor::full({2, 4, Hk, D}, 7.0, DType::f32), vc = Tensor::full({2, 4, Hk, D}, 7.0, DType::f32);
+  const Tensor qs = op.forward_store(qkv, positions, qw, kw, table, kc, vc, slots);
+  EXPECT_EQ(qs.to_floats(), q.to_floats());
+  Tensor kc2 = Tensor::full({2, 4, Hk, D}, 7.0, DType::f32), vc2 = Tensor::full({2, 4, Hk, D}, 7.0, DType::f32);
+  const Tensor v = qkv.slice(1, (H + Hk) * D, W);
+  reference::reshape_and_cache(k.view({T, Hk, D}), v.as_strided({T, Hk, D}, {v.stride(0), D, 1}, v.offset()), kc2,
+                               vc2, slots);
+  EXPECT_EQ(kc.to_floats(), kc2.to_floats());
+  EXPECT_EQ(vc.to_floats(), vc2.to_floats());
+  EXPECT_NE(kc.to_floats(), Tensor::full({2, 4, Hk, D}, 7.0, DType::f32).to_floats());  // something was stored
+  const Tensor bad = Tensor::zeros({2, 4, Hk, D + 1}, DType::f32);
+  EXPECT_TRUE(contains(error_of([&] { op.forward_store(qkv, positions, qw, kw, table, bad, vc, slots); }),
+                       "argument 'key_cache'"));
+  EXPECT_TRUE(contains(error_of([&] {
+                         op.forward_store(qkv, positions, qw, kw, table, kc, vc.to(DType::bf16), slots);
+                       }),
+                       "'value_cache'"));
+  EXPECT_TRUE(contains(error_of([&] {
+                         op.forward_store(qkv, positions, qw, kw, table, kc, vc, Tensor::from_i32({0, 1, 2}, {T}));
+                       }),
+                       "'slot_mapping'"));
 }
 
 // forward_add (DeepSeek's routed + shared experts): the experts' output rounded to the activation dtype, plus the

@@ -396,6 +396,32 @@ TEST(FusedQKNormRopeGpu, SameBitsAsTheNormsThenRotary) {
       expect_bitwise_equal(q, q3, "q: fused vs norm + rotary");
       expect_bitwise_equal(k, k3, "k: fused vs norm + rotary");
 
+      // forward_store: q as forward gives it; the pages (poisoned with NaN) as store_kvcache writes k and the v view,
+      // with padding tokens (slot -1) and, from 5 tokens, a slot past the pages (skipped).
+      {
+        const int64_t bs = 16, blocks = (T + 2) / bs + 2, num_slots = blocks * bs;
+        std::vector<int64_t> slots(static_cast<size_t>(num_slots));
+        std::iota(slots.begin(), slots.end(), 0);
+        std::mt19937_64 rng(seed++);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        slots.resize(size_t(T));
+        for (size_t t = 1; t < slots.size(); t += 5) slots[t] = -1;
+        if (T > 4) slots[4] = num_slots + 3;
+        const Tensor slot_mapping = Tensor::from_i64(slots, {T}).to(kGpu);
+        const Shape shape{blocks, bs, c.kv_heads, D};
+        const auto poisoned = [&] { return Tensor::full(shape, kNaN, dt, kGpu); };
+        const Tensor kc = poisoned(), vc = poisoned(), kc2 = poisoned(), vc2 = poisoned();
+        const Tensor qs =
+            fused.forward_store(qkv.gpu, pos.gpu, q_weight.gpu, k_weight.gpu, rope.cos_sin_cache, kc, vc, slot_mapping);
+        const Tensor v = qkv.gpu.slice(1, q_size + kv_size, q_size + 2 * kv_size);
+        StoreKVCache().forward(k.view({T, c.kv_heads, D}),
+                               v.as_strided({T, c.kv_heads, D}, {v.stride(0), D, 1}, v.offset()), kc2, vc2,
+                               slot_mapping);
+        expect_bitwise_equal(qs, q, "forward_store's q vs forward's");
+        expect_bitwise_equal(kc, kc2, "key_cache: forward_store vs forward + store_kvcache");
+        expect_bitwise_equal(vc, vc2, "value_cache: forward_store vs store_kvcache");
+      }
+
       // The oracle (its rotary refuses positions outside the table: compare the in-range tokens' path on a copy
       // whose out-of-range position is 0, on the GPU too).
       if (T > 3) {

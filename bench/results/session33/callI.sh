@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Session 33, call I. dev = this tree (FusedMlaRopeCache: DeepSeek's latent norm, rope, latent store and q_pe into
-# q_abs as one kernel); off = the same build with deepseek_v2_mla_attention.cu compiled with the fusion off
-# (-DKBN_CANDIDATE_REPLACES_L1_concat_and_cache_mla_h, relinked: build-cmp/mla_off.xz), i.e. call H's dev code.
+# Session 33, call I. dev = this tree: FusedMlaRopeCache (DeepSeek's latent norm, rope, latent store and q_pe into
+# q_abs as one kernel) and FusedQKNormRope::forward_store (Qwen3 / Gemma-3: q/k norms + rope + the paged store as one
+# kernel); off = the same build with deepseek_v2_mla_attention.cu, qwen3_attention.cu and gemma3_attention.cu
+# compiled with both fusions off (-DKBN_CANDIDATE_REPLACES_L1_concat_and_cache_mla_h
+# -DKBN_CANDIDATE_REPLACES_L1_store_kvcache_h, relinked: build-cmp/off.xz), i.e. call H's dev code.
 # GPU tests, the op's validation contract and timing at DeepSeek-V2-Lite's shapes, latency-b1 off / dev alternated,
 # then kernel traces of DeepSeek-V2-Lite and Qwen3-30B-A3B (what is left at batch 1).
 source tools/device_call.sh
-unxz_to build-cmp/mla_off.xz /tmp/off/kb_nano
-st gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='FusedMlaRopeCacheGpu.*:ConcatAndCacheMlaGpu.*:*tiny_deepseek*:MlaDecodeGpu.*:RotaryEmbeddingGpu.*'
+unxz_to build-cmp/off.xz /tmp/off/kb_nano
+st gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='FusedMlaRopeCacheGpu.*:ConcatAndCacheMlaGpu.*:*tiny_deepseek*:MlaDecodeGpu.*:FusedQKNormRopeGpu.*:*tiny_qwen3*:*tiny_gemma*:EngineGraphGpu.*'
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" $O/gpu_tests.log | head -20
 st kernels_mla 90 build/kb_nano kernels --model deepseek-v2-lite --variant baseline --target fused_mla_rope_cache --target concat_and_cache_mla --target rotary_embedding --target rms_norm --tokens 1,16,256,4096 --random 0 --seeds 1 --json $O/kernels_mla.json
 tail -30 $O/kernels_mla.log
@@ -14,7 +16,8 @@ E="eval --workload latency-b1 --num-requests 8 --mode graph --variant baseline -
 one() { local m=$1 b=$2 r=$3 bin=build/kb_nano; [ $b != dev ] && bin=/tmp/$b/kb_nano
   st b1_${m}_$b$r 45 $bin $E --model $m --json $O/eval_b1_${m}_$b$r.json
   echo "  $m $b$r: $(grep -E 'TPOT' $O/b1_${m}_$b$r.log | head -1)"; }
-for r in 1 2; do for b in off dev; do one deepseek-v2-lite $b $r; done; done
+for r in 1 2; do for b in off dev; do one deepseek-v2-lite $b $r; one qwen3-30b-a3b $b $r; done; done
+for b in off dev; do one qwen3-8b $b 1; done
 for m in deepseek-v2-lite qwen3-30b-a3b; do
   st trace_$m 60 build/kb_nano $E --model $m --kernel-trace --json $O/trace_$m.json
   grep -E "TPOT|kernels per|busy" $O/trace_$m.log | head -4

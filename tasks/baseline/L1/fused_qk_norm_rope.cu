@@ -26,8 +26,13 @@ struct QKNormRopeParams {
   const void* k_weight;       // [head_dim]
   const void* cos_sin_cache;  // [max_position, head_dim] contiguous: cos | sin
   void* q_out;                // [num_tokens, num_heads * head_dim] contiguous
-  void* k_out;                // [num_tokens, num_kv_heads * head_dim] contiguous
-  int64_t qkv_stride, positions_stride, max_position;
+  void* k_out;                // [num_tokens, num_kv_heads * head_dim] contiguous; unused when storing
+  // forward_store: k goes to key_cache and v to value_cache at the token's slot instead ([num_slots, num_kv_heads *
+  // head_dim] contiguous, T; slot -1 and slots past the pages skipped, as store_kvcache does); nullptr otherwise.
+  void* key_cache;
+  void* value_cache;
+  const int64_t* slots;  // [num_tokens] stride slot_stride
+  int64_t qkv_stride, positions_stride, max_position, slot_stride = 0, num_slots = 0;
   int num_heads, num_kv_heads;
   float eps;
   float weight_offset;  // the norm's scale is weight_offset + weight: 0 (RMSNorm) or 1 (GemmaRMSNorm)
@@ -39,7 +44,9 @@ constexpr int kWarps = 4;
 // [l N, l N + N) of the head in one 16-byte vector (N = 16 / sizeof(T)), so the NeoX partner of lane l's features
 // (d + head_dim / 2) sits in lane l ^ kHalf. The three kernels this one replaces, step for step: rms_norm_warp_kernel's
 // sum of squares (each lane's 16-byte vector, then the warp's butterfly) and scaling, rounded to T; rotary_embedding's
-// rotation of the rounded values (kbn/rope.cuh). So its outputs are the same bits as theirs.
+// rotation of the rounded values (kbn/rope.cuh). So its outputs are the same bits as theirs. When storing
+// (p.key_cache set) each token also has its v heads as rows: a v row copies its head to value_cache, a k row writes its
+// result to key_cache instead of k_out (store_kvcache's copy of the same values).
 template <class T, int kHeadDim>
 __global__ void __launch_bounds__(kWarps * 32) fused_qk_norm_rope_kernel(QKNormRopeParams p, int64_t rows) {
   pdl_wait();  // dependent launch: nothing is touched before the grids before this one are done
@@ -51,12 +58,25 @@ __global__ void __launch_bounds__(kWarps * 32) fused_qk_norm_rope_kernel(QKNormR
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (row >= rows) return;
-  const int heads = p.num_heads + p.num_kv_heads;
+  const bool store = p.key_cache != nullptr;
+  const int heads = p.num_heads + (store ? 2 : 1) * p.num_kv_heads;
   const int64_t t = row / heads;
   const int head = int(row - t * heads);
   const bool is_q = head < p.num_heads;
-  // q heads and then k heads are adjacent in the qkv row.
+  // q heads, k heads and v heads are adjacent in the qkv row.
   const T* x = static_cast<const T*>(p.qkv) + t * p.qkv_stride + int64_t(head) * kHeadDim;
+  int64_t slot = -1;
+  if (store && !is_q) {
+    slot = p.slots[t * p.slot_stride];
+    if (slot >= p.num_slots) slot = -1;
+  }
+  if (head >= p.num_heads + p.num_kv_heads) {  // a v head (storing only): copied as it is
+    if (slot >= 0 && lane < kVecs)
+      reinterpret_cast<V*>(static_cast<T*>(p.value_cache) +
+                           (slot * p.num_kv_heads + (head - p.num_heads - p.num_kv_heads)) * kHeadDim)[lane] =
+          reinterpret_cast<const V*>(x)[lane];
+    return;
+  }
 
   V v;
   float ss = 0.f;
@@ -85,14 +105,16 @@ __global__ void __launch_bounds__(kWarps * 32) fused_qk_norm_rope_kernel(QKNormR
   // Outside the table: normalised but not rotated, as rotary_embedding leaves it.
   const V result = rope_neox_lane<T, kHeadDim>(normed, other, lane, p.positions[t * p.positions_stride],
                                                static_cast<const T*>(p.cos_sin_cache), p.max_position);
-  T* out = is_q ? static_cast<T*>(p.q_out) + (t * p.num_heads + head) * kHeadDim
-                : static_cast<T*>(p.k_out) + (t * p.num_kv_heads + (head - p.num_heads)) * kHeadDim;
-  reinterpret_cast<V*>(out)[lane] = result;
+  T* out = is_q    ? static_cast<T*>(p.q_out) + (t * p.num_heads + head) * kHeadDim
+           : store ? (slot >= 0 ? static_cast<T*>(p.key_cache) + (slot * p.num_kv_heads + (head - p.num_heads)) * kHeadDim
+                                : nullptr)
+                   : static_cast<T*>(p.k_out) + (t * p.num_kv_heads + (head - p.num_heads)) * kHeadDim;
+  if (out) reinterpret_cast<V*>(out)[lane] = result;
 }
 
 template <class T>
 void launch_fused_qk_norm_rope(const QKNormRopeParams& p, int64_t num_tokens, int64_t head_dim, Stream stream) {
-  const int64_t rows = num_tokens * (p.num_heads + p.num_kv_heads);
+  const int64_t rows = num_tokens * (p.num_heads + (p.key_cache ? 2 : 1) * p.num_kv_heads);
   if (rows == 0) return;
   const dim3 grid{unsigned((rows + kWarps - 1) / kWarps)};
   const auto launch = [&](auto kernel) {
@@ -139,6 +161,35 @@ bool FusedQKNormRope::kernel_supports(DType dtype, int64_t head_dim) {
 
 std::pair<Tensor, Tensor> FusedQKNormRope::forward(const Tensor& qkv, const Tensor& positions, const Tensor& q_weight,
                                                    const Tensor& k_weight, const Tensor& cos_sin_cache) {
+  return run(qkv, positions, q_weight, k_weight, cos_sin_cache, nullptr);
+}
+
+Tensor FusedQKNormRope::forward_store(const Tensor& qkv, const Tensor& positions, const Tensor& q_weight,
+                                      const Tensor& k_weight, const Tensor& cos_sin_cache, const Tensor& key_cache,
+                                      const Tensor& value_cache, const Tensor& slot_mapping) {
+  constexpr const char* op = "fused_qk_norm_rope";
+  const int64_t D = head_dim_;
+  for (const auto& [c, name] : {std::pair{&key_cache, "key_cache"}, std::pair{&value_cache, "value_cache"}}) {
+    check_rank(*c, op, name, 4, "[num_blocks, block_size, num_kv_heads, head_dim]");
+    check_size(*c, op, name, 2, num_kv_heads_, "num_kv_heads");
+    check_size(*c, op, name, 3, D, "head_dim");
+    check_same_dtype(qkv, *c, op, "qkv", name);  // 16-bit or f32 pages of qkv's dtype (fp8 pages: the separate ops)
+    check_same_device(qkv, *c, op, "qkv", name);
+    check_contiguous(*c, op, name);
+  }
+  KBN_CHECK(key_cache.shape() == value_cache.shape(), op, ": arguments 'key_cache' ", key_cache.str(),
+            " and 'value_cache' ", value_cache.str(), " must have one shape");
+  check_rank(slot_mapping, op, "slot_mapping", 1, "[num_tokens]");
+  check_dtype(slot_mapping, op, "slot_mapping", {DType::i64});
+  check_size(slot_mapping, op, "slot_mapping", 0, qkv.size(0), "num_tokens");
+  check_same_device(qkv, slot_mapping, op, "qkv", "slot_mapping");
+  const Stored stored{&key_cache, &value_cache, &slot_mapping};
+  return run(qkv, positions, q_weight, k_weight, cos_sin_cache, &stored).first;
+}
+
+std::pair<Tensor, Tensor> FusedQKNormRope::run(const Tensor& qkv, const Tensor& positions, const Tensor& q_weight,
+                                               const Tensor& k_weight, const Tensor& cos_sin_cache,
+                                               const Stored* stored) {
   constexpr const char* op = "fused_qk_norm_rope";
   const int64_t D = head_dim_, width = (num_heads_ + 2 * num_kv_heads_) * D;
   check_rank(qkv, op, "qkv", 2, "[num_tokens, (num_heads + 2 num_kv_heads) * head_dim]");
@@ -163,11 +214,19 @@ std::pair<Tensor, Tensor> FusedQKNormRope::forward(const Tensor& qkv, const Tens
   check_contiguous(cos_sin_cache, op, "cos_sin_cache");
   const int64_t T = qkv.size(0);
   Tensor q = Tensor::empty({T, num_heads_ * D}, qkv.dtype(), qkv.device());
-  Tensor k = Tensor::empty({T, num_kv_heads_ * D}, qkv.dtype(), qkv.device());
+  // Storing on the GPU: k goes to the pages only (no k tensor).
+  Tensor k = stored && !qkv.is_cpu() ? Tensor() : Tensor::empty({T, num_kv_heads_ * D}, qkv.dtype(), qkv.device());
   if (T == 0) return {q, k};
   if (qkv.is_cpu()) {
     reference::fused_qk_norm_rope(q, k, qkv, positions, q_weight, k_weight, cos_sin_cache, num_heads_, num_kv_heads_,
                                   D, eps_, weight_offset_);
+    if (stored) {  // then store_kvcache's oracle
+      Tensor kc = *stored->key_cache, vc = *stored->value_cache;
+      const Tensor v = qkv.slice(1, (num_heads_ + num_kv_heads_) * D, width);
+      reference::reshape_and_cache(k.view({T, num_kv_heads_, D}),
+                                   v.as_strided({T, num_kv_heads_, D}, {v.stride(0), D, 1}, v.offset()), kc, vc,
+                                   *stored->slot_mapping);
+    }
     return {q, k};
   }
 #ifdef KBN_WITH_CUDA
@@ -184,10 +243,15 @@ std::pair<Tensor, Tensor> FusedQKNormRope::forward(const Tensor& qkv, const Tens
                            .k_weight = k_weight.data_ptr(),
                            .cos_sin_cache = cos_sin_cache.data_ptr(),
                            .q_out = q.data_ptr(),
-                           .k_out = k.data_ptr(),
+                           .k_out = stored ? nullptr : k.data_ptr(),
+                           .key_cache = stored ? stored->key_cache->data_ptr() : nullptr,
+                           .value_cache = stored ? stored->value_cache->data_ptr() : nullptr,
+                           .slots = stored ? stored->slot_mapping->data<int64_t>() : nullptr,
                            .qkv_stride = qkv.stride(0),
                            .positions_stride = positions.stride(0),
                            .max_position = cos_sin_cache.size(0),
+                           .slot_stride = stored ? stored->slot_mapping->stride(0) : 0,
+                           .num_slots = stored ? stored->key_cache->size(0) * stored->key_cache->size(1) : 0,
                            .num_heads = int(num_heads_),
                            .num_kv_heads = int(num_kv_heads_),
                            .eps = float(eps_),

@@ -8,6 +8,17 @@
 
 #include "kbn/variant.h"
 
+// 1 where the blocks with q/k norms fold the paged store into this op (Attention::forward_qk_norm_rope): off when
+// tasks/candidate/ replaces store_kvcache, this op's kernel or the attention layer, so that candidate is reached at
+// every token count (a candidate of this header leaves the macro undefined: off too).
+#if !defined(KBN_CANDIDATE_REPLACES_L1_store_kvcache_h) && !defined(KBN_CANDIDATE_REPLACES_L1_store_kvcache_cu) && \
+    !defined(KBN_CANDIDATE_REPLACES_L1_fused_qk_norm_rope_cu) && !defined(KBN_CANDIDATE_REPLACES_L2_attention_h) && \
+    !defined(KBN_CANDIDATE_REPLACES_L2_attention_cu)
+#define KBN_QK_NORM_ROPE_STORE_FUSION 1
+#else
+#define KBN_QK_NORM_ROPE_STORE_FUSION 0
+#endif
+
 namespace kbn::KBN_VARIANT {
 
 class FusedQKNormRope : public Module {
@@ -22,6 +33,14 @@ class FusedQKNormRope : public Module {
   // token's heads normalised but not rotated, as RotaryEmbedding does.
   std::pair<Tensor, Tensor> forward(const Tensor& qkv, const Tensor& positions, const Tensor& q_weight,
                                     const Tensor& k_weight, const Tensor& cos_sin_cache);
+  // The same, with store_kvcache folded in (kb-nano's; vLLM fuses the rope with the cache store the same way,
+  // fused_rope_kvcache): the normalised, rotated k and v (qkv's v heads as they are) written to the paged caches
+  // key_cache, value_cache [num_blocks, block_size, num_kv_heads, head_dim] (contiguous, qkv's dtype: fp8 pages take
+  // the separate ops) at slot_mapping [num_tokens] i64 (-1 and slots past the pages skipped, as store_kvcache does).
+  // Returns q as forward does; the same bits in q and in the pages as forward then store_kvcache. Mutates the caches.
+  Tensor forward_store(const Tensor& qkv, const Tensor& positions, const Tensor& q_weight, const Tensor& k_weight,
+                       const Tensor& cos_sin_cache, const Tensor& key_cache, const Tensor& value_cache,
+                       const Tensor& slot_mapping);
 
   // Whether the GPU kernel runs (dtype, head_dim): 16-bit types at head_dim 32, 64, 128 or 256, f32 at 32, 64 or 128
   // (one warp holds a head in 16-byte vectors, the two NeoX halves a power-of-two number of lanes apart). Callers fall
@@ -33,6 +52,14 @@ class FusedQKNormRope : public Module {
   int64_t head_dim() const { return head_dim_; }
 
  private:
+  struct Stored {
+    const Tensor* key_cache;
+    const Tensor* value_cache;
+    const Tensor* slot_mapping;
+  };
+  std::pair<Tensor, Tensor> run(const Tensor& qkv, const Tensor& positions, const Tensor& q_weight,
+                                const Tensor& k_weight, const Tensor& cos_sin_cache, const Stored* stored);
+
   int64_t num_heads_, num_kv_heads_, head_dim_;
   double eps_, weight_offset_;
 };
