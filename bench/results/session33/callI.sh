@@ -8,18 +8,18 @@
 # then kernel traces of DeepSeek-V2-Lite and Qwen3-30B-A3B (what is left at batch 1).
 source tools/device_call.sh
 unxz_to build-cmp/off.xz /tmp/off/kb_nano
-st gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='FusedMlaRopeCacheGpu.*:ConcatAndCacheMlaGpu.*:*tiny_deepseek*:MlaDecodeGpu.*:FusedQKNormRopeGpu.*:*tiny_qwen3*:*tiny_gemma*:EngineGraphGpu.*'
+st gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='FusedMlaRopeCacheGpu.*:ConcatAndCacheMlaGpu.*:*tiny_deepseek*:MlaDecodeGpu.*:FusedQKNormRopeGpu.*:*tiny_qwen3*:*tiny_gemma*'
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" $O/gpu_tests.log | head -20
-st kernels_mla 90 build/kb_nano kernels --model deepseek-v2-lite --variant baseline --target fused_mla_rope_cache --target concat_and_cache_mla --target rotary_embedding --target rms_norm --tokens 1,16,256,4096 --random 0 --seeds 1 --json $O/kernels_mla.json
-tail -30 $O/kernels_mla.log
 E="eval --workload latency-b1 --num-requests 8 --mode graph --variant baseline --max-model-len 4096"
 one() { local m=$1 b=$2 r=$3 bin=build/kb_nano; [ $b != dev ] && bin=/tmp/$b/kb_nano
   st b1_${m}_$b$r 45 $bin $E --model $m --json $O/eval_b1_${m}_$b$r.json
   echo "  $m $b$r: $(grep -E 'TPOT' $O/b1_${m}_$b$r.log | head -1)"; }
 for r in 1 2; do for b in off dev; do one deepseek-v2-lite $b $r; one qwen3-30b-a3b $b $r; done; done
-for b in off dev; do one qwen3-8b $b 1; done
+for b in off dev; do one gemma-3-12b-it $b 1; done
 for m in deepseek-v2-lite qwen3-30b-a3b; do
   st trace_$m 60 build/kb_nano $E --model $m --kernel-trace --json $O/trace_$m.json
   grep -E "TPOT|kernels per|busy" $O/trace_$m.log | head -4
 done
+st kernels_mla 60 build/kb_nano kernels --model deepseek-v2-lite --variant baseline --target fused_mla_rope_cache --target concat_and_cache_mla --target rotary_embedding --target rms_norm --tokens 1,4096 --random 0 --seeds 1 --json $O/kernels_mla.json
+tail -30 $O/kernels_mla.log
 finish
