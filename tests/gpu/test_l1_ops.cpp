@@ -110,6 +110,19 @@ Pair randn(const Shape& shape, DType dt, uint64_t seed, double std = 1.0) {
 
 Pair from_host(const Tensor& cpu) { return {cpu, cpu.to(kGpu)}; }
 
+// A slot mapping for T tokens over num_slots page rows: distinct slots in shuffled order, every fifth token from the
+// second a padding token (-1), and from 5 tokens the fifth past the pages (store_kvcache and the fused stores skip it).
+std::vector<int64_t> scattered_slots(int64_t num_slots, int64_t T, uint64_t seed) {
+  std::vector<int64_t> slots(static_cast<size_t>(num_slots));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(size_t(T));
+  for (size_t t = 1; t < slots.size(); t += 5) slots[t] = -1;
+  if (T > 4) slots[4] = num_slots + 3;
+  return slots;
+}
+
 // A [rows, cols] view with row stride cols + pad and element offset `offset` into a wider random tensor.
 Pair strided_randn(int64_t rows, int64_t cols, int64_t pad, int64_t offset, DType dt, uint64_t seed) {
   return randn({rows, cols + pad}, dt, seed).slice(1, offset, offset + cols);
@@ -399,15 +412,8 @@ TEST(FusedQKNormRopeGpu, SameBitsAsTheNormsThenRotary) {
       // forward_store: q as forward gives it; the pages (poisoned with NaN) as store_kvcache writes k and the v view,
       // with padding tokens (slot -1) and, from 5 tokens, a slot past the pages (skipped).
       {
-        const int64_t bs = 16, blocks = (T + 2) / bs + 2, num_slots = blocks * bs;
-        std::vector<int64_t> slots(static_cast<size_t>(num_slots));
-        std::iota(slots.begin(), slots.end(), 0);
-        std::mt19937_64 rng(seed++);
-        std::shuffle(slots.begin(), slots.end(), rng);
-        slots.resize(size_t(T));
-        for (size_t t = 1; t < slots.size(); t += 5) slots[t] = -1;
-        if (T > 4) slots[4] = num_slots + 3;
-        const Tensor slot_mapping = Tensor::from_i64(slots, {T}).to(kGpu);
+        const int64_t bs = 16, blocks = (T + 2) / bs + 2;
+        const Tensor slot_mapping = Tensor::from_i64(scattered_slots(blocks * bs, T, seed++), {T}).to(kGpu);
         const Shape shape{blocks, bs, c.kv_heads, D};
         const auto poisoned = [&] { return Tensor::full(shape, kNaN, dt, kGpu); };
         const Tensor kc = poisoned(), vc = poisoned(), kc2 = poisoned(), vc2 = poisoned();
@@ -486,13 +492,7 @@ TEST(FusedRopeKVCacheGpu, SameBitsAsRotaryThenStore) {
         if (T > 3) positions.data<int64_t>()[2] = max_position + 5;  // outside the table: not rotated
         const Pair pos = from_host(positions);
         const int64_t blocks = (T + 2) / bs + 2, num_slots = blocks * bs;
-        std::vector<int64_t> slots(static_cast<size_t>(num_slots));
-        std::iota(slots.begin(), slots.end(), 0);
-        std::mt19937_64 rng(seed++);
-        std::shuffle(slots.begin(), slots.end(), rng);
-        slots.resize(size_t(T));
-        for (size_t t = 1; t < slots.size(); t += 5) slots[t] = -1;
-        if (T > 4) slots[4] = num_slots + 3;  // past the pages: skipped, as store_kvcache does
+        const std::vector<int64_t> slots = scattered_slots(num_slots, T, seed++);
         const Pair slot_mapping = from_host(Tensor::from_i64(slots, {T}));
         const DType kv = c.fp8 ? DType::fp8e4m3 : dt;
         const Shape shape{blocks, bs, c.kv_heads, D};
