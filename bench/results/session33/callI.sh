@@ -8,7 +8,7 @@
 # then kernel traces of DeepSeek-V2-Lite and Qwen3-30B-A3B (what is left at batch 1).
 source tools/device_call.sh
 unxz_to build-cmp/off.xz /tmp/off/kb_nano
-st gpu_tests 120 build/tests/kbn_gpu_tests --gtest_filter='FusedMlaRopeCacheGpu.*:ConcatAndCacheMlaGpu.*:*tiny_deepseek*:MlaDecodeGpu.*:FusedQKNormRopeGpu.*:*tiny_qwen3*:*tiny_gemma*'
+st gpu_tests 100 build/tests/kbn_gpu_tests --gtest_filter='FusedMlaRopeCacheGpu.*:ConcatAndCacheMlaGpu.*:*tiny_deepseek*:MlaDecodeGpu.*:FusedQKNormRopeGpu.*:*tiny_qwen3*:*tiny_gemma*'
 grep -E "^\[  (PASSED|FAILED) |FAILED  \]|tests ran" $O/gpu_tests.log | head -20
 E="eval --workload latency-b1 --num-requests 8 --mode graph --variant baseline --max-model-len 4096"
 one() { local m=$1 b=$2 r=$3 bin=build/kb_nano; [ $b != dev ] && bin=/tmp/$b/kb_nano
