@@ -37,15 +37,6 @@ class Attention : public Module {
   // views of qkv in place and forward(q, k, v) runs. Either way, the same bits.
   Tensor forward_rope(const Tensor& positions, const Tensor& qkv, RotaryEmbedding& rotary);
 
-  // The same layer for the blocks with per-head q/k norms (Qwen3Attention, Gemma3Attention): qkv as forward_rope takes
-  // it; Norm: RMSNorm or GemmaRMSNorm over head_dim, whose weight_offset `fused` was built with. On the GPU, where
-  // fused_qk_norm_rope's kernel takes the shapes (NeoX rope over the whole head) and this layer's pages hold qkv's
-  // dtype, one kernel normalises and rotates q and k and writes k and v to the pages (FusedQKNormRope::forward_store);
-  // else norm_rope_qkv, then forward(q, k, v). The same bits either way.
-  template <class Norm>
-  Tensor forward_qk_norm_rope(const Tensor& positions, const Tensor& qkv, Norm& q_norm, Norm& k_norm,
-                              RotaryEmbedding& rotary, FusedQKNormRope& fused);
-
   int64_t layer_index() const { return layer_index_; }
   // The per-tensor scales of this layer's fp8 K/V pages (parameters "k_scale", "v_scale", vLLM's names; a
   // checkpoint calibrated for an fp8 KV cache carries them, else 1.0). Used only when the pages are fp8: 16-bit
@@ -98,27 +89,6 @@ NormedQKV norm_rope_qkv(const Tensor& qkv, const Tensor& positions, int64_t head
   NormedQKV out{q_norm.forward(q_heads).view({T, q_size}), k_norm.forward(k_heads).view({T, kv_size}), v};
   rotary.forward(positions, out.q, out.k);
   return out;
-}
-
-template <class Norm>
-Tensor Attention::forward_qk_norm_rope(const Tensor& positions, const Tensor& qkv, Norm& q_norm, Norm& k_norm,
-                                       RotaryEmbedding& rotary, FusedQKNormRope& fused) {
-  const int64_t D = head_size_;
-  if (!qkv.is_cpu() && rotary.is_neox_style() && rotary.rotary_dim() == D &&
-      FusedQKNormRope::kernel_supports(qkv.dtype(), D)) {
-    const ForwardContext& ctx = get_forward_context();
-    const bool pages_match = ctx.kv_caches && layer_index_ < int64_t(ctx.kv_caches->size()) &&
-                             (*ctx.kv_caches)[size_t(layer_index_)].key.dtype() == qkv.dtype();
-    if (pages_match) {
-      KVCache& cache = layer_cache(qkv.size(0));
-      const AttentionMetadata& md = *ctx.attn_metadata;
-      const Tensor q = fused.forward_store(qkv, positions, q_norm.weight, k_norm.weight, rotary.cos_sin_cache,
-                                           cache.key, cache.value, md.slot_mapping_of(cache.kv_group));
-      return attend(q.view({qkv.size(0), num_heads_, D}), cache, md.block_tables_of(cache.kv_group), KVScales{});
-    }
-  }
-  const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, D, q_norm, k_norm, rotary, fused);
-  return forward(x.q, x.k, x.v);
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -19,7 +19,7 @@ KBN_REQUIRE_METHOD(FusedMlaRopeCache, void, forward,
                    (const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                     const Tensor&, const Tensor&),
                    "L1/fused_mla_rope_cache.h");
-// DeepseekV2MLAAttention asks it whether the kernel takes its widths (else it runs the four ops).
+// Its callers ask it whether the kernel takes their widths (else they run the four ops).
 template <class C>
 concept kbn_mla_has_kernel_supports =
     requires { static_cast<bool (*)(DType, int64_t, int64_t)>(&C::kernel_supports); };
