@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Session 33, call I. dev = this tree: FusedMlaRopeCache (DeepSeek's latent norm, rope, latent store and q_pe into
-# q_abs as one kernel) and FusedQKNormRope::forward_store (Qwen3 / Gemma-3: q/k norms + rope + the paged store as one
-# kernel); off = the same build with deepseek_v2_mla_attention.cu, qwen3_attention.cu and gemma3_attention.cu
-# compiled with both fusions off (-DKBN_CANDIDATE_REPLACES_L1_concat_and_cache_mla_h
-# -DKBN_CANDIDATE_REPLACES_L1_store_kvcache_h, relinked: build-cmp/off.xz), i.e. call H's dev code.
-# GPU tests, the op's validation contract and timing at DeepSeek-V2-Lite's shapes, latency-b1 off / dev alternated,
-# then kernel traces of DeepSeek-V2-Lite and Qwen3-30B-A3B (what is left at batch 1).
+# Session 33, call I (not run: no device machine came after call H, then lending paused). To run it:
+#   git apply bench/results/session33/qk_mla_store_wiring.patch; ninja -C build kb_nano tests/kbn_gpu_tests
+#   tools/pack_device_build.sh                                   # dev: the wired tree
+#   tools/relink_variant.sh build-cmp/off.xz "-DKBN_CANDIDATE_REPLACES_L1_concat_and_cache_mla_h \
+#     -DKBN_CANDIDATE_REPLACES_L1_store_kvcache_h" tasks/baseline/L2/deepseek_v2_mla_attention.cu \
+#     tasks/baseline/L2/qwen3_attention.cu tasks/baseline/L2/gemma3_attention.cu   # off: both fusions switched off
+# then carry ["build-dev", "build-cmp"]. dev: FusedMlaRopeCache (DeepSeek's latent norm, rope, latent store and q_pe
+# into q_abs as one kernel) and FusedQKNormRope::forward_store (Qwen3 / Gemma-3: q/k norms + rope + the paged store as
+# one kernel). GPU tests, latency-b1 off / dev alternated, kernel traces of DeepSeek-V2-Lite and Qwen3-30B-A3B (what
+# is left at batch 1), and the op's validation contract and timing at DeepSeek-V2-Lite's shapes.
 source tools/device_call.sh
 unxz_to build-cmp/off.xz /tmp/off/kb_nano
 st gpu_tests 100 build/tests/kbn_gpu_tests --gtest_filter='FusedMlaRopeCacheGpu.*:ConcatAndCacheMlaGpu.*:*tiny_deepseek*:MlaDecodeGpu.*:FusedQKNormRopeGpu.*:*tiny_qwen3*:*tiny_gemma*'
