@@ -1044,17 +1044,10 @@ Tensor FusedExperts::forward_add(const Tensor& addend, const Tensor& hidden_stat
                                  const Tensor& w13_bias, const Tensor& w2_bias) {
   constexpr const char* kOp = "fused_experts";
   KBN_CHECK(addend.defined(), kOp, ": argument 'addend' must be a tensor [num_tokens, hidden], got an undefined one");
-  check_rank(addend, kOp, "addend", 2, "[num_tokens, hidden]");
-  check_contiguous(addend, kOp, "addend");
-  check_same_dtype(hidden_states, addend, kOp, "hidden_states", "addend");
-  check_same_device(hidden_states, addend, kOp, "hidden_states", "addend");
-  check_rank(hidden_states, kOp, "hidden_states", 2, "[num_tokens, hidden]");
-  check_size(addend, kOp, "addend", 0, hidden_states.size(0), "num_tokens");
-  check_size(addend, kOp, "addend", 1, hidden_states.size(1), "hidden");
   return run(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, addend);
 }
 
-// The experts' output; with `addend` defined, round(output + addend) (forward_add, its checks done).
+// The experts' output; with `addend` defined (forward_add), round(output + addend).
 Tensor FusedExperts::run(const Tensor& hidden_states, const Tensor& w13, const Tensor& w2, const Tensor& topk_weights,
                          const Tensor& topk_ids, const Tensor& w13_bias, const Tensor& w2_bias,
                          const Tensor& addend) {
@@ -1077,6 +1070,14 @@ Tensor FusedExperts::run(const Tensor& hidden_states, const Tensor& w13, const T
   check_contiguous(w13, kOp, "w13");
   check_contiguous(w2, kOp, "w2");
   const int64_t t = hidden_states.size(0), h = hidden_states.size(1), e = w13.size(0);
+  if (addend.defined()) {
+    check_rank(addend, kOp, "addend", 2, "[num_tokens, hidden]");
+    check_size(addend, kOp, "addend", 0, t, "num_tokens");
+    check_size(addend, kOp, "addend", 1, h, "hidden");
+    check_contiguous(addend, kOp, "addend");
+    check_same_dtype(hidden_states, addend, kOp, "hidden_states", "addend");
+    check_same_device(hidden_states, addend, kOp, "hidden_states", "addend");
+  }
   KBN_CHECK(w13.size(1) % 2 == 0 && w13.size(1) > 0, kOp,
             ": argument 'w13' [num_experts, 2 * inter, hidden] needs a positive even dim 1, got ", w13.str());
   const int64_t inter = w13.size(1) / 2;
