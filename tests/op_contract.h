@@ -34,13 +34,12 @@ inline ModelView contract_view(const engine::ModelSpec& spec) { return bench::mo
 // ropes these configs give it. DeepSeek-V3's router (grouped, sigmoid, biased), whose architecture no L4 serves
 // (DeepseekV2ForCausalLM serves V2 and V2-Lite). V3's 128-head latent decode is not listed: on the CPU its 300-sequence
 // case costs minutes of oracle time and checks the oracle against itself; tests/gpu/test_deepseek_gpu.cpp runs
-// mla_decode at 128 heads against the oracle on the GPU. fused_mla_rope_cache at tiny-deepseek-v2's shapes: no layer
-// takes it until its GPU tests have run (bench/results/session33/qk_mla_store_wiring.patch wires it in).
+// mla_decode at 128 heads against the oracle on the GPU.
 inline std::vector<OpCase> pending_model_op_cases() {
   return {{"gpt-oss-20b", "swiglu_oai_and_mul"}, {"gpt-oss-20b", "rotary_embedding"},
           {"gemma-3-12b-it", "gemma_rms_norm"},  {"gemma-3-12b-it", "gemma_fused_add_rms_norm"},
           {"gemma-3-12b-it", "gelu_and_mul"},    {"gemma-3-12b-it", "rotary_embedding"},
-          {"deepseek-v3", "grouped_topk"},     {"tiny-deepseek-v2", "fused_mla_rope_cache"}};
+          {"deepseek-v3", "grouped_topk"}};
 }
 
 // Every (model, op) with cases, for the given models, levels 1..3. An op whose header the model's L4 reaches but whose

@@ -8,6 +8,17 @@
 
 #include "kbn/variant.h"
 
+// 1 where the blocks with q/k norms fold the paged store into this op (Attention::forward_qk_norm_rope): off when
+// tasks/candidate/ replaces store_kvcache, this op's kernel or the attention layer, so that candidate is reached at
+// every token count (a candidate of this header leaves the macro undefined: off too).
+#if !defined(KBN_CANDIDATE_REPLACES_L1_store_kvcache_h) && !defined(KBN_CANDIDATE_REPLACES_L1_store_kvcache_cu) && \
+    !defined(KBN_CANDIDATE_REPLACES_L1_fused_qk_norm_rope_cu) && !defined(KBN_CANDIDATE_REPLACES_L2_attention_h) && \
+    !defined(KBN_CANDIDATE_REPLACES_L2_attention_cu)
+#define KBN_QK_NORM_ROPE_STORE_FUSION 1
+#else
+#define KBN_QK_NORM_ROPE_STORE_FUSION 0
+#endif
+
 namespace kbn::KBN_VARIANT {
 
 class FusedQKNormRope : public Module {

@@ -37,6 +37,15 @@ class Attention : public Module {
   // views of qkv in place and forward(q, k, v) runs. Either way, the same bits.
   Tensor forward_rope(const Tensor& positions, const Tensor& qkv, RotaryEmbedding& rotary);
 
+  // The same layer for the blocks with per-head q/k norms (Qwen3Attention, Gemma3Attention): qkv as forward_rope takes
+  // it; Norm: RMSNorm or GemmaRMSNorm over head_dim, whose weight_offset `fused` was built with. On the GPU, where
+  // fused_qk_norm_rope's kernel takes the shapes (NeoX rope over the whole head) and this layer's pages hold qkv's
+  // dtype, one kernel normalises and rotates q and k and writes k and v to the pages (FusedQKNormRope::forward_store);
+  // else norm_rope_qkv, then forward(q, k, v). The same bits either way.
+  template <class Norm>
+  Tensor forward_qk_norm_rope(const Tensor& positions, const Tensor& qkv, Norm& q_norm, Norm& k_norm,
+                              RotaryEmbedding& rotary, FusedQKNormRope& fused);
+
   int64_t layer_index() const { return layer_index_; }
   // The per-tensor scales of this layer's fp8 K/V pages (parameters "k_scale", "v_scale", vLLM's names; a
   // checkpoint calibrated for an fp8 KV cache carries them, else 1.0). Used only when the pages are fp8: 16-bit
@@ -71,6 +80,13 @@ struct NormedQKV {
   Tensor q, k, v;  // q [T, heads * head_dim], k and v [T, kv_heads * head_dim]
 };
 
+// Whether fused_qk_norm_rope takes these q/k heads: NeoX rope over the whole head, and on the GPU a dtype and head_dim
+// its kernel supports (on CPU tensors it always does: the same oracle arithmetic).
+inline bool qk_norm_rope_fuses(const Tensor& qkv, const RotaryEmbedding& rotary, int64_t head_dim) {
+  return rotary.is_neox_style() && rotary.rotary_dim() == head_dim &&
+         (qkv.is_cpu() || FusedQKNormRope::kernel_supports(qkv.dtype(), head_dim));
+}
+
 // qkv: [T, (heads + 2 kv_heads) * head_dim] (any row stride); Norm: RMSNorm or GemmaRMSNorm over head_dim, whose
 // weight_offset `fused` was built with.
 template <class Norm>
@@ -79,8 +95,7 @@ NormedQKV norm_rope_qkv(const Tensor& qkv, const Tensor& positions, int64_t head
                         FusedQKNormRope& fused) {
   const int64_t T = qkv.size(0), D = head_dim, q_size = heads * D, kv_size = kv_heads * D;
   const Tensor v = qkv.slice(1, q_size + kv_size, q_size + 2 * kv_size);
-  if (rotary.is_neox_style() && rotary.rotary_dim() == D &&
-      (qkv.is_cpu() || FusedQKNormRope::kernel_supports(qkv.dtype(), D))) {
+  if (qk_norm_rope_fuses(qkv, rotary, D)) {
     auto [q, k] = fused.forward(qkv, positions, q_norm.weight, k_norm.weight, rotary.cos_sin_cache);
     return {q, k, v};
   }
@@ -89,6 +104,26 @@ NormedQKV norm_rope_qkv(const Tensor& qkv, const Tensor& positions, int64_t head
   NormedQKV out{q_norm.forward(q_heads).view({T, q_size}), k_norm.forward(k_heads).view({T, kv_size}), v};
   rotary.forward(positions, out.q, out.k);
   return out;
+}
+
+template <class Norm>
+Tensor Attention::forward_qk_norm_rope(const Tensor& positions, const Tensor& qkv, Norm& q_norm, Norm& k_norm,
+                                       RotaryEmbedding& rotary, FusedQKNormRope& fused) {
+  const int64_t D = head_size_;
+  if (!qkv.is_cpu() && qk_norm_rope_fuses(qkv, rotary, D)) {
+    const ForwardContext& ctx = get_forward_context();
+    const bool pages_match = ctx.kv_caches && layer_index_ < int64_t(ctx.kv_caches->size()) &&
+                             (*ctx.kv_caches)[size_t(layer_index_)].key.dtype() == qkv.dtype();
+    if (pages_match) {
+      KVCache& cache = layer_cache(qkv.size(0));
+      const AttentionMetadata& md = *ctx.attn_metadata;
+      const Tensor q = fused.forward_store(qkv, positions, q_norm.weight, k_norm.weight, rotary.cos_sin_cache,
+                                           cache.key, cache.value, md.slot_mapping_of(cache.kv_group));
+      return attend(q.view({qkv.size(0), num_heads_, D}), cache, md.block_tables_of(cache.kv_group), KVScales{});
+    }
+  }
+  const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, D, q_norm, k_norm, rotary, fused);
+  return forward(x.q, x.k, x.v);
 }
 
 }  // namespace kbn::KBN_VARIANT

@@ -1,5 +1,6 @@
 #include "L2/deepseek_v2_mla_attention.h"
 
+#include <cstdint>
 #include <vector>
 
 #include "kbn/checks.h"
@@ -8,6 +9,19 @@
 #endif
 #include "kbn/forward_context.h"
 #include "kbn/parallel_state.h"
+
+// The latent's norm, the rope, the latent store and q_pe's copy into q_abs run as one kernel (FusedMlaRopeCache) on
+// the GPU, except when tasks/candidate/ replaces one of the ops it folds away: a candidate is then reached at every
+// token count.
+#if defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_h) || defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cu) ||               \
+    defined(KBN_CANDIDATE_REPLACES_L1_rms_norm_cuh) || defined(KBN_CANDIDATE_REPLACES_L1_rotary_embedding_h) ||     \
+    defined(KBN_CANDIDATE_REPLACES_L1_rotary_embedding_cu) ||                                                       \
+    defined(KBN_CANDIDATE_REPLACES_L1_concat_and_cache_mla_h) ||                                                    \
+    defined(KBN_CANDIDATE_REPLACES_L1_concat_and_cache_mla_cu)
+#define KBN_MLA_NORM_ROPE_STORE_FUSION 0
+#else
+#define KBN_MLA_NORM_ROPE_STORE_FUSION 1
+#endif
 
 namespace kbn::KBN_VARIANT {
 
@@ -29,7 +43,8 @@ DeepseekV2MLAAttention::DeepseekV2MLAAttention(const DeepseekV2Config& c, const 
       v_dim_(c.v_head_dim),
       rank_(c.kv_lora_rank),
       decode_(num_heads_, c.kv_lora_rank, c.qk_rope_head_dim, c.softmax_scale()),
-      prefill_(num_heads_, c.qk_head_dim(), c.softmax_scale(), num_heads_) {
+      prefill_(num_heads_, c.qk_head_dim(), c.softmax_scale(), num_heads_),
+      norm_rope_store_(num_heads_, c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank, c.rms_norm_eps) {
   KBN_CHECK(c.v_head_dim <= c.qk_head_dim(), "DeepseekV2MLAAttention ", prefix, ": v_head_dim ", c.v_head_dim,
             " wider than qk_head_dim ", c.qk_head_dim(),
             " is not supported (the prefill pads values to the key width)");
@@ -97,16 +112,11 @@ Tensor DeepseekV2MLAAttention::forward(const Tensor& positions, const Tensor& hi
     q = q_b_proj->forward(qa).first;
   }
   const Tensor kv_a = kv_a_proj_with_mqa.forward(hidden_states).first;  // [T, rank + rope]
-  const Tensor kv_c_normed = kv_a_layernorm.forward(kv_a.slice(1, 0, rank_));
-  const Tensor k_pe = kv_a.slice(1, rank_, rank_ + rope_);  // rotated in place below
-  // Rotary on q's rope part in place: the heads' last rope_ features, viewed with q's head stride D.
-  const Tensor q_heads = q.view({T, H, D});
-  rotary_emb.forward(positions, q_heads.slice(2, nope_, D), k_pe);
-  const Tensor attn = attend(q_heads, kv_c_normed, k_pe);  // [T, H, v_dim]
+  const Tensor attn = attend(positions, q.view({T, H, D}), kv_a);         // [T, H, v_dim]
   return o_proj.forward(attn.view({T, H * v_dim_})).first;
 }
 
-Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed, const Tensor& k_pe) {
+Tensor DeepseekV2MLAAttention::attend(const Tensor& positions, const Tensor& q, const Tensor& kv_a) {
   const ForwardContext& ctx = get_forward_context();
   KBN_CHECK(ctx.attn_metadata && ctx.kv_caches, "DeepseekV2MLAAttention (", prefix_,
             "): the forward context has no attention metadata or caches");
@@ -120,9 +130,26 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
   const int64_t T = q.size(0), H = num_heads_, D = nope_ + rope_, W = rank_ + rope_;
   KBN_CHECK(T == md.num_tokens(), "DeepseekV2MLAAttention (", prefix_, "): ", T, " tokens but the metadata describes ",
             md.num_tokens());
-  store_.forward(kv_c_normed, k_pe, latent, md.slot_mapping);
-
   const int64_t np = md.num_prefill_tokens, nd = md.num_decodes, ns = md.num_prefills;
+  // The decode tokens' absorbed queries [q_nope @ W_UK | q_pe]: the rope tail written with the latent store below.
+  const Tensor q_abs = nd > 0 ? Tensor::empty({nd, H, W}, q.dtype(), q.device()) : Tensor();
+#if KBN_MLA_NORM_ROPE_STORE_FUSION
+  if (!q.is_cpu() && !rotary_emb.is_neox_style() && FusedMlaRopeCache::kernel_supports(q.dtype(), rank_, rope_) &&
+      reinterpret_cast<uintptr_t>(kv_a.data_ptr()) % 16 == 0 && kv_a.stride(0) * int64_t(kv_a.element_size()) % 16 == 0) {
+    norm_rope_store_.forward(kv_a, q, positions, rotary_emb.cos_sin_cache, kv_a_layernorm.weight, latent,
+                             md.slot_mapping, q_abs);
+  } else
+#endif
+  {
+    // The same four steps as separate ops: the latent's norm, the rope on q's rope part (in place, the heads' last
+    // rope_ features viewed with q's head stride D) and on k_pe (a view into kv_a), the store, q_pe into q_abs.
+    const Tensor kv_c_normed = kv_a_layernorm.forward(kv_a.slice(1, 0, rank_));
+    const Tensor k_pe = kv_a.slice(1, rank_, W);
+    rotary_emb.forward(positions, q.slice(2, nope_, D), k_pe);
+    store_.forward(kv_c_normed, k_pe, latent, md.slot_mapping);
+    if (nd > 0) q_abs.slice(2, rank_, W).copy_(q.slice(0, np, np + nd).slice(2, nope_, D));
+  }
+
   Tensor out = Tensor::empty({T, H, v_dim_}, q.dtype(), q.device());
   if (np > 0) {
     // Decompress the prefill sequences' rows, Lpad (Lmax rounded up to a page) per sequence, into per-head K
@@ -153,10 +180,8 @@ Tensor DeepseekV2MLAAttention::attend(const Tensor& q, const Tensor& kv_c_normed
   if (nd > 0) {
     // Absorbed: q_abs = [q_nope @ W_UK | q_pe] per head, mla_decode, then @ W_UV per head.
     const Tensor qd = q.slice(0, np, np + nd);
-    Tensor q_abs = Tensor::empty({nd, H, W}, q.dtype(), q.device());
     bmm_.forward(qd.as_strided({H, nd, nope_}, {D, H * D, 1}, qd.offset()), W_UK_T,
                  q_abs.as_strided({H, nd, rank_}, {W, H * W, 1}, q_abs.offset()));
-    q_abs.slice(2, rank_, W).copy_(qd.slice(2, nope_, D));
     const Tensor o_lat = decode_.forward(q_abs, latent, md.seq_lens.slice(0, ns, ns + nd),
                                          md.block_tables.slice(0, ns, ns + nd), md.max_decode_seq_len);
     const Tensor od = out.slice(0, np, np + nd);

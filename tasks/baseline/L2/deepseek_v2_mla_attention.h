@@ -5,6 +5,7 @@
 //   [kv_c | k_pe] = kv_a_proj_with_mqa(h); kv_c_normed = kv_a_layernorm(kv_c);
 //   rope (GPT-J interleaved pairs; DeepSeek's YaRN) on q's rope part and on k_pe;
 //   the latent row kv_c_normed | k_pe stored in the layer's paged latent cache (concat_and_cache_mla);
+//   (these three, and the decode tokens' rotated q_pe into q_abs, run as one kernel: L1/fused_mla_rope_cache.h)
 //   prefill tokens: their sequences' latent rows gathered (gather_cache) and decompressed through kv_b_proj into
 //     per-head keys [k_nope | k_pe] and values, then causal varlen attention (FlashAttnPrefill at qk_head_dim with
 //     values of v_head_dim where it runs them natively - the CPU, Hopper at 192 / 128 - else the values zero-padded
@@ -19,6 +20,7 @@
 #include "L1/bmm.h"
 #include "L1/concat_and_cache_mla.h"
 #include "L1/flash_attn_prefill.h"
+#include "L1/fused_mla_rope_cache.h"
 #include "L1/gather_cache.h"
 #include "L1/mla_decode.h"
 #include "L1/rms_norm.h"
@@ -58,7 +60,9 @@ class DeepseekV2MLAAttention : public Module {
   Tensor W_UV;    // [heads, v_head_dim, kv_lora_rank]: o_latent @ W_UV^T
 
  private:
-  Tensor attend(const Tensor& q, const Tensor& kv_c_normed, const Tensor& k_pe);
+  // q: [T, heads, nope + rope] (its rope part not yet rotated); kv_a: kv_a_proj_with_mqa's output [T, rank + rope].
+  // The norm, the rope, the latent store (one fused kernel where FusedMlaRopeCache takes the widths), then attention.
+  Tensor attend(const Tensor& positions, const Tensor& q, const Tensor& kv_a);
   // 0, 1, .., n - 1 (i32): the block table of the prefill's decompressed keys (16-row pages), made anew each call.
   static Tensor block_ids(int64_t n, Device device);
 
@@ -69,6 +73,7 @@ class DeepseekV2MLAAttention : public Module {
   Bmm bmm_;
   MlaDecode decode_;
   FlashAttnPrefill prefill_;
+  FusedMlaRopeCache norm_rope_store_;
 };
 
 }  // namespace kbn::KBN_VARIANT

@@ -47,9 +47,13 @@ Tensor Gemma3Attention::forward(const Tensor& positions, const Tensor& hidden_st
 }
 
 Tensor Gemma3Attention::forward_qkv(const Tensor& positions, const Tensor& qkv) {
+#if KBN_QK_NORM_ROPE_STORE_FUSION
+  Tensor attn_output = attn.forward_qk_norm_rope(positions, qkv, q_norm, k_norm, rotary_emb, qk_norm_rope);
+#else
   const NormedQKV x = norm_rope_qkv(qkv, positions, num_heads_, num_kv_heads_, head_dim_, q_norm, k_norm, rotary_emb,
                                      qk_norm_rope);
   Tensor attn_output = attn.forward(x.q, x.k, x.v);
+#endif
   auto [output, out_bias] = o_proj.forward(attn_output);
   return output;
 }
