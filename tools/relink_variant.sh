@@ -3,7 +3,7 @@
 # recompiled with extra defines (typically a fusion's candidate switch, e.g.
 # -DKBN_CANDIDATE_REPLACES_L1_store_kvcache_h, which turns the fused path off), swapped into a copy of build/'s task
 # library, and kb_nano is relinked against it. Seconds per source instead of a full build on two cores; the binary is
-# written xz-compressed when OUT ends in .xz (what fits beside build-dev/ in the device's 64 MiB carry; unpack it there
+# written stripped and xz-compressed when OUT ends in .xz (what fits beside build-dev/ in the device's 64 MiB carry; unpack it there
 # with tools/device_call.sh's unxz_to).
 #
 #   tools/relink_variant.sh OUT "DEFINES" SOURCE...
@@ -59,8 +59,8 @@ link=$(sed -e "s|\([ ,=]\)$lib|\1$work/$lib|g" -e "s| -o kb_nano| -o $work/kb_na
 (cd "$build" && eval "$link")
 mkdir -p "$(dirname "$out")"
 case $out in
-  *.xz) python3 -c "import lzma,shutil,sys; shutil.copyfileobj(open(sys.argv[1],'rb'), lzma.open(sys.argv[2],'wb'))" \
-    "$work/kb_nano" "$out" ;;
+  *.xz) strip "$work/kb_nano" && python3 -c \
+    "import lzma,shutil,sys; shutil.copyfileobj(open(sys.argv[1],'rb'), lzma.open(sys.argv[2],'wb'))" "$work/kb_nano" "$out" ;;
   *) cp "$work/kb_nano" "$out" ;;
 esac
 echo "relink_variant: $out (kb_nano with ${*} recompiled with $defines)"
