@@ -118,8 +118,11 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_topk_kernel(GroupedTopkPa
     if (lane == 0 && i >= 0) kept_s[warp][i] = true;
     __syncwarp();
   }
-  // The top_k experts of the kept groups, best first.
-  double chosen_sum = 0;
+  // The top_k experts of the kept groups, best first. The butterfly arg-max leaves the winner in every lane: lane j
+  // keeps the j-th choice and its score, and the k lanes write ids and weights at the end (one lane reading the ids
+  // back from global memory, one dependent load per choice, was most of a one-token call).
+  double chosen_sum = 0, mine = 0;
+  int my_id = 0;
   for (int j = 0; j < p.top_k; ++j) {
     double v = -INFINITY;
     int i = -1;
@@ -131,19 +134,15 @@ __global__ void __launch_bounds__(kWarps * 32) grouped_topk_kernel(GroupedTopkPa
       }
     }
     warp_argmax(v, i);
-    if (lane == 0) {
-      p.ids[t * p.top_k + j] = i;
-      taken[i] = true;
-      chosen_sum += score[i];
-    }
+    chosen_sum += score[i];
+    if (lane == j) mine = score[i], my_id = i;
+    if (lane == 0) taken[i] = true;
     __syncwarp();
   }
-  if (lane == 0) {
-    for (int j = 0; j < p.top_k; ++j) {
-      const int i = p.ids[t * p.top_k + j];
-      const double w = p.renormalize ? score[i] / chosen_sum : score[i];
-      p.weights[t * p.top_k + j] = float(w * p.scale);
-    }
+  if (lane < p.top_k) {
+    const double w = p.renormalize ? mine / chosen_sum : mine;
+    p.ids[t * p.top_k + lane] = my_id;
+    p.weights[t * p.top_k + lane] = float(w * p.scale);
   }
 }
 
@@ -199,6 +198,7 @@ std::pair<Tensor, Tensor> GroupedTopk::forward(const Tensor& gating_output, cons
   KBN_CHECK(!e_score_correction_bias.defined() || E / num_expert_group_ >= 2, op,
             ": with 'e_score_correction_bias' a group is scored by its two best experts, but its groups hold ",
             E / num_expert_group_);
+  KBN_CHECK(top_k_ <= 32, op, ": top_k ", top_k_, " exceeds the kernel's 32 (one warp lane per chosen expert)");
   if (T == 0) return {weights, ids};
   static const int32_t nan_code = device_error_code(
       "grouped_topk: argument 'gating_output' holds NaN in token {detail} (router logits must be numbers; on the GPU "
