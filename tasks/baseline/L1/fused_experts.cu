@@ -34,8 +34,9 @@ namespace {
 // tokens take the decode path further down instead:
 //   1. moe_align_block_size (L1/moe_align_block_size.h) with kBlockM: the pairs grouped by expert, padded to blocks
 //      of kBlockM rows, one expert per block.
-//   2. moe_permute: x_sorted[r] = hidden_states[sorted[r] / top_k] (zeros for padding rows), so the GEMMs read their
-//      rows as dense tiles; it also zeroes the output rows of pairs whose expert id is out of range (dropped).
+//   2. moe_permute: x_sorted[r] = hidden_states[sorted[r] / top_k] for the rows of real pairs (padding rows are not
+//      written: they reach only discarded outputs), so the GEMMs read their rows as dense tiles; it also zeroes the
+//      output rows of pairs whose expert id is out of range (dropped).
 //   3. expert GEMM 1 (gate and up): act[r, c] = act(g, u) with [g; u] = w13[expert(r)] x_sorted[r] (+ the expert's
 //      w13 bias), per block; act is silu(g) * u or gpt-oss's swigluoai (ExpertAct).
 //   4. expert GEMM 2 (down): cache[pair(r)] = topk_weight(pair) * (w2[expert(r)] act[r] (+ the expert's w2 bias)),
@@ -67,32 +68,43 @@ struct PermuteParams {
   int num_pairs, top_k, hidden, num_experts;
 };
 
+// Block b takes sorted rows [b kPermuteRows, +kPermuteRows): one coalesced read of their pair ids, then its warps copy
+// the rows of real pairs, round robin. Padding rows are left as they are: a GEMM row depends on its own A row alone,
+// and padding rows reach only output rows that are discarded (GEMM 2 writes real pairs only), so copying zeros into
+// them (at decode most of max_padded: 16k of 18k rows for Qwen3-30B-A3B at 256 tokens, 66 MB of writes) bought
+// nothing. The block also zeroes the cache rows of dropped pairs among pairs [b kPermuteRows, +kPermuteRows).
+constexpr int kPermuteRows = 32;
+static_assert(kBlockM % kPermuteRows == 0, "max_padded is a multiple of kBlockM");
+
 template <class T, bool kVec>
 __global__ void __launch_bounds__(128) moe_permute_kernel(PermuteParams p) {
   using V = Vec16<T>;
-  constexpr int N = kVec ? V::N : 1;
-  const int r = blockIdx.x;
+  constexpr int N = kVec ? V::N : 1, kWarps = 4;
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32);
+  const int r0 = int(blockIdx.x) * kPermuteRows;
   const int chunks = p.hidden / N;
-  if (r < p.num_pairs) {
-    const int id = p.ids[r];
-    if (id < 0 || id >= p.num_experts)
-      for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-        T* dst = static_cast<T*>(p.cache) + int64_t(r) * p.hidden + int64_t(c) * N;
-        if constexpr (kVec)
-          *reinterpret_cast<V*>(dst) = V{};
-        else
-          *dst = from_f32<T>(0.f);
-      }
-  }
-  if (r >= *p.post_padded) return;
-  const int pair = p.sorted[r];
-  const T* src = pair < p.num_pairs ? static_cast<const T*>(p.x) + int64_t(pair / p.top_k) * p.hidden : nullptr;
-  T* dst = static_cast<T*>(p.x_sorted) + int64_t(r) * p.hidden;
-  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
-    if constexpr (kVec)
-      reinterpret_cast<V*>(dst)[c] = src ? reinterpret_cast<const V*>(src)[c] : V{};
-    else
-      dst[c] = src ? src[c] : from_f32<T>(0.f);
+  auto copy_row = [&](T* dst, const T* src) {
+    for (int c = lane; c < chunks; c += 32) {
+      if constexpr (kVec)
+        reinterpret_cast<V*>(dst)[c] = src ? reinterpret_cast<const V*>(src)[c] : V{};
+      else
+        dst[c] = src ? src[c] : from_f32<T>(0.f);
+    }
+  };
+  const int id = r0 + lane < p.num_pairs ? p.ids[r0 + lane] : 0;
+  unsigned dropped = __ballot_sync(0xffffffffu, id < 0 || id >= p.num_experts);
+  for (int rank = 0; dropped; ++rank, dropped &= dropped - 1)
+    if (rank % kWarps == warp)
+      copy_row(static_cast<T*>(p.cache) + int64_t(r0 + __ffs(int(dropped)) - 1) * p.hidden, nullptr);
+  const int end = min(r0 + kPermuteRows, *p.post_padded);
+  const int pair = r0 + lane < end ? p.sorted[r0 + lane] : p.num_pairs;
+  unsigned real = __ballot_sync(0xffffffffu, pair < p.num_pairs);
+  for (int rank = 0; real; ++rank, real &= real - 1) {
+    const int i = __ffs(int(real)) - 1;
+    const int src_pair = __shfl_sync(0xffffffffu, pair, i);
+    if (rank % kWarps == warp)
+      copy_row(static_cast<T*>(p.x_sorted) + int64_t(r0 + i) * p.hidden,
+               static_cast<const T*>(p.x) + int64_t(src_pair / p.top_k) * p.hidden);
   }
 }
 
@@ -170,12 +182,13 @@ constexpr int kThreads = 128 + kConsumerThreads;
 constexpr uint32_t kATileBytes = kBlockM * kBlockK * 2;  // 128 rows x 128 bytes
 constexpr int kABoxRows = 16;                            // A's TMA box: 16 rows (two swizzle atoms) x 64 columns
 
-// The two tile shapes: kBlockN = 128 (B tile 128 rows, 5 stages) for decode-sized launches, where more blocks keep
-// more SMs streaming weights, and kBlockN = 256 (4 stages) for prefill, where the wider tile halves the
+// The two tile shapes: kBlockN = 128 (B tile 128 rows, 7 stages: 112 KB of weights in flight per SM, 229 KB of shared
+// memory) for decode-sized launches, where more blocks keep more SMs streaming weights, and kBlockN = 256 (4 stages)
+// for prefill, where the wider tile halves the
 // shared-memory operand traffic per FLOP (A is read once per 256 columns instead of per 128).
 template <int kBlockN>
 struct Tile {
-  static constexpr int kStages = kBlockN == 256 ? 4 : 5;
+  static constexpr int kStages = kBlockN == 256 ? 4 : 7;
   static constexpr uint32_t kBTileBytes = kBlockN * kBlockK * 2;
   static constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
   static constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes + 2 * kStages * 8 + 1024;  // + barriers, align
@@ -194,10 +207,12 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kBlockN / 2], uint64_t da,
 // producer; 1 and 2: consumers). The active m blocks are read on the device (num_tokens_post_padded): blocks past the
 // active items exit at once, so a launch sized for the worst case costs only empty blocks. Block b walks items b,
 // b + gridDim.x, ... with the stage ring running on across them, so a smaller (persistent) grid is correct too. The
-// launch gives a GEMM split along K (decode sizes) a persistent grid, one block per SM, and every other GEMM a block
-// per item: on the H200 the persistent grid measured faster at one token (same-call A/B: gpt-oss-20b 98.2 -> 91.5 us,
-// Mixtral 211.0 -> 201.9, Qwen3-30B-A3B 77.3 -> 64.1) and even at 16 and 256 tokens, but 5-9% slower at Mixtral's
-// long-K prefill (bench/results/h200/moe/README.md, runs 5 and 8). Mode 1's tile is kBlockN / 2 gate rows and the
+// launch gives the narrow tiles and any GEMM split along K a persistent grid, one block per SM, and the wide tiles a
+// block per item: on the H200 the persistent grid measured faster at one token (same-call A/B: gpt-oss-20b 98.2 -> 91.5
+// us, Mixtral 211.0 -> 201.9, Qwen3-30B-A3B 77.3 -> 64.1) and even at 16 and 256 tokens, but 5-9% slower at Mixtral's
+// long-K prefill (bench/results/h200/moe/README.md, runs 5 and 8). With the narrow tiles' 7 stages and the metadata
+// read one item ahead, Qwen3-30B-A3B's fused_experts went 394 -> 363 us at 16 tokens and 616 -> 564 at 256 on an H100
+// (bench/results/h100/session34/, call A). Mode 1's tile is kBlockN / 2 gate rows and the
 // matching up rows (kBlockN / 2 act columns); mode 2's, kBlockN rows of w2.
 // A consumer warpgroup whose 64 rows are all padding (decode: most blocks hold a few pairs) skips its MMAs.
 template <class T, int kMode, int kBlockN>
@@ -239,28 +254,74 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   if (tid < 128) {
-    // ---- producer: one thread issues every copy; `it` counts stage uses over all of this block's items ----
-    if constexpr (kBlockN == 256) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (tid == 0) {
-      int it = 0;
-      for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
-        int m, n, split, kb0, kb1;
-        item(w, m, n, split, kb0, kb1);
-        const int b_row = p.expert_ids[m] * p.b_rows + n * kOutCols;
-        // A is copied in boxes of kABoxRows rows, and only the boxes that start with a real pair: padding follows an
-        // expert's pairs, so they are a prefix. At decode a block holds a few real rows, and its A traffic shrinks
-        // with them (rows never copied hold stale values; they only reach output rows that are discarded).
-        int live = 0;
-        for (int j = 0; j < kBlockM / kABoxRows; ++j)
-          if (p.sorted[m * kBlockM + j * kABoxRows] < p.num_pairs) live = j + 1;
+    // ---- producer; `it` counts stage uses over all of this block's items ----
+    // A is copied in boxes of kABoxRows rows, and only the boxes that start with a real pair: padding follows an
+    // expert's pairs, so they are a prefix. At decode a block holds a few real rows, and its A traffic shrinks with
+    // them (rows never copied hold stale values; they only reach output rows that are discarded).
+    if constexpr (kBlockN == 256) {
+      // Wide tiles (prefill, a block per item): one thread issues every copy. The narrow tiles' read-ahead warp below
+      // measured 10% slower here (Mixtral-8x7B, 4096 tokens, same-call A/B on an H100: 4662-4682 -> 5147-5161 us,
+      // bench/results/h100/session34/; cause not isolated), so this path keeps the single thread.
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+      if (tid == 0) {
+        int it = 0;
+        for (int w = blockIdx.x; w < num_items; w += gridDim.x) {
+          int m, n, split, kb0, kb1;
+          item(w, m, n, split, kb0, kb1);
+          const int b_row = p.expert_ids[m] * p.b_rows + n * kOutCols;
+          int live = 0;
+          for (int j = 0; j < kBlockM / kABoxRows; ++j)
+            if (p.sorted[m * kBlockM + j * kABoxRows] < p.num_pairs) live = j + 1;
+          const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
+          for (int kb = kb0; kb < kb1; ++kb, ++it) {
+            const int s = it % kStages;
+            if (it >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((it / kStages - 1) & 1));
+            const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
+            mbar_arrive_expect_tx(bar, bytes);
+            for (int j = 0; j < live; ++j)
+              tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
+            if constexpr (kMode == 1) {
+              tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                       // gate rows
+              tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
+            } else {
+              tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
+            }
+          }
+        }
+      }
+      return;
+    }
+    // Narrow tiles (decode sizes, a persistent grid): warp 0, lane 0 issuing every copy.
+    if (tid >= 32) return;
+    // An item's metadata (its expert and the first pair of each of its A boxes) is read one item ahead, while the
+    // previous item's copies are issued, so a new item starts its copies without a wait on global memory (at decode
+    // an item streams a few hundred KB: a ~1 us metadata wait per item was a tenth of it). Lane j < kBlockM /
+    // kABoxRows holds box j's first pair.
+    constexpr int kBoxes = kBlockM / kABoxRows;
+    static_assert(kBoxes <= 32, "one lane per A box");
+    int m = 0, n = 0, split = 0, kb0 = 0, kb1 = 0, expert = 0, first = 0;
+    auto fetch = [&](int w) {
+      item(w, m, n, split, kb0, kb1);
+      expert = p.expert_ids[m];
+      first = tid < kBoxes ? p.sorted[m * kBlockM + tid * kABoxRows] : p.num_pairs;
+    };
+    int w = blockIdx.x, it = 0;
+    fetch(w);
+    while (w < num_items) {
+      const unsigned live_boxes = __ballot_sync(0xffffffffu, first < p.num_pairs);
+      const int live = 32 - __clz(int(live_boxes));
+      const int cm = m, cn = n, ckb0 = kb0, ckb1 = kb1, b_row = expert * p.b_rows + cn * kOutCols;
+      w += gridDim.x;
+      if (w < num_items) fetch(w);  // the next item's loads stay in flight while this item's copies are issued
+      if (tid == 0) {
         const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
-        for (int kb = kb0; kb < kb1; ++kb, ++it) {
+        for (int kb = ckb0; kb < ckb1; ++kb, ++it) {
           const int s = it % kStages;
           if (it >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((it / kStages - 1) & 1));
           const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
           mbar_arrive_expect_tx(bar, bytes);
           for (int j = 0; j < live; ++j)
-            tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
+            tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, cm * kBlockM + j * kABoxRows);
           if constexpr (kMode == 1) {
             tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                       // gate rows
             tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
@@ -269,6 +330,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      __syncwarp();
     }
     return;
   }
@@ -291,6 +353,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       continue;
     }
+    // The epilogue's metadata is read before the main loop, so its loads overlap the MMAs instead of following them:
+    // the pairs of this thread's two rows, the expert, and (mode 2, unsplit) the pairs' routing weights, which wait
+    // for the pairs behind the first stage's MMAs.
+    const int r0 = m * kBlockM + wg * 64 + warp_in_wg * 16 + g;
+    constexpr bool kWeighted = kMode == 2;
+    constexpr bool kEarly = kBlockN == 128;
+    int pair_of[2] = {p.num_pairs, p.num_pairs};
+    float wt_of[2] = {0.f, 0.f};
+    if (kEarly && (kWeighted || p.splits > 1)) pair_of[0] = p.sorted[r0], pair_of[1] = p.sorted[r0 + 8];
+    int64_t expert = kEarly ? p.expert_ids[m] : 0;
 #pragma unroll
     for (int i = 0; i < Cfg::kAcc; ++i) d[i] = 0.f;
     for (int kb = kb0; kb < kb1; ++kb, ++it) {
@@ -303,20 +375,30 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBlockK / 16; ++kk)
         wgmma_tile<T, kBlockN>(d, sw128_desc(a_s + kk * 32, 16, 1024), sw128_desc(b_s + kk * 32, 16, 1024));
       wgmma_commit();
+      if (kEarly && kWeighted && p.splits == 1 && kb == kb0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) wt_of[h] = pair_of[h] < p.num_pairs ? p.topk_weights[pair_of[h]] : 0.f;
+      }
       wgmma_wait<1>();  // the previous stage's group is done: hand its buffers back
       if (kb > kb0 && lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));
     }
     wgmma_wait<0>();
     fence_regs(d);
     if (lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));  // the item's last stage
+    if (!kEarly) expert = p.expert_ids[m];
+    if (!kEarly && (kWeighted || p.splits > 1)) {
+      pair_of[0] = p.sorted[r0], pair_of[1] = p.sorted[r0 + 8];
+      if (kWeighted && p.splits == 1)
+        for (int h = 0; h < 2; ++h) wt_of[h] = pair_of[h] < p.num_pairs ? p.topk_weights[pair_of[h]] : 0.f;
+    }
 
     // Accumulator fragment: d[4j + e] is row g (+ 8 for e >= 2), column 8j + 2t + (e & 1).
     constexpr int kHalfTiles = kBlockN / 16;  // mode 1: n-tiles of 8 gate columns; up column c sits at c + kBlockN / 2
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = m * kBlockM + wg * 64 + warp_in_wg * 16 + g + 8 * half;
+      const int r = r0 + 8 * half;
       if (p.splits > 1) {  // f32 partial sums at the pair's row of this split's workspace
-        const int pair = p.sorted[r];
+        const int pair = pair_of[half];
         if (pair >= p.num_pairs) continue;
         const int ws_cols = kMode == 1 ? 2 * p.n_out : p.n_out;
         float* ws = p.ws + (int64_t(split) * p.num_pairs + pair) * ws_cols;
@@ -339,7 +421,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       } else if constexpr (kMode == 1) {
         T* out = static_cast<T*>(p.out) + int64_t(r) * p.n_out;
-        const int64_t expert = p.expert_ids[m];
 #pragma unroll
         for (int j = 0; j < kHalfTiles; ++j) {
           const int col = n * kOutCols + 8 * j + 2 * t;
@@ -352,10 +433,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint32_t*>(out + col) = pack2<T>(a0, a1);
         }
       } else {
-        const int pair = p.sorted[r];
+        const int pair = pair_of[half];
         if (pair >= p.num_pairs) continue;
-        const float wt = p.topk_weights[pair];
-        const int64_t expert = p.expert_ids[m];
+        const float wt = wt_of[half];
         T* out = static_cast<T*>(p.out) + int64_t(pair) * p.n_out;
 #pragma unroll
         for (int j = 0; j < kBlockN / 8; ++j) {
@@ -862,10 +942,11 @@ bool launch_hopper_gemms(const ExpertsLaunch& l, GemmParams g1, GemmParams g2, D
   };
   split(g1, 2 * l.inter, ws1);
   split(g2, l.hidden, ws2);
-  // Split GEMMs (decode sizes) run a persistent grid, one block per SM; unsplit ones a block per item.
+  // Narrow-tile and split GEMMs (decode sizes) run a persistent grid, one block per SM; wide ones a block per item.
   auto grid = [&](const GemmParams& g) {
     const int64_t items = int64_t(g.m_blocks) * g.n_tiles * g.splits;
-    return unsigned(g.splits > 1 ? std::min<int64_t>(num_sms, items) : items);
+    const bool persistent = g.splits > 1 || kBlockN == 128;
+    return unsigned(persistent ? std::min<int64_t>(num_sms, items) : items);
   };
   k1<<<grid(g1), kThreads, Cfg::kSmemBytes, stream>>>(g1, a1, b1);
   KBN_CUDA_CHECK_LAUNCH();
@@ -923,9 +1004,9 @@ bool launch_fused_experts(const ExpertsLaunch& l, DType dt, Stream stream) {
                          .num_experts = l.num_experts};
   const bool vec = l.hidden % Vec16<T>::N == 0 && reinterpret_cast<uintptr_t>(l.x) % 16 == 0;
   if (vec)
-    moe_permute_kernel<T, true><<<l.max_padded, 128, 0, stream>>>(pp);
+    moe_permute_kernel<T, true><<<l.max_padded / kPermuteRows, 128, 0, stream>>>(pp);
   else
-    moe_permute_kernel<T, false><<<l.max_padded, 128, 0, stream>>>(pp);
+    moe_permute_kernel<T, false><<<l.max_padded / kPermuteRows, 128, 0, stream>>>(pp);
   KBN_CUDA_CHECK_LAUNCH();
 
   const int m_blocks = l.max_padded / kBlockM;
