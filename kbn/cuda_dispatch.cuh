@@ -5,6 +5,9 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "kbn/dtype.h"
 #include "kbn/error.h"
 
@@ -56,6 +59,19 @@ void dispatch_float16(DType dt, const char* op, const char* arg, F&& f) {
     default:
       KBN_FAIL(op, ": argument '", arg, "' has dtype ", dtype_name(dt), "; supported: f16, bf16");
   }
+}
+
+// f(std::integral_constant<int, P>{}) with P the smallest power of two >= n, for 1 <= n <= kMax (a power of two): a
+// kernel's per-lane or per-pass width picked from a runtime count. The callers check n against kMax first.
+template <int kMax, int P = 1, class F>
+void dispatch_pow2(int64_t n, F&& f) {
+  static_assert(kMax >= 1 && (kMax & (kMax - 1)) == 0, "kMax is a power of two");
+  if constexpr (P >= kMax)
+    f(std::integral_constant<int, kMax>{});
+  else if (n <= P)
+    f(std::integral_constant<int, P>{});
+  else
+    dispatch_pow2<kMax, 2 * P>(n, static_cast<F&&>(f));
 }
 
 __device__ __forceinline__ float to_f32(float v) { return v; }

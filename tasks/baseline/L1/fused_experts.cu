@@ -258,6 +258,24 @@ __global__ void __launch_bounds__(kThreads, 1)
     // A is copied in boxes of kABoxRows rows, and only the boxes that start with a real pair: padding follows an
     // expert's pairs, so they are a prefix. At decode a block holds a few real rows, and its A traffic shrinks with
     // them (rows never copied hold stale values; they only reach output rows that are discarded).
+    // issue: item (m block m, B rows from b_row, `live` A boxes), k blocks [kb0, kb1), one stage each.
+    auto issue = [&](int& it, int m, int b_row, int live, int kb0, int kb1) {
+      const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
+      for (int kb = kb0; kb < kb1; ++kb, ++it) {
+        const int s = it % kStages;
+        if (it >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((it / kStages - 1) & 1));
+        const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
+        mbar_arrive_expect_tx(bar, bytes);
+        for (int j = 0; j < live; ++j)
+          tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
+        if constexpr (kMode == 1) {
+          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                       // gate rows
+          tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
+        } else {
+          tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
+        }
+      }
+    };
     if constexpr (kBlockN == 256) {
       // Wide tiles (prefill, a block per item): one thread issues every copy. The narrow tiles' read-ahead warp below
       // measured 10% slower here (Mixtral-8x7B, 4096 tokens, same-call A/B on an H100: 4662-4682 -> 5147-5161 us,
@@ -272,21 +290,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           int live = 0;
           for (int j = 0; j < kBlockM / kABoxRows; ++j)
             if (p.sorted[m * kBlockM + j * kABoxRows] < p.num_pairs) live = j + 1;
-          const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
-          for (int kb = kb0; kb < kb1; ++kb, ++it) {
-            const int s = it % kStages;
-            if (it >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((it / kStages - 1) & 1));
-            const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
-            mbar_arrive_expect_tx(bar, bytes);
-            for (int j = 0; j < live; ++j)
-              tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, m * kBlockM + j * kABoxRows);
-            if constexpr (kMode == 1) {
-              tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                       // gate rows
-              tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
-            } else {
-              tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
-            }
-          }
+          issue(it, m, b_row, live, kb0, kb1);
         }
       }
       return;
@@ -310,25 +314,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     while (w < num_items) {
       const unsigned live_boxes = __ballot_sync(0xffffffffu, first < p.num_pairs);
       const int live = 32 - __clz(int(live_boxes));
-      const int cm = m, cn = n, ckb0 = kb0, ckb1 = kb1, b_row = expert * p.b_rows + cn * kOutCols;
+      const int cm = m, ckb0 = kb0, ckb1 = kb1, b_row = expert * p.b_rows + n * kOutCols;
       w += gridDim.x;
       if (w < num_items) fetch(w);  // the next item's loads stay in flight while this item's copies are issued
       if (tid == 0) {
-        const uint32_t bytes = Cfg::kBTileBytes + uint32_t(live) * kABoxRows * 128;
-        for (int kb = ckb0; kb < ckb1; ++kb, ++it) {
-          const int s = it % kStages;
-          if (it >= kStages) mbar_wait(empty_bar + 8 * s, uint32_t((it / kStages - 1) & 1));
-          const uint32_t a_s = base + s * Cfg::kStageBytes, b_s = a_s + kATileBytes, bar = full_bar + 8 * s;
-          mbar_arrive_expect_tx(bar, bytes);
-          for (int j = 0; j < live; ++j)
-            tma_load_2d(a_s + j * kABoxRows * 128, &a_map, bar, kb * kBlockK, cm * kBlockM + j * kABoxRows);
-          if constexpr (kMode == 1) {
-            tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);                                       // gate rows
-            tma_load_2d(b_s + Cfg::kBTileBytes / 2, &b_map, bar, kb * kBlockK, b_row + p.up_offset);  // up rows
-          } else {
-            tma_load_2d(b_s, &b_map, bar, kb * kBlockK, b_row);  // kBlockN rows of w2
-          }
-        }
+        issue(it, cm, b_row, live, ckb0, ckb1);
       }
       __syncwarp();
     }
@@ -617,7 +607,6 @@ __global__ void __launch_bounds__(kTile* kTile) moe_expert_gemm_simt_kernel(Gemm
 // per lane; rounding points are the grouped path's (g, u, act, each weighted y in the activation dtype; the sum over
 // top_k in fp32 in pair order).
 constexpr int kGemvMaxTokens = 8, kGemvMaxPairs = 64, kGemvWarps = 4, kGemvUnroll = 4;
-static_assert(kGemvMaxTokens <= 8, "with_pow2 picks the pass width from 1, 2, 4, 8");
 
 struct GemvParams {
   const void* x;  // [num_tokens, hidden]
@@ -847,19 +836,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32) moe_gemv_down_token_kernel(Ge
         from_f32<T>(g.addend ? round_to<T>(sum) + to_f32(static_cast<const T*>(g.addend)[r]) : sum);
 }
 
-// Calls f(std::integral_constant<int, P>) with P the smallest of 1, 2, 4, 8 that is >= n (n <= 8).
-template <class F>
-void with_pow2(int64_t n, F&& f) {
-  if (n <= 1)
-    f(std::integral_constant<int, 1>{});
-  else if (n <= 2)
-    f(std::integral_constant<int, 2>{});
-  else if (n <= 4)
-    f(std::integral_constant<int, 4>{});
-  else
-    f(std::integral_constant<int, 8>{});
-}
-
 struct ExpertsLaunch {
   const void* x;
   const void* w13;
@@ -1085,7 +1061,7 @@ Tensor launch_gemv_experts(GemvParams g, int64_t tokens, void* out, DType dt, De
   const unsigned row_tiles = unsigned((g.hidden + kGemvWarps - 1) / kGemvWarps);
   constexpr unsigned kThreadsPerBlock = kGemvWarps * 32;
   Tensor cache;
-  with_pow2(tokens, [&](auto max_n) {
+  dispatch_pow2<kGemvMaxTokens>(tokens, [&](auto max_n) {
     launch_pdl(moe_gemv_act_kernel<T, max_n()>, dim3(col_tiles, unsigned(g.num_pairs)), dim3(kThreadsPerBlock), 0,
                stream, g);
     if (tokens > 1) {
@@ -1097,7 +1073,7 @@ Tensor launch_gemv_experts(GemvParams g, int64_t tokens, void* out, DType dt, De
   });
   if (tokens == 1) {
     g.out = out;
-    with_pow2(std::min<int64_t>(g.top_k, 8), [&](auto chunk) {
+    dispatch_pow2<8>(std::min<int64_t>(g.top_k, 8), [&](auto chunk) {
       launch_pdl(moe_gemv_down_token_kernel<T, chunk()>, dim3(row_tiles, 1), dim3(kThreadsPerBlock), 0, stream, g);
     });
   }

@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 
 #include "kbn/checks.h"
 #include "kbn/device_errors.h"
@@ -123,18 +122,9 @@ template <class T>
 void launch_topk_softmax(const TopkParams& p, Stream stream) {
   if (p.num_tokens == 0) return;
   const auto grid = unsigned((p.num_tokens + kWarps - 1) / kWarps);
-  const int per_lane = (p.num_experts + 31) / 32;
-  auto go = [&](auto per) { launch_pdl(topk_softmax_kernel<T, decltype(per)::value>, dim3(grid), dim3(kWarps * 32), 0, stream, p); };
-  if (per_lane <= 1)
-    go(std::integral_constant<int, 1>{});
-  else if (per_lane <= 2)
-    go(std::integral_constant<int, 2>{});
-  else if (per_lane <= 4)
-    go(std::integral_constant<int, 4>{});
-  else if (per_lane <= 8)
-    go(std::integral_constant<int, 8>{});
-  else
-    go(std::integral_constant<int, kMaxPerLane>{});
+  dispatch_pow2<kMaxPerLane>((p.num_experts + 31) / 32, [&](auto per) {
+    launch_pdl(topk_softmax_kernel<T, decltype(per)::value>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
+  });
 }
 
 }  // namespace
