@@ -184,8 +184,8 @@ constexpr int kABoxRows = 16;                            // A's TMA box: 16 rows
 
 // The two tile shapes: kBlockN = 128 (B tile 128 rows, 7 stages: 112 KB of weights in flight per SM, 229 KB of shared
 // memory) for decode-sized launches, where more blocks keep more SMs streaming weights, and kBlockN = 256 (4 stages)
-// for prefill, where the wider tile halves the
-// shared-memory operand traffic per FLOP (A is read once per 256 columns instead of per 128).
+// for prefill, where the wider tile halves the shared-memory operand traffic per FLOP (A is read once per 256 columns
+// instead of per 128).
 template <int kBlockN>
 struct Tile {
   static constexpr int kStages = kBlockN == 256 ? 4 : 7;
@@ -277,9 +277,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     if constexpr (kBlockN == 256) {
-      // Wide tiles (prefill, a block per item): one thread issues every copy. The narrow tiles' read-ahead warp below
-      // measured 10% slower here (Mixtral-8x7B, 4096 tokens, same-call A/B on an H100: 4662-4682 -> 5147-5161 us,
-      // bench/results/h100/session34/; cause not isolated), so this path keeps the single thread.
+      // Wide tiles (prefill, a block per item): one thread issues every copy, and the consumers read the epilogue's
+      // metadata after the main loop (kEarly). The narrow tiles' read-ahead warp with the expert id read before the
+      // main loop measured 10% slower here (Mixtral-8x7B, 4096 tokens, same-call A/B on an H100: 4662-4682 ->
+      // 5147-5161 us, bench/results/h100/session34/; which of the two not isolated), so this path keeps both as
+      // they were.
       asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
       if (tid == 0) {
         int it = 0;
@@ -343,16 +345,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       continue;
     }
-    // The epilogue's metadata is read before the main loop, so its loads overlap the MMAs instead of following them:
-    // the pairs of this thread's two rows, the expert, and (mode 2, unsplit) the pairs' routing weights, which wait
-    // for the pairs behind the first stage's MMAs.
+    // The epilogue's metadata (the expert, the pairs of this thread's two rows, and in mode 2 unsplit their routing
+    // weights): on the narrow tiles read before the main loop, so the loads overlap the MMAs (the weights, which wait
+    // for the pairs, behind the first stage's); on the wide tiles after it, as the producer comment says.
     const int r0 = m * kBlockM + wg * 64 + warp_in_wg * 16 + g;
     constexpr bool kWeighted = kMode == 2;
     constexpr bool kEarly = kBlockN == 128;
     int pair_of[2] = {p.num_pairs, p.num_pairs};
     float wt_of[2] = {0.f, 0.f};
-    if (kEarly && (kWeighted || p.splits > 1)) pair_of[0] = p.sorted[r0], pair_of[1] = p.sorted[r0 + 8];
-    int64_t expert = kEarly ? p.expert_ids[m] : 0;
+    int64_t expert = 0;
+    auto load_pairs = [&] {
+      expert = p.expert_ids[m];
+      if (kWeighted || p.splits > 1) pair_of[0] = p.sorted[r0], pair_of[1] = p.sorted[r0 + 8];
+    };
+    auto load_weights = [&] {
+      if (kWeighted && p.splits == 1)
+        for (int h = 0; h < 2; ++h) wt_of[h] = pair_of[h] < p.num_pairs ? p.topk_weights[pair_of[h]] : 0.f;
+    };
+    if (kEarly) load_pairs();
 #pragma unroll
     for (int i = 0; i < Cfg::kAcc; ++i) d[i] = 0.f;
     for (int kb = kb0; kb < kb1; ++kb, ++it) {
@@ -365,22 +375,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kk = 0; kk < kBlockK / 16; ++kk)
         wgmma_tile<T, kBlockN>(d, sw128_desc(a_s + kk * 32, 16, 1024), sw128_desc(b_s + kk * 32, 16, 1024));
       wgmma_commit();
-      if (kEarly && kWeighted && p.splits == 1 && kb == kb0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) wt_of[h] = pair_of[h] < p.num_pairs ? p.topk_weights[pair_of[h]] : 0.f;
-      }
+      if (kEarly && kb == kb0) load_weights();
       wgmma_wait<1>();  // the previous stage's group is done: hand its buffers back
       if (kb > kb0 && lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));
     }
     wgmma_wait<0>();
     fence_regs(d);
     if (lane == 0) mbar_arrive(empty_bar + 8 * ((it - 1) % kStages));  // the item's last stage
-    if (!kEarly) expert = p.expert_ids[m];
-    if (!kEarly && (kWeighted || p.splits > 1)) {
-      pair_of[0] = p.sorted[r0], pair_of[1] = p.sorted[r0 + 8];
-      if (kWeighted && p.splits == 1)
-        for (int h = 0; h < 2; ++h) wt_of[h] = pair_of[h] < p.num_pairs ? p.topk_weights[pair_of[h]] : 0.f;
-    }
+    if (!kEarly) load_pairs(), load_weights();
 
     // Accumulator fragment: d[4j + e] is row g (+ 8 for e >= 2), column 8j + 2t + (e & 1).
     constexpr int kHalfTiles = kBlockN / 16;  // mode 1: n-tiles of 8 gate columns; up column c sits at c + kBlockN / 2
